@@ -1,0 +1,16 @@
+//! Compiles proto/ into tonic code and a file descriptor set (for server reflection) without a
+//! system `protoc`: `protox` parses the .proto files in pure Rust.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let protos = ["proto/nm/v1/controlplane.proto"];
+    println!("cargo:rerun-if-changed=proto");
+    let fds = protox::compile(protos, ["proto"])?;
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    let descriptor_path = out.join("nm_descriptor.bin");
+    std::fs::write(&descriptor_path, prost::Message::encode_to_vec(&fds))?;
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .compile_fds(fds)?;
+    Ok(())
+}

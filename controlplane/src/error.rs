@@ -1,0 +1,21 @@
+//! The controlplane's error type. The root maps it to gRPC status codes in one `From` impl.
+
+use sea_orm::DbErr;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The database refused or failed a statement, or could not be reached.
+    #[error("database error: {0}")]
+    Database(#[from] DbErr),
+    /// The caller sent a value that breaks a rule; the message names the field and the rule.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The named thing does not exist.
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// The database URL or a startup setting is unusable.
+    #[error("configuration: {0}")]
+    Config(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

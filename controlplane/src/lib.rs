@@ -1,0 +1,16 @@
+//! nm-gateway controlplane: the source of truth behind the dataplanes.
+//!
+//! It owns the database (SQLite embedded by default, PostgreSQL in production, both through
+//! SeaORM with the same migrations) and the logic on top of it: service API keys
+//! ([`keys`]) and proxied-request records ([`records`]). It knows nothing of gRPC or HTTP: the
+//! root crate adapts these calls to tonic, mapping [`Error`] to a gRPC status in one place.
+
+pub mod error;
+pub mod keys;
+pub mod records;
+pub mod store;
+
+pub use error::Error;
+pub use keys::{CreatedKey, KeyCache, KeyInfo, KeySnapshot, Keys};
+pub use records::{IngestOutcome, Records, RequestRecord};
+pub use store::Store;

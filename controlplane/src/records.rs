@@ -1,0 +1,169 @@
+//! Proxied-request records: validated, stored once per request id, and folded into the
+//! `sessions` table so the controlplane knows which agent, env and end user each session
+//! belongs to.
+
+use nm_types::{Env, SessionId, parse_agent, parse_user};
+use sea_orm::sea_query::{Expr, OnConflict};
+use sea_orm::{EntityTrait, Set, TransactionTrait, TryInsertResult};
+use tracing::warn;
+
+use crate::error::Result;
+use crate::store::Store;
+use crate::store::entity::{request, session};
+
+/// One proxied request, as a dataplane reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RequestRecord {
+    pub request_id: String,
+    pub started_at_ms: i64,
+    pub key_id: String,
+    pub provider: String,
+    pub method: String,
+    pub path: String,
+    pub model: Option<String>,
+    pub agent: Option<String>,
+    pub session_id: Option<String>,
+    pub env: Option<String>,
+    pub user_id: Option<String>,
+    pub status: u16,
+    pub latency_ms: u64,
+    pub ttfb_ms: Option<u64>,
+    pub streamed: bool,
+    pub error_code: Option<String>,
+    pub response_bytes: u64,
+}
+
+/// What [`Records::ingest`] did with a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct IngestOutcome {
+    /// Records stored for the first time.
+    pub stored: u32,
+    /// Records already stored (a resent batch).
+    pub duplicates: u32,
+    /// Records refused for breaking a rule (logged); a retry would not help them.
+    pub rejected: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct Records {
+    store: Store,
+}
+
+impl Records {
+    pub fn new(store: Store) -> Self {
+        Self { store }
+    }
+
+    /// Stores a batch in one transaction. A record whose request id is already stored is skipped,
+    /// so a dataplane may resend a batch it is unsure about.
+    #[tracing::instrument(skip_all, fields(batch = batch.len()))]
+    pub async fn ingest(&self, batch: Vec<RequestRecord>) -> Result<IngestOutcome> {
+        let mut outcome = IngestOutcome::default();
+        let txn = self.store.conn().begin().await?;
+        for record in batch {
+            if let Err(why) = validate(&record) {
+                warn!(request_id = %record.request_id, why, "request record rejected");
+                outcome.rejected += 1;
+                continue;
+            }
+            let inserted = request::Entity::insert(to_active(&record))
+                .on_conflict_do_nothing()
+                .exec_without_returning(&txn)
+                .await?;
+            match inserted {
+                TryInsertResult::Inserted(n) if n > 0 => outcome.stored += 1,
+                _ => {
+                    outcome.duplicates += 1;
+                    continue;
+                }
+            }
+            if let Some(session_id) = &record.session_id {
+                upsert_session(&txn, session_id, &record).await?;
+            }
+        }
+        txn.commit().await?;
+        Ok(outcome)
+    }
+}
+
+/// Adds one request to its session: the first agent, env and user seen stick, activity times
+/// widen, the request count grows.
+async fn upsert_session<C: sea_orm::ConnectionTrait>(
+    db: &C,
+    session_id: &str,
+    r: &RequestRecord,
+) -> Result<()> {
+    let row = session::ActiveModel {
+        session_id: Set(session_id.to_owned()),
+        agent: Set(r.agent.clone()),
+        env: Set(r.env.clone()),
+        user_id: Set(r.user_id.clone()),
+        first_seen_ms: Set(r.started_at_ms),
+        last_seen_ms: Set(r.started_at_ms),
+        request_count: Set(1),
+    };
+    let on_conflict = OnConflict::column(session::Column::SessionId)
+        .value(session::Column::Agent, Expr::cust(r#"COALESCE("sessions"."agent", "excluded"."agent")"#))
+        .value(session::Column::Env, Expr::cust(r#"COALESCE("sessions"."env", "excluded"."env")"#))
+        .value(session::Column::UserId, Expr::cust(r#"COALESCE("sessions"."user_id", "excluded"."user_id")"#))
+        .value(
+            session::Column::FirstSeenMs,
+            Expr::cust(r#"CASE WHEN "excluded"."first_seen_ms" < "sessions"."first_seen_ms" THEN "excluded"."first_seen_ms" ELSE "sessions"."first_seen_ms" END"#),
+        )
+        .value(
+            session::Column::LastSeenMs,
+            Expr::cust(r#"CASE WHEN "excluded"."last_seen_ms" > "sessions"."last_seen_ms" THEN "excluded"."last_seen_ms" ELSE "sessions"."last_seen_ms" END"#),
+        )
+        .value(session::Column::RequestCount, Expr::cust(r#""sessions"."request_count" + 1"#))
+        .to_owned();
+    session::Entity::insert(row).on_conflict(on_conflict).exec_without_returning(db).await?;
+    Ok(())
+}
+
+fn validate(r: &RequestRecord) -> Result<(), &'static str> {
+    if r.request_id.is_empty() || r.request_id.len() > 64 {
+        return Err("request_id must be 1 to 64 characters");
+    }
+    if r.provider.is_empty() || r.method.is_empty() {
+        return Err("provider and method are required");
+    }
+    if let Some(s) = &r.session_id {
+        s.parse::<SessionId>().map_err(|_| "session_id must look like sess_<id>")?;
+    }
+    if let Some(e) = &r.env {
+        e.parse::<Env>().map_err(|_| "env must be production, staging or development")?;
+    }
+    if let Some(a) = &r.agent {
+        parse_agent(a).map_err(|_| "agent must be 1 to 128 printable characters")?;
+    }
+    if let Some(u) = &r.user_id {
+        parse_user(u).map_err(|_| "user_id must be 1 to 256 printable characters")?;
+    }
+    Ok(())
+}
+
+fn to_active(r: &RequestRecord) -> request::ActiveModel {
+    request::ActiveModel {
+        request_id: Set(r.request_id.clone()),
+        started_at_ms: Set(r.started_at_ms),
+        key_id: Set(r.key_id.clone()),
+        provider: Set(r.provider.clone()),
+        method: Set(r.method.clone()),
+        path: Set(r.path.clone()),
+        model: Set(r.model.clone()),
+        agent: Set(r.agent.clone()),
+        session_id: Set(r.session_id.clone()),
+        env: Set(r.env.clone()),
+        user_id: Set(r.user_id.clone()),
+        status: Set(i32::from(r.status)),
+        latency_ms: Set(saturating_i64(r.latency_ms)),
+        ttfb_ms: Set(r.ttfb_ms.map(saturating_i64)),
+        streamed: Set(r.streamed),
+        error_code: Set(r.error_code.clone()),
+        response_bytes: Set(saturating_i64(r.response_bytes)),
+    }
+}
+
+fn saturating_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,172 @@
+//! Schema migrations, run at start on SQLite and PostgreSQL alike. Never edit a migration that
+//! has shipped: add a new one.
+//!
+//! Times are stored as integer milliseconds since the Unix epoch: range filters and day buckets
+//! are then plain integer arithmetic on both databases.
+
+use sea_orm_migration::prelude::*;
+
+pub struct Migrator;
+
+#[async_trait::async_trait]
+impl MigratorTrait for Migrator {
+    fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+        vec![Box::new(m0001_keys_requests_sessions::Migration)]
+    }
+}
+
+#[derive(DeriveIden)]
+enum ApiKeys {
+    Table,
+    Id,
+    Name,
+    HashHex,
+    DisplayPrefix,
+    Admin,
+    CreatedAtMs,
+    RevokedAtMs,
+}
+
+#[derive(DeriveIden)]
+enum Requests {
+    Table,
+    RequestId,
+    StartedAtMs,
+    KeyId,
+    Provider,
+    Method,
+    Path,
+    Model,
+    Agent,
+    SessionId,
+    Env,
+    UserId,
+    Status,
+    LatencyMs,
+    TtfbMs,
+    Streamed,
+    ErrorCode,
+    ResponseBytes,
+}
+
+#[derive(DeriveIden)]
+enum Sessions {
+    Table,
+    SessionId,
+    Agent,
+    Env,
+    UserId,
+    FirstSeenMs,
+    LastSeenMs,
+    RequestCount,
+}
+
+mod m0001_keys_requests_sessions {
+    use super::*;
+
+    #[derive(DeriveMigrationName)]
+    pub struct Migration;
+
+    #[async_trait::async_trait]
+    impl MigrationTrait for Migration {
+        async fn up(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            m.create_table(
+                Table::create()
+                    .table(ApiKeys::Table)
+                    .if_not_exists()
+                    .col(ColumnDef::new(ApiKeys::Id).string().not_null().primary_key())
+                    .col(ColumnDef::new(ApiKeys::Name).string().not_null())
+                    .col(ColumnDef::new(ApiKeys::HashHex).string().not_null().unique_key())
+                    .col(ColumnDef::new(ApiKeys::DisplayPrefix).string().not_null())
+                    .col(ColumnDef::new(ApiKeys::Admin).boolean().not_null())
+                    .col(ColumnDef::new(ApiKeys::CreatedAtMs).big_integer().not_null())
+                    .col(ColumnDef::new(ApiKeys::RevokedAtMs).big_integer().null())
+                    .to_owned(),
+            )
+            .await?;
+
+            m.create_table(
+                Table::create()
+                    .table(Requests::Table)
+                    .if_not_exists()
+                    .col(ColumnDef::new(Requests::RequestId).string().not_null().primary_key())
+                    .col(ColumnDef::new(Requests::StartedAtMs).big_integer().not_null())
+                    .col(ColumnDef::new(Requests::KeyId).string().not_null())
+                    .col(ColumnDef::new(Requests::Provider).string().not_null())
+                    .col(ColumnDef::new(Requests::Method).string().not_null())
+                    .col(ColumnDef::new(Requests::Path).text().not_null())
+                    .col(ColumnDef::new(Requests::Model).string().null())
+                    .col(ColumnDef::new(Requests::Agent).string().null())
+                    .col(ColumnDef::new(Requests::SessionId).string().null())
+                    .col(ColumnDef::new(Requests::Env).string().null())
+                    .col(ColumnDef::new(Requests::UserId).string().null())
+                    .col(ColumnDef::new(Requests::Status).integer().not_null())
+                    .col(ColumnDef::new(Requests::LatencyMs).big_integer().not_null())
+                    .col(ColumnDef::new(Requests::TtfbMs).big_integer().null())
+                    .col(ColumnDef::new(Requests::Streamed).boolean().not_null())
+                    .col(ColumnDef::new(Requests::ErrorCode).string().null())
+                    .col(ColumnDef::new(Requests::ResponseBytes).big_integer().not_null())
+                    .to_owned(),
+            )
+            .await?;
+            m.create_index(
+                Index::create()
+                    .name("idx_requests_session")
+                    .table(Requests::Table)
+                    .col(Requests::SessionId)
+                    .if_not_exists()
+                    .to_owned(),
+            )
+            .await?;
+            m.create_index(
+                Index::create()
+                    .name("idx_requests_agent_time")
+                    .table(Requests::Table)
+                    .col(Requests::Agent)
+                    .col(Requests::StartedAtMs)
+                    .if_not_exists()
+                    .to_owned(),
+            )
+            .await?;
+            m.create_index(
+                Index::create()
+                    .name("idx_requests_time")
+                    .table(Requests::Table)
+                    .col(Requests::StartedAtMs)
+                    .if_not_exists()
+                    .to_owned(),
+            )
+            .await?;
+
+            m.create_table(
+                Table::create()
+                    .table(Sessions::Table)
+                    .if_not_exists()
+                    .col(ColumnDef::new(Sessions::SessionId).string().not_null().primary_key())
+                    .col(ColumnDef::new(Sessions::Agent).string().null())
+                    .col(ColumnDef::new(Sessions::Env).string().null())
+                    .col(ColumnDef::new(Sessions::UserId).string().null())
+                    .col(ColumnDef::new(Sessions::FirstSeenMs).big_integer().not_null())
+                    .col(ColumnDef::new(Sessions::LastSeenMs).big_integer().not_null())
+                    .col(ColumnDef::new(Sessions::RequestCount).big_integer().not_null())
+                    .to_owned(),
+            )
+            .await?;
+            m.create_index(
+                Index::create()
+                    .name("idx_sessions_agent")
+                    .table(Sessions::Table)
+                    .col(Sessions::Agent)
+                    .if_not_exists()
+                    .to_owned(),
+            )
+            .await
+        }
+
+        async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            m.drop_table(Table::drop().table(Sessions::Table).to_owned()).await?;
+            m.drop_table(Table::drop().table(Requests::Table).to_owned()).await?;
+            m.drop_table(Table::drop().table(ApiKeys::Table).to_owned()).await
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! Database connection and schema. [`Store::connect`] opens SQLite or PostgreSQL from a URL and
+//! runs the migrations before anything else touches the database.
+
+pub mod entity;
+mod migration;
+
+use std::path::Path;
+use std::time::Duration;
+
+use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
+use sea_orm::{ConnectOptions, Database, DatabaseBackend, DatabaseConnection};
+use sea_orm_migration::MigratorTrait;
+use tracing::info;
+
+use crate::error::{Error, Result};
+
+pub use migration::Migrator;
+
+/// A handle on the controlplane database. Cheap to clone (a connection pool).
+#[derive(Clone, Debug)]
+pub struct Store {
+    db: DatabaseConnection,
+}
+
+impl Store {
+    /// Connects to `url` (`sqlite://PATH?mode=rwc` or `postgres://...`) and brings the schema up
+    /// to date. For SQLite the parent directory is created, and the database runs in WAL mode
+    /// with `synchronous=FULL`: a committed transaction survives a crash of the process or of
+    /// the machine.
+    #[tracing::instrument(skip_all, fields(db.system = tracing::field::Empty))]
+    pub async fn connect(url: &str) -> Result<Self> {
+        let backend = if url.starts_with("sqlite:") {
+            prepare_sqlite_dir(url)?;
+            "sqlite"
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            "postgresql"
+        } else {
+            return Err(Error::Config(format!(
+                "database URL must start with sqlite:// or postgres://, got {:?}",
+                redact_url(url)
+            )));
+        };
+        tracing::Span::current().record("db.system", backend);
+
+        let mut opts = ConnectOptions::new(url.to_owned());
+        opts.sqlx_logging(false)
+            .connect_timeout(Duration::from_secs(10))
+            .acquire_timeout(Duration::from_secs(10));
+        if backend == "sqlite" {
+            // SQLite serialises writers; a few connections serve concurrent readers.
+            opts.max_connections(8).min_connections(1);
+            opts.map_sqlx_sqlite_opts(|o| {
+                o.journal_mode(SqliteJournalMode::Wal)
+                    .synchronous(SqliteSynchronous::Full)
+                    .busy_timeout(Duration::from_secs(10))
+                    .foreign_keys(true)
+            });
+        } else {
+            opts.max_connections(16).min_connections(1);
+        }
+        let db = Database::connect(opts).await?;
+        Migrator::up(&db, None).await?;
+        info!(db.system = backend, url = %redact_url(url), "database ready");
+        Ok(Self { db })
+    }
+
+    pub fn conn(&self) -> &DatabaseConnection {
+        &self.db
+    }
+
+    pub fn backend(&self) -> DatabaseBackend {
+        self.db.get_database_backend()
+    }
+
+    /// True when the database answers a trivial query.
+    pub async fn ping(&self) -> Result<()> {
+        self.db.ping().await?;
+        Ok(())
+    }
+
+    /// True when every migration this binary knows has been applied.
+    pub async fn migrations_current(&self) -> Result<bool> {
+        let pending = Migrator::get_pending_migrations(&self.db).await?;
+        Ok(pending.is_empty())
+    }
+
+    pub async fn close(self) -> Result<()> {
+        self.db.close().await?;
+        Ok(())
+    }
+}
+
+/// Creates the directory that will hold a SQLite file named by `url`.
+fn prepare_sqlite_dir(url: &str) -> Result<()> {
+    let path = url
+        .trim_start_matches("sqlite://")
+        .trim_start_matches("sqlite:")
+        .split('?')
+        .next()
+        .unwrap_or_default();
+    if path.is_empty() || path == ":memory:" {
+        return Ok(());
+    }
+    if let Some(dir) = Path::new(path).parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| {
+            Error::Config(format!("cannot create database directory {}: {e}", dir.display()))
+        })?;
+    }
+    Ok(())
+}
+
+/// The URL without its password, for logs.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            let userinfo = &url[scheme_end + 3..at];
+            let user = userinfo.split(':').next().unwrap_or_default();
+            format!("{}{user}:***{}", &url[..scheme_end + 3], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(redact_url("postgres://u:secret@h:5432/db"), "postgres://u:***@h:5432/db");
+        assert_eq!(redact_url("sqlite://./nm-data/x.db?mode=rwc"), "sqlite://./nm-data/x.db?mode=rwc");
+    }
+}

@@ -1,0 +1,276 @@
+//! Building the upstream request and sending it.
+//!
+//! The body goes out as the exact bytes received. Headers are copied except hop-by-hop headers
+//! (RFC 9110 §7.6.1, including any named in `Connection`), `Host` (the client sets it from the
+//! upstream URL), `Content-Length` (recomputed from the same bytes) and every `NM-*` header.
+//! When the client brought no provider credential and the operator configured one, it is added
+//! the provider's own way.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, Uri};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+use crate::error::ProxyError;
+use crate::providers::{AuthStyle, Provider};
+
+/// Hop-by-hop headers, never forwarded in either direction.
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+];
+
+const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+const X_GOOG_API_KEY: HeaderName = HeaderName::from_static("x-goog-api-key");
+
+/// The pooled HTTPS/HTTP client for all upstreams (HTTP/2 where the upstream offers it by ALPN).
+#[derive(Clone, Debug)]
+pub struct Upstream {
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    header_timeout: Duration,
+}
+
+impl Upstream {
+    pub fn new(connect_timeout: Duration, header_timeout: Duration) -> Result<Self, rustls::Error> {
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(connect_timeout));
+        http.set_keepalive(Some(Duration::from_secs(60)));
+
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let roots = rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.to_vec() };
+        let tls = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_all_versions()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_max_idle_per_host(256)
+            .build(https);
+        Ok(Self { client, header_timeout })
+    }
+
+    /// Sends the request and waits for the response head (not the body).
+    pub async fn send(&self, req: Request<Full<Bytes>>) -> Result<Response<Incoming>, ProxyError> {
+        match tokio::time::timeout(self.header_timeout, self.client.request(req)).await {
+            Err(_) => Err(ProxyError::UpstreamTimeout(self.header_timeout)),
+            Ok(Ok(resp)) => Ok(resp),
+            Ok(Err(e)) if e.is_connect() => Err(ProxyError::UpstreamUnreachable(source_chain(&e))),
+            Ok(Err(e)) => Err(ProxyError::UpstreamUnreachable(format!(
+                "connection failed before the response head: {}",
+                source_chain(&e)
+            ))),
+        }
+    }
+}
+
+/// `e: cause: cause` — hyper's top-level messages alone say little ("client error (Connect)").
+fn source_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        cur = s.source();
+    }
+    out
+}
+
+/// The upstream URL: provider base + native path + the original query, untouched.
+pub fn upstream_uri(provider: &Provider, native_path: &str, query: Option<&str>) -> Result<Uri, ProxyError> {
+    let mut pq = String::with_capacity(provider.base_path.len() + native_path.len() + query.map_or(0, |q| q.len() + 1));
+    pq.push_str(&provider.base_path);
+    pq.push_str(native_path);
+    if let Some(q) = query {
+        pq.push('?');
+        pq.push_str(q);
+    }
+    Uri::builder()
+        .scheme(provider.scheme.clone())
+        .authority(provider.authority.clone())
+        .path_and_query(pq)
+        .build()
+        .map_err(|e| ProxyError::Internal(format!("cannot build upstream URL: {e}")))
+}
+
+/// Copies request headers for the upstream, dropping hop-by-hop, `Host`, `Content-Length` and
+/// `NM-*`, and adds the operator's credential when the client sent none.
+pub fn upstream_headers(incoming: &HeaderMap, provider: &Provider, query: Option<&str>) -> HeaderMap {
+    let mut out = HeaderMap::with_capacity(incoming.len());
+    let connection_named = connection_tokens(incoming);
+    for (name, value) in incoming {
+        let n = name.as_str();
+        if n.starts_with("nm-")
+            || name == header::HOST
+            || name == header::CONTENT_LENGTH
+            || HOP_BY_HOP.contains(name)
+            || name == header::UPGRADE
+            || connection_named.iter().any(|c| c.eq_ignore_ascii_case(n))
+        {
+            continue;
+        }
+        out.append(name.clone(), value.clone());
+    }
+    if let Some(key) = &provider.api_key
+        && !has_credential(&out, query)
+    {
+        let (name, value) = match provider.auth {
+            AuthStyle::Bearer => (header::AUTHORIZATION, HeaderValue::try_from(format!("Bearer {key}"))),
+            AuthStyle::XApiKey => (X_API_KEY, HeaderValue::try_from(key.as_str())),
+            AuthStyle::GoogApiKey => (X_GOOG_API_KEY, HeaderValue::try_from(key.as_str())),
+        };
+        if let Ok(mut value) = value {
+            value.set_sensitive(true);
+            out.insert(name, value);
+        }
+    }
+    out
+}
+
+/// Drops hop-by-hop headers from an upstream response; everything else goes back unchanged.
+pub fn strip_response_headers(headers: &mut HeaderMap) {
+    let named = connection_tokens(headers);
+    for name in HOP_BY_HOP.iter().chain(std::iter::once(&header::UPGRADE)) {
+        headers.remove(name);
+    }
+    for n in named {
+        headers.remove(n.as_str());
+    }
+}
+
+/// Header names listed in `Connection` (they are hop-by-hop too).
+fn connection_tokens(headers: &HeaderMap) -> Vec<String> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|t| t.trim().to_ascii_lowercase())
+        .filter(|t| !t.is_empty())
+        .collect()
+}
+
+/// Whether the client already carries a provider credential of any style.
+fn has_credential(headers: &HeaderMap, query: Option<&str>) -> bool {
+    headers.contains_key(header::AUTHORIZATION)
+        || headers.contains_key(&X_API_KEY)
+        || headers.contains_key(&X_GOOG_API_KEY)
+        || query.is_some_and(|q| q.split('&').any(|kv| kv.starts_with("key=")))
+}
+
+/// The model a request names: the body's top-level `"model"` field, else a Gemini-style
+/// `models/{model}:method` path segment. The body is only read, never changed.
+pub fn model_of(body: &Bytes, native_path: &str) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Peek<'a> {
+        #[serde(borrow, default)]
+        model: Option<std::borrow::Cow<'a, str>>,
+    }
+    let from_body = (!body.is_empty() && body.first().is_some_and(|b| *b == b'{' || b.is_ascii_whitespace()))
+        .then(|| serde_json::from_slice::<Peek<'_>>(body).ok())
+        .flatten()
+        .and_then(|p| p.model)
+        .map(|m| m.into_owned());
+    from_body.or_else(|| {
+        let after = native_path.split("/models/").nth(1)?;
+        let model = after.split([':', '/']).next()?;
+        (!model.is_empty()).then(|| model.to_owned())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::providers::{ErrorStyle, Registry, builtin};
+
+    fn provider(name: &str, key: Option<&str>) -> Provider {
+        let specs = builtin().into_iter().map(|(n, mut s)| {
+            s.api_key = key.map(str::to_owned);
+            (n.to_owned(), s)
+        });
+        let reg = Registry::build(specs).unwrap_or_default();
+        reg.get(name).map(|p| (**p).clone()).unwrap_or_else(|| Provider {
+            name: name.into(),
+            scheme: http::uri::Scheme::HTTP,
+            authority: http::uri::Authority::from_static("x"),
+            base_path: String::new(),
+            auth: AuthStyle::Bearer,
+            errors: ErrorStyle::Openai,
+            api_key: None,
+        })
+    }
+
+    #[test]
+    fn builds_urls() {
+        let p = provider("groq", None);
+        let uri = upstream_uri(&p, "/openai/v1/chat/completions", Some("a=1&b=%20")).map(|u| u.to_string());
+        assert_eq!(uri.ok().as_deref(), Some("https://api.groq.com/openai/v1/chat/completions?a=1&b=%20"));
+        let p = provider("openrouter", None);
+        let uri = upstream_uri(&p, "/v1/chat/completions", None).map(|u| u.to_string());
+        assert_eq!(uri.ok().as_deref(), Some("https://openrouter.ai/api/v1/chat/completions"));
+    }
+
+    #[test]
+    fn strips_and_keeps_headers() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("authorization", "Bearer sk-client"),
+            ("anthropic-version", "2023-06-01"),
+            ("nm-key", "nmk_x"),
+            ("nm-agent", "a"),
+            ("host", "gateway.local"),
+            ("connection", "keep-alive, x-private"),
+            ("x-private", "1"),
+            ("keep-alive", "timeout=5"),
+            ("te", "trailers"),
+            ("content-length", "10"),
+            ("accept-encoding", "gzip"),
+        ] {
+            h.append(HeaderName::from_static(k), HeaderValue::from_static(v));
+        }
+        let out = upstream_headers(&h, &provider("openai", Some("sk-operator")), None);
+        let names: Vec<_> = out.keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, ["authorization", "anthropic-version", "accept-encoding"]);
+        assert_eq!(out[header::AUTHORIZATION], "Bearer sk-client");
+    }
+
+    #[test]
+    fn injects_operator_key_only_when_client_has_none() {
+        let h = HeaderMap::new();
+        let out = upstream_headers(&h, &provider("anthropic", Some("sk-ant")), None);
+        assert_eq!(out.get("x-api-key").map(|v| v.as_bytes()), Some(&b"sk-ant"[..]));
+        let out = upstream_headers(&h, &provider("gemini", Some("g-key")), None);
+        assert_eq!(out.get("x-goog-api-key").map(|v| v.as_bytes()), Some(&b"g-key"[..]));
+        let out = upstream_headers(&h, &provider("gemini", Some("g-key")), Some("alt=sse&key=client"));
+        assert!(out.get("x-goog-api-key").is_none());
+        let out = upstream_headers(&h, &provider("openai", Some("sk-op")), None);
+        assert_eq!(out.get("authorization").map(|v| v.as_bytes()), Some(&b"Bearer sk-op"[..]));
+    }
+
+    #[test]
+    fn finds_models() {
+        assert_eq!(model_of(&Bytes::from_static(br#"{"messages":[],"model":"gpt-4o"}"#), "/v1/chat/completions").as_deref(), Some("gpt-4o"));
+        assert_eq!(model_of(&Bytes::new(), "/v1beta/models/gemini-2.0-flash:streamGenerateContent").as_deref(), Some("gemini-2.0-flash"));
+        assert_eq!(model_of(&Bytes::from_static(b"not json"), "/v1/chat/completions"), None);
+        assert_eq!(model_of(&Bytes::from_static(br#"{"model":"a\"b"}"#), "/").as_deref(), Some("a\"b"));
+    }
+}

@@ -1,0 +1,99 @@
+//! Checks `NM-Key` against the in-memory [`KeySet`] and stores the [`Principal`] as an extension.
+//! Routes that need no key are an explicit allow-list ([`UNAUTHENTICATED_ROUTES`]).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use pin_project_lite::pin_project;
+use tower::{Layer, Service};
+
+use crate::body::GatewayBody;
+use crate::error::ProxyError;
+use crate::keys::KeySet;
+
+pub const NM_KEY: &str = "nm-key";
+
+/// Paths served without a service key.
+pub const UNAUTHENTICATED_ROUTES: &[&str] = &["/health"];
+
+#[derive(Debug, Clone)]
+pub struct AuthLayer {
+    keys: KeySet,
+}
+
+impl AuthLayer {
+    pub fn new(keys: KeySet) -> Self {
+        Self { keys }
+    }
+}
+
+impl<S> Layer<S> for AuthLayer {
+    type Service = Auth<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        Auth { inner, keys: self.keys.clone() }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Auth<S> {
+    inner: S,
+    keys: KeySet,
+}
+
+impl<S, B> Service<Request<B>> for Auth<S>
+where
+    S: Service<Request<B>, Response = Response<GatewayBody>, Error = ProxyError>,
+{
+    type Response = Response<GatewayBody>;
+    type Error = ProxyError;
+    type Future = ResponseFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        if UNAUTHENTICATED_ROUTES.contains(&req.uri().path()) {
+            return ResponseFuture::Inner { inner: self.inner.call(req) };
+        }
+        let principal = match req.headers().get(NM_KEY).map(|v| v.to_str()) {
+            None => Err(ProxyError::MissingApiKey),
+            Some(Err(_)) => Err(ProxyError::InvalidApiKey),
+            Some(Ok(secret)) => self.keys.check(secret.trim()).ok_or(ProxyError::InvalidApiKey),
+        };
+        match principal {
+            Ok(p) => {
+                tracing::Span::current().record("nm.key_id", &*p.key_id);
+                req.extensions_mut().insert(p);
+                ResponseFuture::Inner { inner: self.inner.call(req) }
+            }
+            Err(e) => ResponseFuture::Refused { error: Some(e) },
+        }
+    }
+}
+
+pin_project! {
+    #[project = ResponseFutureProj]
+    pub enum ResponseFuture<F> {
+        Inner { #[pin] inner: F },
+        Refused { error: Option<ProxyError> },
+    }
+}
+
+impl<F> Future for ResponseFuture<F>
+where
+    F: Future<Output = Result<Response<GatewayBody>, ProxyError>>,
+{
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project() {
+            ResponseFutureProj::Inner { inner } => inner.poll(cx),
+            ResponseFutureProj::Refused { error } => Poll::Ready(Err(error
+                .take()
+                .unwrap_or_else(|| ProxyError::Internal("auth future polled after completion".to_owned())))),
+        }
+    }
+}

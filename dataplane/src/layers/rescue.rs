@@ -1,0 +1,116 @@
+//! The one place where a [`ProxyError`] becomes an HTTP response: in the provider's native error
+//! shape on proxy routes, in the gateway envelope on `/v1/...` and `/health`. Also the one place
+//! errors are logged: client errors at debug, upstream and gateway errors at warn.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use pin_project_lite::pin_project;
+use tower::{Layer, Service};
+
+use crate::body::GatewayBody;
+use crate::error::{ErrorFlavor, ProxyError, Side};
+use crate::path::split_prefix;
+use crate::providers::{ErrorStyle, Registry};
+
+#[derive(Debug, Clone)]
+pub struct RescueLayer {
+    registry: Arc<Registry>,
+}
+
+impl RescueLayer {
+    pub fn new(registry: Arc<Registry>) -> Self {
+        Self { registry }
+    }
+}
+
+impl<S> Layer<S> for RescueLayer {
+    type Service = Rescue<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        Rescue { inner, registry: self.registry.clone() }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Rescue<S> {
+    inner: S,
+    registry: Arc<Registry>,
+}
+
+impl<S> Rescue<S> {
+    /// The error shape for a path: its provider's, or the gateway envelope for our own routes.
+    /// Unknown prefixes get the OpenAI shape, the one most clients parse.
+    fn flavor(&self, path: &str) -> ErrorFlavor {
+        if path == "/health" || path.starts_with("/v1/") {
+            return ErrorFlavor::Gateway;
+        }
+        let style = split_prefix(path)
+            .and_then(|(prefix, _)| self.registry.get(prefix))
+            .map_or(ErrorStyle::Openai, |p| p.errors);
+        ErrorFlavor::Provider(style)
+    }
+}
+
+impl<S, B> Service<Request<B>> for Rescue<S>
+where
+    S: Service<Request<B>, Response = Response<GatewayBody>, Error = ProxyError>,
+{
+    type Response = Response<GatewayBody>;
+    type Error = Infallible;
+    type Future = ResponseFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        // Our inner services are always ready; an error here would be a gateway bug, and there is
+        // no request to answer yet, so readiness errors cannot be rescued.
+        match self.inner.poll_ready(cx) {
+            Poll::Ready(Err(e)) => {
+                tracing::error!(error = %e, "inner service failed readiness");
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Ok(())) => Poll::Ready(Ok(())),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let flavor = self.flavor(req.uri().path());
+        ResponseFuture { inner: self.inner.call(req), flavor }
+    }
+}
+
+pin_project! {
+    pub struct ResponseFuture<F> {
+        #[pin]
+        inner: F,
+        flavor: ErrorFlavor,
+    }
+}
+
+impl<F> Future for ResponseFuture<F>
+where
+    F: Future<Output = Result<Response<GatewayBody>, ProxyError>>,
+{
+    type Output = Result<Response<GatewayBody>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let err = match this.inner.poll(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Ok(resp)) => return Poll::Ready(Ok(resp)),
+            Poll::Ready(Err(e)) => e,
+        };
+        let (status, code, side) = err.classify();
+        let span = tracing::Span::current();
+        span.record("http.response.status_code", status.as_u16());
+        match side {
+            Side::Client => tracing::debug!(nm.error = code, error = %err, "request refused"),
+            Side::Upstream => tracing::warn!(nm.error = code, error = %err, "upstream failed"),
+            Side::Gateway => tracing::error!(nm.error = code, error = %err, "gateway error"),
+        }
+        Poll::Ready(Ok(err.into_response(*this.flavor)))
+    }
+}

@@ -1,0 +1,95 @@
+//! nm-gateway dataplane: the transparent provider proxy and the HTTP API next to it.
+//!
+//! The hot path never waits on a database or a network round trip of ours: keys are checked in
+//! memory ([`keys::KeySet`]), request records leave through a bounded queue
+//! ([`records::RecordSink`]). The root crate connects those to the controlplane; this crate
+//! knows nothing of gRPC or SQL.
+
+pub mod attribution;
+pub mod body;
+pub mod error;
+pub mod forward;
+pub mod keys;
+pub mod layers;
+pub mod path;
+pub mod providers;
+pub mod proxy;
+pub mod records;
+pub mod server;
+pub mod stack;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+
+pub use error::ProxyError;
+pub use keys::{Health, KeySet, Principal};
+pub use providers::{AuthStyle, ErrorStyle, ProviderSpec, Registry};
+pub use records::{RecordQueue, RecordSink, RequestRecord};
+pub use server::Drained;
+
+/// Default request-body limit (images are big).
+pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
+
+/// Everything the dataplane needs to run, already validated by the root's settings.
+#[derive(Debug, Clone)]
+pub struct DataplaneConfig {
+    pub registry: Registry,
+    pub max_body_bytes: usize,
+    pub connect_timeout: Duration,
+    /// Time allowed for the upstream's response head.
+    pub header_timeout: Duration,
+    pub shutdown_grace: Duration,
+    pub record_queue_capacity: usize,
+    /// Version reported by `/health`.
+    pub version: &'static str,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("TLS setup failed: {0}")]
+    Tls(#[from] rustls::Error),
+}
+
+/// A dataplane ready to serve. Its key set and health are handles the root updates.
+#[derive(Debug, Clone)]
+pub struct Dataplane {
+    state: Arc<stack::State>,
+    grace: Duration,
+}
+
+impl Dataplane {
+    /// Builds the dataplane and the queue its request records come out of.
+    pub fn new(config: DataplaneConfig) -> Result<(Self, RecordQueue), Error> {
+        let (records, queue) = records::record_queue(config.record_queue_capacity);
+        let state = stack::State {
+            registry: Arc::new(config.registry),
+            keys: KeySet::default(),
+            health: Health::default(),
+            upstream: forward::Upstream::new(config.connect_timeout, config.header_timeout)?,
+            records,
+            max_body_bytes: config.max_body_bytes,
+            version: config.version,
+        };
+        Ok((Self { state: Arc::new(state), grace: config.shutdown_grace }, queue))
+    }
+
+    pub fn keys(&self) -> &KeySet {
+        &self.state.keys
+    }
+
+    pub fn health(&self) -> &Health {
+        &self.state.health
+    }
+
+    pub fn records(&self) -> &RecordSink {
+        &self.state.records
+    }
+
+    /// Serves on `listener` until `shutdown` completes, then drains.
+    pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()>) -> Drained {
+        server::serve(listener, self.state, shutdown, self.grace).await
+    }
+}

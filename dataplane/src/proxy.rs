@@ -1,0 +1,157 @@
+//! The proxy route: `/<provider>/<native path>` forwarded to the provider, body byte for byte,
+//! response streamed back frame by frame.
+//!
+//! Steps, in order: resolve the provider from the prefix, check the native path, parse the
+//! attribution headers, read the body under the size limit (to learn the model; the original
+//! bytes are what is sent), build the upstream request, send it, and wrap the upstream body so
+//! its end completes the request record.
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use http::{Request, Response, header};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+
+use crate::attribution::Attribution;
+use crate::body::{Completion, GatewayBody, ObservedBody};
+use crate::error::ProxyError;
+use crate::forward::{model_of, strip_response_headers, upstream_headers, upstream_uri};
+use crate::keys::Principal;
+use crate::layers::RequestId;
+use crate::layers::trace::RequestSpan;
+use crate::path::{check_native_path, split_prefix};
+use crate::records::RequestRecord;
+use crate::stack::State;
+
+/// Handles one proxy request. Gateway-made errors after authentication are recorded too, so the
+/// controlplane sees every request a key made.
+pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<GatewayBody>, ProxyError> {
+    let started = Instant::now();
+    let started_at = SystemTime::now();
+    let path = req.uri().path();
+    let (prefix, native) = split_prefix(path).ok_or_else(|| ProxyError::UnknownProvider(String::new()))?;
+    let provider = state
+        .registry
+        .get(prefix)
+        .cloned()
+        .ok_or_else(|| ProxyError::UnknownProvider(prefix.to_owned()))?;
+    let span = req.extensions().get::<RequestSpan>().map(|s| s.0.clone()).unwrap_or_else(tracing::Span::current);
+    span.record("gen_ai.provider.name", &*provider.name);
+    span.record("http.route", "/{provider}/{*native_path}");
+    let native = native.to_owned();
+
+    let principal = req
+        .extensions()
+        .get::<Principal>()
+        .cloned()
+        .ok_or_else(|| ProxyError::Internal("proxy reached without a principal".to_owned()))?;
+    let request_id = req.extensions().get::<RequestId>().map(|r| r.0.clone()).unwrap_or_default();
+
+    let mut record = RequestRecord {
+        request_id,
+        started_at,
+        key_id: principal.key_id.clone(),
+        provider: provider.name.clone(),
+        method: req.method().to_string(),
+        path: native.clone(),
+        model: None,
+        agent: None,
+        session_id: None,
+        env: None,
+        user_id: None,
+        status: 0,
+        latency: Default::default(),
+        ttfb: None,
+        streamed: false,
+        error_code: None,
+        response_bytes: 0,
+    };
+
+    let result = forward(&state, &provider, &native, req, &mut record, &span).await;
+    match result {
+        Ok(resp) => {
+            let (parts, upstream_body) = resp.into_parts();
+            let completion = Completion { record, started, sink: state.records.clone(), span };
+            Ok(Response::from_parts(parts, GatewayBody::Upstream { inner: ObservedBody::new(upstream_body, completion) }))
+        }
+        Err(e) => {
+            let (status, code, _) = e.classify();
+            record.status = status.as_u16();
+            record.error_code = Some(code);
+            record.latency = started.elapsed();
+            state.records.send(record);
+            Err(e)
+        }
+    }
+}
+
+async fn forward(
+    state: &State,
+    provider: &crate::providers::Provider,
+    native: &str,
+    req: Request<Incoming>,
+    record: &mut RequestRecord,
+    span: &tracing::Span,
+) -> Result<Response<Incoming>, ProxyError> {
+    check_native_path(native)?;
+    let attribution = Attribution::from_headers(req.headers())?;
+    if let Some(a) = &attribution.agent {
+        span.record("nm.agent", a.as_str());
+    }
+    if let Some(s) = &attribution.session {
+        span.record("nm.session", s.as_str());
+    }
+    if let Some(e) = attribution.env {
+        span.record("nm.env", e.as_str());
+    }
+    record.agent = attribution.agent;
+    record.session_id = attribution.session.map(|s| s.to_string());
+    record.env = attribution.env;
+    record.user_id = attribution.user;
+
+    let limit = state.max_body_bytes;
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(ProxyError::PayloadTooLarge { limit });
+    }
+
+    let (parts, body) = req.into_parts();
+    let body = Limited::new(body, limit).collect().await.map_err(|e| {
+        if e.is::<http_body_util::LengthLimitError>() {
+            ProxyError::PayloadTooLarge { limit }
+        } else {
+            ProxyError::RequestBody(e.to_string())
+        }
+    })?;
+    let body = body.to_bytes();
+    record.model = model_of(&body, native);
+    if let Some(m) = &record.model {
+        span.record("gen_ai.request.model", m.as_str());
+    }
+
+    let query = parts.uri.query();
+    let uri = upstream_uri(provider, native, query)?;
+    let headers = upstream_headers(&parts.headers, provider, query);
+    let mut upstream_req = Request::builder()
+        .method(parts.method)
+        .uri(uri)
+        .body(Full::new(body))
+        .map_err(|e| ProxyError::Internal(format!("cannot build upstream request: {e}")))?;
+    *upstream_req.headers_mut() = headers;
+
+    let mut resp = state.upstream.send(upstream_req).await?;
+    strip_response_headers(resp.headers_mut());
+    record.status = resp.status().as_u16();
+    record.streamed = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("text/event-stream"));
+    span.record("http.response.status_code", record.status);
+    Ok(resp)
+}

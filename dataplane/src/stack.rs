@@ -1,0 +1,104 @@
+//! The dataplane service, top to bottom.
+//!
+//! | layer | adds / reads |
+//! |---|---|
+//! | [`RequestIdLayer`] | adds `RequestId`; sets `NM-Request-Id` on every response |
+//! | [`TraceLayer`] | reads `RequestId`; adds `RequestSpan` (the request's span) |
+//! | [`RescueLayer`] | turns every `ProxyError` below into a native-shaped response, logs it once |
+//! | [`AuthLayer`] | reads `NM-Key`; adds `Principal` (allow-list: `/health`) |
+//! | [`Router`] | `/health`, else `/<provider>/...` through [`crate::proxy`] |
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use hyper::body::Incoming;
+use serde_json::json;
+use tower::{Service, ServiceBuilder};
+
+use crate::body::GatewayBody;
+use crate::error::ProxyError;
+use crate::forward::Upstream;
+use crate::keys::{Health, KeySet};
+use crate::layers::{AuthLayer, RequestIdLayer, RescueLayer, TraceLayer};
+use crate::providers::Registry;
+use crate::records::RecordSink;
+
+/// Everything a request handler needs. Shared, read-only apart from the key set and health.
+#[derive(Debug)]
+pub struct State {
+    pub registry: Arc<Registry>,
+    pub keys: KeySet,
+    pub health: Health,
+    pub upstream: Upstream,
+    pub records: RecordSink,
+    pub max_body_bytes: usize,
+    pub version: &'static str,
+}
+
+/// Builds the dataplane service for one connection (cheap: clones of `Arc`s).
+pub fn service(
+    state: Arc<State>,
+) -> impl Service<Request<Incoming>, Response = Response<GatewayBody>, Error = Infallible, Future: Send> + Clone + Send {
+    ServiceBuilder::new()
+        // Outermost, so even errors and health answers carry NM-Request-Id.
+        .layer(RequestIdLayer)
+        // The span wraps everything below, so every log line has the request id.
+        .layer(TraceLayer)
+        // Errors from auth, routing and forwarding become native-shaped responses here.
+        .layer(RescueLayer::new(state.registry.clone()))
+        // Before routing: no provider sees a request without a valid key.
+        .layer(AuthLayer::new(state.keys.clone()))
+        .service(Router { state })
+}
+
+/// Dispatches to the health check or the proxy.
+#[derive(Debug, Clone)]
+pub struct Router {
+    state: Arc<State>,
+}
+
+impl Service<Request<Incoming>> for Router {
+    type Response = Response<GatewayBody>;
+    type Error = ProxyError;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<GatewayBody>, ProxyError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+        let state = self.state.clone();
+        if req.uri().path() == "/health" {
+            let method = req.method().clone();
+            return Box::pin(async move { health(&state, &method) });
+        }
+        Box::pin(crate::proxy::handle(state, req))
+    }
+}
+
+/// `GET /health`: 200 `{"status": "ok", "version"}`, or 503 with a status and a reason while the
+/// controlplane is unreachable or the process is draining.
+fn health(state: &State, method: &Method) -> Result<Response<GatewayBody>, ProxyError> {
+    if method != Method::GET && method != Method::HEAD {
+        return Err(ProxyError::MethodNotAllowed(method.clone()));
+    }
+    tracing::Span::current().record("http.route", "/health");
+    let (status, body) = match state.health.status() {
+        Ok(()) => (StatusCode::OK, json!({"status": "ok", "version": state.version})),
+        Err(reason) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"status": "unavailable", "version": state.version, "reason": reason}),
+        ),
+    };
+    let body = if method == Method::HEAD { Bytes::new() } else { Bytes::from(body.to_string()) };
+    let mut resp = Response::new(GatewayBody::full(body));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    Ok(resp)
+}
