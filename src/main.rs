@@ -1,1 +1,199 @@
-fn main() {}
+//! `nm-gateway`: the command line. Parses flags, resolves settings (exit 64 on bad ones),
+//! starts the chosen process shape and stops it gracefully on SIGTERM or Ctrl-C.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use nm_gateway::cli::{KeysCommand, UsageError};
+use nm_gateway::config::{self, Flags, Mode};
+use nm_gateway::{app, telemetry};
+
+/// Exit code for bad settings or usage (BSD `EX_USAGE`).
+const EXIT_USAGE: u8 = 64;
+
+#[derive(Debug, Parser)]
+#[command(name = "nm-gateway", version = app::VERSION, about = "LLM gateway: transparent provider proxy with signals, usage and keys")]
+struct Cli {
+    /// TOML settings file (flags > env > file > defaults).
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Log format: text or json (env NM_LOG_FORMAT).
+    #[arg(long, global = true, value_name = "FORMAT")]
+    log_format: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Dataplane and controlplane in one process, on an embedded SQLite database by default.
+    Serve(ServerArgs),
+    /// Only the dataplane (HTTP proxy); needs a controlplane (NM_CONTROLPLANE_URL).
+    Dataplane(ServerArgs),
+    /// Only the controlplane (gRPC + database).
+    Controlplane(ServerArgs),
+    /// Manage service API keys (needs NM_ADMIN_KEY).
+    Keys {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
+}
+
+#[derive(Debug, Clone, Default, Args)]
+struct ServerArgs {
+    /// Dataplane listen address (env NM_HTTP_ADDR).
+    #[arg(long)]
+    http_addr: Option<String>,
+    /// Controlplane listen address (env NM_GRPC_ADDR).
+    #[arg(long)]
+    grpc_addr: Option<String>,
+    /// Controlplane URL for a dataplane (env NM_CONTROLPLANE_URL).
+    #[arg(long)]
+    controlplane_url: Option<String>,
+    /// Database URL (env NM_DATABASE_URL).
+    #[arg(long)]
+    database_url: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Args)]
+struct ClientArgs {
+    /// Controlplane URL (env NM_CONTROLPLANE_URL).
+    #[arg(long, global = true)]
+    controlplane_url: Option<String>,
+    /// Admin key presented to the controlplane (env NM_ADMIN_KEY).
+    #[arg(long, global = true)]
+    admin_key: Option<String>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("nm-gateway: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(run(cli))
+}
+
+async fn run(cli: Cli) -> ExitCode {
+    let (mode, flags, keys_cmd) = match cli.command {
+        Command::Serve(a) => (Mode::Serve, server_flags(a), None),
+        Command::Dataplane(a) => (Mode::Dataplane, server_flags(a), None),
+        Command::Controlplane(a) => (Mode::Controlplane, server_flags(a), None),
+        Command::Keys { client, command } => (
+            Mode::Client,
+            Flags {
+                controlplane_url: client.controlplane_url,
+                admin_key: client.admin_key,
+                ..Flags::default()
+            },
+            Some(command),
+        ),
+    };
+    let flags = Flags {
+        log_format: cli.log_format,
+        ..flags
+    };
+    let env: HashMap<String, String> = std::env::vars().collect();
+    let file = match cli.config.as_deref().map(config::load_file).transpose() {
+        Ok(f) => f.unwrap_or_default(),
+        Err(e) => return usage(&e.to_string()),
+    };
+    let settings = match config::resolve(mode, &flags, &env, file) {
+        Ok(s) => s,
+        Err(e) => return usage(&e.to_string()),
+    };
+    if let Err(e) = telemetry::init(&settings.log, settings.log_format) {
+        return usage(&format!("NM_LOG: {e}"));
+    }
+
+    if let Some(cmd) = keys_cmd {
+        let mut stdout = std::io::stdout().lock();
+        return match nm_gateway::cli::keys(&settings, cmd, &mut stdout).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) if e.is::<UsageError>() => usage(&e.to_string()),
+            Err(e) => {
+                eprintln!("nm-gateway: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+
+    let running = match app::start(&settings).await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "startup failed");
+            eprintln!("nm-gateway: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Some(secret) = &running.generated_admin_key {
+        show_generated_key(secret);
+    }
+    wait_for_signal().await;
+    tracing::info!("shutdown requested");
+    match running.stop().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "stopped with an error");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn server_flags(a: ServerArgs) -> Flags {
+    Flags {
+        http_addr: a.http_addr,
+        grpc_addr: a.grpc_addr,
+        controlplane_url: a.controlplane_url,
+        database_url: a.database_url,
+        ..Flags::default()
+    }
+}
+
+fn usage(msg: &str) -> ExitCode {
+    eprintln!("nm-gateway: {msg}");
+    ExitCode::from(EXIT_USAGE)
+}
+
+/// The generated first admin key goes to stdout once, outside the logs.
+fn show_generated_key(secret: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(
+        out,
+        "\nNo keys existed, so an admin key was generated. It is shown only now:\n\n    {secret}\n\nUse it as NM-Key on requests and as NM_ADMIN_KEY for `nm-gateway keys`.\n"
+    );
+    let _ = out.flush();
+}
+
+async fn wait_for_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

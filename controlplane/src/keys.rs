@@ -57,7 +57,9 @@ pub struct KeyCache {
 
 impl KeyCache {
     fn new() -> Self {
-        Self { tx: Arc::new(watch::Sender::new(Arc::new(KeySnapshot::default()))) }
+        Self {
+            tx: Arc::new(watch::Sender::new(Arc::new(KeySnapshot::default()))),
+        }
     }
 
     pub fn subscribe(&self) -> watch::Receiver<Arc<KeySnapshot>> {
@@ -74,7 +76,10 @@ impl KeyCache {
             if snap.keys == keys {
                 return false;
             }
-            *snap = Arc::new(KeySnapshot { version: snap.version + 1, keys });
+            *snap = Arc::new(KeySnapshot {
+                version: snap.version + 1,
+                keys,
+            });
             true
         });
     }
@@ -90,7 +95,10 @@ pub struct Keys {
 impl Keys {
     /// Loads the current key set from the database.
     pub async fn load(store: Store) -> Result<Self> {
-        let keys = Self { store, cache: KeyCache::new() };
+        let keys = Self {
+            store,
+            cache: KeyCache::new(),
+        };
         keys.refresh().await?;
         Ok(keys)
     }
@@ -116,7 +124,13 @@ impl Keys {
                 warn!(key.id = %row.id, "stored key hash is not 64 hex digits; key ignored");
                 continue;
             };
-            keys.insert(hash, KeyInfo { id: row.id, admin: row.admin });
+            keys.insert(
+                hash,
+                KeyInfo {
+                    id: row.id,
+                    admin: row.admin,
+                },
+            );
         }
         self.cache.replace(keys);
         Ok(())
@@ -161,7 +175,10 @@ impl Keys {
         .insert(self.store.conn())
         .await?;
         self.refresh().await?;
-        Ok(CreatedKey { key: model, secret: secret.to_owned() })
+        Ok(CreatedKey {
+            key: model,
+            secret: secret.to_owned(),
+        })
     }
 
     /// All keys (unrevoked only unless `include_revoked`), newest first.
@@ -198,7 +215,9 @@ impl Keys {
     /// generated admin key, returned here so the caller can print it once.
     pub async fn ensure_admin(&self, bootstrap: Option<&str>) -> Result<Option<CreatedKey>> {
         if let Some(secret) = bootstrap {
-            if secret.len() < MIN_BOOTSTRAP_KEY_LEN || secret.chars().any(|c| c.is_control() || c.is_whitespace()) {
+            if secret.len() < MIN_BOOTSTRAP_KEY_LEN
+                || secret.chars().any(|c| c.is_control() || c.is_whitespace())
+            {
                 return Err(Error::Config(format!(
                     "NM_BOOTSTRAP_KEY must be at least {MIN_BOOTSTRAP_KEY_LEN} characters without spaces"
                 )));
@@ -226,7 +245,9 @@ impl Keys {
         if any.is_some() {
             return Ok(None);
         }
-        let created = self.insert(GENERATED_ADMIN_KEY_NAME, &generate_secret(), true).await?;
+        let created = self
+            .insert(GENERATED_ADMIN_KEY_NAME, &generate_secret(), true)
+            .await?;
         info!(key.id = %created.key.id, "fresh database: generated the first admin key");
         Ok(Some(created))
     }
@@ -254,10 +275,12 @@ fn display_prefix(secret: &str) -> String {
 
 fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
-    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
 }
 
 pub fn encode_hash(hash: &KeyHash) -> String {

@@ -116,7 +116,10 @@ async fn upsert_session<C: sea_orm::ConnectionTrait>(
         )
         .value(session::Column::RequestCount, Expr::cust(r#""sessions"."request_count" + 1"#))
         .to_owned();
-    session::Entity::insert(row).on_conflict(on_conflict).exec_without_returning(db).await?;
+    session::Entity::insert(row)
+        .on_conflict(on_conflict)
+        .exec_without_returning(db)
+        .await?;
     Ok(())
 }
 
@@ -128,10 +131,12 @@ fn validate(r: &RequestRecord) -> Result<(), &'static str> {
         return Err("provider and method are required");
     }
     if let Some(s) = &r.session_id {
-        s.parse::<SessionId>().map_err(|_| "session_id must look like sess_<id>")?;
+        s.parse::<SessionId>()
+            .map_err(|_| "session_id must look like sess_<id>")?;
     }
     if let Some(e) = &r.env {
-        e.parse::<Env>().map_err(|_| "env must be production, staging or development")?;
+        e.parse::<Env>()
+            .map_err(|_| "env must be production, staging or development")?;
     }
     if let Some(a) = &r.agent {
         parse_agent(a).map_err(|_| "agent must be 1 to 128 printable characters")?;

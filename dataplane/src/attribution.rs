@@ -24,10 +24,12 @@ pub struct Attribution {
 impl Attribution {
     pub fn from_headers(headers: &HeaderMap) -> Result<Self, ProxyError> {
         Ok(Self {
-            agent: parse(headers, NM_AGENT, "NM-Agent", |s| parse_agent(s))?,
-            session: parse(headers, NM_SESSION, "NM-Session", |s| s.parse::<SessionId>())?,
+            agent: parse(headers, NM_AGENT, "NM-Agent", parse_agent)?,
+            session: parse(headers, NM_SESSION, "NM-Session", |s| {
+                s.parse::<SessionId>()
+            })?,
             env: parse(headers, NM_ENV, "NM-Env", |s| s.parse::<Env>())?,
-            user: parse(headers, NM_USER, "NM-User", |s| parse_user(s))?,
+            user: parse(headers, NM_USER, "NM-User", parse_user)?,
         })
     }
 }
@@ -41,8 +43,13 @@ fn parse<T>(
     let Some(value) = headers.get(name) else {
         return Ok(None);
     };
-    let invalid = |reason: String| ProxyError::InvalidHeader { header: display, reason };
-    let text = value.to_str().map_err(|_| invalid("value is not visible ASCII".to_owned()))?;
+    let invalid = |reason: String| ProxyError::InvalidHeader {
+        header: display,
+        reason,
+    };
+    let text = value
+        .to_str()
+        .map_err(|_| invalid("value is not visible ASCII".to_owned()))?;
     f(text).map(Some).map_err(|e| invalid(e.to_string()))
 }
 
@@ -54,19 +61,31 @@ mod tests {
     #[test]
     fn parses_and_refuses() {
         let mut h = HeaderMap::new();
-        assert_eq!(Attribution::from_headers(&h).ok(), Some(Attribution::default()));
+        assert_eq!(
+            Attribution::from_headers(&h).ok(),
+            Some(Attribution::default())
+        );
         h.insert(NM_AGENT, HeaderValue::from_static("support-bot"));
         h.insert(NM_SESSION, HeaderValue::from_static("sess_42"));
         h.insert(NM_ENV, HeaderValue::from_static("staging"));
         h.insert(NM_USER, HeaderValue::from_static("user-7"));
         let a = Attribution::from_headers(&h).ok();
         assert_eq!(a.as_ref().and_then(|a| a.env), Some(Env::Staging));
-        assert_eq!(a.and_then(|a| a.session).map(|s| s.to_string()).as_deref(), Some("sess_42"));
+        assert_eq!(
+            a.and_then(|a| a.session).map(|s| s.to_string()).as_deref(),
+            Some("sess_42")
+        );
 
         for (name, bad) in [(NM_SESSION, "42"), (NM_ENV, "prod"), (NM_AGENT, " ")] {
             let mut h = HeaderMap::new();
             h.insert(name, HeaderValue::from_static(bad));
-            assert!(matches!(Attribution::from_headers(&h), Err(ProxyError::InvalidHeader { .. })), "{name}={bad}");
+            assert!(
+                matches!(
+                    Attribution::from_headers(&h),
+                    Err(ProxyError::InvalidHeader { .. })
+                ),
+                "{name}={bad}"
+            );
         }
     }
 }

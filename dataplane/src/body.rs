@@ -34,7 +34,9 @@ pin_project! {
 
 impl GatewayBody {
     pub fn full(bytes: impl Into<Bytes>) -> Self {
-        GatewayBody::Full { inner: Full::new(bytes.into()) }
+        GatewayBody::Full {
+            inner: Full::new(bytes.into()),
+        }
     }
 
     pub fn empty() -> Self {
@@ -46,7 +48,10 @@ impl Body for GatewayBody {
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.project() {
             GatewayBodyProj::Full { inner } => inner.poll_frame(cx).map_err(|never| match never {}),
             GatewayBodyProj::Upstream { inner } => inner.poll_frame(cx).map_err(Into::into),
@@ -134,7 +139,12 @@ pin_project! {
 
 impl ObservedBody {
     pub fn new(inner: Incoming, completion: Completion) -> Self {
-        Self { inner, completion: Some(completion), first_byte: None, bytes: 0 }
+        Self {
+            inner,
+            completion: Some(completion),
+            first_byte: None,
+            bytes: 0,
+        }
     }
 }
 
@@ -142,7 +152,10 @@ impl Body for ObservedBody {
     type Data = Bytes;
     type Error = hyper::Error;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let mut this = self.project();
         let polled = this.inner.as_mut().poll_frame(cx);
         let ending = match &polled {

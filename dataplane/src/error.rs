@@ -25,7 +25,10 @@ pub enum ProxyError {
     #[error("invalid NM-Key: the key is unknown or revoked")]
     InvalidApiKey,
     #[error("invalid {header} header: {reason}")]
-    InvalidHeader { header: &'static str, reason: String },
+    InvalidHeader {
+        header: &'static str,
+        reason: String,
+    },
     #[error("invalid path: {0}")]
     InvalidPath(#[from] crate::path::PathError),
     #[error("unknown provider {0:?}")]
@@ -74,12 +77,32 @@ impl ProxyError {
             InvalidPath(_) => (StatusCode::BAD_REQUEST, "invalid_path", Side::Client),
             UnknownProvider(_) => (StatusCode::NOT_FOUND, "unknown_provider", Side::Client),
             NotFound { .. } => (StatusCode::NOT_FOUND, "not_found", Side::Client),
-            MethodNotAllowed(_) => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", Side::Client),
-            PayloadTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", Side::Client),
+            MethodNotAllowed(_) => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                Side::Client,
+            ),
+            PayloadTooLarge { .. } => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                Side::Client,
+            ),
             RequestBody(_) => (StatusCode::BAD_REQUEST, "invalid_body", Side::Client),
-            UpstreamUnreachable(_) => (StatusCode::BAD_GATEWAY, "upstream_unreachable", Side::Upstream),
-            UpstreamTimeout(_) => (StatusCode::GATEWAY_TIMEOUT, "upstream_timeout", Side::Upstream),
-            Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal_error", Side::Gateway),
+            UpstreamUnreachable(_) => (
+                StatusCode::BAD_GATEWAY,
+                "upstream_unreachable",
+                Side::Upstream,
+            ),
+            UpstreamTimeout(_) => (
+                StatusCode::GATEWAY_TIMEOUT,
+                "upstream_timeout",
+                Side::Upstream,
+            ),
+            Internal(_) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal_error",
+                Side::Gateway,
+            ),
         }
     }
 
@@ -92,7 +115,9 @@ impl ProxyError {
         let (status, code, _) = self.classify();
         let message = self.to_string();
         let body = match flavor {
-            ErrorFlavor::Gateway => json!({"ok": false, "error": {"code": code, "message": message}}),
+            ErrorFlavor::Gateway => {
+                json!({"ok": false, "error": {"code": code, "message": message}})
+            }
             ErrorFlavor::Provider(ErrorStyle::Openai) => json!({
                 "error": {"message": message, "type": openai_type(status), "param": null, "code": code}
             }),
@@ -107,7 +132,10 @@ impl ProxyError {
         let mut resp = Response::new(GatewayBody::full(Bytes::from(body.to_string())));
         *resp.status_mut() = status;
         let headers = resp.headers_mut();
-        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
         headers.insert(NM_ERROR, HeaderValue::from_static(code));
         resp
     }
@@ -162,24 +190,48 @@ mod tests {
     async fn render(e: ProxyError, flavor: ErrorFlavor) -> (StatusCode, String, serde_json::Value) {
         let resp = e.into_response(flavor);
         let status = resp.status();
-        let code = resp.headers()[NM_ERROR].to_str().unwrap_or_default().to_owned();
-        let bytes = resp.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
-        (status, code, serde_json::from_slice(&bytes).unwrap_or_default())
+        let code = resp.headers()[NM_ERROR]
+            .to_str()
+            .unwrap_or_default()
+            .to_owned();
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .map(|c| c.to_bytes())
+            .unwrap_or_default();
+        (
+            status,
+            code,
+            serde_json::from_slice(&bytes).unwrap_or_default(),
+        )
     }
 
     #[tokio::test]
     async fn native_shapes() {
-        let (s, c, b) = render(ProxyError::InvalidApiKey, ErrorFlavor::Provider(ErrorStyle::Openai)).await;
+        let (s, c, b) = render(
+            ProxyError::InvalidApiKey,
+            ErrorFlavor::Provider(ErrorStyle::Openai),
+        )
+        .await;
         assert_eq!((s.as_u16(), c.as_str()), (401, "invalid_api_key"));
         assert_eq!(b["error"]["type"], "authentication_error");
         assert_eq!(b["error"]["code"], "invalid_api_key");
 
-        let (s, _, b) = render(ProxyError::PayloadTooLarge { limit: 1 }, ErrorFlavor::Provider(ErrorStyle::Anthropic)).await;
+        let (s, _, b) = render(
+            ProxyError::PayloadTooLarge { limit: 1 },
+            ErrorFlavor::Provider(ErrorStyle::Anthropic),
+        )
+        .await;
         assert_eq!(s.as_u16(), 413);
         assert_eq!(b["type"], "error");
         assert_eq!(b["error"]["type"], "request_too_large");
 
-        let (s, _, b) = render(ProxyError::UpstreamTimeout(Duration::from_secs(1)), ErrorFlavor::Provider(ErrorStyle::Gemini)).await;
+        let (s, _, b) = render(
+            ProxyError::UpstreamTimeout(Duration::from_secs(1)),
+            ErrorFlavor::Provider(ErrorStyle::Gemini),
+        )
+        .await;
         assert_eq!(s.as_u16(), 504);
         assert_eq!(b["error"]["code"], 504);
         assert_eq!(b["error"]["status"], "DEADLINE_EXCEEDED");

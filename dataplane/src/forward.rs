@@ -52,7 +52,9 @@ impl Upstream {
         http.set_keepalive(Some(Duration::from_secs(60)));
 
         let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-        let roots = rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.to_vec() };
+        let roots = rustls::RootCertStore {
+            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+        };
         let tls = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()?
             .with_root_certificates(roots)
@@ -66,7 +68,10 @@ impl Upstream {
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(256)
             .build(https);
-        Ok(Self { client, header_timeout })
+        Ok(Self {
+            client,
+            header_timeout,
+        })
     }
 
     /// Sends the request and waits for the response head (not the body).
@@ -96,8 +101,14 @@ fn source_chain(e: &dyn std::error::Error) -> String {
 }
 
 /// The upstream URL: provider base + native path + the original query, untouched.
-pub fn upstream_uri(provider: &Provider, native_path: &str, query: Option<&str>) -> Result<Uri, ProxyError> {
-    let mut pq = String::with_capacity(provider.base_path.len() + native_path.len() + query.map_or(0, |q| q.len() + 1));
+pub fn upstream_uri(
+    provider: &Provider,
+    native_path: &str,
+    query: Option<&str>,
+) -> Result<Uri, ProxyError> {
+    let mut pq = String::with_capacity(
+        provider.base_path.len() + native_path.len() + query.map_or(0, |q| q.len() + 1),
+    );
     pq.push_str(&provider.base_path);
     pq.push_str(native_path);
     if let Some(q) = query {
@@ -114,7 +125,11 @@ pub fn upstream_uri(provider: &Provider, native_path: &str, query: Option<&str>)
 
 /// Copies request headers for the upstream, dropping hop-by-hop, `Host`, `Content-Length` and
 /// `NM-*`, and adds the operator's credential when the client sent none.
-pub fn upstream_headers(incoming: &HeaderMap, provider: &Provider, query: Option<&str>) -> HeaderMap {
+pub fn upstream_headers(
+    incoming: &HeaderMap,
+    provider: &Provider,
+    query: Option<&str>,
+) -> HeaderMap {
     let mut out = HeaderMap::with_capacity(incoming.len());
     let connection_named = connection_tokens(incoming);
     for (name, value) in incoming {
@@ -134,7 +149,10 @@ pub fn upstream_headers(incoming: &HeaderMap, provider: &Provider, query: Option
         && !has_credential(&out, query)
     {
         let (name, value) = match provider.auth {
-            AuthStyle::Bearer => (header::AUTHORIZATION, HeaderValue::try_from(format!("Bearer {key}"))),
+            AuthStyle::Bearer => (
+                header::AUTHORIZATION,
+                HeaderValue::try_from(format!("Bearer {key}")),
+            ),
             AuthStyle::XApiKey => (X_API_KEY, HeaderValue::try_from(key.as_str())),
             AuthStyle::GoogApiKey => (X_GOOG_API_KEY, HeaderValue::try_from(key.as_str())),
         };
@@ -185,11 +203,14 @@ pub fn model_of(body: &Bytes, native_path: &str) -> Option<String> {
         #[serde(borrow, default)]
         model: Option<std::borrow::Cow<'a, str>>,
     }
-    let from_body = (!body.is_empty() && body.first().is_some_and(|b| *b == b'{' || b.is_ascii_whitespace()))
-        .then(|| serde_json::from_slice::<Peek<'_>>(body).ok())
-        .flatten()
-        .and_then(|p| p.model)
-        .map(|m| m.into_owned());
+    let from_body = (!body.is_empty()
+        && body
+            .first()
+            .is_some_and(|b| *b == b'{' || b.is_ascii_whitespace()))
+    .then(|| serde_json::from_slice::<Peek<'_>>(body).ok())
+    .flatten()
+    .and_then(|p| p.model)
+    .map(|m| m.into_owned());
     from_body.or_else(|| {
         let after = native_path.split("/models/").nth(1)?;
         let model = after.split([':', '/']).next()?;
@@ -208,25 +229,34 @@ mod tests {
             (n.to_owned(), s)
         });
         let reg = Registry::build(specs).unwrap_or_default();
-        reg.get(name).map(|p| (**p).clone()).unwrap_or_else(|| Provider {
-            name: name.into(),
-            scheme: http::uri::Scheme::HTTP,
-            authority: http::uri::Authority::from_static("x"),
-            base_path: String::new(),
-            auth: AuthStyle::Bearer,
-            errors: ErrorStyle::Openai,
-            api_key: None,
-        })
+        reg.get(name)
+            .map(|p| (**p).clone())
+            .unwrap_or_else(|| Provider {
+                name: name.into(),
+                scheme: http::uri::Scheme::HTTP,
+                authority: http::uri::Authority::from_static("x"),
+                base_path: String::new(),
+                auth: AuthStyle::Bearer,
+                errors: ErrorStyle::Openai,
+                api_key: None,
+            })
     }
 
     #[test]
     fn builds_urls() {
         let p = provider("groq", None);
-        let uri = upstream_uri(&p, "/openai/v1/chat/completions", Some("a=1&b=%20")).map(|u| u.to_string());
-        assert_eq!(uri.ok().as_deref(), Some("https://api.groq.com/openai/v1/chat/completions?a=1&b=%20"));
+        let uri = upstream_uri(&p, "/openai/v1/chat/completions", Some("a=1&b=%20"))
+            .map(|u| u.to_string());
+        assert_eq!(
+            uri.ok().as_deref(),
+            Some("https://api.groq.com/openai/v1/chat/completions?a=1&b=%20")
+        );
         let p = provider("openrouter", None);
         let uri = upstream_uri(&p, "/v1/chat/completions", None).map(|u| u.to_string());
-        assert_eq!(uri.ok().as_deref(), Some("https://openrouter.ai/api/v1/chat/completions"));
+        assert_eq!(
+            uri.ok().as_deref(),
+            Some("https://openrouter.ai/api/v1/chat/completions")
+        );
     }
 
     #[test]
@@ -249,7 +279,10 @@ mod tests {
         }
         let out = upstream_headers(&h, &provider("openai", Some("sk-operator")), None);
         let names: Vec<_> = out.keys().map(|k| k.as_str()).collect();
-        assert_eq!(names, ["authorization", "anthropic-version", "accept-encoding"]);
+        assert_eq!(
+            names,
+            ["authorization", "anthropic-version", "accept-encoding"]
+        );
         assert_eq!(out[header::AUTHORIZATION], "Bearer sk-client");
     }
 
@@ -257,20 +290,53 @@ mod tests {
     fn injects_operator_key_only_when_client_has_none() {
         let h = HeaderMap::new();
         let out = upstream_headers(&h, &provider("anthropic", Some("sk-ant")), None);
-        assert_eq!(out.get("x-api-key").map(|v| v.as_bytes()), Some(&b"sk-ant"[..]));
+        assert_eq!(
+            out.get("x-api-key").map(|v| v.as_bytes()),
+            Some(&b"sk-ant"[..])
+        );
         let out = upstream_headers(&h, &provider("gemini", Some("g-key")), None);
-        assert_eq!(out.get("x-goog-api-key").map(|v| v.as_bytes()), Some(&b"g-key"[..]));
-        let out = upstream_headers(&h, &provider("gemini", Some("g-key")), Some("alt=sse&key=client"));
+        assert_eq!(
+            out.get("x-goog-api-key").map(|v| v.as_bytes()),
+            Some(&b"g-key"[..])
+        );
+        let out = upstream_headers(
+            &h,
+            &provider("gemini", Some("g-key")),
+            Some("alt=sse&key=client"),
+        );
         assert!(out.get("x-goog-api-key").is_none());
         let out = upstream_headers(&h, &provider("openai", Some("sk-op")), None);
-        assert_eq!(out.get("authorization").map(|v| v.as_bytes()), Some(&b"Bearer sk-op"[..]));
+        assert_eq!(
+            out.get("authorization").map(|v| v.as_bytes()),
+            Some(&b"Bearer sk-op"[..])
+        );
     }
 
     #[test]
     fn finds_models() {
-        assert_eq!(model_of(&Bytes::from_static(br#"{"messages":[],"model":"gpt-4o"}"#), "/v1/chat/completions").as_deref(), Some("gpt-4o"));
-        assert_eq!(model_of(&Bytes::new(), "/v1beta/models/gemini-2.0-flash:streamGenerateContent").as_deref(), Some("gemini-2.0-flash"));
-        assert_eq!(model_of(&Bytes::from_static(b"not json"), "/v1/chat/completions"), None);
-        assert_eq!(model_of(&Bytes::from_static(br#"{"model":"a\"b"}"#), "/").as_deref(), Some("a\"b"));
+        assert_eq!(
+            model_of(
+                &Bytes::from_static(br#"{"messages":[],"model":"gpt-4o"}"#),
+                "/v1/chat/completions"
+            )
+            .as_deref(),
+            Some("gpt-4o")
+        );
+        assert_eq!(
+            model_of(
+                &Bytes::new(),
+                "/v1beta/models/gemini-2.0-flash:streamGenerateContent"
+            )
+            .as_deref(),
+            Some("gemini-2.0-flash")
+        );
+        assert_eq!(
+            model_of(&Bytes::from_static(b"not json"), "/v1/chat/completions"),
+            None
+        );
+        assert_eq!(
+            model_of(&Bytes::from_static(br#"{"model":"a\"b"}"#), "/").as_deref(),
+            Some("a\"b")
+        );
     }
 }

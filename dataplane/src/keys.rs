@@ -70,7 +70,9 @@ impl Default for Health {
     fn default() -> Self {
         Self {
             inner: Arc::new(Mutex::new(HealthState {
-                controlplane_problem: Some("waiting for the first key snapshot from the controlplane".to_owned()),
+                controlplane_problem: Some(
+                    "waiting for the first key snapshot from the controlplane".to_owned(),
+                ),
                 draining: false,
             })),
         }
@@ -120,7 +122,10 @@ mod tests {
     fn keys_check_by_hash() {
         let set = KeySet::default();
         assert!(set.check("nmk_a").is_none());
-        let p = Principal { key_id: Arc::from("key_1"), admin: false };
+        let p = Principal {
+            key_id: Arc::from("key_1"),
+            admin: false,
+        };
         set.replace(HashMap::from([(hash_key("nmk_a"), p.clone())]));
         assert_eq!(set.check("nmk_a"), Some(p));
         assert!(set.check("nmk_b").is_none());

@@ -73,7 +73,13 @@ impl Dataplane {
             max_body_bytes: config.max_body_bytes,
             version: config.version,
         };
-        Ok((Self { state: Arc::new(state), grace: config.shutdown_grace }, queue))
+        Ok((
+            Self {
+                state: Arc::new(state),
+                grace: config.shutdown_grace,
+            },
+            queue,
+        ))
     }
 
     pub fn keys(&self) -> &KeySet {

@@ -104,7 +104,10 @@ mod tests {
 
     #[test]
     fn splits() {
-        assert_eq!(split_prefix("/openai/v1/chat/completions"), Some(("openai", "/v1/chat/completions")));
+        assert_eq!(
+            split_prefix("/openai/v1/chat/completions"),
+            Some(("openai", "/v1/chat/completions"))
+        );
         assert_eq!(split_prefix("/openai"), Some(("openai", "/")));
         assert_eq!(split_prefix("/"), None);
         assert_eq!(split_prefix("//x"), None);
@@ -133,7 +136,10 @@ mod tests {
             ("/v1/./x", PathError::DotSegment),
             ("/v1/%2e%2e/admin", PathError::DotSegment),
             ("/v1/%2E./admin", PathError::DotSegment),
-            ("/v1/models/a%2Fb:generateContent", PathError::EncodedSeparator),
+            (
+                "/v1/models/a%2Fb:generateContent",
+                PathError::EncodedSeparator,
+            ),
             ("/v1/models/a%2fb", PathError::EncodedSeparator),
             ("/v1/models/a%5cb", PathError::EncodedSeparator),
             ("/v1\\x", PathError::Backslash),

@@ -80,16 +80,45 @@ pub fn builtin() -> Vec<(&'static str, ProviderSpec)> {
     use AuthStyle::*;
     use ErrorStyle::*;
     vec![
-        ("openai", spec("https://api.openai.com", Bearer, Openai, &[])),
-        ("anthropic", spec("https://api.anthropic.com", XApiKey, Anthropic, &[])),
-        ("gemini", spec("https://generativelanguage.googleapis.com", GoogApiKey, Gemini, &["google"])),
+        (
+            "openai",
+            spec("https://api.openai.com", Bearer, Openai, &[]),
+        ),
+        (
+            "anthropic",
+            spec("https://api.anthropic.com", XApiKey, Anthropic, &[]),
+        ),
+        (
+            "gemini",
+            spec(
+                "https://generativelanguage.googleapis.com",
+                GoogApiKey,
+                Gemini,
+                &["google"],
+            ),
+        ),
         ("groq", spec("https://api.groq.com", Bearer, Openai, &[])),
-        ("mistral", spec("https://api.mistral.ai", Bearer, Openai, &[])),
-        ("deepseek", spec("https://api.deepseek.com", Bearer, Openai, &[])),
+        (
+            "mistral",
+            spec("https://api.mistral.ai", Bearer, Openai, &[]),
+        ),
+        (
+            "deepseek",
+            spec("https://api.deepseek.com", Bearer, Openai, &[]),
+        ),
         ("xai", spec("https://api.x.ai", Bearer, Openai, &[])),
-        ("together", spec("https://api.together.xyz", Bearer, Openai, &[])),
-        ("fireworks", spec("https://api.fireworks.ai/inference", Bearer, Openai, &[])),
-        ("openrouter", spec("https://openrouter.ai/api", Bearer, Openai, &[])),
+        (
+            "together",
+            spec("https://api.together.xyz", Bearer, Openai, &[]),
+        ),
+        (
+            "fireworks",
+            spec("https://api.fireworks.ai/inference", Bearer, Openai, &[]),
+        ),
+        (
+            "openrouter",
+            spec("https://openrouter.ai/api", Bearer, Openai, &[]),
+        ),
     ]
 }
 
@@ -128,10 +157,15 @@ impl Registry {
             let provider = Arc::new(validate(&name, &spec)?);
             for prefix in std::iter::once(&name).chain(&spec.aliases) {
                 if !valid_name(prefix) {
-                    return Err(RegistryError::BadName { name: prefix.clone() });
+                    return Err(RegistryError::BadName {
+                        name: prefix.clone(),
+                    });
                 }
                 if by_prefix.insert(prefix.clone(), provider.clone()).is_some() {
-                    return Err(RegistryError::DuplicateAlias { name: name.clone(), alias: prefix.clone() });
+                    return Err(RegistryError::DuplicateAlias {
+                        name: name.clone(),
+                        alias: prefix.clone(),
+                    });
                 }
             }
         }
@@ -161,14 +195,21 @@ impl Registry {
 fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
-        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
 }
 
 fn validate(name: &str, spec: &ProviderSpec) -> Result<Provider, RegistryError> {
     if !valid_name(name) {
-        return Err(RegistryError::BadName { name: name.to_owned() });
+        return Err(RegistryError::BadName {
+            name: name.to_owned(),
+        });
     }
-    let bad_url = || RegistryError::BadUrl { name: name.to_owned(), url: spec.base_url.clone() };
+    let bad_url = || RegistryError::BadUrl {
+        name: name.to_owned(),
+        url: spec.base_url.clone(),
+    };
     let uri: Uri = spec.base_url.parse().map_err(|_| bad_url())?;
     let scheme = uri.scheme().cloned().ok_or_else(bad_url)?;
     if scheme != http::uri::Scheme::HTTP && scheme != http::uri::Scheme::HTTPS {
@@ -200,24 +241,44 @@ mod tests {
     #[test]
     fn builtins_and_aliases_resolve() {
         let r = registry();
-        for name in ["openai", "anthropic", "gemini", "groq", "mistral", "deepseek", "xai", "together", "fireworks", "openrouter"] {
+        for name in [
+            "openai",
+            "anthropic",
+            "gemini",
+            "groq",
+            "mistral",
+            "deepseek",
+            "xai",
+            "together",
+            "fireworks",
+            "openrouter",
+        ] {
             assert_eq!(r.get(name).map(|p| &*p.name), Some(name));
         }
         assert_eq!(r.get("google").map(|p| &*p.name), Some("gemini"));
         assert_eq!(r.get("OpenAI").map(|p| &*p.name), Some("openai"));
         assert!(r.get("nope").is_none());
-        assert_eq!(r.get("openrouter").map(|p| p.base_path.as_str()), Some("/api"));
+        assert_eq!(
+            r.get("openrouter").map(|p| p.base_path.as_str()),
+            Some("/api")
+        );
     }
 
     #[test]
     fn overrides_replace_builtins() {
-        let mut specs: Vec<_> = builtin().into_iter().map(|(n, s)| (n.to_owned(), s)).collect();
+        let mut specs: Vec<_> = builtin()
+            .into_iter()
+            .map(|(n, s)| (n.to_owned(), s))
+            .collect();
         let mut openai = specs[0].1.clone();
         openai.base_url = "http://127.0.0.1:9100/".to_owned();
         specs.push(("openai".to_owned(), openai));
         let r = Registry::build(specs).unwrap_or_default();
         let p = r.get("openai").cloned();
-        assert_eq!(p.map(|p| p.authority.to_string()), Some("127.0.0.1:9100".to_owned()));
+        assert_eq!(
+            p.map(|p| p.authority.to_string()),
+            Some("127.0.0.1:9100".to_owned())
+        );
     }
 
     #[test]
@@ -229,8 +290,17 @@ mod tests {
             aliases: vec![],
             api_key: None,
         };
-        for url in ["ftp://x", "not a url", "/relative", "http://u:p@host", "http://h/?q=1"] {
-            assert!(Registry::build([("x".to_owned(), spec(url))]).is_err(), "{url}");
+        for url in [
+            "ftp://x",
+            "not a url",
+            "/relative",
+            "http://u:p@host",
+            "http://h/?q=1",
+        ] {
+            assert!(
+                Registry::build([("x".to_owned(), spec(url))]).is_err(),
+                "{url}"
+            );
         }
         assert!(Registry::build([("Bad Name".to_owned(), spec("http://h"))]).is_err());
     }

@@ -26,17 +26,25 @@ use crate::stack::State;
 
 /// Handles one proxy request. Gateway-made errors after authentication are recorded too, so the
 /// controlplane sees every request a key made.
-pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<GatewayBody>, ProxyError> {
+pub async fn handle(
+    state: Arc<State>,
+    req: Request<Incoming>,
+) -> Result<Response<GatewayBody>, ProxyError> {
     let started = Instant::now();
     let started_at = SystemTime::now();
     let path = req.uri().path();
-    let (prefix, native) = split_prefix(path).ok_or_else(|| ProxyError::UnknownProvider(String::new()))?;
+    let (prefix, native) =
+        split_prefix(path).ok_or_else(|| ProxyError::UnknownProvider(String::new()))?;
     let provider = state
         .registry
         .get(prefix)
         .cloned()
         .ok_or_else(|| ProxyError::UnknownProvider(prefix.to_owned()))?;
-    let span = req.extensions().get::<RequestSpan>().map(|s| s.0.clone()).unwrap_or_else(tracing::Span::current);
+    let span = req
+        .extensions()
+        .get::<RequestSpan>()
+        .map(|s| s.0.clone())
+        .unwrap_or_else(tracing::Span::current);
     span.record("gen_ai.provider.name", &*provider.name);
     span.record("http.route", "/{provider}/{*native_path}");
     let native = native.to_owned();
@@ -46,7 +54,11 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Respons
         .get::<Principal>()
         .cloned()
         .ok_or_else(|| ProxyError::Internal("proxy reached without a principal".to_owned()))?;
-    let request_id = req.extensions().get::<RequestId>().map(|r| r.0.clone()).unwrap_or_default();
+    let request_id = req
+        .extensions()
+        .get::<RequestId>()
+        .map(|r| r.0.clone())
+        .unwrap_or_default();
 
     let mut record = RequestRecord {
         request_id,
@@ -72,8 +84,18 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Respons
     match result {
         Ok(resp) => {
             let (parts, upstream_body) = resp.into_parts();
-            let completion = Completion { record, started, sink: state.records.clone(), span };
-            Ok(Response::from_parts(parts, GatewayBody::Upstream { inner: ObservedBody::new(upstream_body, completion) }))
+            let completion = Completion {
+                record,
+                started,
+                sink: state.records.clone(),
+                span,
+            };
+            Ok(Response::from_parts(
+                parts,
+                GatewayBody::Upstream {
+                    inner: ObservedBody::new(upstream_body, completion),
+                },
+            ))
         }
         Err(e) => {
             let (status, code, _) = e.classify();

@@ -52,7 +52,13 @@ pub type RecordQueue = mpsc::Receiver<RequestRecord>;
 /// A bounded record queue of `capacity` records.
 pub fn record_queue(capacity: usize) -> (RecordSink, RecordQueue) {
     let (tx, rx) = mpsc::channel(capacity.max(1));
-    (RecordSink { tx, dropped: Arc::default() }, rx)
+    (
+        RecordSink {
+            tx,
+            dropped: Arc::default(),
+        },
+        rx,
+    )
 }
 
 impl RecordSink {
@@ -61,7 +67,10 @@ impl RecordSink {
         if self.tx.try_send(record).is_err() {
             let n = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
             if n.is_power_of_two() {
-                warn!(dropped_total = n, "request record queue full or closed; record dropped");
+                warn!(
+                    dropped_total = n,
+                    "request record queue full or closed; record dropped"
+                );
             }
         }
     }

@@ -31,7 +31,10 @@ pub async fn serve(
     grace: Duration,
 ) -> Drained {
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(Duration::from_secs(30));
+    builder
+        .http1()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(30));
     builder.http2().timer(hyper_util::rt::TokioTimer::new());
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
@@ -60,7 +63,10 @@ pub async fn serve(
     }
     drop(listener);
     state.health.set_draining();
-    info!(grace_secs = grace.as_secs(), "draining: listener closed, waiting for in-flight requests");
+    info!(
+        grace_secs = grace.as_secs(),
+        "draining: listener closed, waiting for in-flight requests"
+    );
     match tokio::time::timeout(grace, graceful.shutdown()).await {
         Ok(()) => {
             info!("drained");

@@ -43,7 +43,9 @@ pub struct State {
 /// Builds the dataplane service for one connection (cheap: clones of `Arc`s).
 pub fn service(
     state: Arc<State>,
-) -> impl Service<Request<Incoming>, Response = Response<GatewayBody>, Error = Infallible, Future: Send> + Clone + Send {
+) -> impl Service<Request<Incoming>, Response = Response<GatewayBody>, Error = Infallible, Future: Send>
++ Clone
++ Send {
     ServiceBuilder::new()
         // Outermost, so even errors and health answers carry NM-Request-Id.
         .layer(RequestIdLayer)
@@ -89,16 +91,27 @@ fn health(state: &State, method: &Method) -> Result<Response<GatewayBody>, Proxy
     }
     tracing::Span::current().record("http.route", "/health");
     let (status, body) = match state.health.status() {
-        Ok(()) => (StatusCode::OK, json!({"status": "ok", "version": state.version})),
+        Ok(()) => (
+            StatusCode::OK,
+            json!({"status": "ok", "version": state.version}),
+        ),
         Err(reason) => (
             StatusCode::SERVICE_UNAVAILABLE,
             json!({"status": "unavailable", "version": state.version, "reason": reason}),
         ),
     };
-    let body = if method == Method::HEAD { Bytes::new() } else { Bytes::from(body.to_string()) };
+    let body = if method == Method::HEAD {
+        Bytes::new()
+    } else {
+        Bytes::from(body.to_string())
+    };
     let mut resp = Response::new(GatewayBody::full(body));
     *resp.status_mut() = status;
-    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    resp.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     Ok(resp)
 }

@@ -21,7 +21,9 @@ pub const MAX_SESSION_ID_LEN: usize = 128;
 /// is safe to return to the client and to log.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ParseError {
-    #[error("session id must look like sess_<id>, where <id> is 1 to {MAX_SESSION_ID_LEN} characters of A-Z, a-z, 0-9, '_' or '-'")]
+    #[error(
+        "session id must look like sess_<id>, where <id> is 1 to {MAX_SESSION_ID_LEN} characters of A-Z, a-z, 0-9, '_' or '-'"
+    )]
     SessionId,
     #[error("env must be one of production, staging, development")]
     Env,
@@ -29,7 +31,9 @@ pub enum ParseError {
     Agent,
     #[error("user id must be 1 to {MAX_USER_LEN} printable characters")]
     User,
-    #[error("action must be one of accepted, edited, regenerated, abandoned, thumbs_up, thumbs_down, published, sent")]
+    #[error(
+        "action must be one of accepted, edited, regenerated, abandoned, thumbs_up, thumbs_down, published, sent"
+    )]
     Action,
 }
 
@@ -55,7 +59,9 @@ impl FromStr for SessionId {
         let id = s.strip_prefix(Self::PREFIX).ok_or(ParseError::SessionId)?;
         let valid = !id.is_empty()
             && id.len() <= MAX_SESSION_ID_LEN
-            && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
         if valid {
             Ok(Self(s.to_owned()))
         } else {
@@ -209,8 +215,14 @@ mod tests {
     #[test]
     fn session_ids() {
         assert!("sess_abc-123_X".parse::<SessionId>().is_ok());
-        for bad in ["", "sess_", "abc", "sess_a b", "sess_a/b", "SESS_abc", "sess_é", " sess_a"] {
-            assert_eq!(bad.parse::<SessionId>(), Err(ParseError::SessionId), "{bad:?}");
+        for bad in [
+            "", "sess_", "abc", "sess_a b", "sess_a/b", "SESS_abc", "sess_é", " sess_a",
+        ] {
+            assert_eq!(
+                bad.parse::<SessionId>(),
+                Err(ParseError::SessionId),
+                "{bad:?}"
+            );
         }
         let long = format!("sess_{}", "a".repeat(MAX_SESSION_ID_LEN + 1));
         assert!(long.parse::<SessionId>().is_err());

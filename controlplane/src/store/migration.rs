@@ -74,12 +74,26 @@ mod m0001_keys_requests_sessions {
                 Table::create()
                     .table(ApiKeys::Table)
                     .if_not_exists()
-                    .col(ColumnDef::new(ApiKeys::Id).string().not_null().primary_key())
+                    .col(
+                        ColumnDef::new(ApiKeys::Id)
+                            .string()
+                            .not_null()
+                            .primary_key(),
+                    )
                     .col(ColumnDef::new(ApiKeys::Name).string().not_null())
-                    .col(ColumnDef::new(ApiKeys::HashHex).string().not_null().unique_key())
+                    .col(
+                        ColumnDef::new(ApiKeys::HashHex)
+                            .string()
+                            .not_null()
+                            .unique_key(),
+                    )
                     .col(ColumnDef::new(ApiKeys::DisplayPrefix).string().not_null())
                     .col(ColumnDef::new(ApiKeys::Admin).boolean().not_null())
-                    .col(ColumnDef::new(ApiKeys::CreatedAtMs).big_integer().not_null())
+                    .col(
+                        ColumnDef::new(ApiKeys::CreatedAtMs)
+                            .big_integer()
+                            .not_null(),
+                    )
                     .col(ColumnDef::new(ApiKeys::RevokedAtMs).big_integer().null())
                     .to_owned(),
             )
@@ -89,8 +103,17 @@ mod m0001_keys_requests_sessions {
                 Table::create()
                     .table(Requests::Table)
                     .if_not_exists()
-                    .col(ColumnDef::new(Requests::RequestId).string().not_null().primary_key())
-                    .col(ColumnDef::new(Requests::StartedAtMs).big_integer().not_null())
+                    .col(
+                        ColumnDef::new(Requests::RequestId)
+                            .string()
+                            .not_null()
+                            .primary_key(),
+                    )
+                    .col(
+                        ColumnDef::new(Requests::StartedAtMs)
+                            .big_integer()
+                            .not_null(),
+                    )
                     .col(ColumnDef::new(Requests::KeyId).string().not_null())
                     .col(ColumnDef::new(Requests::Provider).string().not_null())
                     .col(ColumnDef::new(Requests::Method).string().not_null())
@@ -105,7 +128,11 @@ mod m0001_keys_requests_sessions {
                     .col(ColumnDef::new(Requests::TtfbMs).big_integer().null())
                     .col(ColumnDef::new(Requests::Streamed).boolean().not_null())
                     .col(ColumnDef::new(Requests::ErrorCode).string().null())
-                    .col(ColumnDef::new(Requests::ResponseBytes).big_integer().not_null())
+                    .col(
+                        ColumnDef::new(Requests::ResponseBytes)
+                            .big_integer()
+                            .not_null(),
+                    )
                     .to_owned(),
             )
             .await?;
@@ -142,13 +169,30 @@ mod m0001_keys_requests_sessions {
                 Table::create()
                     .table(Sessions::Table)
                     .if_not_exists()
-                    .col(ColumnDef::new(Sessions::SessionId).string().not_null().primary_key())
+                    .col(
+                        ColumnDef::new(Sessions::SessionId)
+                            .string()
+                            .not_null()
+                            .primary_key(),
+                    )
                     .col(ColumnDef::new(Sessions::Agent).string().null())
                     .col(ColumnDef::new(Sessions::Env).string().null())
                     .col(ColumnDef::new(Sessions::UserId).string().null())
-                    .col(ColumnDef::new(Sessions::FirstSeenMs).big_integer().not_null())
-                    .col(ColumnDef::new(Sessions::LastSeenMs).big_integer().not_null())
-                    .col(ColumnDef::new(Sessions::RequestCount).big_integer().not_null())
+                    .col(
+                        ColumnDef::new(Sessions::FirstSeenMs)
+                            .big_integer()
+                            .not_null(),
+                    )
+                    .col(
+                        ColumnDef::new(Sessions::LastSeenMs)
+                            .big_integer()
+                            .not_null(),
+                    )
+                    .col(
+                        ColumnDef::new(Sessions::RequestCount)
+                            .big_integer()
+                            .not_null(),
+                    )
                     .to_owned(),
             )
             .await?;
@@ -164,9 +208,12 @@ mod m0001_keys_requests_sessions {
         }
 
         async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
-            m.drop_table(Table::drop().table(Sessions::Table).to_owned()).await?;
-            m.drop_table(Table::drop().table(Requests::Table).to_owned()).await?;
-            m.drop_table(Table::drop().table(ApiKeys::Table).to_owned()).await
+            m.drop_table(Table::drop().table(Sessions::Table).to_owned())
+                .await?;
+            m.drop_table(Table::drop().table(Requests::Table).to_owned())
+                .await?;
+            m.drop_table(Table::drop().table(ApiKeys::Table).to_owned())
+                .await
         }
     }
 }

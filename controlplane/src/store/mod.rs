@@ -101,9 +101,15 @@ fn prepare_sqlite_dir(url: &str) -> Result<()> {
     if path.is_empty() || path == ":memory:" {
         return Ok(());
     }
-    if let Some(dir) = Path::new(path).parent().filter(|d| !d.as_os_str().is_empty()) {
+    if let Some(dir) = Path::new(path)
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+    {
         std::fs::create_dir_all(dir).map_err(|e| {
-            Error::Config(format!("cannot create database directory {}: {e}", dir.display()))
+            Error::Config(format!(
+                "cannot create database directory {}: {e}",
+                dir.display()
+            ))
         })?;
     }
     Ok(())
@@ -127,7 +133,13 @@ mod tests {
 
     #[test]
     fn redacts_passwords() {
-        assert_eq!(redact_url("postgres://u:secret@h:5432/db"), "postgres://u:***@h:5432/db");
-        assert_eq!(redact_url("sqlite://./nm-data/x.db?mode=rwc"), "sqlite://./nm-data/x.db?mode=rwc");
+        assert_eq!(
+            redact_url("postgres://u:secret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
+        assert_eq!(
+            redact_url("sqlite://./nm-data/x.db?mode=rwc"),
+            "sqlite://./nm-data/x.db?mode=rwc"
+        );
     }
 }

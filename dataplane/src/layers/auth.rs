@@ -32,7 +32,10 @@ impl AuthLayer {
 impl<S> Layer<S> for AuthLayer {
     type Service = Auth<S>;
     fn layer(&self, inner: S) -> Self::Service {
-        Auth { inner, keys: self.keys.clone() }
+        Auth {
+            inner,
+            keys: self.keys.clone(),
+        }
     }
 }
 
@@ -56,18 +59,25 @@ where
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
         if UNAUTHENTICATED_ROUTES.contains(&req.uri().path()) {
-            return ResponseFuture::Inner { inner: self.inner.call(req) };
+            return ResponseFuture::Inner {
+                inner: self.inner.call(req),
+            };
         }
         let principal = match req.headers().get(NM_KEY).map(|v| v.to_str()) {
             None => Err(ProxyError::MissingApiKey),
             Some(Err(_)) => Err(ProxyError::InvalidApiKey),
-            Some(Ok(secret)) => self.keys.check(secret.trim()).ok_or(ProxyError::InvalidApiKey),
+            Some(Ok(secret)) => self
+                .keys
+                .check(secret.trim())
+                .ok_or(ProxyError::InvalidApiKey),
         };
         match principal {
             Ok(p) => {
                 tracing::Span::current().record("nm.key_id", &*p.key_id);
                 req.extensions_mut().insert(p);
-                ResponseFuture::Inner { inner: self.inner.call(req) }
+                ResponseFuture::Inner {
+                    inner: self.inner.call(req),
+                }
             }
             Err(e) => ResponseFuture::Refused { error: Some(e) },
         }
@@ -91,9 +101,11 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project() {
             ResponseFutureProj::Inner { inner } => inner.poll(cx),
-            ResponseFutureProj::Refused { error } => Poll::Ready(Err(error
-                .take()
-                .unwrap_or_else(|| ProxyError::Internal("auth future polled after completion".to_owned())))),
+            ResponseFutureProj::Refused { error } => {
+                Poll::Ready(Err(error.take().unwrap_or_else(|| {
+                    ProxyError::Internal("auth future polled after completion".to_owned())
+                })))
+            }
         }
     }
 }

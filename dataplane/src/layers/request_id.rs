@@ -48,7 +48,10 @@ where
         let id = uuid::Uuid::now_v7().to_string();
         let header = HeaderValue::from_str(&id).ok();
         req.extensions_mut().insert(RequestId(id));
-        ResponseFuture { inner: self.inner.call(req), header }
+        ResponseFuture {
+            inner: self.inner.call(req),
+            header,
+        }
     }
 }
 

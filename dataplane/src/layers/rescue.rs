@@ -31,7 +31,10 @@ impl RescueLayer {
 impl<S> Layer<S> for RescueLayer {
     type Service = Rescue<S>;
     fn layer(&self, inner: S) -> Self::Service {
-        Rescue { inner, registry: self.registry.clone() }
+        Rescue {
+            inner,
+            registry: self.registry.clone(),
+        }
     }
 }
 
@@ -78,7 +81,10 @@ where
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let flavor = self.flavor(req.uri().path());
-        ResponseFuture { inner: self.inner.call(req), flavor }
+        ResponseFuture {
+            inner: self.inner.call(req),
+            flavor,
+        }
     }
 }
 

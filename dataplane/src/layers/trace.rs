@@ -39,7 +39,11 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        let id = req.extensions().get::<RequestId>().map(|r| r.0.as_str()).unwrap_or_default();
+        let id = req
+            .extensions()
+            .get::<RequestId>()
+            .map(|r| r.0.as_str())
+            .unwrap_or_default();
         let span = tracing::info_span!(
             "request",
             nm.request_id = id,

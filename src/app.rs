@@ -1,0 +1,187 @@
+//! Starting the process shapes: `serve` (both halves in one process), `dataplane`,
+//! `controlplane`. Each `start_*` binds its listeners first (so port 0 works and the address is
+//! known), then runs in the background; the returned [`Running`] stops it gracefully.
+//!
+//! In `serve` the dataplane talks to its controlplane over gRPC on loopback, exactly as a
+//! separate dataplane would: one code path for both shapes.
+//!
+//! Shutdown order: the dataplane drains (listener closed, in-flight requests and streams finish
+//! within the grace period), its last request records are delivered, then the controlplane ends
+//! its streams and stops.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use anyhow::Context;
+use nm_controlplane::Store;
+use nm_dataplane::{Dataplane, DataplaneConfig};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::info;
+
+use crate::config::{Mode, Settings};
+use crate::grpc::link::{self, Link};
+use crate::grpc::server::{self, Controlplane};
+
+/// The version reported by `/health` and `--version`.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// A started process shape.
+#[derive(Debug)]
+pub struct Running {
+    /// Where the dataplane listens (serve, dataplane).
+    pub http_addr: Option<SocketAddr>,
+    /// Where the controlplane listens (serve, controlplane).
+    pub grpc_addr: Option<SocketAddr>,
+    /// The admin key generated for a fresh database, to show once.
+    pub generated_admin_key: Option<String>,
+    shutdown: watch::Sender<bool>,
+    task: JoinHandle<anyhow::Result<()>>,
+}
+
+impl Running {
+    /// Begins a graceful shutdown.
+    pub fn shutdown(&self) {
+        let _ = self.shutdown.send(true);
+    }
+
+    /// Waits until the process shape has stopped.
+    pub async fn wait(self) -> anyhow::Result<()> {
+        self.task.await.context("server task panicked")?
+    }
+
+    /// Shuts down and waits.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        self.shutdown();
+        self.wait().await
+    }
+}
+
+async fn signalled(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
+pub async fn start(settings: &Settings) -> anyhow::Result<Running> {
+    match settings.mode {
+        Mode::Serve => start_serve(settings).await,
+        Mode::Dataplane => start_dataplane(settings).await,
+        Mode::Controlplane => start_controlplane(settings).await,
+        Mode::Client => anyhow::bail!("admin commands do not start a server"),
+    }
+}
+
+pub async fn start_controlplane(settings: &Settings) -> anyhow::Result<Running> {
+    let (shutdown, rx) = watch::channel(false);
+    let (grpc_addr, generated_admin_key, task) = controlplane(settings, rx).await?;
+    Ok(Running {
+        http_addr: None,
+        grpc_addr: Some(grpc_addr),
+        generated_admin_key,
+        shutdown,
+        task,
+    })
+}
+
+pub async fn start_dataplane(settings: &Settings) -> anyhow::Result<Running> {
+    let (shutdown, rx) = watch::channel(false);
+    let (http_addr, task) = dataplane(settings, &settings.controlplane_url, rx).await?;
+    Ok(Running {
+        http_addr: Some(http_addr),
+        grpc_addr: None,
+        generated_admin_key: None,
+        shutdown,
+        task,
+    })
+}
+
+pub async fn start_serve(settings: &Settings) -> anyhow::Result<Running> {
+    let (shutdown, rx) = watch::channel(false);
+    let (cp_stop, cp_rx) = watch::channel(false);
+    let (grpc_addr, generated_admin_key, cp_task) = controlplane(settings, cp_rx).await?;
+    let url = format!("http://{}", loopback(grpc_addr));
+    let (http_addr, dp_task) = dataplane(settings, &url, rx).await?;
+    let task = tokio::spawn(async move {
+        let dp = dp_task.await.context("dataplane task panicked")?;
+        let _ = cp_stop.send(true);
+        let cp = cp_task.await.context("controlplane task panicked")?;
+        dp.and(cp)
+    });
+    Ok(Running {
+        http_addr: Some(http_addr),
+        grpc_addr: Some(grpc_addr),
+        generated_admin_key,
+        shutdown,
+        task,
+    })
+}
+
+type Task = JoinHandle<anyhow::Result<()>>;
+
+async fn controlplane(
+    settings: &Settings,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<(SocketAddr, Option<String>, Task)> {
+    let store = Store::connect(&settings.database_url).await?;
+    let cp = Controlplane::open(store.clone(), stop.clone()).await?;
+    let generated = cp
+        .keys
+        .ensure_admin(settings.bootstrap_key.as_deref())
+        .await?;
+    let listener = TcpListener::bind(settings.grpc_addr)
+        .await
+        .with_context(|| format!("cannot listen on NM_GRPC_ADDR {}", settings.grpc_addr))?;
+    let addr = listener.local_addr()?;
+    info!(%addr, "controlplane gRPC listening on {addr}");
+    let task = tokio::spawn(async move {
+        let served = server::serve(cp, listener, signalled(stop)).await;
+        store.close().await?;
+        info!("controlplane stopped");
+        served
+    });
+    Ok((addr, generated.map(|k| k.secret), task))
+}
+
+async fn dataplane(
+    settings: &Settings,
+    controlplane_url: &str,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<(SocketAddr, Task)> {
+    let config = DataplaneConfig {
+        registry: settings.registry.clone(),
+        max_body_bytes: settings.max_body_bytes,
+        connect_timeout: settings.connect_timeout,
+        header_timeout: settings.header_timeout,
+        shutdown_grace: settings.shutdown_grace,
+        record_queue_capacity: settings.record_queue,
+        version: VERSION,
+    };
+    let (dp, queue) = Dataplane::new(config)?;
+    let channel = link::channel(controlplane_url)?;
+    let name = format!("dataplane-{}", std::process::id());
+    let link = Link::spawn(channel, dp.keys().clone(), dp.health().clone(), queue, name);
+    let listener = TcpListener::bind(settings.http_addr)
+        .await
+        .with_context(|| format!("cannot listen on NM_HTTP_ADDR {}", settings.http_addr))?;
+    let addr = listener.local_addr()?;
+    info!(%addr, controlplane = %controlplane_url, "dataplane HTTP listening on {addr}");
+    let task = tokio::spawn(async move {
+        let drained = dp.serve(listener, signalled(stop)).await;
+        link.stop().await;
+        info!(?drained, "dataplane stopped");
+        Ok(())
+    });
+    Ok((addr, task))
+}
+
+/// An address to reach a listener bound to `addr` from this host.
+fn loopback(addr: SocketAddr) -> SocketAddr {
+    match addr.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => {
+            SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), addr.port())
+        }
+        IpAddr::V6(ip) if ip.is_unspecified() => {
+            SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), addr.port())
+        }
+        _ => addr,
+    }
+}

@@ -1,0 +1,234 @@
+//! The dataplane's link to its controlplane: a key watcher that keeps the in-memory
+//! [`KeySet`] current and `/health` truthful, and a shipper that drains the request-record queue
+//! into `IngestRequests` batches.
+//!
+//! Neither ever blocks a request. When the controlplane is unreachable, the last known key set
+//! stays in force, `/health` answers 503, and records wait in the bounded queue while the shipper
+//! retries (a spool on disk comes with usage metering).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nm_dataplane::{Health, KeySet, Principal, RecordQueue};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tonic::transport::{Channel, Endpoint};
+use tracing::{debug, info, warn};
+
+use super::convert::record_to_pb;
+use super::pb::{self, dataplane_client::DataplaneClient};
+
+/// Without a snapshot or heartbeat for this long, the controlplane counts as unreachable.
+pub const STALE_AFTER: Duration = Duration::from_secs(6);
+/// Most records per `IngestRequests` call.
+pub const MAX_BATCH: usize = 1_000;
+/// How long shutdown waits for the last records to be delivered.
+pub const FLUSH_DEADLINE: Duration = Duration::from_secs(10);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// A lazily connected channel to the controlplane (reconnects by itself).
+pub fn channel(url: &str) -> anyhow::Result<Channel> {
+    Ok(Endpoint::from_shared(url.to_owned())?
+        .connect_timeout(Duration::from_secs(2))
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(5))
+        .keep_alive_while_idle(true)
+        .connect_lazy())
+}
+
+/// The running link. [`Link::stop`] flushes the queued records and ends both tasks.
+#[derive(Debug)]
+pub struct Link {
+    stop: watch::Sender<bool>,
+    watcher: JoinHandle<()>,
+    shipper: JoinHandle<()>,
+}
+
+impl Link {
+    pub fn spawn(
+        channel: Channel,
+        keys: KeySet,
+        health: Health,
+        queue: RecordQueue,
+        name: String,
+    ) -> Self {
+        let (stop, stop_rx) = watch::channel(false);
+        let client = DataplaneClient::new(channel);
+        let watcher = tokio::spawn(watch_keys(
+            client.clone(),
+            keys,
+            health,
+            name,
+            stop_rx.clone(),
+        ));
+        let shipper = tokio::spawn(ship(client, queue, stop_rx));
+        Self {
+            stop,
+            watcher,
+            shipper,
+        }
+    }
+
+    /// Stops watching keys, delivers what is queued (up to [`FLUSH_DEADLINE`]), and returns.
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        self.watcher.abort();
+        let _ = self.shipper.await;
+    }
+}
+
+async fn watch_keys(
+    mut client: DataplaneClient<Channel>,
+    keys: KeySet,
+    health: Health,
+    name: String,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut backoff = Duration::from_millis(100);
+    let mut last_version = None;
+    loop {
+        let problem = match client
+            .watch_keys(pb::WatchKeysRequest {
+                dataplane: name.clone(),
+            })
+            .await
+        {
+            Err(status) => format!("{}: {}", status.code(), status.message()),
+            Ok(resp) => {
+                let mut stream = resp.into_inner();
+                loop {
+                    match tokio::time::timeout(STALE_AFTER, stream.message()).await {
+                        Ok(Ok(Some(snapshot))) => {
+                            if last_version != Some(snapshot.version) {
+                                debug!(
+                                    version = snapshot.version,
+                                    keys = snapshot.keys.len(),
+                                    "key snapshot"
+                                );
+                                last_version = Some(snapshot.version);
+                            }
+                            keys.replace(principals(snapshot));
+                            health.set_controlplane_ok();
+                            backoff = Duration::from_millis(100);
+                        }
+                        Ok(Ok(None)) => break "key stream closed by the controlplane".to_owned(),
+                        Ok(Err(status)) => {
+                            break format!("{}: {}", status.code(), status.message());
+                        }
+                        Err(_) => break format!("no key snapshot for {}s", STALE_AFTER.as_secs()),
+                    }
+                }
+            }
+        };
+        if *stop.borrow() {
+            return;
+        }
+        warn!(problem = %problem, "controlplane unreachable; keeping the last known keys");
+        health.set_controlplane_problem(problem);
+        tokio::select! {
+            () = tokio::time::sleep(backoff) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+fn principals(snapshot: pb::KeySnapshot) -> HashMap<nm_types::KeyHash, Principal> {
+    snapshot
+        .keys
+        .into_iter()
+        .filter_map(|k| {
+            let hash: nm_types::KeyHash = k.hash.as_slice().try_into().ok()?;
+            Some((
+                hash,
+                Principal {
+                    key_id: Arc::from(k.id),
+                    admin: k.admin,
+                },
+            ))
+        })
+        .collect()
+}
+
+async fn ship(
+    mut client: DataplaneClient<Channel>,
+    mut queue: RecordQueue,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut batch: Vec<pb::RequestRecord> = Vec::new();
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        if batch.is_empty() {
+            tokio::select! {
+                received = queue.recv() => match received {
+                    Some(r) => batch.push(record_to_pb(r)),
+                    None => return,
+                },
+                _ = stop.wait_for(|s| *s) => break,
+            }
+        }
+        while batch.len() < MAX_BATCH {
+            match queue.try_recv() {
+                Ok(r) => batch.push(record_to_pb(r)),
+                Err(_) => break,
+            }
+        }
+        match client
+            .ingest_requests(pb::IngestRequestsRequest {
+                records: batch.clone(),
+            })
+            .await
+        {
+            Ok(_) => {
+                batch.clear();
+                backoff = Duration::from_millis(100);
+            }
+            Err(status) => {
+                debug!(code = ?status.code(), message = status.message(), records = batch.len(), "record delivery failed; retrying");
+                tokio::select! {
+                    () = tokio::time::sleep(backoff) => {}
+                    _ = stop.wait_for(|s| *s) => break,
+                }
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+    }
+
+    // Shutting down: the server has drained, so the queue holds everything there will be.
+    queue.close();
+    while let Ok(r) = queue.try_recv() {
+        batch.push(record_to_pb(r));
+    }
+    let total = batch.len();
+    let deadline = tokio::time::Instant::now() + FLUSH_DEADLINE;
+    while !batch.is_empty() {
+        let n = batch.len().min(MAX_BATCH);
+        let chunk: Vec<_> = batch[..n].to_vec();
+        let sent = tokio::time::timeout_at(
+            deadline,
+            client.ingest_requests(pb::IngestRequestsRequest { records: chunk }),
+        )
+        .await;
+        match sent {
+            Ok(Ok(_)) => {
+                batch.drain(..n);
+            }
+            Ok(Err(status)) if tokio::time::Instant::now() < deadline => {
+                debug!(code = ?status.code(), "final record delivery failed; retrying");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            _ => {
+                warn!(
+                    lost = batch.len(),
+                    "controlplane unreachable at shutdown; request records not delivered"
+                );
+                return;
+            }
+        }
+    }
+    if total > 0 {
+        info!(records = total, "delivered the last request records");
+    }
+}

@@ -1,0 +1,265 @@
+//! The controlplane's gRPC services: `nm.v1.Keys` (admin), `nm.v1.Dataplane` (for dataplanes),
+//! plus `grpc.health.v1.Health` (NOT_SERVING while the database does not answer) and server
+//! reflection.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nm_controlplane::{KeyInfo, Keys, Records, Store};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tonic::{Request, Response, Status};
+use tonic_health::ServingStatus;
+use tracing::{debug, info, warn};
+
+use super::pb::dataplane_server::{Dataplane, DataplaneServer};
+use super::pb::keys_server::{Keys as KeysApi, KeysServer};
+use super::{FILE_DESCRIPTOR_SET, NM_KEY_METADATA, convert, pb, status::to_status};
+
+/// How often a key watcher hears the current snapshot even when nothing changed.
+pub const KEY_HEARTBEAT: Duration = Duration::from_secs(2);
+/// How often the key set is re-read from the database (changes by other replicas).
+pub const KEY_REFRESH: Duration = Duration::from_secs(2);
+/// Largest batch of request records accepted in one call.
+pub const MAX_INGEST_BATCH: usize = 10_000;
+
+/// The controlplane's state, shared by its services.
+#[derive(Debug, Clone)]
+pub struct Controlplane {
+    pub store: Store,
+    pub keys: Keys,
+    pub records: Records,
+    /// Becomes `true` when the process shuts down; long-lived streams end then.
+    shutdown: watch::Receiver<bool>,
+}
+
+impl Controlplane {
+    pub async fn open(
+        store: Store,
+        shutdown: watch::Receiver<bool>,
+    ) -> Result<Self, nm_controlplane::Error> {
+        let keys = Keys::load(store.clone()).await?;
+        let records = Records::new(store.clone());
+        Ok(Self {
+            store,
+            keys,
+            records,
+            shutdown,
+        })
+    }
+
+    fn require_admin<T>(&self, req: &Request<T>) -> Result<KeyInfo, Status> {
+        let secret = req
+            .metadata()
+            .get(NM_KEY_METADATA)
+            .ok_or_else(|| {
+                Status::unauthenticated(
+                    "missing nm-key metadata: admin calls need an admin service key",
+                )
+            })?
+            .to_str()
+            .map_err(|_| Status::unauthenticated("invalid nm-key"))?;
+        let key = self
+            .keys
+            .authenticate(secret.trim())
+            .ok_or_else(|| Status::unauthenticated("invalid nm-key: unknown or revoked"))?;
+        if !key.admin {
+            return Err(Status::permission_denied("this call needs an admin key"));
+        }
+        Ok(key)
+    }
+}
+
+// === impl Keys ===
+
+#[derive(Debug, Clone)]
+pub struct KeysService(pub Controlplane);
+
+#[tonic::async_trait]
+impl KeysApi for KeysService {
+    async fn create_key(
+        &self,
+        req: Request<pb::CreateKeyRequest>,
+    ) -> Result<Response<pb::CreateKeyResponse>, Status> {
+        let admin = self.0.require_admin(&req)?;
+        let r = req.into_inner();
+        let created = self
+            .0
+            .keys
+            .create(&r.name, r.admin)
+            .await
+            .map_err(to_status)?;
+        info!(by = %admin.id, key.id = %created.key.id, "key created over gRPC");
+        Ok(Response::new(pb::CreateKeyResponse {
+            key: Some(convert::api_key(created.key)),
+            secret: created.secret,
+        }))
+    }
+
+    async fn list_keys(
+        &self,
+        req: Request<pb::ListKeysRequest>,
+    ) -> Result<Response<pb::ListKeysResponse>, Status> {
+        self.0.require_admin(&req)?;
+        let keys = self
+            .0
+            .keys
+            .list(req.into_inner().include_revoked)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(pb::ListKeysResponse {
+            keys: keys.into_iter().map(convert::api_key).collect(),
+        }))
+    }
+
+    async fn revoke_key(
+        &self,
+        req: Request<pb::RevokeKeyRequest>,
+    ) -> Result<Response<pb::RevokeKeyResponse>, Status> {
+        let admin = self.0.require_admin(&req)?;
+        let id = req.into_inner().id;
+        let key = self.0.keys.revoke(&id).await.map_err(to_status)?;
+        info!(by = %admin.id, key.id = %id, "key revoked over gRPC");
+        Ok(Response::new(pb::RevokeKeyResponse {
+            key: Some(convert::api_key(key)),
+        }))
+    }
+}
+
+// === impl Dataplane ===
+
+#[derive(Debug, Clone)]
+pub struct DataplaneService(pub Controlplane);
+
+type SnapshotStream =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::KeySnapshot, Status>> + Send>>;
+
+fn snapshot_to_pb(s: &nm_controlplane::KeySnapshot) -> pb::KeySnapshot {
+    pb::KeySnapshot {
+        version: s.version,
+        keys: s
+            .keys
+            .iter()
+            .map(|(hash, info)| pb::KeyEntry {
+                id: info.id.clone(),
+                hash: hash.to_vec(),
+                admin: info.admin,
+            })
+            .collect(),
+    }
+}
+
+#[tonic::async_trait]
+impl Dataplane for DataplaneService {
+    type WatchKeysStream = SnapshotStream;
+
+    async fn watch_keys(
+        &self,
+        req: Request<pb::WatchKeysRequest>,
+    ) -> Result<Response<SnapshotStream>, Status> {
+        let name = req.into_inner().dataplane;
+        let mut keys = self.0.keys.cache().subscribe();
+        let mut shutdown = self.0.shutdown.clone();
+        let (tx, rx) = mpsc::channel(4);
+        tokio::spawn(async move {
+            debug!(dataplane = %name, "key watcher connected");
+            let mut heartbeat = tokio::time::interval(KEY_HEARTBEAT);
+            loop {
+                let snapshot = snapshot_to_pb(&keys.borrow_and_update());
+                if tx.send(Ok(snapshot)).await.is_err() {
+                    break;
+                }
+                tokio::select! {
+                    changed = keys.changed() => if changed.is_err() { break },
+                    _ = heartbeat.tick() => {}
+                    _ = shutdown.wait_for(|stop| *stop) => break,
+                }
+            }
+            debug!(dataplane = %name, "key watcher gone");
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn ingest_requests(
+        &self,
+        req: Request<pb::IngestRequestsRequest>,
+    ) -> Result<Response<pb::IngestRequestsResponse>, Status> {
+        let records = req.into_inner().records;
+        if records.len() > MAX_INGEST_BATCH {
+            return Err(Status::invalid_argument(format!(
+                "at most {MAX_INGEST_BATCH} records per call"
+            )));
+        }
+        let batch = records.into_iter().map(convert::record_from_pb).collect();
+        let outcome = self.0.records.ingest(batch).await.map_err(to_status)?;
+        Ok(Response::new(pb::IngestRequestsResponse {
+            stored: outcome.stored,
+        }))
+    }
+}
+
+/// Serves the controlplane on `listener` until `shutdown` completes.
+pub async fn serve(
+    cp: Controlplane,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter.set_serving::<KeysServer<KeysService>>().await;
+    reporter
+        .set_serving::<DataplaneServer<DataplaneService>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+
+    let refresher = cp.keys.spawn_refresher(KEY_REFRESH);
+    let readiness = spawn_readiness(cp.store.clone(), Arc::new(reporter));
+
+    let result = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .http2_keepalive_interval(Some(Duration::from_secs(20)))
+        .add_service(health)
+        .add_service(reflection)
+        .add_service(KeysServer::new(KeysService(cp.clone())))
+        .add_service(DataplaneServer::new(DataplaneService(cp.clone())))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await;
+    refresher.abort();
+    readiness.abort();
+    result.map_err(Into::into)
+}
+
+/// Keeps `grpc.health.v1` truthful: the whole server is NOT_SERVING while the database does not
+/// answer.
+fn spawn_readiness(
+    store: Store,
+    reporter: Arc<tonic_health::server::HealthReporter>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut last_ok = true;
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            tick.tick().await;
+            let ok = store.ping().await.is_ok();
+            if ok != last_ok {
+                if ok {
+                    info!("database reachable again");
+                } else {
+                    warn!("database unreachable; gRPC health is NOT_SERVING");
+                }
+                let status = if ok {
+                    ServingStatus::Serving
+                } else {
+                    ServingStatus::NotServing
+                };
+                reporter.set_service_status("", status).await;
+                last_ok = ok;
+            }
+        }
+    })
+}

@@ -1,0 +1,16 @@
+//! The one place a controlplane error becomes a gRPC status.
+
+use nm_controlplane::Error;
+use tonic::Status;
+
+pub fn to_status(e: Error) -> Status {
+    match e {
+        Error::InvalidArgument(m) => Status::invalid_argument(m),
+        Error::NotFound(m) => Status::not_found(m),
+        Error::Database(e) => {
+            tracing::error!(error = %e, "database error");
+            Status::unavailable(format!("database unavailable: {e}"))
+        }
+        Error::Config(m) => Status::failed_precondition(m),
+    }
+}
