@@ -172,7 +172,9 @@ impl Body for ObservedBody {
             Poll::Ready(Some(Err(_))) => Some(Ending::UpstreamError),
             Poll::Ready(None) => Some(Ending::Complete),
         };
-        if let (Some(ending), Some(c)) = (ending, this.completion.take()) {
+        if let Some(ending) = ending
+            && let Some(c) = this.completion.take()
+        {
             c.finish(ending, *this.first_byte, *this.bytes);
         }
         polled

@@ -1,1 +1,989 @@
-fn main() {}
+//! `nm-bench`: how much latency, throughput and memory the gateway costs, measured against a
+//! baseline. Run it with `cargo build --release --bin nm-gateway && cargo run --release --bin
+//! nm-bench` (add `--json` for machine-readable output, `--help` for the durations and rates).
+//!
+//! Everything runs on 127.0.0.1 with ephemeral ports, each server in its own OS process:
+//!
+//! - a fast **mock upstream** (`nm-bench mock`, hidden): hyper 1 answering
+//!   `POST /v1/chat/completions` with a ~330-byte chat-completion JSON, or, when the request
+//!   JSON has `"stream": true`, an SSE stream of 20 `data: {...}` chunks and `data: [DONE]`,
+//!   each chunk its own body frame, no delays;
+//! - three **targets** in front of it, measured one after the other: the mock itself
+//!   (`direct`), a minimal hyper **forwarder** (`nm-bench forwarder`, hidden: hyper server plus
+//!   the `hyper_util` legacy pooled client, streaming bodies through unbuffered) and the real
+//!   **gateway** (`nm-gateway serve` from the same target directory, on a temporary SQLite
+//!   database, requests to `/openai/v1/chat/completions` with `NM-Key` and `NM-Agent`).
+//!
+//! For each target, non-streamed and streamed, the built-in load generator (hyper HTTP/1.1
+//! client on tokio) runs
+//!
+//! - a **closed loop**: `--connections` keep-alive connections (default 50) each sending the
+//!   next request as soon as the previous response body has been read, for `--duration`
+//!   (default 10 s) after `--warmup` (default 2 s); reported as requests/s and errors;
+//! - an **open loop**: requests started on a fixed schedule of `--rate` per second (default 500)
+//!   for `--latency-duration` (default 10 s) after the warmup, never waiting for earlier
+//!   responses (a pool opens as many connections as needed). A dedicated thread keeps the
+//!   schedule; a request's latency runs from its *scheduled* send time to the end of its
+//!   response body (the whole stream), so a stalled target cannot hide queueing delay.
+//!
+//! Every response must be 200 with exactly the mock's body bytes; anything else is an error.
+//! The report gives a table per scenario, the latency the forwarder and the gateway add over
+//! `direct`, the ratios against the targets (gateway added p50 <= 1.5 x forwarder added p50;
+//! gateway throughput >= 0.75 x forwarder throughput), and the gateway's peak (VmHWM) and
+//! current (VmRSS) resident memory from `/proc` after its run (target: peak < 64 MiB).
+//! PASS/FAIL lines are information: the exit status is 0 unless the bench itself broke.
+//!
+//! All processes share the machine's CPUs, so absolute numbers depend on the host; the
+//! comparison with the forwarder is the point. Child processes are killed at the end, on error
+//! and on Ctrl-C; the helpers also exit when the bench's end of their stdin pipe closes.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::io::Write;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, anyhow, bail, ensure};
+use bytes::Bytes;
+use clap::{Parser, Subcommand};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Either, Full, StreamBody};
+use hyper::body::{Body, Frame, Incoming};
+use hyper::client::conn::http1::SendRequest;
+use hyper::header::{self, HeaderValue};
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode, Uri};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde::Serialize;
+use serde_json::{Value, json};
+use tokio::net::{TcpListener, TcpStream};
+
+const BOOTSTRAP_KEY: &str = "nmk_bench_bootstrap_key_0123456789";
+const STREAM_CHUNKS: usize = 20;
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+const KIB_PER_MIB: f64 = 1024.0;
+// Targets from the brief.
+const MAX_ADDED_P50_RATIO: f64 = 1.5;
+const MIN_THROUGHPUT_RATIO: f64 = 0.75;
+const MAX_PEAK_RSS_MIB: f64 = 64.0;
+/// Added-latency denominators below this (ms) are clamped, so noise cannot explode the ratio.
+const MIN_ADDED_MS: f64 = 0.01;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "nm-bench",
+    about = "Measures nm-gateway against a mock upstream and a minimal hyper forwarder"
+)]
+struct Cli {
+    #[command(subcommand)]
+    helper: Option<Helper>,
+    /// Closed-loop measurement time per scenario, in seconds.
+    #[arg(long, default_value = "10", value_parser = secs)]
+    duration: Duration,
+    /// Warmup before each measurement (closed and open loop), in seconds.
+    #[arg(long, default_value = "2", value_parser = secs)]
+    warmup: Duration,
+    /// Closed-loop keep-alive connections.
+    #[arg(long, default_value_t = 50)]
+    connections: usize,
+    /// Open-loop request rate, per second.
+    #[arg(long, default_value_t = 500.0)]
+    rate: f64,
+    /// Open-loop measurement time per scenario, in seconds.
+    #[arg(long, default_value = "10", value_parser = secs)]
+    latency_duration: Duration,
+    /// Print the results as JSON instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// The nm-gateway binary (default: next to this one).
+    #[arg(long, value_name = "PATH")]
+    gateway_bin: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Helper {
+    /// The mock upstream (run by the bench itself).
+    #[command(hide = true)]
+    Mock {
+        #[arg(long)]
+        port_file: PathBuf,
+    },
+    /// The baseline forwarder (run by the bench itself).
+    #[command(hide = true)]
+    Forwarder {
+        #[arg(long)]
+        upstream: SocketAddr,
+        #[arg(long)]
+        port_file: PathBuf,
+    },
+}
+
+fn secs(s: &str) -> Result<Duration, String> {
+    s.parse::<f64>()
+        .ok()
+        .and_then(|v| Duration::try_from_secs_f64(v).ok())
+        .ok_or_else(|| format!("{s:?} is not a number of seconds"))
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    match &cli.helper {
+        Some(Helper::Mock { port_file }) => {
+            exit_with_parent();
+            runtime.block_on(mock_server(port_file))
+        }
+        Some(Helper::Forwarder {
+            upstream,
+            port_file,
+        }) => {
+            exit_with_parent();
+            runtime.block_on(forwarder(*upstream, port_file))
+        }
+        None => runtime.block_on(async {
+            tokio::select! {
+                r = bench(&cli) => r,
+                _ = tokio::signal::ctrl_c() => Err(anyhow!("interrupted")),
+            }
+        }),
+    }
+}
+
+// === the mock upstream ===
+
+type MockBody = BoxBody<Bytes, Infallible>;
+
+/// The mock's canned answers, also used to check every response the load generator reads.
+struct Canned {
+    json: Bytes,
+    chunks: Vec<Bytes>,
+}
+
+impl Canned {
+    fn new() -> Self {
+        let json = Bytes::from_static(
+            br#"{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"Hello from the nm-bench mock upstream. This reply is canned."},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":13,"total_tokens":25}}"#,
+        );
+        let mut chunks: Vec<Bytes> = (0..STREAM_CHUNKS)
+            .map(|i| {
+                Bytes::from(format!(
+                    "data: {{\"id\":\"chatcmpl-bench\",\"object\":\"chat.completion.chunk\",\"created\":1700000000,\"model\":\"gpt-4o-mini\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"token{i:02} \"}},\"finish_reason\":null}}]}}\n\n"
+                ))
+            })
+            .collect();
+        chunks.push(Bytes::from_static(b"data: [DONE]\n\n"));
+        Self { json, chunks }
+    }
+
+    fn len(&self, stream: bool) -> usize {
+        if stream {
+            self.chunks.iter().map(Bytes::len).sum()
+        } else {
+            self.json.len()
+        }
+    }
+}
+
+async fn mock_server(port_file: &Path) -> anyhow::Result<()> {
+    let canned = Arc::new(Canned::new());
+    let listener = announce(port_file).await?;
+    serve(listener, move |req| {
+        let canned = canned.clone();
+        async move { Ok::<_, Infallible>(mock_reply(req, &canned).await) }
+    })
+    .await
+}
+
+async fn mock_reply(req: Request<Incoming>, canned: &Canned) -> Response<MockBody> {
+    if req.method() != Method::POST || req.uri().path() != "/v1/chat/completions" {
+        return status_reply(StatusCode::NOT_FOUND, "no such route");
+    }
+    let Ok(body) = req.into_body().collect().await else {
+        return status_reply(StatusCode::BAD_REQUEST, "unreadable body");
+    };
+    let stream = serde_json::from_slice::<Value>(&body.to_bytes())
+        .ok()
+        .and_then(|v| v.get("stream").and_then(Value::as_bool))
+        .unwrap_or(false);
+    let (content_type, body) = if stream {
+        // One body frame per chunk (so chunked transfer), all ready at once.
+        let frames = canned
+            .chunks
+            .clone()
+            .into_iter()
+            .map(|c| Ok(Frame::data(c)));
+        (
+            "text/event-stream",
+            StreamBody::new(tokio_stream::iter(frames)).boxed(),
+        )
+    } else {
+        ("application/json", Full::new(canned.json.clone()).boxed())
+    };
+    let mut resp = Response::new(body);
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp
+}
+
+fn status_reply(status: StatusCode, msg: &'static str) -> Response<MockBody> {
+    let mut resp = Response::new(Full::new(Bytes::from_static(msg.as_bytes())).boxed());
+    *resp.status_mut() = status;
+    resp
+}
+
+// === the baseline forwarder ===
+
+type Forwarded = Either<Incoming, Full<Bytes>>;
+
+async fn forwarder(upstream: SocketAddr, port_file: &Path) -> anyhow::Result<()> {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    let client: Client<HttpConnector, Incoming> =
+        Client::builder(TokioExecutor::new()).build(connector);
+    let listener = announce(port_file).await?;
+    serve(listener, move |req| {
+        let client = client.clone();
+        async move { Ok::<_, Infallible>(forward(&client, upstream, req).await) }
+    })
+    .await
+}
+
+/// Method, path, headers and body go to the upstream; its response streams back as it comes.
+async fn forward(
+    client: &Client<HttpConnector, Incoming>,
+    upstream: SocketAddr,
+    req: Request<Incoming>,
+) -> Response<Forwarded> {
+    let (mut parts, body) = req.into_parts();
+    let pq = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+    parts.uri = match format!("http://{upstream}{pq}").parse::<Uri>() {
+        Ok(uri) => uri,
+        Err(e) => return bad_gateway(e),
+    };
+    parts.headers.remove(header::HOST);
+    parts.headers.remove(header::CONNECTION);
+    match client.request(Request::from_parts(parts, body)).await {
+        Ok(resp) => resp.map(Either::Left),
+        Err(e) => bad_gateway(e),
+    }
+}
+
+fn bad_gateway(e: impl std::fmt::Display) -> Response<Forwarded> {
+    let mut resp = Response::new(Either::Right(Full::new(Bytes::from(e.to_string()))));
+    *resp.status_mut() = StatusCode::BAD_GATEWAY;
+    resp
+}
+
+// === helper-process plumbing ===
+
+/// Binds an ephemeral loopback port and tells the bench which (written whole, then renamed).
+async fn announce(port_file: &Path) -> anyhow::Result<TcpListener> {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+    let tmp = port_file.with_extension("tmp");
+    std::fs::write(&tmp, listener.local_addr()?.port().to_string())?;
+    std::fs::rename(&tmp, port_file)?;
+    Ok(listener)
+}
+
+/// HTTP/1.1 server, one task per connection.
+async fn serve<F, Fut, B>(listener: TcpListener, handler: F) -> anyhow::Result<()>
+where
+    F: Fn(Request<Incoming>) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<Response<B>, Infallible>> + Send + 'static,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                eprintln!("nm-bench helper: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let handler = handler.clone();
+        tokio::spawn(async move {
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service_fn(handler))
+                .await;
+        });
+    }
+}
+
+/// Helpers exit when their stdin (a pipe from the bench) closes, so they never outlive it.
+fn exit_with_parent() {
+    std::thread::spawn(|| {
+        let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
+        std::process::exit(0);
+    });
+}
+
+/// A child process, killed when dropped.
+struct Proc {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A scratch directory (port files, the gateway's database and log), removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> anyhow::Result<Self> {
+        let nanos = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos();
+        let dir = std::env::temp_dir().join(format!("nm-bench-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        Ok(Self(dir))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+async fn spawn_helper(dir: &Path, args: &[String]) -> anyhow::Result<Proc> {
+    let name = args.first().map_or("helper", String::as_str);
+    let port_file = dir.join(format!("{name}.port"));
+    let child = Command::new(std::env::current_exe()?)
+        .args(args)
+        .arg("--port-file")
+        .arg(&port_file)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .with_context(|| format!("cannot start the {name} helper"))?;
+    let mut proc = Proc {
+        child,
+        addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(port) = std::fs::read_to_string(&port_file) {
+            proc.addr.set_port(port.trim().parse()?);
+            return Ok(proc);
+        }
+        if let Some(status) = proc.child.try_wait()? {
+            bail!("the {name} helper exited early ({status})");
+        }
+        ensure!(Instant::now() < deadline, "the {name} helper did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn spawn_gateway(bin: &Path, dir: &Path, mock: SocketAddr) -> anyhow::Result<Proc> {
+    // Hold both ports while picking, so they differ; the gateway binds them right after.
+    let (http, grpc) = {
+        let a = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+        let b = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+        (a.local_addr()?, b.local_addr()?)
+    };
+    let log_path = dir.join("gateway.log");
+    let mut cmd = Command::new(bin);
+    cmd.arg("serve");
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("NM_") {
+            cmd.env_remove(key);
+        }
+    }
+    let db = format!("sqlite://{}/bench.db?mode=rwc", dir.display());
+    cmd.env("NM_HTTP_ADDR", http.to_string())
+        .env("NM_GRPC_ADDR", grpc.to_string())
+        .env("NM_DATABASE_URL", db)
+        .env("NM_BOOTSTRAP_KEY", BOOTSTRAP_KEY)
+        .env("NM_UPSTREAM_OPENAI", format!("http://{mock}"))
+        .env("NM_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_path)?);
+    let child = cmd
+        .spawn()
+        .with_context(|| format!("cannot start {}", bin.display()))?;
+    let mut proc = Proc { child, addr: http };
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = proc.child.try_wait()? {
+            bail!(
+                "nm-gateway exited ({status}) before it was healthy:\n{}",
+                log()
+            );
+        }
+        if health_ok(http).await.unwrap_or(false) {
+            return Ok(proc);
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "nm-gateway /health did not return 200 within 30 s:\n{}",
+            log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn health_ok(addr: SocketAddr) -> anyhow::Result<bool> {
+    let mut sender = connect(addr).await?;
+    let req = Request::get("/health")
+        .header(header::HOST, addr.to_string())
+        .body(Full::new(Bytes::new()))?;
+    let resp = sender.send_request(req).await?;
+    Ok(resp.status() == StatusCode::OK)
+}
+
+/// Peak and current resident memory of a process, in KiB.
+#[derive(Debug, Clone, Copy, Serialize)]
+struct Mem {
+    vm_hwm_kib: u64,
+    vm_rss_kib: u64,
+}
+
+fn memory(pid: u32) -> anyhow::Result<Mem> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field = |name: &str| -> anyhow::Result<u64> {
+        let line = status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .with_context(|| format!("no {name} in /proc/{pid}/status"))?;
+        Ok(line.trim().trim_end_matches("kB").trim().parse()?)
+    };
+    Ok(Mem {
+        vm_hwm_kib: field("VmHWM:")?,
+        vm_rss_kib: field("VmRSS:")?,
+    })
+}
+
+// === the load generator ===
+
+type Sender = SendRequest<Full<Bytes>>;
+
+/// One target and one scenario: what to send and what must come back.
+struct Spec {
+    addr: SocketAddr,
+    path: &'static str,
+    gateway: bool,
+    body: Bytes,
+    expected_len: usize,
+}
+
+impl Spec {
+    fn request(&self) -> anyhow::Result<Request<Full<Bytes>>> {
+        let mut req = Request::post(self.path)
+            .header(header::HOST, self.addr.to_string())
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::AUTHORIZATION, "Bearer sk-bench");
+        if self.gateway {
+            req = req
+                .header("nm-key", BOOTSTRAP_KEY)
+                .header("nm-agent", "bench");
+        }
+        Ok(req.body(Full::new(self.body.clone()))?)
+    }
+}
+
+async fn connect(addr: SocketAddr) -> anyhow::Result<Sender> {
+    let stream = TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(sender)
+}
+
+/// Sends one request and reads the whole response body.
+async fn exchange(sender: &mut Sender, spec: &Spec) -> anyhow::Result<()> {
+    let attempt = async {
+        sender.ready().await?;
+        let resp = sender.send_request(spec.request()?).await?;
+        let status = resp.status();
+        let mut body = resp.into_body();
+        let mut len = 0;
+        while let Some(frame) = body.frame().await {
+            if let Ok(data) = frame?.into_data() {
+                len += data.len();
+            }
+        }
+        ensure!(status == StatusCode::OK, "status {status}");
+        ensure!(
+            len == spec.expected_len,
+            "{len}-byte body, expected {}",
+            spec.expected_len
+        );
+        Ok(())
+    };
+    tokio::time::timeout(REQUEST_TIMEOUT, attempt)
+        .await
+        .unwrap_or_else(|_| Err(anyhow!("no complete response within {REQUEST_TIMEOUT:?}")))
+}
+
+#[derive(Debug, Default, Serialize)]
+struct Closed {
+    requests_per_s: f64,
+    ok: u64,
+    errors: u64,
+    first_error: Option<String>,
+}
+
+async fn closed_loop(
+    spec: &Arc<Spec>,
+    connections: usize,
+    warmup: Duration,
+    duration: Duration,
+) -> anyhow::Result<Closed> {
+    let measure_from = Instant::now() + warmup;
+    let end = measure_from + duration;
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..connections {
+        let spec = spec.clone();
+        set.spawn(async move {
+            let mut tally = Closed::default();
+            let mut sender: Option<Sender> = None;
+            while Instant::now() < end {
+                let result = match sender.take() {
+                    Some(s) => Ok(s),
+                    None => connect(spec.addr).await,
+                };
+                let result = match result {
+                    Ok(mut s) => exchange(&mut s, &spec).await.map(|()| sender = Some(s)),
+                    Err(e) => Err(e),
+                };
+                let done = Instant::now();
+                let counted = done >= measure_from && done <= end;
+                match result {
+                    Ok(()) if counted => tally.ok += 1,
+                    Ok(()) => {}
+                    Err(e) => {
+                        if counted {
+                            tally.errors += 1;
+                            tally.first_error.get_or_insert(format!("{e:#}"));
+                        }
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+            }
+            tally
+        });
+    }
+    let mut total = Closed::default();
+    while let Some(tally) = set.join_next().await {
+        let tally = tally?;
+        total.ok += tally.ok;
+        total.errors += tally.errors;
+        total.first_error = total.first_error.or(tally.first_error);
+    }
+    total.requests_per_s = total.ok as f64 / duration.as_secs_f64();
+    Ok(total)
+}
+
+/// Idle keep-alive connections for the open loop; a new one is opened whenever none is idle.
+struct Pool {
+    idle: Mutex<Vec<Sender>>,
+    opened: AtomicUsize,
+}
+
+impl Pool {
+    async fn exchange(&self, spec: &Spec) -> anyhow::Result<()> {
+        let idle = {
+            let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+            std::iter::from_fn(|| idle.pop()).find(|s| !s.is_closed())
+        };
+        let mut sender = match idle {
+            Some(s) => s,
+            None => {
+                self.opened.fetch_add(1, Ordering::Relaxed);
+                connect(spec.addr).await?
+            }
+        };
+        exchange(&mut sender, spec).await?;
+        self.idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(sender);
+        Ok(())
+    }
+}
+
+#[derive(Debug, Default, Serialize)]
+struct Open {
+    p50_ms: f64,
+    p90_ms: f64,
+    p99_ms: f64,
+    max_ms: f64,
+    samples: usize,
+    errors: u64,
+    connections: usize,
+    first_error: Option<String>,
+}
+
+async fn open_loop(
+    spec: &Arc<Spec>,
+    rate: f64,
+    warmup: Duration,
+    duration: Duration,
+) -> anyhow::Result<Open> {
+    let pool = Arc::new(Pool {
+        idle: Mutex::new(Vec::new()),
+        opened: AtomicUsize::new(0),
+    });
+    let start = Instant::now() + Duration::from_millis(20);
+    let measure_from = start + warmup;
+    let end = measure_from + duration;
+    let runtime = tokio::runtime::Handle::current();
+    let (spec, pool2) = (spec.clone(), pool.clone());
+    // A plain thread keeps the schedule (sub-millisecond sleeps, unlike tokio's timer wheel).
+    let tasks = tokio::task::spawn_blocking(move || {
+        let mut tasks = Vec::new();
+        for i in 0u64.. {
+            let at = start + Duration::from_secs_f64(i as f64 / rate);
+            if at >= end {
+                break;
+            }
+            if let Some(wait) = at.checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
+            }
+            let (spec, pool) = (spec.clone(), pool2.clone());
+            tasks.push(runtime.spawn(async move {
+                let result = pool.exchange(&spec).await.map(|()| at.elapsed());
+                (at, result)
+            }));
+        }
+        tasks
+    })
+    .await?;
+    let mut latencies = Vec::with_capacity(tasks.len());
+    let mut open = Open::default();
+    for task in tasks {
+        let (at, result) = task.await?;
+        match result {
+            _ if at < measure_from => {}
+            Ok(latency) => latencies.push(latency),
+            Err(e) => {
+                open.errors += 1;
+                open.first_error.get_or_insert(format!("{e:#}"));
+            }
+        }
+    }
+    latencies.sort_unstable();
+    let pct = |p: f64| -> f64 {
+        let n = latencies.len();
+        let rank = ((p * n as f64).ceil() as usize).clamp(1, n.max(1));
+        latencies.get(rank - 1).map_or(f64::NAN, |d| ms(*d))
+    };
+    (open.p50_ms, open.p90_ms) = (pct(0.50), pct(0.90));
+    (open.p99_ms, open.max_ms) = (pct(0.99), pct(1.0));
+    open.samples = latencies.len();
+    open.connections = pool.opened.load(Ordering::Relaxed);
+    Ok(open)
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+// === the run and the report ===
+
+const TARGETS: [&str; 3] = ["direct", "forwarder", "gateway"];
+const SCENARIOS: [&str; 2] = ["non-streamed", "streamed"];
+
+#[derive(Serialize)]
+struct Measured {
+    scenario: &'static str,
+    closed_loop: Closed,
+    open_loop: Open,
+}
+
+#[derive(Serialize)]
+struct TargetRun {
+    target: &'static str,
+    scenarios: Vec<Measured>,
+    /// Resident memory after the run (not for `direct`, which is the mock).
+    memory: Option<Mem>,
+}
+
+async fn measure_target(
+    cli: &Cli,
+    target: &'static str,
+    addr: SocketAddr,
+) -> anyhow::Result<Vec<Measured>> {
+    let gateway = target == "gateway";
+    let canned = Canned::new();
+    let mut scenarios = Vec::new();
+    for (scenario, stream) in SCENARIOS.into_iter().zip([false, true]) {
+        let request = json!({
+            "model": "gpt-4o-mini",
+            "messages": [{"role": "user", "content": "Say hello."}],
+            "stream": stream,
+        });
+        let spec = Arc::new(Spec {
+            addr,
+            path: if gateway {
+                "/openai/v1/chat/completions"
+            } else {
+                "/v1/chat/completions"
+            },
+            gateway,
+            body: Bytes::from(request.to_string()),
+            expected_len: canned.len(stream),
+        });
+        eprintln!("nm-bench: {target}, {scenario}: closed loop");
+        let closed_loop = closed_loop(&spec, cli.connections, cli.warmup, cli.duration).await?;
+        eprintln!("nm-bench: {target}, {scenario}: open loop");
+        let open_loop = open_loop(&spec, cli.rate, cli.warmup, cli.latency_duration).await?;
+        scenarios.push(Measured {
+            scenario,
+            closed_loop,
+            open_loop,
+        });
+    }
+    Ok(scenarios)
+}
+
+async fn bench(cli: &Cli) -> anyhow::Result<()> {
+    ensure!(cli.connections > 0, "--connections must be at least 1");
+    ensure!(
+        cli.rate.is_finite() && cli.rate > 0.0,
+        "--rate must be positive"
+    );
+    let gateway_bin = match &cli.gateway_bin {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()?
+            .parent()
+            .context("the bench binary has no directory")?
+            .join("nm-gateway"),
+    };
+    ensure!(
+        gateway_bin.is_file(),
+        "{} not found; build it first: cargo build --release --bin nm-gateway",
+        gateway_bin.display()
+    );
+    let dir = TempDir::new()?;
+    let mock = spawn_helper(&dir.0, &["mock".to_owned()]).await?;
+    let mut runs = Vec::new();
+    for target in TARGETS {
+        // Each target runs alone; the previous one is killed when `proc` drops.
+        let proc = match target {
+            "forwarder" => {
+                let args = ["forwarder", "--upstream", &mock.addr.to_string()].map(String::from);
+                Some(spawn_helper(&dir.0, &args).await?)
+            }
+            "gateway" => Some(spawn_gateway(&gateway_bin, &dir.0, mock.addr).await?),
+            _ => None,
+        };
+        let addr = proc.as_ref().map_or(mock.addr, |p| p.addr);
+        let scenarios = measure_target(cli, target, addr).await?;
+        let memory = proc.as_ref().map(|p| memory(p.child.id())).transpose()?;
+        runs.push(TargetRun {
+            target,
+            scenarios,
+            memory,
+        });
+    }
+    drop(mock);
+
+    let report = Report::new(cli, runs);
+    let mut out = std::io::stdout().lock();
+    if cli.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
+    } else {
+        report.write(&mut out)?;
+    }
+    Ok(out.flush()?)
+}
+
+/// Latency the forwarder and the gateway add over `direct`, in ms.
+#[derive(Serialize)]
+struct Added {
+    scenario: &'static str,
+    forwarder_p50_ms: f64,
+    forwarder_p99_ms: f64,
+    gateway_p50_ms: f64,
+    gateway_p99_ms: f64,
+}
+
+#[derive(Serialize)]
+struct Check {
+    check: String,
+    value: f64,
+    target: String,
+    pass: bool,
+}
+
+impl Check {
+    fn new(check: String, value: f64, op: &str, limit: f64) -> Self {
+        let pass = match op {
+            "<" => value < limit,
+            "<=" => value <= limit,
+            _ => value >= limit,
+        };
+        let target = format!("{op} {limit}");
+        Self {
+            check,
+            value,
+            target,
+            pass,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Report {
+    config: Value,
+    targets: Vec<TargetRun>,
+    added_latency: Vec<Added>,
+    checks: Vec<Check>,
+}
+
+impl Report {
+    fn new(cli: &Cli, targets: Vec<TargetRun>) -> Self {
+        let mut added_latency = Vec::new();
+        let mut checks = Vec::new();
+        for (s, scenario) in SCENARIOS.into_iter().enumerate() {
+            let [direct, fwd, gw] = [0, 1, 2].map(|t| &targets[t].scenarios[s]);
+            let (direct, fwd_open, gw_open) = (&direct.open_loop, &fwd.open_loop, &gw.open_loop);
+            let add = Added {
+                scenario,
+                forwarder_p50_ms: fwd_open.p50_ms - direct.p50_ms,
+                forwarder_p99_ms: fwd_open.p99_ms - direct.p99_ms,
+                gateway_p50_ms: gw_open.p50_ms - direct.p50_ms,
+                gateway_p99_ms: gw_open.p99_ms - direct.p99_ms,
+            };
+            let ratio = add.gateway_p50_ms / add.forwarder_p50_ms.max(MIN_ADDED_MS);
+            let what = format!("{scenario}: gateway added p50 / forwarder added p50");
+            checks.push(Check::new(what, ratio, "<=", MAX_ADDED_P50_RATIO));
+            let tput = gw.closed_loop.requests_per_s / fwd.closed_loop.requests_per_s;
+            let what = format!("{scenario}: gateway req/s / forwarder req/s");
+            checks.push(Check::new(what, tput, ">=", MIN_THROUGHPUT_RATIO));
+            added_latency.push(add);
+        }
+        let gateway = &targets[2];
+        let peak = gateway
+            .memory
+            .map_or(f64::NAN, |m| m.vm_hwm_kib as f64 / KIB_PER_MIB);
+        let what = "gateway peak RSS (VmHWM), MiB".to_owned();
+        checks.push(Check::new(what, peak, "<", MAX_PEAK_RSS_MIB));
+        let errors = (gateway.scenarios.iter())
+            .map(|m| m.closed_loop.errors + m.open_loop.errors)
+            .sum::<u64>() as f64;
+        checks.push(Check::new("gateway errors".to_owned(), errors, "<=", 0.0));
+        let canned = Canned::new();
+        let config = json!({
+            "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
+            "warmup_s": cli.warmup.as_secs_f64(),
+            "closed_loop": {"connections": cli.connections, "duration_s": cli.duration.as_secs_f64()},
+            "open_loop": {"rate_per_s": cli.rate, "duration_s": cli.latency_duration.as_secs_f64()},
+            "response_bytes": [canned.len(false), canned.len(true)],
+            "stream_chunks": STREAM_CHUNKS,
+        });
+        Self {
+            config,
+            targets,
+            added_latency,
+            checks,
+        }
+    }
+
+    fn write(&self, out: &mut impl Write) -> std::io::Result<()> {
+        let c = &self.config;
+        let (closed, open) = (&c["closed_loop"], &c["open_loop"]);
+        writeln!(
+            out,
+            "nm-bench: {} CPUs shared by all processes; warmup {} s; closed loop: {} connections for {} s; open loop: {} req/s for {} s",
+            c["cpus"],
+            c["warmup_s"],
+            closed["connections"],
+            closed["duration_s"],
+            open["rate_per_s"],
+            open["duration_s"]
+        )?;
+        for (s, add) in self.added_latency.iter().enumerate() {
+            let bytes = &c["response_bytes"][s];
+            let detail = match s {
+                0 => format!("{bytes} B JSON"),
+                _ => format!("{STREAM_CHUNKS} SSE chunks + [DONE], {bytes} B"),
+            };
+            writeln!(out, "\n== {} ({detail}) ==", add.scenario)?;
+            writeln!(
+                out,
+                "{:<10} {:>31} | {:>48}",
+                "", "closed loop", "open loop (latency to last body byte)"
+            )?;
+            writeln!(
+                out,
+                "{:<10} {:>14} {:>16} | {:>8} {:>8} {:>8} {:>8} {:>7} {:>6}",
+                "target",
+                "req/s",
+                "errors",
+                "p50 ms",
+                "p90 ms",
+                "p99 ms",
+                "max ms",
+                "errors",
+                "conns"
+            )?;
+            for run in &self.targets {
+                let (cl, ol) = (&run.scenarios[s].closed_loop, &run.scenarios[s].open_loop);
+                writeln!(
+                    out,
+                    "{:<10} {:>14.0} {:>16} | {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>7} {:>6}",
+                    run.target,
+                    cl.requests_per_s,
+                    cl.errors,
+                    ol.p50_ms,
+                    ol.p90_ms,
+                    ol.p99_ms,
+                    ol.max_ms,
+                    ol.errors,
+                    ol.connections
+                )?;
+                for err in [&cl.first_error, &ol.first_error].into_iter().flatten() {
+                    writeln!(out, "{:<10} first error: {err}", "")?;
+                }
+            }
+            writeln!(
+                out,
+                "added over direct: forwarder p50 {:+.3} ms, p99 {:+.3} ms; gateway p50 {:+.3} ms, p99 {:+.3} ms",
+                add.forwarder_p50_ms, add.forwarder_p99_ms, add.gateway_p50_ms, add.gateway_p99_ms
+            )?;
+        }
+        writeln!(out)?;
+        for run in &self.targets {
+            if let Some(m) = run.memory {
+                writeln!(
+                    out,
+                    "{} memory after its run: peak RSS (VmHWM) {:.1} MiB, current RSS (VmRSS) {:.1} MiB",
+                    run.target,
+                    m.vm_hwm_kib as f64 / KIB_PER_MIB,
+                    m.vm_rss_kib as f64 / KIB_PER_MIB
+                )?;
+            }
+        }
+        writeln!(out, "\nchecks (a report, not a test):")?;
+        for c in &self.checks {
+            let verdict = if c.pass { "PASS" } else { "FAIL" };
+            writeln!(
+                out,
+                "  {verdict}  {:<52} {:>8.2}  (target {})",
+                c.check, c.value, c.target
+            )?;
+        }
+        Ok(())
+    }
+}

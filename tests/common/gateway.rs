@@ -1,0 +1,313 @@
+//! Real gateways for tests, on `127.0.0.1:0` ports: `serve` (both halves in one process) or
+//! `split` (controlplane and dataplane started separately, talking gRPC over loopback), on a
+//! temporary SQLite file or a fresh PostgreSQL database (from `NM_TEST_POSTGRES_URL`).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use nm_gateway::app::{self, Running};
+use nm_gateway::config::{self, FileSettings, Flags, Mode};
+use sea_orm::{ConnectionTrait, Database};
+
+use super::http::{Answer, TestClient, client, read, request, send};
+
+/// The bootstrap admin key every test gateway starts with.
+pub const ADMIN_KEY: &str = "nmk_test_admin_key_0123456789abcdef";
+/// Env var naming a PostgreSQL server for the PostgreSQL variants of the tests.
+pub const POSTGRES_ENV: &str = "NM_TEST_POSTGRES_URL";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Db {
+    Sqlite,
+    Postgres,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    Serve,
+    Split,
+}
+
+#[derive(Debug)]
+pub struct Builder {
+    env: HashMap<String, String>,
+    file: FileSettings,
+    db: Db,
+    shape: Shape,
+}
+
+impl Builder {
+    /// Sets a setting as if it came from the environment.
+    pub fn env(mut self, k: &str, v: &str) -> Self {
+        self.env.insert(k.to_owned(), v.to_owned());
+        self
+    }
+
+    /// Points a provider at a mock.
+    pub fn upstream(self, provider: &str, url: &str) -> Self {
+        self.env(
+            &format!("NM_UPSTREAM_{}", provider.to_ascii_uppercase()),
+            url,
+        )
+    }
+
+    /// Settings as if from a `--config` TOML file.
+    pub fn config_toml(mut self, text: &str) -> Self {
+        self.file = toml::from_str(text).unwrap_or_else(|e| panic!("test config: {e}"));
+        self
+    }
+
+    pub fn db(mut self, db: Db) -> Self {
+        self.db = db;
+        self
+    }
+
+    pub fn shape(mut self, shape: Shape) -> Self {
+        self.shape = shape;
+        self
+    }
+
+    /// Starts the gateway and waits until `/health` is 200 (the dataplane has its keys).
+    /// Returns `None` only for PostgreSQL when `NM_TEST_POSTGRES_URL` is not set.
+    pub async fn start(mut self) -> Option<TestGateway> {
+        // NM_TEST_LOG=debug shows the gateways' logs (with --nocapture).
+        if let Ok(filter) = std::env::var("NM_TEST_LOG") {
+            let _ = nm_gateway::telemetry::init(&filter, nm_gateway::config::LogFormat::Text);
+        }
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let db_url = match self.db {
+            Db::Sqlite => format!("sqlite://{}/nm.db?mode=rwc", dir.path().display()),
+            Db::Postgres => fresh_postgres_db().await?,
+        };
+        self.env
+            .entry("NM_DATABASE_URL".into())
+            .or_insert(db_url.clone());
+        self.env
+            .entry("NM_BOOTSTRAP_KEY".into())
+            .or_insert(ADMIN_KEY.into());
+        self.env
+            .entry("NM_HTTP_ADDR".into())
+            .or_insert("127.0.0.1:0".into());
+        self.env
+            .entry("NM_GRPC_ADDR".into())
+            .or_insert("127.0.0.1:0".into());
+        self.env
+            .entry("NM_SHUTDOWN_GRACE_SECS".into())
+            .or_insert("5".into());
+        let file = self.file.clone();
+        let settings = |mode, env: &HashMap<String, String>| {
+            config::resolve(mode, &Flags::default(), env, file.clone())
+                .unwrap_or_else(|e| panic!("test settings: {e}"))
+        };
+        let cp_settings = settings(Mode::Controlplane, &self.env);
+        let started = match self.shape {
+            Shape::Serve => vec![app::start_serve(&settings(Mode::Serve, &self.env)).await],
+            Shape::Split => {
+                let cp = app::start_controlplane(&cp_settings).await;
+                let grpc = cp.as_ref().ok().and_then(|r| r.grpc_addr);
+                let mut env = self.env.clone();
+                env.insert(
+                    "NM_CONTROLPLANE_URL".into(),
+                    format!("http://{}", grpc.map(|a| a.to_string()).unwrap_or_default()),
+                );
+                let dp = app::start_dataplane(&settings(Mode::Dataplane, &env)).await;
+                vec![cp, dp]
+            }
+        };
+        let running: Vec<Running> = started
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|e| panic!("start: {e:#}")))
+            .collect();
+        let http = running
+            .iter()
+            .find_map(|r| r.http_addr)
+            .unwrap_or_else(|| panic!("no dataplane"));
+        let grpc = running
+            .iter()
+            .find_map(|r| r.grpc_addr)
+            .unwrap_or_else(|| panic!("no controlplane"));
+        let gw = TestGateway {
+            http,
+            grpc,
+            db_url,
+            db: self.db,
+            shape: self.shape,
+            cp_settings,
+            running,
+            client: client(),
+            _dir: dir,
+        };
+        gw.wait_healthy().await;
+        Some(gw)
+    }
+}
+
+/// A fresh, empty PostgreSQL database, or `None` (with a notice) when no server is configured.
+pub async fn fresh_postgres_db() -> Option<String> {
+    let Ok(base) = std::env::var(POSTGRES_ENV) else {
+        eprintln!(
+            "SKIPPED PostgreSQL variant: set {POSTGRES_ENV}=postgres://USER@HOST:PORT/DB to run it"
+        );
+        return None;
+    };
+    let name = format!("nm_test_{}", uuid::Uuid::new_v4().simple());
+    let admin = Database::connect(&base)
+        .await
+        .unwrap_or_else(|e| panic!("{POSTGRES_ENV}={base}: {e}"));
+    admin
+        .execute_unprepared(&format!("CREATE DATABASE {name}"))
+        .await
+        .unwrap_or_else(|e| panic!("create database {name}: {e}"));
+    let _ = admin.close().await;
+    let (prefix, _) = base
+        .rsplit_once('/')
+        .unwrap_or_else(|| panic!("{POSTGRES_ENV} needs a /DATABASE part"));
+    Some(format!("{prefix}/{name}"))
+}
+
+/// A started gateway. Call [`TestGateway::stop`] at the end of a test to drain it.
+#[derive(Debug)]
+pub struct TestGateway {
+    pub http: SocketAddr,
+    pub grpc: SocketAddr,
+    pub db_url: String,
+    pub db: Db,
+    pub shape: Shape,
+    cp_settings: nm_gateway::config::Settings,
+    running: Vec<Running>,
+    client: TestClient,
+    _dir: tempfile::TempDir,
+}
+
+impl TestGateway {
+    pub fn builder() -> Builder {
+        Builder {
+            env: HashMap::new(),
+            file: FileSettings::default(),
+            db: Db::Sqlite,
+            shape: Shape::Serve,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.http)
+    }
+
+    pub fn grpc_url(&self) -> String {
+        format!("http://{}", self.grpc)
+    }
+
+    pub async fn wait_healthy(&self) {
+        super::eventually(Duration::from_secs(10), "gateway /health 200", || async {
+            let a = self.get("/health").await;
+            (a.status == 200).then_some(())
+        })
+        .await;
+    }
+
+    pub async fn get(&self, path: &str) -> Answer {
+        read(
+            send(
+                &self.client,
+                request("GET", &self.url(path), &[], Bytes::new()),
+            )
+            .await,
+        )
+        .await
+    }
+
+    /// POSTs with the admin key as `NM-Key` plus `headers`.
+    pub async fn post(
+        &self,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: impl Into<Bytes>,
+    ) -> Answer {
+        let mut h = vec![("nm-key", ADMIN_KEY)];
+        h.extend_from_slice(headers);
+        self.raw("POST", path, &h, body).await
+    }
+
+    /// Any request, exactly as given (no key added).
+    pub async fn raw(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: impl Into<Bytes>,
+    ) -> Answer {
+        read(self.send(method, path, headers, body).await).await
+    }
+
+    /// Sends and returns the response with its body unread (for streaming tests).
+    pub async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: impl Into<Bytes>,
+    ) -> hyper::Response<hyper::body::Incoming> {
+        send(
+            &self.client,
+            request(method, &self.url(path), headers, body),
+        )
+        .await
+    }
+
+    pub fn request(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: impl Into<Bytes>,
+    ) -> hyper::Request<Full<Bytes>> {
+        request(method, &self.url(path), headers, body)
+    }
+
+    /// A connection to the controlplane's database (for checking what was stored).
+    pub async fn database(&self) -> sea_orm::DatabaseConnection {
+        Database::connect(&self.db_url)
+            .await
+            .unwrap_or_else(|e| panic!("test db connect: {e}"))
+    }
+
+    /// Split shape: stops the controlplane only.
+    pub async fn stop_controlplane(&mut self) {
+        assert_eq!(
+            self.shape,
+            Shape::Split,
+            "only a split gateway has a separate controlplane"
+        );
+        let cp = self.running.remove(0);
+        cp.stop()
+            .await
+            .unwrap_or_else(|e| panic!("controlplane stop: {e:#}"));
+    }
+
+    /// Split shape: starts a controlplane again on the same address and database.
+    pub async fn restart_controlplane(&mut self) {
+        assert_eq!(
+            self.shape,
+            Shape::Split,
+            "only a split gateway has a separate controlplane"
+        );
+        let mut settings = self.cp_settings.clone();
+        settings.grpc_addr = self.grpc;
+        let cp = app::start_controlplane(&settings)
+            .await
+            .unwrap_or_else(|e| panic!("controlplane restart: {e:#}"));
+        self.running.insert(0, cp);
+    }
+
+    /// Drains and stops everything (dataplane first).
+    pub async fn stop(mut self) {
+        while let Some(r) = self.running.pop() {
+            if let Err(e) = r.stop().await {
+                panic!("gateway stopped with an error: {e:#}");
+            }
+        }
+    }
+}

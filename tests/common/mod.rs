@@ -1,0 +1,44 @@
+//! Test harness: real gateways on loopback ports ([`gateway`]), mock LLM providers
+//! ([`mock`]), and small HTTP helpers.
+
+#![allow(
+    dead_code,
+    reason = "each test module uses a different part of the harness"
+)]
+
+pub mod gateway;
+pub mod http;
+pub mod mock;
+
+use std::future::Future;
+use std::time::Duration;
+
+/// Polls `cond` every 20 ms until it returns `Some`, or panics after `limit` naming `what`.
+pub async fn eventually<T, F, Fut>(limit: Duration, what: &str, mut cond: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(v) = cond().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A fixture file's bytes, exactly as stored.
+pub fn fixture(path: &str) -> bytes::Bytes {
+    let full = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(path);
+    match std::fs::read(&full) {
+        Ok(b) => bytes::Bytes::from(b),
+        Err(e) => panic!("fixture {}: {e}", full.display()),
+    }
+}

@@ -1,0 +1,11 @@
+//! Integration tests: real gateways on loopback ports, mock providers, real SQLite files and
+//! PostgreSQL databases, real gRPC. One binary; one module per area.
+
+mod common;
+
+mod errors;
+mod keys;
+mod process;
+mod proxy;
+mod records;
+mod streaming;
