@@ -8,4 +8,5 @@ mod keys;
 mod process;
 mod proxy;
 mod records;
+mod sdk;
 mod streaming;

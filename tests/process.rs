@@ -29,7 +29,11 @@ struct Proc {
 impl Proc {
     fn spawn(args: &[&str], env: &[(&str, &str)], cwd: &Path) -> Self {
         let mut cmd = Command::new(BIN);
-        cmd.args(args).current_dir(cwd).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.args(args)
+            .current_dir(cwd)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -48,9 +52,23 @@ impl Proc {
             }
             lines
         };
-        let stdout = collect(child.stdout.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>));
-        let stderr = collect(child.stderr.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>));
-        Self { child, stdout, stderr }
+        let stdout = collect(
+            child
+                .stdout
+                .take()
+                .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+        );
+        let stderr = collect(
+            child
+                .stderr
+                .take()
+                .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+        );
+        Self {
+            child,
+            stdout,
+            stderr,
+        }
     }
 
     fn stderr(&self) -> String {
@@ -74,14 +92,21 @@ impl Proc {
     }
 
     fn terminate(&self) {
-        let status = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
         assert!(status.is_ok_and(|s| s.success()), "kill -TERM failed");
     }
 
     /// Waits for the process to exit and returns its exit code.
     async fn exit_code(&mut self) -> i32 {
         eventually(Duration::from_secs(30), "process exit", || {
-            let code = self.child.try_wait().ok().flatten().map(|s| s.code().unwrap_or(-1));
+            let code = self
+                .child
+                .try_wait()
+                .ok()
+                .flatten()
+                .map(|s| s.code().unwrap_or(-1));
             async move { code }
         })
         .await
@@ -97,22 +122,49 @@ impl Drop for Proc {
 
 #[tokio::test]
 async fn version_matches_health() {
-    let out = Command::new(BIN).arg("--version").output().unwrap_or_else(|e| panic!("{e}"));
+    let out = Command::new(BIN)
+        .arg("--version")
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
     assert!(out.status.success());
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("nm-gateway {}", env!("CARGO_PKG_VERSION")));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("nm-gateway {}", env!("CARGO_PKG_VERSION"))
+    );
 }
 
 #[tokio::test]
 async fn bad_settings_exit_64_naming_the_setting() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    for (k, v) in [("NM_HTTP_ADDR", "not-an-address"), ("NM_UPSTREAM_NOSUCH", "http://x"), ("NM_LOG_FORMAT", "xml")] {
-        let out = Command::new(BIN).arg("serve").env(k, v).current_dir(dir.path()).output().unwrap_or_else(|e| panic!("{e}"));
+    for (k, v) in [
+        ("NM_HTTP_ADDR", "not-an-address"),
+        ("NM_UPSTREAM_NOSUCH", "http://x"),
+        ("NM_LOG_FORMAT", "xml"),
+    ] {
+        let out = Command::new(BIN)
+            .arg("serve")
+            .env(k, v)
+            .current_dir(dir.path())
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(out.status.code(), Some(64), "{k}={v}");
-        assert!(String::from_utf8_lossy(&out.stderr).contains(k), "{k}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(k),
+            "{k}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
-    let out = Command::new(BIN).args(["serve", "--config", "/nonexistent.toml"]).current_dir(dir.path()).output().unwrap_or_else(|e| panic!("{e}"));
+    let out = Command::new(BIN)
+        .args(["serve", "--config", "/nonexistent.toml"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(out.status.code(), Some(64));
-    let out = Command::new(BIN).args(["keys", "list"]).env_remove("NM_ADMIN_KEY").output().unwrap_or_else(|e| panic!("{e}"));
+    let out = Command::new(BIN)
+        .args(["keys", "list"])
+        .env_remove("NM_ADMIN_KEY")
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("NM_ADMIN_KEY"));
 }
@@ -125,24 +177,45 @@ async fn serve_from_nothing_prints_an_admin_key_and_uses_the_default_database() 
     let mock = MockProvider::json("{\"ok\":true}").start().await;
     let mut p = Proc::spawn(
         &["serve"],
-        &[("NM_HTTP_ADDR", "127.0.0.1:0"), ("NM_GRPC_ADDR", "127.0.0.1:0"), ("NM_UPSTREAM_OPENAI", &mock.url)],
+        &[
+            ("NM_HTTP_ADDR", "127.0.0.1:0"),
+            ("NM_GRPC_ADDR", "127.0.0.1:0"),
+            ("NM_UPSTREAM_OPENAI", &mock.url),
+        ],
         dir.path(),
     );
     let http = p.listening("dataplane HTTP").await;
     let grpc = p.listening("controlplane gRPC").await;
-    let admin = eventually(Duration::from_secs(10), "generated admin key on stdout", || async {
-        p.stdout().split_whitespace().find(|w| w.starts_with("nmk_")).map(str::to_owned)
-    })
+    let admin = eventually(
+        Duration::from_secs(10),
+        "generated admin key on stdout",
+        || async {
+            p.stdout()
+                .split_whitespace()
+                .find(|w| w.starts_with("nmk_"))
+                .map(str::to_owned)
+        },
+    )
     .await;
-    assert!(dir.path().join("nm-data/nm-gateway.db").exists(), "default SQLite file");
-    assert!(!p.stderr().contains(&admin), "the generated key goes to stdout only, never the logs");
+    assert!(
+        dir.path().join("nm-data/nm-gateway.db").exists(),
+        "default SQLite file"
+    );
+    assert!(
+        !p.stderr().contains(&admin),
+        "the generated key goes to stdout only, never the logs"
+    );
 
     let c = client();
     let url = format!("http://{http}/openai/v1/chat/completions");
-    let a = eventually(Duration::from_secs(10), "proxy with the generated key", || async {
-        let a = read(send(&c, request("POST", &url, &[("nm-key", &admin)], "{}")).await).await;
-        (a.status == 200).then_some(a)
-    })
+    let a = eventually(
+        Duration::from_secs(10),
+        "proxy with the generated key",
+        || async {
+            let a = read(send(&c, request("POST", &url, &[("nm-key", &admin)], "{}")).await).await;
+            (a.status == 200).then_some(a)
+        },
+    )
     .await;
     assert_eq!(a.body.as_ref(), b"{\"ok\":true}");
 
@@ -156,22 +229,38 @@ async fn serve_from_nothing_prints_an_admin_key_and_uses_the_default_database() 
             .unwrap_or_else(|e| panic!("{e}"))
     };
     let created = cli(&["keys", "create", "--name", "cli-made", "--json"]);
-    assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
-    let created: serde_json::Value = serde_json::from_slice(&created.stdout).unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        created.status.success(),
+        "{}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    let created: serde_json::Value =
+        serde_json::from_slice(&created.stdout).unwrap_or_else(|e| panic!("{e}"));
     let secret = created["secret"].as_str().unwrap_or_default().to_owned();
     let id = created["key"]["id"].as_str().unwrap_or_default().to_owned();
     let listed = cli(&["keys", "list"]);
     let table = String::from_utf8_lossy(&listed.stdout).to_string();
-    assert!(table.starts_with("ID") && table.contains("cli-made") && table.contains("initial-admin"), "{table}");
+    assert!(
+        table.starts_with("ID") && table.contains("cli-made") && table.contains("initial-admin"),
+        "{table}"
+    );
     assert!(!table.contains(&secret), "secrets are never listed");
     eventually(Duration::from_secs(10), "CLI-made key works", || async {
-        (read(send(&c, request("POST", &url, &[("nm-key", &secret)], "{}")).await).await.status == 200).then_some(())
+        (read(send(&c, request("POST", &url, &[("nm-key", &secret)], "{}")).await)
+            .await
+            .status
+            == 200)
+            .then_some(())
     })
     .await;
     let revoked = cli(&["keys", "revoke", &id]);
     assert!(revoked.status.success());
     eventually(Duration::from_secs(10), "revoked key refused", || async {
-        (read(send(&c, request("POST", &url, &[("nm-key", &secret)], "{}")).await).await.status == 401).then_some(())
+        (read(send(&c, request("POST", &url, &[("nm-key", &secret)], "{}")).await)
+            .await
+            .status
+            == 401)
+            .then_some(())
     })
     .await;
 
@@ -183,7 +272,9 @@ async fn serve_from_nothing_prints_an_admin_key_and_uses_the_default_database() 
 #[tokio::test]
 async fn sigterm_drains_in_flight_streams_then_exits_0() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let chunks: Vec<bytes::Bytes> = (0..5).map(|i| bytes::Bytes::from(format!("data: {{\"i\":{i}}}\n\n"))).collect();
+    let chunks: Vec<bytes::Bytes> = (0..5)
+        .map(|i| bytes::Bytes::from(format!("data: {{\"i\":{i}}}\n\n")))
+        .collect();
     let expected: Vec<u8> = chunks.iter().flat_map(|c| c.to_vec()).collect();
     let mock = MockProvider::sse(chunks).hold_last().start().await;
     let mut p = Proc::spawn(
@@ -200,11 +291,30 @@ async fn sigterm_drains_in_flight_streams_then_exits_0() {
     let http = p.listening("dataplane HTTP").await;
     let c = client();
     eventually(Duration::from_secs(10), "healthy", || async {
-        (read(send(&c, request("GET", &format!("http://{http}/health"), &[], "")).await).await.status == 200).then_some(())
+        (read(
+            send(
+                &c,
+                request("GET", &format!("http://{http}/health"), &[], ""),
+            )
+            .await,
+        )
+        .await
+        .status
+            == 200)
+            .then_some(())
     })
     .await;
 
-    let resp = send(&c, request("POST", &format!("http://{http}/openai/v1/chat/completions"), &[("nm-key", KEY)], "{}")).await;
+    let resp = send(
+        &c,
+        request(
+            "POST",
+            &format!("http://{http}/openai/v1/chat/completions"),
+            &[("nm-key", KEY)],
+            "{}",
+        ),
+    )
+    .await;
     assert_eq!(resp.status(), 200);
     let mut body = resp.into_body();
     let mut got = BytesMut::new();
@@ -217,10 +327,16 @@ async fn sigterm_drains_in_flight_streams_then_exits_0() {
     p.terminate();
     // New connections are refused while the stream is still in flight.
     eventually(Duration::from_secs(10), "listener closed", || async {
-        tokio::net::TcpStream::connect(http).await.is_err().then_some(())
+        tokio::net::TcpStream::connect(http)
+            .await
+            .is_err()
+            .then_some(())
     })
     .await;
-    assert!(p.child.try_wait().ok().flatten().is_none(), "must wait for the stream in flight");
+    assert!(
+        p.child.try_wait().ok().flatten().is_none(),
+        "must wait for the stream in flight"
+    );
 
     mock.release();
     while let Some(frame) = body.frame().await {
@@ -243,7 +359,12 @@ async fn split_processes_with_json_logs_never_log_secrets() {
     let db = format!("sqlite://{}/cp.db?mode=rwc", dir.path().display());
     let mut cp = Proc::spawn(
         &["controlplane", "--grpc-addr", "127.0.0.1:0"],
-        &[("NM_DATABASE_URL", &db), ("NM_BOOTSTRAP_KEY", KEY), ("NM_LOG_FORMAT", "json"), ("NM_LOG", "trace")],
+        &[
+            ("NM_DATABASE_URL", &db),
+            ("NM_BOOTSTRAP_KEY", KEY),
+            ("NM_LOG_FORMAT", "json"),
+            ("NM_LOG", "trace"),
+        ],
         dir.path(),
     );
     let grpc = cp.listening("controlplane gRPC").await;
@@ -261,13 +382,42 @@ async fn split_processes_with_json_logs_never_log_secrets() {
     let http = dp.listening("dataplane HTTP").await;
     let c = client();
     let url = format!("http://{http}/openai/v1/chat/completions");
-    eventually(Duration::from_secs(10), "dataplane has its keys", || async {
-        (read(send(&c, request("POST", &url, &[("nm-key", KEY)], "{}")).await).await.status == 200).then_some(())
-    })
+    eventually(
+        Duration::from_secs(10),
+        "dataplane has its keys",
+        || async {
+            (read(send(&c, request("POST", &url, &[("nm-key", KEY)], "{}")).await)
+                .await
+                .status
+                == 200)
+                .then_some(())
+        },
+    )
     .await;
-    let a = read(send(&c, request("POST", &url, &[("nm-key", KEY), ("authorization", "Bearer sk-client-secret-2")], "{}")).await).await;
+    let a = read(
+        send(
+            &c,
+            request(
+                "POST",
+                &url,
+                &[
+                    ("nm-key", KEY),
+                    ("authorization", "Bearer sk-client-secret-2"),
+                ],
+                "{}",
+            ),
+        )
+        .await,
+    )
+    .await;
     assert_eq!(a.status, 200);
-    assert_eq!(mock.received()[0].headers.get("authorization").map(|v| v.as_bytes()), Some(&b"Bearer sk-operator-secret-1"[..]));
+    assert_eq!(
+        mock.received()[0]
+            .headers
+            .get("authorization")
+            .map(|v| v.as_bytes()),
+        Some(&b"Bearer sk-operator-secret-1"[..])
+    );
 
     dp.terminate();
     assert_eq!(dp.exit_code().await, 0);
@@ -277,7 +427,10 @@ async fn split_processes_with_json_logs_never_log_secrets() {
     for (name, logs) in [("dataplane", dp.stderr()), ("controlplane", cp.stderr())] {
         assert!(!logs.is_empty());
         for line in logs.lines() {
-            assert!(serde_json::from_str::<serde_json::Value>(line).is_ok(), "{name}: not JSON: {line}");
+            assert!(
+                serde_json::from_str::<serde_json::Value>(line).is_ok(),
+                "{name}: not JSON: {line}"
+            );
         }
         for secret in [KEY, "sk-operator-secret-1", "sk-client-secret-2"] {
             assert!(!logs.contains(secret), "{name} logged a secret");
