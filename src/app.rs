@@ -153,6 +153,7 @@ async fn dataplane(
         header_timeout: settings.header_timeout,
         shutdown_grace: settings.shutdown_grace,
         record_queue_capacity: settings.record_queue,
+        extra_roots: settings.extra_ca_certs.clone(),
         version: VERSION,
     };
     let (dp, queue) = Dataplane::new(config)?;

@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use nm_dataplane::{AuthStyle, ErrorStyle, ProviderSpec, Registry};
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
 use serde::Deserialize;
 
 // === names and defaults, side by side ===
@@ -38,6 +40,7 @@ pub const ENV_HEADER_TIMEOUT_SECS: &str = "NM_HEADER_TIMEOUT_SECS";
 pub const DEFAULT_HEADER_TIMEOUT_SECS: u64 = 600;
 pub const ENV_SHUTDOWN_GRACE_SECS: &str = "NM_SHUTDOWN_GRACE_SECS";
 pub const DEFAULT_SHUTDOWN_GRACE_SECS: u64 = 30;
+pub const ENV_TLS_CA_FILE: &str = "NM_TLS_CA_FILE";
 pub const ENV_RECORD_QUEUE: &str = "NM_RECORD_QUEUE";
 pub const DEFAULT_RECORD_QUEUE: usize = 65_536;
 
@@ -88,6 +91,7 @@ pub struct FileSettings {
     pub header_timeout_secs: Option<u64>,
     pub shutdown_grace_secs: Option<u64>,
     pub record_queue: Option<usize>,
+    pub tls_ca_file: Option<PathBuf>,
     /// Extra providers, or changes to built-in ones, by name.
     #[serde(default)]
     pub providers: BTreeMap<String, FileProvider>,
@@ -123,6 +127,8 @@ pub struct Settings {
     pub header_timeout: Duration,
     pub shutdown_grace: Duration,
     pub record_queue: usize,
+    /// CA certificates (from `NM_TLS_CA_FILE`) trusted for upstream TLS beside the web PKI.
+    pub extra_ca_certs: Vec<CertificateDer<'static>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -269,6 +275,13 @@ pub fn resolve(
     )?;
 
     let registry = providers(env, file.providers)?;
+    let extra_ca_certs = match env_get(ENV_TLS_CA_FILE)
+        .map(PathBuf::from)
+        .or(file.tls_ca_file)
+    {
+        Some(path) => load_certs(&path)?,
+        None => Vec::new(),
+    };
 
     Ok(Settings {
         mode,
@@ -288,7 +301,21 @@ pub fn resolve(
         header_timeout: Duration::from_secs(header),
         shutdown_grace: Duration::from_secs(grace),
         record_queue: usize::try_from(record_queue).unwrap_or(usize::MAX).max(1),
+        extra_ca_certs,
     })
+}
+
+/// Every certificate in a PEM file; at least one.
+fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, ConfigError> {
+    let bad = |problem: String| invalid(ENV_TLS_CA_FILE, format!("{}: {problem}", path.display()));
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(|e| bad(e.to_string()))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad(e.to_string()))?;
+    if certs.is_empty() {
+        return Err(bad("no PEM certificate in the file".to_owned()));
+    }
+    Ok(certs)
 }
 
 fn parse_addr(key: &str, value: Option<String>, default: &str) -> Result<SocketAddr, ConfigError> {

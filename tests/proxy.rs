@@ -409,3 +409,45 @@ async fn user_defined_providers_from_the_config_file() {
     assert_eq!(a.json()["type"], "error");
     gw.stop().await;
 }
+
+#[tokio::test]
+async fn https_upstreams_use_http2_when_offered_and_a_configured_ca() {
+    let response = fixture("openai/chat_response.json");
+    let mock = MockProvider::json(response.clone()).start_tls().await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, mock.ca_pem.clone().unwrap_or_default()).unwrap_or_else(|e| panic!("{e}"));
+    let gw = TestGateway::builder()
+        .upstream("openai", &mock.url)
+        .env("NM_TLS_CA_FILE", &ca.display().to_string())
+        .start()
+        .await
+        .unwrap_or_else(|| unreachable!());
+    let body = fixture("openai/chat_request.json");
+    for _ in 0..3 {
+        let a = gw
+            .post("/openai/v1/chat/completions", &[], body.clone())
+            .await;
+        assert_eq!((a.status, a.body.clone()), (200, response.clone()));
+    }
+    let got = mock.received();
+    assert!(
+        got.iter().all(|r| r.version == http::Version::HTTP_2),
+        "ALPN must pick h2"
+    );
+    assert!(got.iter().all(|r| r.body == body));
+    gw.stop().await;
+
+    // Without the CA the certificate is refused: a TLS failure is 502 upstream_unreachable.
+    let gw = TestGateway::builder()
+        .upstream("openai", &mock.url)
+        .start()
+        .await
+        .unwrap_or_else(|| unreachable!());
+    let a = gw.post("/openai/v1/chat/completions", &[], body).await;
+    assert_eq!(
+        (a.status, a.header("nm-error")),
+        (502, Some("upstream_unreachable"))
+    );
+    gw.stop().await;
+}

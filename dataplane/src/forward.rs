@@ -44,7 +44,12 @@ pub struct Upstream {
 }
 
 impl Upstream {
-    pub fn new(connect_timeout: Duration, header_timeout: Duration) -> Result<Self, rustls::Error> {
+    /// `extra_roots` are trusted beside the public web PKI (private endpoints, test servers).
+    pub fn new(
+        connect_timeout: Duration,
+        header_timeout: Duration,
+        extra_roots: &[rustls::pki_types::CertificateDer<'static>],
+    ) -> Result<Self, rustls::Error> {
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_nodelay(true);
@@ -52,9 +57,12 @@ impl Upstream {
         http.set_keepalive(Some(Duration::from_secs(60)));
 
         let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-        let roots = rustls::RootCertStore {
+        let mut roots = rustls::RootCertStore {
             roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
         };
+        for cert in extra_roots {
+            roots.add(cert.clone())?;
+        }
         let tls = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()?
             .with_root_certificates(roots)

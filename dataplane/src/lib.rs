@@ -43,6 +43,8 @@ pub struct DataplaneConfig {
     pub header_timeout: Duration,
     pub shutdown_grace: Duration,
     pub record_queue_capacity: usize,
+    /// CA certificates trusted for upstream TLS beside the public web PKI.
+    pub extra_roots: Vec<rustls::pki_types::CertificateDer<'static>>,
     /// Version reported by `/health`.
     pub version: &'static str,
 }
@@ -68,7 +70,11 @@ impl Dataplane {
             registry: Arc::new(config.registry),
             keys: KeySet::default(),
             health: Health::default(),
-            upstream: forward::Upstream::new(config.connect_timeout, config.header_timeout)?,
+            upstream: forward::Upstream::new(
+                config.connect_timeout,
+                config.header_timeout,
+                &config.extra_roots,
+            )?,
             records,
             max_body_bytes: config.max_body_bytes,
             version: config.version,

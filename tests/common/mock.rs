@@ -43,6 +43,7 @@ enum Reply {
 /// What the mock received.
 #[derive(Debug, Clone)]
 pub struct Received {
+    pub version: http::Version,
     pub method: String,
     pub path_and_query: String,
     pub headers: HeaderMap,
@@ -144,6 +145,45 @@ impl MockProvider {
     }
 
     pub async fn start(self) -> RunningMock {
+        self.start_with(None).await
+    }
+
+    /// Serves HTTPS (ALPN h2 and http/1.1) with a certificate for `localhost` and 127.0.0.1
+    /// issued by a fresh CA, whose PEM is in [`RunningMock::ca_pem`].
+    pub async fn start_tls(self) -> RunningMock {
+        let ca_key = rcgen::KeyPair::generate().unwrap_or_else(|e| panic!("{e}"));
+        let mut ca_params =
+            rcgen::CertificateParams::new(Vec::<String>::new()).unwrap_or_else(|e| panic!("{e}"));
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = rcgen::CertifiedIssuer::self_signed(ca_params, ca_key)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let leaf_key = rcgen::KeyPair::generate().unwrap_or_else(|e| panic!("{e}"));
+        let leaf =
+            rcgen::CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+                .and_then(|p| p.signed_by(&leaf_key, &ca))
+                .unwrap_or_else(|e| panic!("{e}"));
+        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into());
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .and_then(|b| {
+                Ok(b.with_no_client_auth()
+                    .with_single_cert(vec![leaf.der().clone()], key))
+            })
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        let mut mock = self
+            .start_with(Some(tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(
+                config,
+            ))))
+            .await;
+        mock.url = format!("https://localhost:{}", mock.addr.port());
+        mock.ca_pem = Some(ca.pem());
+        mock
+    }
+
+    async fn start_with(self, tls: Option<tokio_rustls::TlsAcceptor>) -> RunningMock {
         let listener = match TcpListener::bind("127.0.0.1:0").await {
             Ok(l) => l,
             Err(e) => panic!("mock bind: {e}"),
@@ -165,17 +205,27 @@ impl MockProvider {
                     continue;
                 };
                 let state = task_state.clone();
+                let tls = tls.clone();
                 tokio::spawn(async move {
                     let svc = hyper::service::service_fn(move |req| handle(state.clone(), req));
-                    let _ = auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
+                    let builder = auto::Builder::new(TokioExecutor::new());
+                    match tls {
+                        None => {
+                            let _ = builder.serve_connection(TokioIo::new(stream), svc).await;
+                        }
+                        Some(tls) => {
+                            if let Ok(stream) = tls.accept(stream).await {
+                                let _ = builder.serve_connection(TokioIo::new(stream), svc).await;
+                            }
+                        }
+                    }
                 });
             }
         });
         RunningMock {
             addr,
             url: format!("http://{addr}"),
+            ca_pem: None,
             state,
             task,
         }
@@ -195,6 +245,8 @@ struct State {
 pub struct RunningMock {
     pub addr: SocketAddr,
     pub url: String,
+    /// The CA that issued the certificate of a TLS mock.
+    pub ca_pem: Option<String>,
     state: Arc<State>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -255,6 +307,7 @@ async fn handle(
         .unwrap_or_default();
     if let Ok(mut r) = state.received.lock() {
         r.push(Received {
+            version: parts.version,
             method: parts.method.to_string(),
             path_and_query,
             headers: parts.headers,
