@@ -167,10 +167,9 @@ impl MockProvider {
         let mut config = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .and_then(|b| {
-                Ok(b.with_no_client_auth()
-                    .with_single_cert(vec![leaf.der().clone()], key))
+                b.with_no_client_auth()
+                    .with_single_cert(vec![leaf.der().clone()], key)
             })
-            .unwrap_or_else(|e| panic!("{e}"))
             .unwrap_or_else(|e| panic!("{e}"));
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         let mut mock = self
