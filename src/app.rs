@@ -156,8 +156,9 @@ async fn dataplane(
         extra_roots: settings.extra_ca_certs.clone(),
         version: VERSION,
     };
-    let (dp, queue) = Dataplane::new(config)?;
     let channel = link::channel(controlplane_url)?;
+    let signals = std::sync::Arc::new(link::GrpcSignalSink::new(channel.clone()));
+    let (dp, queue) = Dataplane::new(config, signals)?;
     let name = format!("dataplane-{}", std::process::id());
     let link = Link::spawn(channel, dp.keys().clone(), dp.health().clone(), queue, name);
     let listener = TcpListener::bind(settings.http_addr)

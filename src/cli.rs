@@ -1,4 +1,4 @@
-//! Admin commands (`nm-gateway keys ...`): gRPC calls to the controlplane with the admin key in
+//! Admin commands (`nm-gateway keys ...`, `nm-gateway agents ...`): gRPC calls to the controlplane with the admin key in
 //! `nm-key` metadata, printed as a table or, with `--json`, as JSON.
 
 use std::io::Write;
@@ -8,7 +8,7 @@ use serde_json::json;
 use tonic::metadata::MetadataValue;
 
 use crate::config::Settings;
-use crate::grpc::pb::{self, keys_client::KeysClient};
+use crate::grpc::pb::{self, agents_client::AgentsClient, keys_client::KeysClient};
 use crate::grpc::{NM_KEY_METADATA, convert, link};
 
 /// `nm-gateway keys <command>`.
@@ -43,27 +43,278 @@ pub enum KeysCommand {
     },
 }
 
+/// `nm-gateway agents <command>`.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum AgentsCommand {
+    /// Every agent with its signals, sessions, requests and last activity.
+    List {
+        #[command(flatten)]
+        filter: FilterArgs,
+        #[arg(long)]
+        json: bool,
+    },
+    /// One agent's signal counts per action and its progress toward recommendations.
+    Show {
+        /// The agent name (`NM-Agent`); omit with --unattributed.
+        agent: Option<String>,
+        /// Show the signals that belong to no agent.
+        #[arg(long, conflicts_with = "agent")]
+        unattributed: bool,
+        #[command(flatten)]
+        filter: FilterArgs,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Filters shared by the agents commands.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct FilterArgs {
+    /// Only this env: production, staging or development.
+    #[arg(long)]
+    env: Option<String>,
+    /// From this time: RFC 3339, YYYY-MM-DD (UTC), or an age like 7d, 24h, 30m.
+    #[arg(long)]
+    since: Option<String>,
+    /// Until this time (exclusive), same forms as --since.
+    #[arg(long)]
+    until: Option<String>,
+}
+
+impl FilterArgs {
+    fn range(&self) -> Result<pb::TimeRange, UsageError> {
+        let now = chrono::Utc::now();
+        let ts = |s: &Option<String>,
+                  flag: &str|
+         -> Result<Option<prost_types::Timestamp>, UsageError> {
+            s.as_deref()
+                .map(|v| {
+                    parse_time(v, now)
+                        .map(|t| convert::ms_to_timestamp(t.timestamp_millis()))
+                        .ok_or_else(|| UsageError(format!("--{flag} {v:?}: use RFC 3339, YYYY-MM-DD or an age like 7d, 24h, 30m")))
+                })
+                .transpose()
+        };
+        Ok(pb::TimeRange {
+            since: ts(&self.since, "since")?,
+            until: ts(&self.until, "until")?,
+        })
+    }
+
+    fn env(&self) -> Result<Option<String>, UsageError> {
+        match &self.env {
+            None => Ok(None),
+            Some(e) => e
+                .parse::<nm_types::Env>()
+                .map(|e| Some(e.as_str().to_owned()))
+                .map_err(|err| UsageError(format!("--env: {err}"))),
+        }
+    }
+}
+
+/// RFC 3339, a UTC date, or an age (`7d`, `24h`, `30m`, `90s`) before `now`.
+pub fn parse_time(
+    v: &str,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Option<chrono::DateTime<chrono::Utc>> {
+    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(v) {
+        return Some(t.with_timezone(&chrono::Utc));
+    }
+    if let Ok(d) = chrono::NaiveDate::parse_from_str(v, "%Y-%m-%d") {
+        return Some(d.and_hms_opt(0, 0, 0)?.and_utc());
+    }
+    let (num, unit) = v.split_at(v.len().checked_sub(1)?);
+    let n: i64 = num.parse().ok().filter(|n| *n >= 0)?;
+    let age = match unit {
+        "d" => chrono::Duration::try_days(n)?,
+        "h" => chrono::Duration::try_hours(n)?,
+        "m" => chrono::Duration::try_minutes(n)?,
+        "s" => chrono::Duration::try_seconds(n)?,
+        _ => return None,
+    };
+    now.checked_sub_signed(age)
+}
+
 /// Errors a user can fix by changing the command line or settings (exit code 64).
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct UsageError(pub String);
+
+/// Adds the admin key to every call.
+#[derive(Debug, Clone)]
+pub struct AdminKey(MetadataValue<tonic::metadata::Ascii>);
+
+impl tonic::service::Interceptor for AdminKey {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        req.metadata_mut().insert(NM_KEY_METADATA, self.0.clone());
+        Ok(req)
+    }
+}
+
+type AdminChannel =
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, AdminKey>;
+
+/// A channel to the controlplane that presents `NM_ADMIN_KEY`.
+fn admin_channel(settings: &Settings) -> anyhow::Result<AdminChannel> {
+    let admin_key = settings.admin_key.clone().ok_or_else(|| {
+        UsageError("set NM_ADMIN_KEY (or --admin-key) to an admin service key".to_owned())
+    })?;
+    let value = admin_key
+        .parse()
+        .map_err(|_| UsageError("NM_ADMIN_KEY is not a valid header value".to_owned()))?;
+    let channel = link::channel(&settings.controlplane_url)?;
+    Ok(tonic::service::interceptor::InterceptedService::new(
+        channel,
+        AdminKey(value),
+    ))
+}
+
+pub async fn agents(
+    settings: &Settings,
+    cmd: AgentsCommand,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let mut client = AgentsClient::new(admin_channel(settings)?);
+    let cp = &settings.controlplane_url;
+    match cmd {
+        AgentsCommand::List { filter, json } => {
+            let req = pb::ListAgentsRequest {
+                env: filter.env()?,
+                range: Some(filter.range()?),
+            };
+            let agents = client
+                .list_agents(req)
+                .await
+                .with_context(|| format!("controlplane {cp}"))?
+                .into_inner()
+                .agents;
+            if json {
+                let rows: Vec<_> = agents
+                    .iter()
+                    .map(|a| {
+                        json!({
+                            "agent": (!a.unattributed).then_some(&a.agent),
+                            "signals": a.signals,
+                            "sessions": a.sessions,
+                            "requests": a.requests,
+                            "last_activity": a.last_activity.as_ref().map(|t| time(Some(t))),
+                        })
+                    })
+                    .collect();
+                writeln!(out, "{}", serde_json::Value::Array(rows))?;
+            } else {
+                let rows: Vec<Vec<String>> = agents
+                    .iter()
+                    .map(|a| {
+                        vec![
+                            agent_label(a.unattributed, &a.agent),
+                            a.signals.to_string(),
+                            a.sessions.to_string(),
+                            a.requests.to_string(),
+                            time(a.last_activity.as_ref()),
+                        ]
+                    })
+                    .collect();
+                write_table(
+                    out,
+                    &["AGENT", "SIGNALS", "SESSIONS", "REQUESTS", "LAST ACTIVITY"],
+                    &rows,
+                )?;
+            }
+        }
+        AgentsCommand::Show {
+            agent,
+            unattributed,
+            filter,
+            json,
+        } => {
+            if agent.is_none() && !unattributed {
+                return Err(UsageError("name an agent, or pass --unattributed".to_owned()).into());
+            }
+            let req = pb::GetAgentSignalsRequest {
+                agent: agent.unwrap_or_default(),
+                unattributed,
+                env: filter.env()?,
+                range: Some(filter.range()?),
+            };
+            let s = client
+                .get_agent_signals(req)
+                .await
+                .with_context(|| format!("controlplane {cp}"))?
+                .into_inner();
+            let by = s.by_action.unwrap_or_default();
+            let counts = [
+                ("accepted", by.accepted),
+                ("edited", by.edited),
+                ("regenerated", by.regenerated),
+                ("abandoned", by.abandoned),
+                ("thumbs_up", by.thumbs_up),
+                ("thumbs_down", by.thumbs_down),
+                ("published", by.published),
+                ("sent", by.sent),
+            ];
+            if json {
+                let by_action: serde_json::Map<String, serde_json::Value> = counts
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), json!(v)))
+                    .collect();
+                writeln!(
+                    out,
+                    "{}",
+                    json!({
+                        "agent": (!unattributed).then_some(&s.agent),
+                        "total": s.total,
+                        "by_action": by_action,
+                        "threshold": s.threshold,
+                        "remaining": s.remaining,
+                        "recommendations_unlocked": s.recommendations_unlocked,
+                        "progress": s.progress,
+                    })
+                )?;
+            } else {
+                writeln!(out, "agent: {}", agent_label(unattributed, &s.agent))?;
+                writeln!(out, "signals: {}", s.total)?;
+                let rows: Vec<Vec<String>> = counts
+                    .iter()
+                    .map(|(k, v)| vec![(*k).to_owned(), v.to_string()])
+                    .collect();
+                write_table(out, &["ACTION", "COUNT"], &rows)?;
+                if s.recommendations_unlocked {
+                    writeln!(
+                        out,
+                        "recommendations: unlocked ({} of {} signals)",
+                        s.total, s.threshold
+                    )?;
+                } else {
+                    writeln!(
+                        out,
+                        "recommendations: collecting, {}/{} signals ({:.0}%), {} to go",
+                        s.total,
+                        s.threshold,
+                        s.progress * 100.0,
+                        s.remaining
+                    )?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn agent_label(unattributed: bool, agent: &str) -> String {
+    if unattributed {
+        "(unattributed)".to_owned()
+    } else {
+        agent.to_owned()
+    }
+}
 
 pub async fn keys(
     settings: &Settings,
     cmd: KeysCommand,
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
-    let admin_key = settings.admin_key.clone().ok_or_else(|| {
-        UsageError("set NM_ADMIN_KEY (or --admin-key) to an admin service key".to_owned())
-    })?;
-    let value: MetadataValue<_> = admin_key
-        .parse()
-        .map_err(|_| UsageError("NM_ADMIN_KEY is not a valid header value".to_owned()))?;
-    let channel = link::channel(&settings.controlplane_url)?;
-    let mut client = KeysClient::with_interceptor(channel, move |mut req: tonic::Request<()>| {
-        req.metadata_mut().insert(NM_KEY_METADATA, value.clone());
-        Ok(req)
-    });
+    let mut client = KeysClient::new(admin_channel(settings)?);
     let cp = &settings.controlplane_url;
     match cmd {
         KeysCommand::Create { name, admin, json } => {
@@ -204,4 +455,31 @@ pub fn write_table(
         writeln!(out, "(none)")?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times() {
+        let now = chrono::DateTime::parse_from_rfc3339("2026-11-22T12:00:00Z")
+            .map(|t| t.with_timezone(&chrono::Utc))
+            .ok();
+        let Some(now) = now else { return };
+        let p = |s: &str| parse_time(s, now).map(|t| t.to_rfc3339());
+        assert_eq!(p("7d").as_deref(), Some("2026-11-15T12:00:00+00:00"));
+        assert_eq!(p("24h").as_deref(), Some("2026-11-21T12:00:00+00:00"));
+        assert_eq!(
+            p("2026-11-01").as_deref(),
+            Some("2026-11-01T00:00:00+00:00")
+        );
+        assert_eq!(
+            p("2026-11-01T10:00:00+02:00").as_deref(),
+            Some("2026-11-01T08:00:00+00:00")
+        );
+        for bad in ["", "d", "-1d", "7w", "yesterday", "2026-13-01"] {
+            assert_eq!(p(bad), None, "{bad}");
+        }
+    }
 }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use nm_gateway::cli::{KeysCommand, UsageError};
+use nm_gateway::cli::{AgentsCommand, KeysCommand, UsageError};
 use nm_gateway::config::{self, Flags, Mode};
 use nm_gateway::{app, telemetry};
 
@@ -35,6 +35,13 @@ enum Command {
     Dataplane(ServerArgs),
     /// Only the controlplane (gRPC + database).
     Controlplane(ServerArgs),
+    /// Signal counts per agent (needs NM_ADMIN_KEY).
+    Agents {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(subcommand)]
+        command: AgentsCommand,
+    },
     /// Manage service API keys (needs NM_ADMIN_KEY).
     Keys {
         #[command(flatten)]
@@ -86,18 +93,24 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> ExitCode {
-    let (mode, flags, keys_cmd) = match cli.command {
+    let client_flags = |c: ClientArgs| Flags {
+        controlplane_url: c.controlplane_url,
+        admin_key: c.admin_key,
+        ..Flags::default()
+    };
+    let (mode, flags, admin_cmd) = match cli.command {
         Command::Serve(a) => (Mode::Serve, server_flags(a), None),
         Command::Dataplane(a) => (Mode::Dataplane, server_flags(a), None),
         Command::Controlplane(a) => (Mode::Controlplane, server_flags(a), None),
         Command::Keys { client, command } => (
             Mode::Client,
-            Flags {
-                controlplane_url: client.controlplane_url,
-                admin_key: client.admin_key,
-                ..Flags::default()
-            },
-            Some(command),
+            client_flags(client),
+            Some(AdminCommand::Keys(command)),
+        ),
+        Command::Agents { client, command } => (
+            Mode::Client,
+            client_flags(client),
+            Some(AdminCommand::Agents(command)),
         ),
     };
     let flags = Flags {
@@ -117,9 +130,13 @@ async fn run(cli: Cli) -> ExitCode {
         return usage(&format!("NM_LOG: {e}"));
     }
 
-    if let Some(cmd) = keys_cmd {
+    if let Some(cmd) = admin_cmd {
         let mut stdout = std::io::stdout().lock();
-        return match nm_gateway::cli::keys(&settings, cmd, &mut stdout).await {
+        let done = match cmd {
+            AdminCommand::Keys(c) => nm_gateway::cli::keys(&settings, c, &mut stdout).await,
+            AdminCommand::Agents(c) => nm_gateway::cli::agents(&settings, c, &mut stdout).await,
+        };
+        return match done {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) if e.is::<UsageError>() => usage(&e.to_string()),
             Err(e) => {
@@ -149,6 +166,12 @@ async fn run(cli: Cli) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The admin commands, which talk gRPC to a controlplane and start no server.
+enum AdminCommand {
+    Keys(KeysCommand),
+    Agents(AgentsCommand),
 }
 
 fn server_flags(a: ServerArgs) -> Flags {

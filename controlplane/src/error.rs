@@ -13,6 +13,9 @@ pub enum Error {
     /// The named thing does not exist.
     #[error("not found: {0}")]
     NotFound(String),
+    /// Storage is not available right now (the write was not done); retrying later may work.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
     /// The database URL or a startup setting is unusable.
     #[error("configuration: {0}")]
     Config(String),

@@ -2,15 +2,18 @@
 //!
 //! It owns the database (SQLite embedded by default, PostgreSQL in production, both through
 //! SeaORM with the same migrations) and the logic on top of it: service API keys
-//! ([`keys`]) and proxied-request records ([`records`]). It knows nothing of gRPC or HTTP: the
+//! ([`keys`]), proxied-request records ([`records`]) and end-user signals ([`signals`]). It knows nothing of gRPC or HTTP: the
 //! root crate adapts these calls to tonic, mapping [`Error`] to a gRPC status in one place.
 
 pub mod error;
 pub mod keys;
 pub mod records;
+pub mod signals;
+mod sql;
 pub mod store;
 
 pub use error::Error;
 pub use keys::{CreatedKey, KeyCache, KeyInfo, KeySnapshot, Keys};
 pub use records::{IngestOutcome, Records, RequestRecord};
+pub use signals::{NewSignal, Signals, Stored};
 pub use store::Store;

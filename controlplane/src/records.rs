@@ -4,12 +4,15 @@
 
 use nm_types::{Env, SessionId, parse_agent, parse_user};
 use sea_orm::sea_query::{Expr, OnConflict};
-use sea_orm::{EntityTrait, Set, TransactionTrait, TryInsertResult};
+use sea_orm::{
+    ColumnTrait, DatabaseTransaction, EntityTrait, QueryFilter, Set, TransactionTrait,
+    TryInsertResult,
+};
 use tracing::warn;
 
 use crate::error::Result;
 use crate::store::Store;
-use crate::store::entity::{request, session};
+use crate::store::entity::{request, session, signal};
 
 /// One proxied request, as a dataplane reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -59,6 +62,7 @@ impl Records {
     #[tracing::instrument(skip_all, fields(batch = batch.len()))]
     pub async fn ingest(&self, batch: Vec<RequestRecord>) -> Result<IngestOutcome> {
         let mut outcome = IngestOutcome::default();
+        let mut touched_sessions: Vec<String> = Vec::new();
         let txn = self.store.conn().begin().await?;
         for record in batch {
             if let Err(why) = validate(&record) {
@@ -79,7 +83,13 @@ impl Records {
             }
             if let Some(session_id) = &record.session_id {
                 upsert_session(&txn, session_id, &record).await?;
+                if !touched_sessions.contains(session_id) {
+                    touched_sessions.push(session_id.clone());
+                }
             }
+        }
+        for session_id in &touched_sessions {
+            attribute_signals(&txn, session_id).await?;
         }
         txn.commit().await?;
         Ok(outcome)
@@ -120,6 +130,31 @@ async fn upsert_session<C: sea_orm::ConnectionTrait>(
         .on_conflict(on_conflict)
         .exec_without_returning(db)
         .await?;
+    Ok(())
+}
+
+/// Gives signals that arrived before their session was known the session's agent, env and user.
+async fn attribute_signals(db: &DatabaseTransaction, session_id: &str) -> Result<()> {
+    let Some(s) = session::Entity::find_by_id(session_id.to_owned())
+        .one(db)
+        .await?
+    else {
+        return Ok(());
+    };
+    if s.agent.is_none() && s.env.is_none() && s.user_id.is_none() {
+        return Ok(());
+    }
+    let mut update = signal::Entity::update_many()
+        .col_expr(signal::Column::Env, Expr::value(s.env.clone()))
+        .col_expr(signal::Column::UserId, Expr::value(s.user_id.clone()))
+        .filter(signal::Column::SessionId.eq(session_id))
+        .filter(signal::Column::AttributedBySession.eq(false));
+    if let Some(agent) = s.agent {
+        update = update
+            .col_expr(signal::Column::Agent, Expr::value(agent))
+            .col_expr(signal::Column::AttributedBySession, Expr::value(true));
+    }
+    update.exec(db).await?;
     Ok(())
 }
 

@@ -16,6 +16,8 @@ use crate::providers::ErrorStyle;
 
 /// Header naming the gateway's error code on every gateway-made error.
 pub const NM_ERROR: &str = "nm-error";
+/// `Retry-After` on 503 answers: the controlplane reconnects within about a second.
+const RETRY_AFTER_SECS: &str = "1";
 
 /// Everything that can go wrong while handling a request.
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +43,12 @@ pub enum ProxyError {
     PayloadTooLarge { limit: usize },
     #[error("could not read the request body: {0}")]
     RequestBody(String),
+    #[error("{message}")]
+    InvalidSignal { code: &'static str, message: String },
+    #[error("unsupported media type: send Content-Type: application/json")]
+    UnsupportedMediaType,
+    #[error("temporarily unavailable, nothing was stored; retry later: {0}")]
+    Unavailable(String),
     #[error("upstream unreachable: {0}")]
     UpstreamUnreachable(String),
     #[error("upstream did not answer within {0:?}")]
@@ -88,6 +96,17 @@ impl ProxyError {
                 Side::Client,
             ),
             RequestBody(_) => (StatusCode::BAD_REQUEST, "invalid_body", Side::Client),
+            InvalidSignal { code, .. } => (StatusCode::BAD_REQUEST, code, Side::Client),
+            UnsupportedMediaType => (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                Side::Client,
+            ),
+            Unavailable(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                Side::Gateway,
+            ),
             UpstreamUnreachable(_) => (
                 StatusCode::BAD_GATEWAY,
                 "upstream_unreachable",
@@ -137,6 +156,12 @@ impl ProxyError {
             HeaderValue::from_static("application/json"),
         );
         headers.insert(NM_ERROR, HeaderValue::from_static(code));
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            headers.insert(
+                header::RETRY_AFTER,
+                HeaderValue::from_static(RETRY_AFTER_SECS),
+            );
+        }
         resp
     }
 }

@@ -2,8 +2,9 @@
 //!
 //! The hot path never waits on a database or a network round trip of ours: keys are checked in
 //! memory ([`keys::KeySet`]), request records leave through a bounded queue
-//! ([`records::RecordSink`]). The root crate connects those to the controlplane; this crate
-//! knows nothing of gRPC or SQL.
+//! ([`records::RecordSink`]). Signals ([`signal`]) wait for the controlplane's commit before
+//! answering, through a [`SignalSink`] the root provides. The root crate connects all of these
+//! to the controlplane; this crate knows nothing of gRPC or SQL.
 
 pub mod attribution;
 pub mod body;
@@ -16,6 +17,7 @@ pub mod providers;
 pub mod proxy;
 pub mod records;
 pub mod server;
+pub mod signal;
 pub mod stack;
 
 use std::future::Future;
@@ -29,6 +31,7 @@ pub use keys::{Health, KeySet, Principal};
 pub use providers::{AuthStyle, ErrorStyle, ProviderSpec, Registry};
 pub use records::{RecordQueue, RecordSink, RequestRecord};
 pub use server::Drained;
+pub use signal::{SignalSink, SignalSubmission, SubmitError, SubmitFuture};
 
 /// Default request-body limit (images are big).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
@@ -64,7 +67,10 @@ pub struct Dataplane {
 
 impl Dataplane {
     /// Builds the dataplane and the queue its request records come out of.
-    pub fn new(config: DataplaneConfig) -> Result<(Self, RecordQueue), Error> {
+    pub fn new(
+        config: DataplaneConfig,
+        signals: Arc<dyn SignalSink>,
+    ) -> Result<(Self, RecordQueue), Error> {
         let (records, queue) = records::record_queue(config.record_queue_capacity);
         let state = stack::State {
             registry: Arc::new(config.registry),
@@ -76,6 +82,7 @@ impl Dataplane {
                 &config.extra_roots,
             )?,
             records,
+            signals,
             max_body_bytes: config.max_body_bytes,
             version: config.version,
         };

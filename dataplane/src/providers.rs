@@ -124,7 +124,9 @@ pub fn builtin() -> Vec<(&'static str, ProviderSpec)> {
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum RegistryError {
-    #[error("provider {name:?}: name must be lowercase letters, digits, '-' or '_'")]
+    #[error(
+        "provider {name:?}: name must be lowercase letters, digits, '-' or '_', and not v1 or health"
+    )]
     BadName { name: String },
     #[error("provider {name:?}: base URL {url:?} is not an absolute http(s) URL without query")]
     BadUrl { name: String, url: String },
@@ -192,8 +194,12 @@ impl Registry {
     }
 }
 
+/// Path prefixes the gateway serves itself.
+const RESERVED: [&str; 2] = ["v1", "health"];
+
 fn valid_name(name: &str) -> bool {
-    !name.is_empty()
+    !RESERVED.contains(&name)
+        && !name.is_empty()
         && name.len() <= 64
         && name
             .bytes()

@@ -6,7 +6,7 @@
 //! | [`TraceLayer`] | reads `RequestId`; adds `RequestSpan` (the request's span) |
 //! | [`RescueLayer`] | turns every `ProxyError` below into a native-shaped response, logs it once |
 //! | [`AuthLayer`] | reads `NM-Key`; adds `Principal` (allow-list: `/health`) |
-//! | [`Router`] | `/health`, else `/<provider>/...` through [`crate::proxy`] |
+//! | [`Router`] | `/health`, `/v1/signal` ([`crate::signal`]), else `/<provider>/...` ([`crate::proxy`]) |
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -27,6 +27,7 @@ use crate::keys::{Health, KeySet};
 use crate::layers::{AuthLayer, RequestIdLayer, RescueLayer, TraceLayer};
 use crate::providers::Registry;
 use crate::records::RecordSink;
+use crate::signal::SignalSink;
 
 /// Everything a request handler needs. Shared, read-only apart from the key set and health.
 #[derive(Debug)]
@@ -36,6 +37,7 @@ pub struct State {
     pub health: Health,
     pub upstream: Upstream,
     pub records: RecordSink,
+    pub signals: Arc<dyn SignalSink>,
     pub max_body_bytes: usize,
     pub version: &'static str,
 }
@@ -75,11 +77,21 @@ impl Service<Request<Incoming>> for Router {
 
     fn call(&mut self, req: Request<Incoming>) -> Self::Future {
         let state = self.state.clone();
-        if req.uri().path() == "/health" {
-            let method = req.method().clone();
-            return Box::pin(async move { health(&state, &method) });
+        match req.uri().path() {
+            "/health" => {
+                let method = req.method().clone();
+                Box::pin(async move { health(&state, &method) })
+            }
+            "/v1/signal" => Box::pin(crate::signal::handle(state, req)),
+            p if p.starts_with("/v1/") => {
+                let err = ProxyError::NotFound {
+                    method: req.method().clone(),
+                    path: p.to_owned(),
+                };
+                Box::pin(async move { Err(err) })
+            }
+            _ => Box::pin(crate::proxy::handle(state, req)),
         }
-        Box::pin(crate::proxy::handle(state, req))
     }
 }
 

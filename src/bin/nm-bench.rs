@@ -470,6 +470,43 @@ fn memory(pid: u32) -> anyhow::Result<Mem> {
     })
 }
 
+/// CPU time (user + system, in clock ticks) a process has used so far.
+fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name (which may hold spaces): state is 3rd, utime 14th, stime 15th.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, f)| f)
+        .split_whitespace()
+        .collect();
+    let tick = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok());
+    tick(11)
+        .zip(tick(12))
+        .map(|(u, s)| u + s)
+        .with_context(|| format!("unreadable /proc/{pid}/stat"))
+}
+
+/// Waits (up to 30 s) until the processes are idle: work a closed loop left behind (the
+/// gateway's request records, say) must not land in the open loop's latencies. Returns seconds.
+async fn settle(pids: &[u32]) -> anyhow::Result<f64> {
+    let start = Instant::now();
+    let ticks = || {
+        pids.iter()
+            .map(|&p| cpu_ticks(p))
+            .sum::<anyhow::Result<u64>>()
+    };
+    let mut before = ticks()?;
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = ticks()?;
+        // At most 2 ticks (20 ms at the usual 100 Hz) of CPU in 250 ms counts as idle.
+        if now - before <= 2 || start.elapsed() > Duration::from_secs(30) {
+            return Ok(start.elapsed().as_secs_f64());
+        }
+        before = now;
+    }
+}
+
 // === the load generator ===
 
 type Sender = SendRequest<Full<Bytes>>;
@@ -631,6 +668,8 @@ struct Open {
     errors: u64,
     connections: usize,
     first_error: Option<String>,
+    /// How long the processes took to go idle after the closed loop (see [`settle`]).
+    settle_s: f64,
 }
 
 async fn open_loop(
@@ -700,7 +739,7 @@ fn ms(d: Duration) -> f64 {
 
 // === the run and the report ===
 
-const TARGETS: [&str; 3] = ["direct", "direct", "direct"];
+const TARGETS: [&str; 3] = ["direct", "forwarder", "gateway"];
 const SCENARIOS: [&str; 2] = ["non-streamed", "streamed"];
 
 #[derive(Serialize)]
@@ -722,6 +761,7 @@ async fn measure_target(
     cli: &Cli,
     target: &'static str,
     addr: SocketAddr,
+    pids: &[u32],
 ) -> anyhow::Result<Vec<Measured>> {
     let gateway = target == "gateway";
     let canned = Canned::new();
@@ -745,8 +785,10 @@ async fn measure_target(
         });
         eprintln!("nm-bench: {target}, {scenario}: closed loop");
         let closed_loop = closed_loop(&spec, cli.connections, cli.warmup, cli.duration).await?;
-        eprintln!("nm-bench: {target}, {scenario}: open loop");
-        let open_loop = open_loop(&spec, cli.rate, cli.warmup, cli.latency_duration).await?;
+        let settled = settle(pids).await?;
+        eprintln!("nm-bench: {target}, {scenario}: open loop (idle after {settled:.1} s)");
+        let mut open_loop = open_loop(&spec, cli.rate, cli.warmup, cli.latency_duration).await?;
+        open_loop.settle_s = settled;
         scenarios.push(Measured {
             scenario,
             closed_loop,
@@ -788,7 +830,12 @@ async fn bench(cli: &Cli) -> anyhow::Result<()> {
             _ => None,
         };
         let addr = proc.as_ref().map_or(mock.addr, |p| p.addr);
-        let scenarios = measure_target(cli, target, addr).await?;
+        let pids: Vec<u32> = [Some(&mock), proc.as_ref()]
+            .into_iter()
+            .flatten()
+            .map(|p| p.child.id())
+            .collect();
+        let scenarios = measure_target(cli, target, addr, &pids).await?;
         let memory = proc.as_ref().map(|p| memory(p.child.id())).transpose()?;
         runs.push(TargetRun {
             target,

@@ -99,3 +99,64 @@ mod tests {
         }
     }
 }
+
+/// Dataplane signal -> wire.
+pub fn signal_to_pb(s: nm_dataplane::SignalSubmission) -> pb::Signal {
+    pb::Signal {
+        session_id: s.session_id.to_string(),
+        action: s.action.as_str().to_owned(),
+        edit_distance: s.edit_distance,
+        custom_label_json: s.custom_label,
+        agent_hint: s.agent_hint,
+        idempotency_key: s.idempotency_key,
+        key_id: s.key_id.to_string(),
+        request_id: s.id,
+        received_at: Some(system_time_to_timestamp(s.received_at)),
+    }
+}
+
+/// Wire -> controlplane signal; a bad action is an invalid argument.
+pub fn signal_from_pb(s: pb::Signal) -> Result<nm_controlplane::NewSignal, nm_controlplane::Error> {
+    let action = s
+        .action
+        .parse::<nm_types::Action>()
+        .map_err(|e| nm_controlplane::Error::InvalidArgument(e.to_string()))?;
+    Ok(nm_controlplane::NewSignal {
+        id: s.request_id,
+        received_at_ms: s
+            .received_at
+            .as_ref()
+            .map_or_else(|| chrono::Utc::now().timestamp_millis(), timestamp_to_ms),
+        session_id: s.session_id,
+        action,
+        edit_distance: s.edit_distance,
+        custom_label: s.custom_label_json,
+        key_id: s.key_id,
+        idempotency_key: s.idempotency_key,
+        agent_hint: s.agent_hint,
+    })
+}
+
+pub fn action_counts(c: &nm_controlplane::signals::ActionCounts) -> pb::ActionCounts {
+    use nm_types::Action::*;
+    pb::ActionCounts {
+        accepted: c.get(Accepted),
+        edited: c.get(Edited),
+        regenerated: c.get(Regenerated),
+        abandoned: c.get(Abandoned),
+        thumbs_up: c.get(ThumbsUp),
+        thumbs_down: c.get(ThumbsDown),
+        published: c.get(Published),
+        sent: c.get(Sent),
+    }
+}
+
+/// A proto time range -> (since, until) in milliseconds.
+pub fn range_ms(r: Option<&pb::TimeRange>) -> (Option<i64>, Option<i64>) {
+    r.map_or((None, None), |r| {
+        (
+            r.since.as_ref().map(timestamp_to_ms),
+            r.until.as_ref().map(timestamp_to_ms),
+        )
+    })
+}

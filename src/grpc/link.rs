@@ -10,13 +10,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use nm_dataplane::{Health, KeySet, Principal, RecordQueue};
+use nm_dataplane::{
+    Health, KeySet, Principal, RecordQueue, SignalSink, SignalSubmission, SubmitError, SubmitFuture,
+};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tonic::transport::{Channel, Endpoint};
 use tracing::{debug, info, warn};
 
-use super::convert::record_to_pb;
+use super::convert::{record_to_pb, signal_to_pb};
 use super::pb::{self, dataplane_client::DataplaneClient};
 
 /// Without a snapshot or heartbeat for this long, the controlplane counts as unreachable.
@@ -26,6 +28,47 @@ pub const MAX_BATCH: usize = 1_000;
 /// How long shutdown waits for the last records to be delivered.
 pub const FLUSH_DEADLINE: Duration = Duration::from_secs(10);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// How long a signal request waits for the controlplane's commit before answering 503.
+pub const SIGNAL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Sends each signal to the controlplane and resolves once it is committed.
+#[derive(Debug, Clone)]
+pub struct GrpcSignalSink {
+    client: DataplaneClient<Channel>,
+}
+
+impl GrpcSignalSink {
+    pub fn new(channel: Channel) -> Self {
+        Self {
+            client: DataplaneClient::new(channel),
+        }
+    }
+}
+
+impl SignalSink for GrpcSignalSink {
+    fn submit(&self, signal: SignalSubmission) -> SubmitFuture {
+        let mut client = self.client.clone();
+        Box::pin(async move {
+            let req = pb::RecordSignalRequest {
+                signal: Some(signal_to_pb(signal)),
+            };
+            match tokio::time::timeout(SIGNAL_TIMEOUT, client.record_signal(req)).await {
+                Err(_) => Err(SubmitError::Unavailable(format!(
+                    "controlplane did not answer within {}s",
+                    SIGNAL_TIMEOUT.as_secs()
+                ))),
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(status)) if status.code() == tonic::Code::InvalidArgument => {
+                    Err(SubmitError::Rejected(status.message().to_owned()))
+                }
+                Ok(Err(status)) => Err(SubmitError::Unavailable(format!(
+                    "controlplane: {}",
+                    status.message()
+                ))),
+            }
+        })
+    }
+}
 
 /// A lazily connected channel to the controlplane (reconnects by itself).
 pub fn channel(url: &str) -> anyhow::Result<Channel> {

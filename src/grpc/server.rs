@@ -1,5 +1,5 @@
-//! The controlplane's gRPC services: `nm.v1.Keys` (admin), `nm.v1.Dataplane` (for dataplanes),
-//! plus `grpc.health.v1.Health` (NOT_SERVING while the database does not answer) and server
+//! The controlplane's gRPC services: `nm.v1.Keys` and `nm.v1.Agents` (admin), `nm.v1.Dataplane`
+//! (for dataplanes), `nm.v1.Status` (readiness), plus `grpc.health.v1.Health` (NOT_SERVING while the database does not answer) and server
 //! reflection.
 
 use std::future::Future;
@@ -7,7 +7,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use nm_controlplane::{KeyInfo, Keys, Records, Store};
+use nm_controlplane::signals::SignalFilter;
+use nm_controlplane::{KeyInfo, Keys, Records, Signals, Store, Stored};
+use nm_types::Env;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
@@ -15,8 +17,10 @@ use tonic::{Request, Response, Status};
 use tonic_health::ServingStatus;
 use tracing::{debug, info, warn};
 
+use super::pb::agents_server::{Agents, AgentsServer};
 use super::pb::dataplane_server::{Dataplane, DataplaneServer};
 use super::pb::keys_server::{Keys as KeysApi, KeysServer};
+use super::pb::status_server::{Status as StatusApi, StatusServer};
 use super::{FILE_DESCRIPTOR_SET, NM_KEY_METADATA, convert, pb, status::to_status};
 
 /// How often a key watcher hears the current snapshot even when nothing changed.
@@ -32,6 +36,7 @@ pub struct Controlplane {
     pub store: Store,
     pub keys: Keys,
     pub records: Records,
+    pub signals: Signals,
     /// Becomes `true` when the process shuts down; long-lived streams end then.
     shutdown: watch::Receiver<bool>,
 }
@@ -43,10 +48,12 @@ impl Controlplane {
     ) -> Result<Self, nm_controlplane::Error> {
         let keys = Keys::load(store.clone()).await?;
         let records = Records::new(store.clone());
+        let signals = Signals::start(store.clone());
         Ok(Self {
             store,
             keys,
             records,
+            signals,
             shutdown,
         })
     }
@@ -199,6 +206,163 @@ impl Dataplane for DataplaneService {
             stored: outcome.stored,
         }))
     }
+
+    async fn record_signal(
+        &self,
+        req: Request<pb::RecordSignalRequest>,
+    ) -> Result<Response<pb::RecordSignalResponse>, Status> {
+        let signal = req
+            .into_inner()
+            .signal
+            .ok_or_else(|| Status::invalid_argument("signal is required"))?;
+        let signal = convert::signal_from_pb(signal).map_err(to_status)?;
+        let stored = self.0.signals.record(signal).await.map_err(to_status)?;
+        Ok(Response::new(pb::RecordSignalResponse {
+            duplicate: stored == Stored::Duplicate,
+        }))
+    }
+}
+
+// === impl Agents ===
+
+#[derive(Debug, Clone)]
+pub struct AgentsService(pub Controlplane);
+
+fn parse_env(env: Option<&str>) -> Result<Option<Env>, Status> {
+    env.filter(|e| !e.is_empty())
+        .map(|e| {
+            e.parse::<Env>()
+                .map_err(|err| Status::invalid_argument(format!("env: {err}")))
+        })
+        .transpose()
+}
+
+#[tonic::async_trait]
+impl Agents for AgentsService {
+    async fn list_agents(
+        &self,
+        req: Request<pb::ListAgentsRequest>,
+    ) -> Result<Response<pb::ListAgentsResponse>, Status> {
+        self.0.require_admin(&req)?;
+        let r = req.into_inner();
+        let env = parse_env(r.env.as_deref())?;
+        let (since, until) = convert::range_ms(r.range.as_ref());
+        let agents = self
+            .0
+            .signals
+            .list_agents(env, since, until)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(pb::ListAgentsResponse {
+            agents: agents
+                .into_iter()
+                .map(|a| pb::AgentSummary {
+                    unattributed: a.agent.is_none(),
+                    agent: a.agent.unwrap_or_default(),
+                    signals: a.signals,
+                    sessions: a.sessions,
+                    requests: a.requests,
+                    last_activity: a.last_activity_ms.map(convert::ms_to_timestamp),
+                })
+                .collect(),
+        }))
+    }
+
+    async fn get_agent_signals(
+        &self,
+        req: Request<pb::GetAgentSignalsRequest>,
+    ) -> Result<Response<pb::AgentSignals>, Status> {
+        self.0.require_admin(&req)?;
+        let r = req.into_inner();
+        if !r.unattributed && r.agent.trim().is_empty() {
+            return Err(Status::invalid_argument(
+                "agent is required (or set unattributed)",
+            ));
+        }
+        let (since_ms, until_ms) = convert::range_ms(r.range.as_ref());
+        let filter = SignalFilter {
+            agent: (!r.unattributed).then(|| r.agent.trim().to_owned()),
+            env: parse_env(r.env.as_deref())?,
+            since_ms,
+            until_ms,
+        };
+        let c = self
+            .0
+            .signals
+            .agent_counts(&filter)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(pb::AgentSignals {
+            agent: c.agent.unwrap_or_default(),
+            total: c.total,
+            by_action: Some(convert::action_counts(&c.by_action)),
+            threshold: c.threshold,
+            remaining: c.remaining,
+            recommendations_unlocked: c.unlocked,
+            progress: c.progress,
+        }))
+    }
+
+    async fn get_session(
+        &self,
+        req: Request<pb::GetSessionRequest>,
+    ) -> Result<Response<pb::SessionRecord>, Status> {
+        self.0.require_admin(&req)?;
+        let id = req.into_inner().session_id;
+        let d = self.0.signals.session(&id).await.map_err(to_status)?;
+        let s = d.session;
+        Ok(Response::new(pb::SessionRecord {
+            session_id: d.session_id,
+            agent: s.as_ref().and_then(|s| s.agent.clone()),
+            env: s.as_ref().and_then(|s| s.env.clone()),
+            user_id: s.as_ref().and_then(|s| s.user_id.clone()),
+            requests: s
+                .as_ref()
+                .map_or(0, |s| u64::try_from(s.request_count).unwrap_or(0)),
+            first_seen: s
+                .as_ref()
+                .map(|s| convert::ms_to_timestamp(s.first_seen_ms)),
+            last_seen: s.as_ref().map(|s| convert::ms_to_timestamp(s.last_seen_ms)),
+            signals: d.signals.total(),
+            by_action: Some(convert::action_counts(&d.signals)),
+        }))
+    }
+}
+
+// === impl Status ===
+
+#[derive(Debug, Clone)]
+pub struct StatusService(pub Controlplane);
+
+#[tonic::async_trait]
+impl StatusApi for StatusService {
+    async fn get_readiness(
+        &self,
+        _req: Request<pb::GetReadinessRequest>,
+    ) -> Result<Response<pb::Readiness>, Status> {
+        let store = &self.0.store;
+        let reachable = store.ping().await;
+        let current = match &reachable {
+            Ok(()) => store.migrations_current().await,
+            Err(_) => Ok(false),
+        };
+        let reason = match (&reachable, &current) {
+            (Err(e), _) => format!("database unreachable: {e}"),
+            (Ok(()), Err(e)) => format!("cannot read migrations: {e}"),
+            (Ok(()), Ok(false)) => "database migrations are not current".to_owned(),
+            (Ok(()), Ok(true)) => String::new(),
+        };
+        let database_reachable = reachable.is_ok();
+        let migrations_current = matches!(current, Ok(true));
+        Ok(Response::new(pb::Readiness {
+            ready: database_reachable && migrations_current,
+            database_reachable,
+            migrations_current,
+            database: store.system().to_owned(),
+            version: crate::app::VERSION.to_owned(),
+            reason,
+        }))
+    }
 }
 
 /// Serves the controlplane on `listener` until `shutdown` completes.
@@ -227,6 +391,8 @@ pub async fn serve(
         .add_service(reflection)
         .add_service(KeysServer::new(KeysService(cp.clone())))
         .add_service(DataplaneServer::new(DataplaneService(cp.clone())))
+        .add_service(AgentsServer::new(AgentsService(cp.clone())))
+        .add_service(StatusServer::new(StatusService(cp.clone())))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await;
     refresher.abort();

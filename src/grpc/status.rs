@@ -11,6 +11,7 @@ pub fn to_status(e: Error) -> Status {
             tracing::error!(error = %e, "database error");
             Status::unavailable(format!("database unavailable: {e}"))
         }
+        Error::Unavailable(m) => Status::unavailable(m),
         Error::Config(m) => Status::failed_precondition(m),
     }
 }

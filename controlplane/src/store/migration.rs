@@ -1,5 +1,6 @@
 //! Schema migrations, run at start on SQLite and PostgreSQL alike. Never edit a migration that
-//! has shipped: add a new one.
+//! has shipped: add a new one, in its own module, with its own explicit name (sea-orm's derived
+//! names come from the file name, which all migrations here share).
 //!
 //! Times are stored as integer milliseconds since the Unix epoch: range filters and day buckets
 //! are then plain integer arithmetic on both databases.
@@ -11,7 +12,10 @@ pub struct Migrator;
 #[async_trait::async_trait]
 impl MigratorTrait for Migrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
-        vec![Box::new(m0001_keys_requests_sessions::Migration)]
+        vec![
+            Box::new(m0001_keys_requests_sessions::Migration),
+            Box::new(m0002_signals::Migration),
+        ]
     }
 }
 
@@ -61,11 +65,124 @@ enum Sessions {
     RequestCount,
 }
 
+#[derive(DeriveIden)]
+enum Signals {
+    Table,
+    Id,
+    ReceivedAtMs,
+    SessionId,
+    Action,
+    EditDistance,
+    CustomLabel,
+    KeyId,
+    IdempotencyKey,
+    AgentHint,
+    Agent,
+    Env,
+    UserId,
+    AttributedBySession,
+}
+
+mod m0002_signals {
+    use super::*;
+
+    pub struct Migration;
+
+    impl MigrationName for Migration {
+        fn name(&self) -> &str {
+            "m0002_signals"
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl MigrationTrait for Migration {
+        async fn up(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            m.create_table(
+                Table::create()
+                    .table(Signals::Table)
+                    .if_not_exists()
+                    .col(
+                        ColumnDef::new(Signals::Id)
+                            .string()
+                            .not_null()
+                            .primary_key(),
+                    )
+                    .col(
+                        ColumnDef::new(Signals::ReceivedAtMs)
+                            .big_integer()
+                            .not_null(),
+                    )
+                    .col(ColumnDef::new(Signals::SessionId).string().not_null())
+                    .col(ColumnDef::new(Signals::Action).string().not_null())
+                    .col(ColumnDef::new(Signals::EditDistance).big_integer().null())
+                    .col(ColumnDef::new(Signals::CustomLabel).text().null())
+                    .col(ColumnDef::new(Signals::KeyId).string().not_null())
+                    .col(ColumnDef::new(Signals::IdempotencyKey).string().null())
+                    .col(ColumnDef::new(Signals::AgentHint).string().null())
+                    .col(ColumnDef::new(Signals::Agent).string().null())
+                    .col(ColumnDef::new(Signals::Env).string().null())
+                    .col(ColumnDef::new(Signals::UserId).string().null())
+                    .col(
+                        ColumnDef::new(Signals::AttributedBySession)
+                            .boolean()
+                            .not_null(),
+                    )
+                    .to_owned(),
+            )
+            .await?;
+            // Counts per agent (optionally per env) over a time range.
+            m.create_index(
+                Index::create()
+                    .name("idx_signals_agent_time")
+                    .table(Signals::Table)
+                    .col(Signals::Agent)
+                    .col(Signals::ReceivedAtMs)
+                    .if_not_exists()
+                    .to_owned(),
+            )
+            .await?;
+            // Re-attribution when a session's first request arrives; one session's signals.
+            m.create_index(
+                Index::create()
+                    .name("idx_signals_session")
+                    .table(Signals::Table)
+                    .col(Signals::SessionId)
+                    .if_not_exists()
+                    .to_owned(),
+            )
+            .await?;
+            // A retried signal (same key, same Idempotency-Key) is stored once. NULLs never
+            // conflict, so signals without the header are unaffected.
+            m.create_index(
+                Index::create()
+                    .name("idx_signals_idempotency")
+                    .table(Signals::Table)
+                    .col(Signals::KeyId)
+                    .col(Signals::IdempotencyKey)
+                    .unique()
+                    .if_not_exists()
+                    .to_owned(),
+            )
+            .await
+        }
+
+        async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            m.drop_table(Table::drop().table(Signals::Table).to_owned())
+                .await
+        }
+    }
+}
+
 mod m0001_keys_requests_sessions {
     use super::*;
 
-    #[derive(DeriveMigrationName)]
     pub struct Migration;
+
+    impl MigrationName for Migration {
+        fn name(&self) -> &str {
+            "m0001_keys_requests_sessions"
+        }
+    }
 
     #[async_trait::async_trait]
     impl MigrationTrait for Migration {

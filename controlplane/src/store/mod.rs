@@ -72,6 +72,15 @@ impl Store {
         self.db.get_database_backend()
     }
 
+    /// `sqlite` or `postgresql`.
+    pub fn system(&self) -> &'static str {
+        match self.backend() {
+            DatabaseBackend::Postgres => "postgresql",
+            DatabaseBackend::Sqlite => "sqlite",
+            _ => "other",
+        }
+    }
+
     /// True when the database answers a trivial query.
     pub async fn ping(&self) -> Result<()> {
         self.db.ping().await?;

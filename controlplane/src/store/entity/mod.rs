@@ -3,3 +3,4 @@
 pub mod api_key;
 pub mod request;
 pub mod session;
+pub mod signal;

@@ -1,0 +1,424 @@
+//! End-user signals: durable storage with group commit, attribution to agents, and the counts
+//! read back per agent and per session.
+//!
+//! **Group commit.** [`Signals::record`] hands the signal to one writer task and waits for its
+//! commit. The writer takes everything that queued up while the previous transaction was
+//! committing and stores it in one transaction, so many concurrent signals share one disk sync
+//! while each caller still hears "stored" only after its own signal is durable.
+//!
+//! **Attribution.** A signal names only its session. When the session is already known (a
+//! proxied request carried `NM-Session`), the signal is stored with the session's agent, env and
+//! user. Otherwise it is stored with the `NM-Agent` hint (or none) and re-attributed by
+//! [`crate::records`] when the session's first request arrives. Counts are then plain indexed
+//! aggregates over `signals.agent`.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use nm_types::{Action, Env, SessionId, parse_agent};
+use sea_orm::sea_query::OnConflict;
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter, QueryResult, Set,
+    TransactionTrait, TryInsertResult,
+};
+use tokio::sync::{mpsc, oneshot};
+use tracing::{debug, warn};
+
+use crate::error::{Error, Result};
+use crate::sql::Sql;
+use crate::store::Store;
+use crate::store::entity::{session, signal};
+
+/// Signals an agent needs before recommendations are produced.
+pub const RECOMMENDATION_THRESHOLD: u64 = 100;
+/// Largest `custom_label`, as serialized JSON.
+pub const MAX_CUSTOM_LABEL_BYTES: usize = 1024;
+/// Longest `Idempotency-Key`.
+pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
+/// Most signals committed in one transaction.
+const MAX_GROUP: usize = 1024;
+
+/// A validated signal on its way to storage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewSignal {
+    /// The signal's id (the `NM-Request-Id` of the signal request).
+    pub id: String,
+    pub received_at_ms: i64,
+    pub session_id: String,
+    pub action: Action,
+    pub edit_distance: Option<u64>,
+    /// `custom_label` as the exact JSON text the client sent.
+    pub custom_label: Option<String>,
+    pub key_id: String,
+    pub idempotency_key: Option<String>,
+    pub agent_hint: Option<String>,
+}
+
+/// Whether a signal was new or an idempotent replay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stored {
+    New,
+    Duplicate,
+}
+
+/// Which signals to count.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SignalFilter {
+    /// `None` = the unattributed bucket.
+    pub agent: Option<String>,
+    pub env: Option<Env>,
+    pub since_ms: Option<i64>,
+    pub until_ms: Option<i64>,
+}
+
+/// Counts per action, in [`Action::ALL`] order.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ActionCounts(pub [u64; 8]);
+
+impl ActionCounts {
+    pub fn get(&self, a: Action) -> u64 {
+        Action::ALL
+            .iter()
+            .position(|x| *x == a)
+            .map_or(0, |i| self.0[i])
+    }
+
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+}
+
+/// One agent's signal counts and its progress toward recommendations.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentCounts {
+    pub agent: Option<String>,
+    pub total: u64,
+    pub by_action: ActionCounts,
+    pub threshold: u64,
+    pub remaining: u64,
+    pub unlocked: bool,
+    pub progress: f64,
+}
+
+/// One row of the agent list.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AgentSummary {
+    /// `None` = unattributed.
+    pub agent: Option<String>,
+    pub signals: u64,
+    pub sessions: u64,
+    pub requests: u64,
+    pub last_activity_ms: Option<i64>,
+}
+
+/// One session with its requests and signals.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionDetail {
+    pub session: Option<session::Model>,
+    pub session_id: String,
+    pub signals: ActionCounts,
+}
+
+struct Pending {
+    signal: NewSignal,
+    done: oneshot::Sender<Result<Stored>>,
+}
+
+/// Signal storage and counts. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Signals {
+    store: Store,
+    writer: mpsc::Sender<Pending>,
+}
+
+impl std::fmt::Debug for Pending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pending")
+            .field("signal", &self.signal.id)
+            .finish()
+    }
+}
+
+impl Signals {
+    /// Starts the writer task. It ends when every `Signals` clone is dropped.
+    pub fn start(store: Store) -> Self {
+        let (writer, rx) = mpsc::channel(8 * MAX_GROUP);
+        tokio::spawn(write_loop(store.clone(), rx));
+        Self { store, writer }
+    }
+
+    /// Stores a signal; returns once it is committed. An error means it was not stored.
+    pub async fn record(&self, signal: NewSignal) -> Result<Stored> {
+        validate(&signal)?;
+        let (done, wait) = oneshot::channel();
+        self.writer
+            .send(Pending { signal, done })
+            .await
+            .map_err(|_| Error::Unavailable("signal writer stopped".to_owned()))?;
+        wait.await
+            .map_err(|_| Error::Unavailable("signal writer stopped".to_owned()))?
+    }
+
+    /// Counts for one agent (or the unattributed bucket).
+    pub async fn agent_counts(&self, f: &SignalFilter) -> Result<AgentCounts> {
+        let db = self.store.conn();
+        let mut sql = Sql::new(db.get_database_backend(), "SELECT COUNT(*) AS total");
+        for a in Action::ALL {
+            // Constant action names from our own enum: no user input enters the SQL text.
+            sql.push(&format!(
+                ", CAST(COALESCE(SUM(CASE WHEN action = '{a}' THEN 1 ELSE 0 END), 0) AS BIGINT) AS {a}"
+            ));
+        }
+        sql.push(" FROM signals WHERE ");
+        match &f.agent {
+            Some(agent) => sql.push("agent = ").bind(agent.clone()),
+            None => sql.push("agent IS NULL"),
+        };
+        push_range(&mut sql, "received_at_ms", f.env, f.since_ms, f.until_ms);
+        let row = db
+            .query_one_raw(sql.build())
+            .await?
+            .ok_or_else(|| Error::Unavailable("count query returned no row".to_owned()))?;
+        let mut by_action = ActionCounts::default();
+        for (i, a) in Action::ALL.iter().enumerate() {
+            by_action.0[i] = count(&row, a.as_str())?;
+        }
+        let total = count(&row, "total")?;
+        Ok(AgentCounts {
+            agent: f.agent.clone(),
+            total,
+            by_action,
+            threshold: RECOMMENDATION_THRESHOLD,
+            remaining: RECOMMENDATION_THRESHOLD.saturating_sub(total),
+            unlocked: total >= RECOMMENDATION_THRESHOLD,
+            progress: (total as f64 / RECOMMENDATION_THRESHOLD as f64).min(1.0),
+        })
+    }
+
+    /// Every agent with signals or sessions in the range, most signals first.
+    pub async fn list_agents(
+        &self,
+        env: Option<Env>,
+        since_ms: Option<i64>,
+        until_ms: Option<i64>,
+    ) -> Result<Vec<AgentSummary>> {
+        let db = self.store.conn();
+        let backend = db.get_database_backend();
+        let mut sql = Sql::new(
+            backend,
+            "SELECT agent, COUNT(*) AS signals, MAX(received_at_ms) AS last FROM signals WHERE 1 = 1",
+        );
+        push_range(&mut sql, "received_at_ms", env, since_ms, until_ms);
+        sql.push(" GROUP BY agent");
+        let signal_rows = db.query_all_raw(sql.build()).await?;
+
+        let mut sql = Sql::new(
+            backend,
+            "SELECT agent, COUNT(*) AS sessions, CAST(COALESCE(SUM(request_count), 0) AS BIGINT) AS requests, MAX(last_seen_ms) AS last \
+             FROM sessions WHERE 1 = 1",
+        );
+        push_range(&mut sql, "last_seen_ms", env, since_ms, until_ms);
+        sql.push(" GROUP BY agent");
+        let session_rows = db.query_all_raw(sql.build()).await?;
+
+        let mut by_agent: HashMap<Option<String>, AgentSummary> = HashMap::new();
+        for row in signal_rows {
+            let agent: Option<String> = row.try_get("", "agent")?;
+            let e = by_agent
+                .entry(agent.clone())
+                .or_insert_with(|| AgentSummary {
+                    agent,
+                    ..Default::default()
+                });
+            e.signals = count(&row, "signals")?;
+            e.last_activity_ms = e.last_activity_ms.max(row.try_get("", "last")?);
+        }
+        for row in session_rows {
+            let agent: Option<String> = row.try_get("", "agent")?;
+            let e = by_agent
+                .entry(agent.clone())
+                .or_insert_with(|| AgentSummary {
+                    agent,
+                    ..Default::default()
+                });
+            e.sessions = count(&row, "sessions")?;
+            e.requests = count(&row, "requests")?;
+            e.last_activity_ms = e.last_activity_ms.max(row.try_get("", "last")?);
+        }
+        let mut out: Vec<_> = by_agent.into_values().collect();
+        out.sort_by(|a, b| {
+            b.signals
+                .cmp(&a.signals)
+                .then_with(|| a.agent.cmp(&b.agent))
+        });
+        Ok(out)
+    }
+
+    /// A session's record and its signals per action.
+    pub async fn session(&self, session_id: &str) -> Result<SessionDetail> {
+        session_id
+            .parse::<SessionId>()
+            .map_err(|e| Error::InvalidArgument(format!("session_id: {e}")))?;
+        let db = self.store.conn();
+        let session = session::Entity::find_by_id(session_id.to_owned())
+            .one(db)
+            .await?;
+        let mut sql = Sql::new(
+            db.get_database_backend(),
+            "SELECT action, COUNT(*) AS n FROM signals WHERE session_id = ",
+        );
+        sql.bind(session_id.to_owned()).push(" GROUP BY action");
+        let mut signals = ActionCounts::default();
+        for row in db.query_all_raw(sql.build()).await? {
+            let action: String = row.try_get("", "action")?;
+            if let Some(i) = Action::ALL.iter().position(|a| a.as_str() == action) {
+                signals.0[i] = count(&row, "n")?;
+            }
+        }
+        if session.is_none() && signals.total() == 0 {
+            return Err(Error::NotFound(format!("no session {session_id:?}")));
+        }
+        Ok(SessionDetail {
+            session,
+            session_id: session_id.to_owned(),
+            signals,
+        })
+    }
+}
+
+fn push_range(
+    sql: &mut Sql,
+    time_col: &str,
+    env: Option<Env>,
+    since: Option<i64>,
+    until: Option<i64>,
+) {
+    if let Some(env) = env {
+        sql.push(" AND env = ").bind(env.as_str());
+    }
+    if let Some(s) = since {
+        sql.push(&format!(" AND {time_col} >= ")).bind(s);
+    }
+    if let Some(u) = until {
+        sql.push(&format!(" AND {time_col} < ")).bind(u);
+    }
+}
+
+fn count(row: &QueryResult, col: &str) -> Result<u64> {
+    let v: i64 = row.try_get("", col)?;
+    Ok(u64::try_from(v).unwrap_or(0))
+}
+
+fn validate(s: &NewSignal) -> Result<()> {
+    let bad = |m: &str| Err(Error::InvalidArgument(m.to_owned()));
+    if s.id.is_empty() || s.id.len() > 64 {
+        return bad("signal id must be 1 to 64 characters");
+    }
+    if s.session_id.parse::<SessionId>().is_err() {
+        return bad("session_id must look like sess_<id>");
+    }
+    if s.action == Action::Edited && s.edit_distance.is_none() {
+        return bad("edit_distance is required when action is edited");
+    }
+    if let Some(label) = &s.custom_label {
+        if label.len() > MAX_CUSTOM_LABEL_BYTES
+            || serde_json::from_str::<serde::de::IgnoredAny>(label).is_err()
+        {
+            return bad("custom_label must be JSON of at most 1024 bytes");
+        }
+    }
+    if let Some(k) = &s.idempotency_key
+        && (k.is_empty() || k.len() > MAX_IDEMPOTENCY_KEY_LEN)
+    {
+        return bad("idempotency key must be 1 to 255 characters");
+    }
+    if let Some(h) = &s.agent_hint {
+        parse_agent(h).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// The single writer: one transaction per group of queued signals.
+async fn write_loop(store: Store, mut rx: mpsc::Receiver<Pending>) {
+    while let Some(first) = rx.recv().await {
+        let mut group = vec![first];
+        while group.len() < MAX_GROUP {
+            match rx.try_recv() {
+                Ok(p) => group.push(p),
+                Err(_) => break,
+            }
+        }
+        let n = group.len();
+        match write_group(&store, &group).await {
+            Ok(results) => {
+                debug!(signals = n, "signal group committed");
+                for (p, stored) in group.into_iter().zip(results) {
+                    let _ = p.done.send(Ok(stored));
+                }
+            }
+            Err(e) => {
+                warn!(signals = n, error = %e, "signal group not stored");
+                let msg = e.to_string();
+                for p in group {
+                    let _ = p.done.send(Err(Error::Unavailable(msg.clone())));
+                }
+                // Do not spin against a failing database.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+async fn write_group(store: &Store, group: &[Pending]) -> Result<Vec<Stored>> {
+    let txn = store.conn().begin().await?;
+    let sessions = known_sessions(&txn, group.iter().map(|p| p.signal.session_id.as_str())).await?;
+    let mut results = Vec::with_capacity(group.len());
+    for p in group {
+        let s = &p.signal;
+        let known = sessions.get(&s.session_id);
+        let session_agent = known.and_then(|k| k.agent.clone());
+        let row = signal::ActiveModel {
+            id: Set(s.id.clone()),
+            received_at_ms: Set(s.received_at_ms),
+            session_id: Set(s.session_id.clone()),
+            action: Set(s.action.as_str().to_owned()),
+            edit_distance: Set(s
+                .edit_distance
+                .map(|d| i64::try_from(d).unwrap_or(i64::MAX))),
+            custom_label: Set(s.custom_label.clone()),
+            key_id: Set(s.key_id.clone()),
+            idempotency_key: Set(s.idempotency_key.clone()),
+            agent_hint: Set(s.agent_hint.clone()),
+            attributed_by_session: Set(session_agent.is_some()),
+            agent: Set(session_agent.or_else(|| s.agent_hint.clone())),
+            env: Set(known.and_then(|k| k.env.clone())),
+            user_id: Set(known.and_then(|k| k.user_id.clone())),
+        };
+        let inserted = signal::Entity::insert(row)
+            .on_conflict(OnConflict::new().do_nothing().to_owned())
+            .try_insert()
+            .exec_without_returning(&txn)
+            .await?;
+        results.push(match inserted {
+            TryInsertResult::Inserted(n) if n > 0 => Stored::New,
+            _ => Stored::Duplicate,
+        });
+    }
+    txn.commit().await?;
+    Ok(results)
+}
+
+async fn known_sessions<'a>(
+    txn: &DatabaseTransaction,
+    ids: impl Iterator<Item = &'a str>,
+) -> Result<HashMap<String, session::Model>> {
+    let ids: HashSet<&str> = ids.collect();
+    let rows = session::Entity::find()
+        .filter(session::Column::SessionId.is_in(ids))
+        .all(txn)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.session_id.clone(), r))
+        .collect())
+}

@@ -1,0 +1,29 @@
+//! `signals`: what end users did with outputs. `agent`, `env` and `user_id` are copied from the
+//! session when it is known (`attributed_by_session`), else `agent` holds the `NM-Agent` hint;
+//! the records ingest re-attributes once the session's requests arrive.
+
+use sea_orm::entity::prelude::*;
+
+#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+#[sea_orm(table_name = "signals")]
+pub struct Model {
+    #[sea_orm(primary_key, auto_increment = false)]
+    pub id: String,
+    pub received_at_ms: i64,
+    pub session_id: String,
+    pub action: String,
+    pub edit_distance: Option<i64>,
+    pub custom_label: Option<String>,
+    pub key_id: String,
+    pub idempotency_key: Option<String>,
+    pub agent_hint: Option<String>,
+    pub agent: Option<String>,
+    pub env: Option<String>,
+    pub user_id: Option<String>,
+    pub attributed_by_session: bool,
+}
+
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}

@@ -1,0 +1,506 @@
+//! `POST /v1/signal`: what an end user did with an output.
+//!
+//! The body is validated here, field by field, so every mistake gets its own contract code;
+//! the signal is then handed to the controlplane through a [`SignalSink`] and the client hears
+//! `{"ok": true}` only once the controlplane has committed it. If the controlplane cannot be
+//! reached or its database fails, the answer is 503 `unavailable` with `Retry-After`, and nothing
+//! was stored.
+//!
+//! Decisions where the contract is silent: unknown fields are refused (`invalid_field`), so a
+//! typo such as `edit_distnace` cannot silently drop data; duplicate fields are refused too;
+//! `edit_distance` may accompany any action but must always be a non-negative integer;
+//! `custom_label` is kept as the exact JSON text sent (at most 1 KiB).
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, Request, Response, header};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use nm_types::{Action, SessionId, parse_agent};
+use serde::de::{Deserializer, MapAccess, Visitor};
+use serde_json::value::RawValue;
+
+use crate::body::GatewayBody;
+use crate::error::ProxyError;
+use crate::keys::Principal;
+use crate::layers::RequestId;
+use crate::stack::State;
+
+/// Largest signal body.
+pub const MAX_SIGNAL_BYTES: usize = 64 * 1024;
+/// Largest `custom_label`, serialized.
+pub const MAX_CUSTOM_LABEL_BYTES: usize = 1024;
+/// Longest `Idempotency-Key`.
+pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
+const FIELDS: [&str; 4] = ["session_id", "action", "edit_distance", "custom_label"];
+
+/// A signal ready for the controlplane.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignalSubmission {
+    /// The request's `NM-Request-Id`, which becomes the signal's id.
+    pub id: String,
+    pub received_at: SystemTime,
+    pub session_id: SessionId,
+    pub action: Action,
+    pub edit_distance: Option<u64>,
+    pub custom_label: Option<String>,
+    pub key_id: Arc<str>,
+    pub idempotency_key: Option<String>,
+    pub agent_hint: Option<String>,
+}
+
+/// Why the controlplane did not store a signal.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    /// Not stored; the client may retry.
+    #[error("{0}")]
+    Unavailable(String),
+    /// Refused for breaking a rule (the dataplane's own checks should have caught it).
+    #[error("{0}")]
+    Rejected(String),
+}
+
+pub type SubmitFuture = Pin<Box<dyn Future<Output = Result<(), SubmitError>> + Send>>;
+
+/// Where accepted signals go: the root implements it with a gRPC call to the controlplane.
+pub trait SignalSink: fmt::Debug + Send + Sync + 'static {
+    /// Resolves once the signal is durably stored.
+    fn submit(&self, signal: SignalSubmission) -> SubmitFuture;
+}
+
+/// The fields of a valid signal body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignalBody {
+    pub session_id: SessionId,
+    pub action: Action,
+    pub edit_distance: Option<u64>,
+    pub custom_label: Option<String>,
+}
+
+/// A refused body: the contract code and a message naming the field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    pub code: &'static str,
+    pub message: String,
+}
+
+fn invalid(code: &'static str, message: impl Into<String>) -> Invalid {
+    Invalid {
+        code,
+        message: message.into(),
+    }
+}
+
+/// Validates a signal body (untrusted bytes).
+pub fn parse_body(body: &[u8]) -> Result<SignalBody, Invalid> {
+    let raw: &RawValue = serde_json::from_slice(body)
+        .map_err(|e| invalid("invalid_json", format!("body is not valid JSON: {e}")))?;
+    if !raw.get().starts_with('{') {
+        return Err(invalid("invalid_json", "body must be a JSON object"));
+    }
+    let fields = parse_object(raw.get())?;
+    if let Some((name, _)) = fields.iter().find(|(k, _)| !FIELDS.contains(&k.as_str())) {
+        return Err(invalid(
+            "invalid_field",
+            format!("unknown field {name:?}; allowed: {}", FIELDS.join(", ")),
+        ));
+    }
+    let get = |name: &str| {
+        fields
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| *v)
+            .filter(|v| v.get() != "null")
+    };
+
+    let session_id =
+        get("session_id").ok_or_else(|| invalid("missing_field", "session_id is required"))?;
+    let session_id = serde_json::from_str::<String>(session_id.get())
+        .ok()
+        .and_then(|s| s.parse::<SessionId>().ok())
+        .ok_or_else(|| {
+            invalid(
+                "invalid_session_id",
+                nm_types::ParseError::SessionId.to_string(),
+            )
+        })?;
+
+    let action = get("action").ok_or_else(|| invalid("missing_field", "action is required"))?;
+    let action = serde_json::from_str::<String>(action.get())
+        .ok()
+        .and_then(|s| s.parse::<Action>().ok())
+        .ok_or_else(|| invalid("invalid_action", nm_types::ParseError::Action.to_string()))?;
+
+    let edit_distance = match get("edit_distance") {
+        None => None,
+        Some(raw) => Some(non_negative_integer(raw.get()).ok_or_else(|| {
+            invalid(
+                "invalid_edit_distance",
+                "edit_distance must be a non-negative integer (characters changed)",
+            )
+        })?),
+    };
+    if action == Action::Edited && edit_distance.is_none() {
+        return Err(invalid(
+            "edit_distance_required",
+            "edit_distance is required when action is edited",
+        ));
+    }
+
+    let custom_label = get("custom_label").map(|raw| raw.get().to_owned());
+    if custom_label
+        .as_ref()
+        .is_some_and(|l| l.len() > MAX_CUSTOM_LABEL_BYTES)
+    {
+        return Err(invalid(
+            "invalid_field",
+            format!("custom_label must be at most {MAX_CUSTOM_LABEL_BYTES} bytes of JSON"),
+        ));
+    }
+    Ok(SignalBody {
+        session_id,
+        action,
+        edit_distance,
+        custom_label,
+    })
+}
+
+/// A JSON integer literal >= 0 that fits u64: digits only (no sign, fraction or exponent).
+fn non_negative_integer(raw: &str) -> Option<u64> {
+    (!raw.is_empty() && raw.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| raw.parse().ok())
+        .flatten()
+}
+
+/// Top-level fields of an object, in order, refusing duplicates.
+fn parse_object(text: &str) -> Result<Vec<(String, &RawValue)>, Invalid> {
+    struct Fields;
+    impl<'de> Visitor<'de> for Fields {
+        type Value = Vec<(String, &'de RawValue)>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut out: Vec<(String, &'de RawValue)> = Vec::new();
+            while let Some((k, v)) = map.next_entry::<String, &'de RawValue>()? {
+                if out.iter().any(|(seen, _)| *seen == k) {
+                    return Err(serde::de::Error::custom(format!("duplicate field {k:?}")));
+                }
+                out.push((k, v));
+            }
+            Ok(out)
+        }
+    }
+    let mut de = serde_json::Deserializer::from_str(text);
+    de.deserialize_map(Fields)
+        .map_err(|e| invalid("invalid_field", e.to_string()))
+}
+
+/// Whether a `Content-Type` is JSON in UTF-8.
+fn is_json(headers: &HeaderMap) -> bool {
+    let Some(ct) = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let mut parts = ct.split(';').map(str::trim);
+    let mime_ok = parts
+        .next()
+        .is_some_and(|m| m.eq_ignore_ascii_case("application/json"));
+    let charset_ok = parts.all(|p| {
+        p.split_once('=').is_none_or(|(k, v)| {
+            !k.trim().eq_ignore_ascii_case("charset")
+                || v.trim().trim_matches('"').eq_ignore_ascii_case("utf-8")
+        })
+    });
+    mime_ok && charset_ok
+}
+
+/// Handles `POST /v1/signal`.
+pub async fn handle(
+    state: Arc<State>,
+    req: Request<Incoming>,
+) -> Result<Response<GatewayBody>, ProxyError> {
+    let received_at = SystemTime::now();
+    tracing::Span::current().record("http.route", "/v1/signal");
+    if req.method() != Method::POST {
+        return Err(ProxyError::MethodNotAllowed(req.method().clone()));
+    }
+    let bad = |i: Invalid| ProxyError::InvalidSignal {
+        code: i.code,
+        message: i.message,
+    };
+    let principal = req
+        .extensions()
+        .get::<Principal>()
+        .cloned()
+        .ok_or_else(|| ProxyError::Internal("signal reached without a principal".to_owned()))?;
+    let id = req
+        .extensions()
+        .get::<RequestId>()
+        .map(|r| r.0.clone())
+        .unwrap_or_default();
+    let agent_hint = match header_str(req.headers(), "nm-agent")? {
+        None => None,
+        Some(a) => Some(
+            parse_agent(a)
+                .map_err(|e| bad(invalid("invalid_field", format!("NM-Agent header: {e}"))))?,
+        ),
+    };
+    let idempotency_key = match header_str(req.headers(), "idempotency-key")? {
+        None => None,
+        Some(k) if !k.is_empty() && k.len() <= MAX_IDEMPOTENCY_KEY_LEN => Some(k.to_owned()),
+        Some(_) => {
+            return Err(bad(invalid(
+                "invalid_field",
+                format!(
+                    "Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} visible ASCII characters"
+                ),
+            )));
+        }
+    };
+    if !is_json(req.headers()) {
+        return Err(ProxyError::UnsupportedMediaType);
+    }
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_SIGNAL_BYTES as u64) {
+        return Err(ProxyError::PayloadTooLarge {
+            limit: MAX_SIGNAL_BYTES,
+        });
+    }
+    let body: Bytes = Limited::new(req.into_body(), MAX_SIGNAL_BYTES)
+        .collect()
+        .await
+        .map_err(|e| {
+            if e.is::<http_body_util::LengthLimitError>() {
+                ProxyError::PayloadTooLarge {
+                    limit: MAX_SIGNAL_BYTES,
+                }
+            } else {
+                ProxyError::RequestBody(e.to_string())
+            }
+        })?
+        .to_bytes();
+    let signal = parse_body(&body).map_err(bad)?;
+    let span = tracing::Span::current();
+    span.record("nm.session", signal.session_id.as_str());
+
+    let submission = SignalSubmission {
+        id,
+        received_at,
+        session_id: signal.session_id,
+        action: signal.action,
+        edit_distance: signal.edit_distance,
+        custom_label: signal.custom_label,
+        key_id: principal.key_id,
+        idempotency_key,
+        agent_hint,
+    };
+    match state.signals.submit(submission).await {
+        Ok(()) => {}
+        Err(SubmitError::Unavailable(why)) => return Err(ProxyError::Unavailable(why)),
+        Err(SubmitError::Rejected(why)) => return Err(bad(invalid("invalid_field", why))),
+    }
+    span.record("http.response.status_code", 200);
+    tracing::debug!(action = %signal.action, "signal stored");
+    let mut resp = Response::new(GatewayBody::full(Bytes::from_static(br#"{"ok":true}"#)));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Ok(resp)
+}
+
+fn header_str<'a>(
+    headers: &'a HeaderMap,
+    name: &'static str,
+) -> Result<Option<&'a str>, ProxyError> {
+    match headers.get(name) {
+        None => Ok(None),
+        Some(v) => v
+            .to_str()
+            .map(|s| Some(s.trim()))
+            .map_err(|_| ProxyError::InvalidSignal {
+                code: "invalid_field",
+                message: format!("{name} header must be visible ASCII"),
+            }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn code(body: &str) -> &'static str {
+        match parse_body(body.as_bytes()) {
+            Ok(_) => "ok",
+            Err(e) => e.code,
+        }
+    }
+
+    #[test]
+    fn every_action_and_the_edit_rule() {
+        for a in Action::ALL {
+            let body = format!(r#"{{"session_id":"sess_1","action":"{a}","edit_distance":3}}"#);
+            assert_eq!(code(&body), "ok", "{a}");
+        }
+        assert_eq!(code(r#"{"session_id":"sess_1","action":"accepted"}"#), "ok");
+        assert_eq!(
+            code(
+                r#"{"session_id":"sess_1","action":"accepted","edit_distance":null,"custom_label":null}"#
+            ),
+            "ok"
+        );
+        assert_eq!(
+            code(r#"{"session_id":"sess_1","action":"edited"}"#),
+            "edit_distance_required"
+        );
+        assert_eq!(
+            code(r#"{"session_id":"sess_1","action":"edited","edit_distance":null}"#),
+            "edit_distance_required"
+        );
+        assert_eq!(
+            code(r#"{"session_id":"sess_1","action":"edited","edit_distance":0}"#),
+            "ok"
+        );
+    }
+
+    #[test]
+    fn contract_codes() {
+        let cases = [
+            ("", "invalid_json"),
+            ("{", "invalid_json"),
+            ("[1]", "invalid_json"),
+            ("\"x\"", "invalid_json"),
+            (r#"{"action":"accepted"}"#, "missing_field"),
+            (r#"{"session_id":"sess_1"}"#, "missing_field"),
+            (
+                r#"{"session_id":null,"action":"accepted"}"#,
+                "missing_field",
+            ),
+            (
+                r#"{"session_id":"abc","action":"accepted"}"#,
+                "invalid_session_id",
+            ),
+            (
+                r#"{"session_id":42,"action":"accepted"}"#,
+                "invalid_session_id",
+            ),
+            (
+                r#"{"session_id":"sess_1","action":"liked"}"#,
+                "invalid_action",
+            ),
+            (r#"{"session_id":"sess_1","action":7}"#, "invalid_action"),
+            (
+                r#"{"session_id":"sess_1","action":"Accepted"}"#,
+                "invalid_action",
+            ),
+            (
+                r#"{"session_id":"sess_1","action":"edited","edit_distance":-1}"#,
+                "invalid_edit_distance",
+            ),
+            (
+                r#"{"session_id":"sess_1","action":"edited","edit_distance":1.5}"#,
+                "invalid_edit_distance",
+            ),
+            (
+                r#"{"session_id":"sess_1","action":"edited","edit_distance":2.0}"#,
+                "invalid_edit_distance",
+            ),
+            (
+                r#"{"session_id":"sess_1","action":"edited","edit_distance":1e2}"#,
+                "invalid_edit_distance",
+            ),
+            (
+                r#"{"session_id":"sess_1","action":"edited","edit_distance":"3"}"#,
+                "invalid_edit_distance",
+            ),
+            (
+                r#"{"session_id":"sess_1","action":"edited","edit_distance":true}"#,
+                "invalid_edit_distance",
+            ),
+            (
+                r#"{"session_id":"sess_1","action":"edited","edit_distance":99999999999999999999999}"#,
+                "invalid_edit_distance",
+            ),
+            (
+                r#"{"session_id":"sess_1","action":"accepted","extra":1}"#,
+                "invalid_field",
+            ),
+            (
+                r#"{"session_id":"sess_1","action":"accepted","action":"sent"}"#,
+                "invalid_field",
+            ),
+        ];
+        for (body, want) in cases {
+            assert_eq!(code(body), want, "{body}");
+        }
+        let big = format!(
+            r#"{{"session_id":"sess_1","action":"sent","custom_label":"{}"}}"#,
+            "x".repeat(1100)
+        );
+        assert_eq!(code(&big), "invalid_field");
+    }
+
+    #[test]
+    fn custom_label_is_kept_as_sent() {
+        let body =
+            r#"{"custom_label": {"b":1, "a":[true, "ü"]} ,"session_id":"sess_1","action":"sent"}"#;
+        let s = parse_body(body.as_bytes()).ok();
+        assert_eq!(
+            s.and_then(|s| s.custom_label).as_deref(),
+            Some(r#"{"b":1, "a":[true, "ü"]}"#)
+        );
+    }
+
+    #[test]
+    fn content_types() {
+        let h = |v: &'static str| {
+            let mut m = HeaderMap::new();
+            m.insert(header::CONTENT_TYPE, HeaderValue::from_static(v));
+            m
+        };
+        assert!(is_json(&h("application/json")));
+        assert!(is_json(&h("Application/JSON; charset=UTF-8")));
+        assert!(!is_json(&h("application/json; charset=latin1")));
+        assert!(!is_json(&h("text/plain")));
+        assert!(!is_json(&h("application/x-www-form-urlencoded")));
+        assert!(!is_json(&HeaderMap::new()));
+    }
+
+    proptest! {
+        /// Untrusted bytes never panic the parser, and whatever passes obeys every rule.
+        #[test]
+        fn arbitrary_bodies(body in proptest::collection::vec(any::<u8>(), 0..200)) {
+            if let Ok(s) = parse_body(&body) {
+                prop_assert!(s.action != Action::Edited || s.edit_distance.is_some());
+            }
+        }
+
+        #[test]
+        fn structured_bodies(
+            sid in "(sess_[a-z0-9]{1,5}|[a-z]{1,5}|)",
+            action in "(accepted|edited|sent|nope)",
+            ed in proptest::option::of(-5i64..5),
+        ) {
+            let mut body = format!(r#"{{"session_id":"{sid}","action":"{action}""#);
+            if let Some(d) = ed {
+                body.push_str(&format!(r#","edit_distance":{d}"#));
+            }
+            body.push('}');
+            let got = parse_body(body.as_bytes());
+            let valid = sid.starts_with("sess_") && action != "nope" && ed.is_none_or(|d| d >= 0) && (action != "edited" || ed.is_some());
+            prop_assert_eq!(got.is_ok(), valid, "{}", body);
+        }
+    }
+}
