@@ -9,4 +9,5 @@ mod process;
 mod proxy;
 mod records;
 mod sdk;
+mod signals;
 mod streaming;

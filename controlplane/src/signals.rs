@@ -320,12 +320,11 @@ fn validate(s: &NewSignal) -> Result<()> {
     if s.action == Action::Edited && s.edit_distance.is_none() {
         return bad("edit_distance is required when action is edited");
     }
-    if let Some(label) = &s.custom_label {
-        if label.len() > MAX_CUSTOM_LABEL_BYTES
-            || serde_json::from_str::<serde::de::IgnoredAny>(label).is_err()
-        {
-            return bad("custom_label must be JSON of at most 1024 bytes");
-        }
+    if let Some(label) = &s.custom_label
+        && (label.len() > MAX_CUSTOM_LABEL_BYTES
+            || serde_json::from_str::<serde::de::IgnoredAny>(label).is_err())
+    {
+        return bad("custom_label must be JSON of at most 1024 bytes");
     }
     if let Some(k) = &s.idempotency_key
         && (k.is_empty() || k.len() > MAX_IDEMPOTENCY_KEY_LEN)

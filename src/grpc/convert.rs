@@ -88,18 +88,6 @@ pub fn record_from_pb(r: pb::RequestRecord) -> nm_controlplane::RequestRecord {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn timestamps_round_trip() {
-        for ms in [0, 1, 999, 1_700_000_000_123, -1] {
-            assert_eq!(timestamp_to_ms(&ms_to_timestamp(ms)), ms);
-        }
-    }
-}
-
 /// Dataplane signal -> wire.
 pub fn signal_to_pb(s: nm_dataplane::SignalSubmission) -> pb::Signal {
     pb::Signal {
@@ -159,4 +147,16 @@ pub fn range_ms(r: Option<&pb::TimeRange>) -> (Option<i64>, Option<i64>) {
             r.until.as_ref().map(timestamp_to_ms),
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_round_trip() {
+        for ms in [0, 1, 999, 1_700_000_000_123, -1] {
+            assert_eq!(timestamp_to_ms(&ms_to_timestamp(ms)), ms);
+        }
+    }
 }

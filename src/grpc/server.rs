@@ -373,6 +373,8 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter.set_serving::<KeysServer<KeysService>>().await;
+    reporter.set_serving::<AgentsServer<AgentsService>>().await;
+    reporter.set_serving::<StatusServer<StatusService>>().await;
     reporter
         .set_serving::<DataplaneServer<DataplaneService>>()
         .await;
