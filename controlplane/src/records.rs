@@ -2,6 +2,8 @@
 //! `sessions` table so the controlplane knows which agent, env and end user each session
 //! belongs to.
 
+use std::collections::HashSet;
+
 use nm_types::{Env, SessionId, parse_agent, parse_user};
 use sea_orm::sea_query::{Expr, OnConflict};
 use sea_orm::{
@@ -62,55 +64,101 @@ impl Records {
     #[tracing::instrument(skip_all, fields(batch = batch.len()))]
     pub async fn ingest(&self, batch: Vec<RequestRecord>) -> Result<IngestOutcome> {
         let mut outcome = IngestOutcome::default();
-        let mut touched_sessions: Vec<String> = Vec::new();
-        let txn = self.store.conn().begin().await?;
+        let mut valid = Vec::with_capacity(batch.len());
         for record in batch {
-            if let Err(why) = validate(&record) {
-                warn!(request_id = %record.request_id, why, "request record rejected");
-                outcome.rejected += 1;
-                continue;
-            }
-            let inserted = request::Entity::insert(to_active(&record))
-                .on_conflict_do_nothing()
-                .exec_without_returning(&txn)
-                .await?;
-            match inserted {
-                TryInsertResult::Inserted(n) if n > 0 => outcome.stored += 1,
-                _ => {
-                    outcome.duplicates += 1;
-                    continue;
-                }
-            }
-            if let Some(session_id) = &record.session_id {
-                upsert_session(&txn, session_id, &record).await?;
-                if !touched_sessions.contains(session_id) {
-                    touched_sessions.push(session_id.clone());
+            match validate(&record) {
+                Ok(()) => valid.push(record),
+                Err(why) => {
+                    warn!(request_id = %record.request_id, why, "request record rejected");
+                    outcome.rejected += 1;
                 }
             }
         }
-        for session_id in &touched_sessions {
-            attribute_signals(&txn, session_id).await?;
+        let txn = self.store.conn().begin().await?;
+        // Multi-row inserts; RETURNING names the rows that were new (not resent).
+        let mut new_ids: HashSet<String> = HashSet::with_capacity(valid.len());
+        for chunk in valid.chunks(INSERT_CHUNK) {
+            let inserted = request::Entity::insert_many(chunk.iter().map(to_active))
+                .on_conflict_do_nothing()
+                .exec_with_returning_keys(&txn)
+                .await?;
+            if let TryInsertResult::Inserted(ids) = inserted {
+                new_ids.extend(ids);
+            }
+        }
+        let fresh: Vec<&RequestRecord> = valid
+            .iter()
+            .filter(|r| new_ids.contains(&r.request_id))
+            .collect();
+        outcome.stored = u32::try_from(fresh.len()).unwrap_or(u32::MAX);
+        outcome.duplicates = u32::try_from(valid.len() - fresh.len()).unwrap_or(u32::MAX);
+        for (session_id, seen) in sessions_of(&fresh) {
+            upsert_session(&txn, &session_id, &seen).await?;
+            attribute_signals(&txn, &session_id).await?;
         }
         txn.commit().await?;
         Ok(outcome)
     }
 }
 
-/// Adds one request to its session: the first agent, env and user seen stick, activity times
-/// widen, the request count grows.
+/// Rows per multi-row INSERT: 17 columns x 500 stays far below SQLite's and PostgreSQL's
+/// bind-parameter limits.
+const INSERT_CHUNK: usize = 500;
+
+/// What one batch says about a session.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct SessionSeen {
+    agent: Option<String>,
+    env: Option<String>,
+    user_id: Option<String>,
+    first_ms: i64,
+    last_ms: i64,
+    requests: i64,
+}
+
+/// Folds new records into one [`SessionSeen`] per session, in first-seen order.
+fn sessions_of(records: &[&RequestRecord]) -> Vec<(String, SessionSeen)> {
+    let mut out: Vec<(String, SessionSeen)> = Vec::new();
+    for r in records {
+        let Some(id) = &r.session_id else { continue };
+        let i = match out.iter().position(|(s, _)| s == id) {
+            Some(i) => i,
+            None => {
+                let seen = SessionSeen {
+                    first_ms: r.started_at_ms,
+                    last_ms: r.started_at_ms,
+                    ..Default::default()
+                };
+                out.push((id.clone(), seen));
+                out.len() - 1
+            }
+        };
+        let seen = &mut out[i].1;
+        seen.agent = seen.agent.take().or_else(|| r.agent.clone());
+        seen.env = seen.env.take().or_else(|| r.env.clone());
+        seen.user_id = seen.user_id.take().or_else(|| r.user_id.clone());
+        seen.first_ms = seen.first_ms.min(r.started_at_ms);
+        seen.last_ms = seen.last_ms.max(r.started_at_ms);
+        seen.requests += 1;
+    }
+    out
+}
+
+/// Adds a batch's requests to their session: the first agent, env and user seen stick, activity
+/// times widen, the request count grows.
 async fn upsert_session<C: sea_orm::ConnectionTrait>(
     db: &C,
     session_id: &str,
-    r: &RequestRecord,
+    seen: &SessionSeen,
 ) -> Result<()> {
     let row = session::ActiveModel {
         session_id: Set(session_id.to_owned()),
-        agent: Set(r.agent.clone()),
-        env: Set(r.env.clone()),
-        user_id: Set(r.user_id.clone()),
-        first_seen_ms: Set(r.started_at_ms),
-        last_seen_ms: Set(r.started_at_ms),
-        request_count: Set(1),
+        agent: Set(seen.agent.clone()),
+        env: Set(seen.env.clone()),
+        user_id: Set(seen.user_id.clone()),
+        first_seen_ms: Set(seen.first_ms),
+        last_seen_ms: Set(seen.last_ms),
+        request_count: Set(seen.requests),
     };
     let on_conflict = OnConflict::column(session::Column::SessionId)
         .value(session::Column::Agent, Expr::cust(r#"COALESCE("sessions"."agent", "excluded"."agent")"#))
@@ -124,7 +172,10 @@ async fn upsert_session<C: sea_orm::ConnectionTrait>(
             session::Column::LastSeenMs,
             Expr::cust(r#"CASE WHEN "excluded"."last_seen_ms" > "sessions"."last_seen_ms" THEN "excluded"."last_seen_ms" ELSE "sessions"."last_seen_ms" END"#),
         )
-        .value(session::Column::RequestCount, Expr::cust(r#""sessions"."request_count" + 1"#))
+        .value(
+            session::Column::RequestCount,
+            Expr::cust(r#""sessions"."request_count" + "excluded"."request_count""#),
+        )
         .to_owned();
     session::Entity::insert(row)
         .on_conflict(on_conflict)
@@ -206,4 +257,75 @@ fn to_active(r: &RequestRecord) -> request::ActiveModel {
 
 fn saturating_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(id: &str, session: Option<&str>, at: i64) -> RequestRecord {
+        RequestRecord {
+            request_id: id.to_owned(),
+            started_at_ms: at,
+            key_id: "key_1".to_owned(),
+            provider: "openai".to_owned(),
+            method: "POST".to_owned(),
+            path: "/v1/chat/completions".to_owned(),
+            session_id: session.map(str::to_owned),
+            agent: Some("a".to_owned()),
+            status: 200,
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_resent_batch_is_stored_once_and_sessions_count_once() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let url = format!("sqlite://{}/r.db?mode=rwc", dir.path().display());
+        let store = Store::connect(&url).await.unwrap_or_else(|e| panic!("{e}"));
+        let records = Records::new(store.clone());
+        let mut batch: Vec<_> = (0..1200)
+            .map(|i| record(&format!("r{i}"), Some(&format!("sess_{}", i % 3)), 1000 + i))
+            .collect();
+        batch.push(record("bad", Some("not-a-session"), 5));
+        let first = records
+            .ingest(batch.clone())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            first,
+            IngestOutcome {
+                stored: 1200,
+                duplicates: 0,
+                rejected: 1
+            }
+        );
+        let again = records
+            .ingest(batch)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            again,
+            IngestOutcome {
+                stored: 0,
+                duplicates: 1200,
+                rejected: 1
+            }
+        );
+        let s = session::Entity::find_by_id("sess_0".to_owned())
+            .one(store.conn())
+            .await
+            .ok()
+            .flatten();
+        let s = s.unwrap_or_else(|| panic!("session missing"));
+        assert_eq!(
+            (
+                s.request_count,
+                s.first_seen_ms,
+                s.last_seen_ms,
+                s.agent.as_deref()
+            ),
+            (400, 1000, 2197, Some("a"))
+        );
+    }
 }
