@@ -257,16 +257,28 @@ async fn serve_from_nothing_prints_an_admin_key_and_uses_the_default_database() 
     let signal_url = format!("http://{http}/v1/signal");
     for action in ["accepted", "sent", "thumbs_down"] {
         let body = format!(r#"{{"session_id":"sess_cli","action":"{action}"}}"#);
-        let headers = [("nm-key", secret.as_str()), ("nm-agent", "cli-bot"), ("content-type", "application/json")];
+        let headers = [
+            ("nm-key", secret.as_str()),
+            ("nm-agent", "cli-bot"),
+            ("content-type", "application/json"),
+        ];
         let a = read(send(&c, request("POST", &signal_url, &headers, body)).await).await;
         assert_eq!(a.status, 200, "{:?}", a.body);
     }
     let listed = cli(&["agents", "list"]);
     let table = String::from_utf8_lossy(&listed.stdout).to_string();
-    assert!(table.starts_with("AGENT") && table.contains("cli-bot"), "{table}");
+    assert!(
+        table.starts_with("AGENT") && table.contains("cli-bot"),
+        "{table}"
+    );
     let shown = cli(&["agents", "show", "cli-bot", "--since", "1h", "--json"]);
-    assert!(shown.status.success(), "{}", String::from_utf8_lossy(&shown.stderr));
-    let shown: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        shown.status.success(),
+        "{}",
+        String::from_utf8_lossy(&shown.stderr)
+    );
+    let shown: serde_json::Value =
+        serde_json::from_slice(&shown.stdout).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(shown["total"], 3);
     assert_eq!(shown["by_action"]["sent"], 1);
     assert_eq!(shown["remaining"], 97);
