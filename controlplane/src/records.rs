@@ -13,6 +13,7 @@ use sea_orm::{
 use tracing::warn;
 
 use crate::error::Result;
+use crate::sql::insert_chunks;
 use crate::store::Store;
 use crate::store::entity::{request, session, signal};
 
@@ -77,7 +78,10 @@ impl Records {
         let txn = self.store.conn().begin().await?;
         // Multi-row inserts; RETURNING names the rows that were new (not resent).
         let mut new_ids: HashSet<String> = HashSet::with_capacity(valid.len());
-        for chunk in valid.chunks(INSERT_CHUNK) {
+        let mut rest = valid.as_slice();
+        for size in insert_chunks(valid.len()) {
+            let (chunk, tail) = rest.split_at(size);
+            rest = tail;
             let inserted = request::Entity::insert_many(chunk.iter().map(to_active))
                 .on_conflict_do_nothing()
                 .exec_with_returning_keys(&txn)
@@ -100,10 +104,6 @@ impl Records {
         Ok(outcome)
     }
 }
-
-/// Rows per multi-row INSERT: 17 columns x 500 stays far below SQLite's and PostgreSQL's
-/// bind-parameter limits.
-const INSERT_CHUNK: usize = 500;
 
 /// What one batch says about a session.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

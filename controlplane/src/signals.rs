@@ -25,7 +25,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
 
 use crate::error::{Error, Result};
-use crate::sql::Sql;
+use crate::sql::{Sql, insert_chunks};
 use crate::store::Store;
 use crate::store::entity::{session, signal};
 
@@ -378,7 +378,10 @@ async fn write_group(store: &Store, group: &[Pending]) -> Result<Vec<Stored>> {
     // Multi-row inserts. ON CONFLICT without a target skips a row that breaks any unique index
     // (an idempotent replay); RETURNING names the rows that were new.
     let mut new_ids: HashSet<String> = HashSet::with_capacity(rows.len());
-    for chunk in rows.chunks(INSERT_CHUNK) {
+    let mut rest = rows.as_slice();
+    for size in insert_chunks(rows.len()) {
+        let (chunk, tail) = rest.split_at(size);
+        rest = tail;
         let inserted = signal::Entity::insert_many(chunk.iter().cloned())
             .on_conflict(OnConflict::new().do_nothing().to_owned())
             .try_insert()
@@ -400,9 +403,6 @@ async fn write_group(store: &Store, group: &[Pending]) -> Result<Vec<Stored>> {
         })
         .collect())
 }
-
-/// Rows per multi-row INSERT (13 columns: far below both databases' bind limits).
-const INSERT_CHUNK: usize = 500;
 
 /// The row for a signal: with its session's agent, env and user when the session is known,
 /// else with its `NM-Agent` hint.

@@ -58,3 +58,32 @@ mod tests {
         assert_eq!(lite.build().sql, "SELECT 1 WHERE a = ? AND b = ?");
     }
 }
+
+/// Row counts for multi-row INSERTs of `n` rows, drawn from a few fixed sizes.
+///
+/// Every distinct row count is a distinct SQL text, and each connection caches a prepared
+/// statement per text; a large multi-row statement is big (hundreds of KiB in SQLite). Fixed sizes
+/// keep at most five shapes per table in the cache instead of one per batch size.
+pub fn insert_chunks(mut n: usize) -> impl Iterator<Item = usize> {
+    const SIZES: [usize; 5] = [256, 64, 16, 4, 1];
+    std::iter::from_fn(move || {
+        let size = SIZES.into_iter().find(|s| *s <= n)?;
+        n -= size;
+        Some(size)
+    })
+}
+
+#[cfg(test)]
+mod chunk_tests {
+    use super::insert_chunks;
+
+    #[test]
+    fn chunks_cover_every_row_with_few_shapes() {
+        for n in [0, 1, 5, 63, 64, 300, 1000, 1023] {
+            let sizes: Vec<usize> = insert_chunks(n).collect();
+            assert_eq!(sizes.iter().sum::<usize>(), n);
+            assert!(sizes.iter().all(|s| [256, 64, 16, 4, 1].contains(s)));
+        }
+        assert_eq!(insert_chunks(300).collect::<Vec<_>>(), [256, 16, 16, 4, 4, 4]);
+    }
+}
