@@ -84,6 +84,9 @@ mod chunk_tests {
             assert_eq!(sizes.iter().sum::<usize>(), n);
             assert!(sizes.iter().all(|s| [256, 64, 16, 4, 1].contains(s)));
         }
-        assert_eq!(insert_chunks(300).collect::<Vec<_>>(), [256, 16, 16, 4, 4, 4]);
+        assert_eq!(
+            insert_chunks(300).collect::<Vec<_>>(),
+            [256, 16, 16, 4, 4, 4]
+        );
     }
 }
