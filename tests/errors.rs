@@ -13,9 +13,8 @@ async fn missing_and_invalid_keys_in_each_native_shape() {
         .upstream("openai", &mock.url)
         .upstream("anthropic", &mock.url)
         .upstream("gemini", &mock.url)
-        .start()
-        .await
-        .unwrap_or_else(|| unreachable!());
+        .run()
+        .await;
 
     let a = gw
         .raw("POST", "/openai/v1/chat/completions", &[], "{}")
@@ -74,9 +73,8 @@ async fn every_response_carries_a_request_id() {
     let mock = MockProvider::json("{}").start().await;
     let gw = TestGateway::builder()
         .upstream("openai", &mock.url)
-        .start()
-        .await
-        .unwrap_or_else(|| unreachable!());
+        .run()
+        .await;
     let answers = [
         gw.get("/health").await,
         gw.raw("POST", "/openai/v1/chat/completions", &[], "{}")
@@ -99,10 +97,7 @@ async fn every_response_carries_a_request_id() {
 
 #[tokio::test]
 async fn unknown_provider_is_404() {
-    let gw = TestGateway::builder()
-        .start()
-        .await
-        .unwrap_or_else(|| unreachable!());
+    let gw = TestGateway::builder().run().await;
     let a = gw
         .post("/notaprovider/v1/chat/completions", &[], "{}")
         .await;
@@ -122,9 +117,8 @@ async fn paths_that_leave_the_provider_api_are_refused_and_never_forwarded() {
     let gw = TestGateway::builder()
         .upstream("openai", &mock.url)
         .upstream("gemini", &mock.url)
-        .start()
-        .await
-        .unwrap_or_else(|| unreachable!());
+        .run()
+        .await;
     for path in [
         "/openai/v1/../../admin",
         "/openai/v1/%2e%2e/admin",
@@ -155,9 +149,8 @@ async fn malformed_attribution_headers_are_400() {
     let mock = MockProvider::json("{}").start().await;
     let gw = TestGateway::builder()
         .upstream("openai", &mock.url)
-        .start()
-        .await
-        .unwrap_or_else(|| unreachable!());
+        .run()
+        .await;
     for (h, v) in [
         ("nm-session", "abc"),
         ("nm-session", "sess_"),
@@ -199,9 +192,8 @@ async fn bodies_over_the_limit_are_413_in_native_shape() {
     let gw = TestGateway::builder()
         .upstream("anthropic", &mock.url)
         .env("NM_MAX_BODY_BYTES", "1024")
-        .start()
-        .await
-        .unwrap_or_else(|| unreachable!());
+        .run()
+        .await;
     let a = gw
         .post("/anthropic/v1/messages", &[], vec![b'x'; 1025])
         .await;
@@ -227,9 +219,8 @@ async fn unreachable_upstream_is_502() {
         .unwrap_or(9);
     let gw = TestGateway::builder()
         .upstream("gemini", &format!("http://127.0.0.1:{port}"))
-        .start()
-        .await
-        .unwrap_or_else(|| unreachable!());
+        .run()
+        .await;
     let a = gw
         .post("/gemini/v1/models/m:generateContent", &[], "{}")
         .await;
@@ -248,9 +239,8 @@ async fn a_dropped_upstream_connection_is_502() {
     let mock = MockProvider::drop_connection().start().await;
     let gw = TestGateway::builder()
         .upstream("openai", &mock.url)
-        .start()
-        .await
-        .unwrap_or_else(|| unreachable!());
+        .run()
+        .await;
     let a = gw.post("/openai/v1/chat/completions", &[], "{}").await;
     assert_eq!(
         (a.status, a.header("nm-error")),
@@ -269,9 +259,8 @@ async fn a_slow_upstream_is_504() {
     let gw = TestGateway::builder()
         .upstream("anthropic", &mock.url)
         .env("NM_HEADER_TIMEOUT_SECS", "1")
-        .start()
-        .await
-        .unwrap_or_else(|| unreachable!());
+        .run()
+        .await;
     let a = gw.post("/anthropic/v1/messages", &[], "{}").await;
     assert_eq!(
         (a.status, a.header("nm-error")),
@@ -283,10 +272,7 @@ async fn a_slow_upstream_is_504() {
 
 #[tokio::test]
 async fn health_needs_no_key_and_is_get_only() {
-    let gw = TestGateway::builder()
-        .start()
-        .await
-        .unwrap_or_else(|| unreachable!());
+    let gw = TestGateway::builder().run().await;
     let a = gw.get("/health").await;
     assert_eq!(a.status, 200);
     assert_eq!(

@@ -169,10 +169,7 @@ async fn key_lifecycle_postgres_split() {
 
 #[tokio::test]
 async fn admin_calls_need_an_admin_key() {
-    let gw = TestGateway::builder()
-        .start()
-        .await
-        .unwrap_or_else(|| unreachable!());
+    let gw = TestGateway::builder().run().await;
     let mut client = keys_client(&gw).await;
     let missing = client
         .list_keys(tonic::Request::new(pb::ListKeysRequest::default()))
@@ -212,9 +209,8 @@ async fn a_revocation_written_by_another_replica_is_picked_up() {
     let mock = MockProvider::json("{}").start().await;
     let gw = TestGateway::builder()
         .upstream("openai", &mock.url)
-        .start()
-        .await
-        .unwrap_or_else(|| unreachable!());
+        .run()
+        .await;
     let mut client = keys_client(&gw).await;
     let created = client
         .create_key(with_key(
@@ -256,9 +252,8 @@ async fn the_bootstrap_key_survives_restarts_and_is_created_once() {
     for _ in 0..2 {
         let gw = TestGateway::builder()
             .env("NM_DATABASE_URL", &url)
-            .start()
-            .await
-            .unwrap_or_else(|| unreachable!());
+            .run()
+            .await;
         let mut client = keys_client(&gw).await;
         let keys = client
             .list_keys(with_key(

@@ -15,9 +15,8 @@ async fn openai_request_and_response_bytes_are_identical() {
         .await;
     let gw = TestGateway::builder()
         .upstream("openai", &mock.url)
-        .start()
-        .await
-        .unwrap_or_else(|| unreachable!());
+        .run()
+        .await;
 
     let body = fixture("openai/chat_request.json");
     let a = gw
@@ -78,9 +77,8 @@ async fn nm_and_hop_by_hop_headers_are_not_forwarded() {
         .await;
     let gw = TestGateway::builder()
         .upstream("openai", &mock.url)
-        .start()
-        .await
-        .unwrap_or_else(|| unreachable!());
+        .run()
+        .await;
     let a = gw
         .post(
             "/openai/v1/chat/completions",
@@ -144,9 +142,8 @@ async fn anthropic_gemini_and_groq_paths_map_to_their_bases() {
         .upstream("gemini", &format!("{}/base", gemini.url))
         .upstream("groq", &groq.url)
         .upstream("mistral", &mistral.url)
-        .start()
-        .await
-        .unwrap_or_else(|| unreachable!());
+        .run()
+        .await;
 
     let body = fixture("anthropic/messages_request.json");
     let a = gw
@@ -237,9 +234,8 @@ async fn operator_credentials_are_added_only_when_the_client_has_none() {
         .env("NM_PROVIDER_KEY_OPENAI", "sk-operator")
         .env("NM_PROVIDER_KEY_ANTHROPIC", "sk-ant-operator")
         .env("NM_PROVIDER_KEY_GEMINI", "g-operator")
-        .start()
-        .await
-        .unwrap_or_else(|| unreachable!());
+        .run()
+        .await;
 
     gw.post("/openai/v1/chat/completions", &[], "{}").await;
     assert_eq!(
@@ -307,9 +303,8 @@ async fn gzip_answers_pass_untouched() {
         .await;
     let gw = TestGateway::builder()
         .upstream("openai", &mock.url)
-        .start()
-        .await
-        .unwrap_or_else(|| unreachable!());
+        .run()
+        .await;
     let a = gw
         .post(
             "/openai/v1/chat/completions",
@@ -344,9 +339,8 @@ async fn upstream_errors_come_back_unchanged() {
         .await;
     let gw = TestGateway::builder()
         .upstream("openai", &mock.url)
-        .start()
-        .await
-        .unwrap_or_else(|| unreachable!());
+        .run()
+        .await;
     let a = gw.post("/openai/v1/chat/completions", &[], "{}").await;
     assert_eq!(a.status, 429);
     assert_eq!(a.body, body.as_bytes());
@@ -363,9 +357,8 @@ async fn large_bodies_under_the_limit_pass() {
     let mock = MockProvider::json("{}").start().await;
     let gw = TestGateway::builder()
         .upstream("openai", &mock.url)
-        .start()
-        .await
-        .unwrap_or_else(|| unreachable!());
+        .run()
+        .await;
     // A 5 MiB "image" payload.
     let big = format!(
         "{{\"model\":\"gpt-4o\",\"image\":\"{}\"}}",
@@ -386,11 +379,7 @@ async fn user_defined_providers_from_the_config_file() {
         "[providers.acme]\nbase_url = \"{}/api\"\nauth = \"x_api_key\"\nerrors = \"anthropic\"\naliases = [\"acme-ai\"]\napi_key = \"acme-secret\"\n",
         mock.url
     );
-    let gw = TestGateway::builder()
-        .config_toml(&toml)
-        .start()
-        .await
-        .unwrap_or_else(|| unreachable!());
+    let gw = TestGateway::builder().config_toml(&toml).run().await;
     for prefix in ["acme", "acme-ai"] {
         let a = gw
             .post(&format!("/{prefix}/v2/complete"), &[], "{\"q\":1}")
@@ -420,9 +409,8 @@ async fn https_upstreams_use_http2_when_offered_and_a_configured_ca() {
     let gw = TestGateway::builder()
         .upstream("openai", &mock.url)
         .env("NM_TLS_CA_FILE", &ca.display().to_string())
-        .start()
-        .await
-        .unwrap_or_else(|| unreachable!());
+        .run()
+        .await;
     let body = fixture("openai/chat_request.json");
     for _ in 0..3 {
         let a = gw
@@ -441,9 +429,8 @@ async fn https_upstreams_use_http2_when_offered_and_a_configured_ca() {
     // Without the CA the certificate is refused: a TLS failure is 502 upstream_unreachable.
     let gw = TestGateway::builder()
         .upstream("openai", &mock.url)
-        .start()
-        .await
-        .unwrap_or_else(|| unreachable!());
+        .run()
+        .await;
     let a = gw.post("/openai/v1/chat/completions", &[], body).await;
     assert_eq!(
         (a.status, a.header("nm-error")),

@@ -153,9 +153,8 @@ async fn stream_outcomes_are_recorded() {
         .await;
     let gw = TestGateway::builder()
         .upstream("openai", &mock.url)
-        .start()
-        .await
-        .unwrap_or_else(|| unreachable!());
+        .run()
+        .await;
     let resp = gw
         .send(
             "POST",
@@ -204,9 +203,8 @@ async fn a_controlplane_outage_keeps_keys_and_loses_no_records() {
     let mut gw = TestGateway::builder()
         .shape(Shape::Split)
         .upstream("openai", &mock.url)
-        .start()
-        .await
-        .unwrap_or_else(|| unreachable!());
+        .run()
+        .await;
     assert_eq!(
         gw.post("/openai/v1/chat/completions", &[("nm-agent", "a")], "{}")
             .await

@@ -38,9 +38,8 @@ async fn official_sdks_work_through_the_gateway() {
             "[providers.openai-stream]\nbase_url = \"{}\"\nauth = \"bearer\"\n",
             openai_stream.url
         ))
-        .start()
-        .await
-        .unwrap_or_else(|| unreachable!());
+        .run()
+        .await;
 
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/sdk_check.py");
     let out = tokio::process::Command::new(&python)

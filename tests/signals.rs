@@ -96,10 +96,7 @@ fn refused(a: &Answer, status: u16, code: &str) {
 
 #[tokio::test]
 async fn every_contract_error() {
-    let gw = TestGateway::builder()
-        .start()
-        .await
-        .unwrap_or_else(|| unreachable!());
+    let gw = TestGateway::builder().run().await;
     let cases: &[(&str, u16, &str)] = &[
         ("not json", 400, "invalid_json"),
         ("", 400, "invalid_json"),
@@ -382,10 +379,7 @@ async fn all_actions_counted_exactly_postgres() {
 
 #[tokio::test]
 async fn an_idempotency_key_counts_a_retried_signal_once() {
-    let gw = TestGateway::builder()
-        .start()
-        .await
-        .unwrap_or_else(|| unreachable!());
+    let gw = TestGateway::builder().run().await;
     for _ in 0..3 {
         ok(&signal(
             &gw,
@@ -561,10 +555,7 @@ async fn nothing_acknowledged_is_lost_across_restarts_postgres() {
 
 #[tokio::test]
 async fn many_concurrent_signals_are_all_committed() {
-    let gw = TestGateway::builder()
-        .start()
-        .await
-        .unwrap_or_else(|| unreachable!());
+    let gw = TestGateway::builder().run().await;
     let gw = std::sync::Arc::new(gw);
     let mut tasks = Vec::new();
     for c in 0..32 {
@@ -598,10 +589,7 @@ async fn many_concurrent_signals_are_all_committed() {
 
 #[tokio::test]
 async fn readiness_over_grpc() {
-    let gw = TestGateway::builder()
-        .start()
-        .await
-        .unwrap_or_else(|| unreachable!());
+    let gw = TestGateway::builder().run().await;
     let ch = Channel::from_shared(gw.grpc_url())
         .unwrap_or_else(|e| panic!("{e}"))
         .connect()
@@ -636,10 +624,7 @@ async fn readiness_over_grpc() {
 
 #[tokio::test]
 async fn other_v1_paths_are_404_in_the_gateway_envelope() {
-    let gw = TestGateway::builder()
-        .start()
-        .await
-        .unwrap_or_else(|| unreachable!());
+    let gw = TestGateway::builder().run().await;
     refused(
         &gw.raw("POST", "/v1/signals", &[("nm-key", ADMIN_KEY)], "{}")
             .await,

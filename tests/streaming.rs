@@ -38,9 +38,8 @@ async fn first_chunk_arrives_before_the_provider_sends_its_last() {
     let mock = MockProvider::sse(chunks.clone()).hold_last().start().await;
     let gw = TestGateway::builder()
         .upstream("openai", &mock.url)
-        .start()
-        .await
-        .unwrap_or_else(|| unreachable!());
+        .run()
+        .await;
 
     let resp = gw
         .send(
@@ -97,9 +96,8 @@ async fn anthropic_and_gemini_streams_are_unchanged() {
         let mock = MockProvider::sse(chunks).start().await;
         let gw = TestGateway::builder()
             .upstream(provider, &mock.url)
-            .start()
-            .await
-            .unwrap_or_else(|| unreachable!());
+            .run()
+            .await;
         let a = gw.post(path, &[], "{}").await;
         assert_eq!(a.status, 200, "{provider}");
         assert_eq!(a.body, sse, "{provider}");
@@ -114,9 +112,8 @@ async fn a_client_that_disconnects_cancels_the_upstream_request() {
         .await;
     let gw = TestGateway::builder()
         .upstream("openai", &mock.url)
-        .start()
-        .await
-        .unwrap_or_else(|| unreachable!());
+        .run()
+        .await;
     let resp = gw
         .send(
             "POST",
@@ -144,9 +141,8 @@ async fn an_upstream_that_breaks_mid_stream_breaks_the_client_stream() {
         .await;
     let gw = TestGateway::builder()
         .upstream("openai", &mock.url)
-        .start()
-        .await
-        .unwrap_or_else(|| unreachable!());
+        .run()
+        .await;
     let resp = gw
         .send(
             "POST",

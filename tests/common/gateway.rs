@@ -70,6 +70,15 @@ impl Builder {
         self
     }
 
+    /// Starts a gateway on SQLite (or any database that is always there) and waits until it is
+    /// healthy.
+    pub async fn run(self) -> TestGateway {
+        match self.start().await {
+            Some(gw) => gw,
+            None => panic!("no database for this test gateway"),
+        }
+    }
+
     /// Starts the gateway and waits until `/health` is 200 (the dataplane has its keys).
     /// Returns `None` only for PostgreSQL when `NM_TEST_POSTGRES_URL` is not set.
     pub async fn start(mut self) -> Option<TestGateway> {
