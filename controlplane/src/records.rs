@@ -6,10 +6,7 @@ use std::collections::HashSet;
 
 use nm_types::{Env, SessionId, parse_agent, parse_user};
 use sea_orm::sea_query::{Expr, OnConflict};
-use sea_orm::{
-    ColumnTrait, DatabaseTransaction, EntityTrait, QueryFilter, Set, TransactionTrait,
-    TryInsertResult,
-};
+use sea_orm::{ColumnTrait, DatabaseTransaction, EntityTrait, QueryFilter, Set, TryInsertResult};
 use tracing::warn;
 
 use crate::error::Result;
@@ -75,7 +72,7 @@ impl Records {
                 }
             }
         }
-        let txn = self.store.conn().begin().await?;
+        let txn = self.store.begin_write().await?;
         // Multi-row inserts; RETURNING names the rows that were new (not resent).
         let mut new_ids: HashSet<String> = HashSet::with_capacity(valid.len());
         let mut rest = valid.as_slice();

@@ -19,7 +19,7 @@ use nm_types::{Action, Env, SessionId, parse_agent};
 use sea_orm::sea_query::OnConflict;
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter, QueryResult, Set,
-    TransactionTrait, TryInsertResult,
+    TryInsertResult,
 };
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
@@ -369,7 +369,7 @@ async fn write_loop(store: Store, mut rx: mpsc::Receiver<Pending>) {
 }
 
 async fn write_group(store: &Store, group: &[Pending]) -> Result<Vec<Stored>> {
-    let txn = store.conn().begin().await?;
+    let txn = store.begin_write().await?;
     let sessions = known_sessions(&txn, group.iter().map(|p| p.signal.session_id.as_str())).await?;
     let rows: Vec<signal::ActiveModel> = group
         .iter()
@@ -440,4 +440,82 @@ async fn known_sessions<'a>(
         .into_iter()
         .map(|r| (r.session_id.clone(), r))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::{Records, RequestRecord};
+
+    /// Signal groups (read sessions, then write) and record batches (write sessions) racing on
+    /// one SQLite file must never fail with "database is locked".
+    #[tokio::test]
+    async fn concurrent_writers_on_sqlite_do_not_fail() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let url = format!("sqlite://{}/w.db?mode=rwc", dir.path().display());
+        let store = Store::connect(&url).await.unwrap_or_else(|e| panic!("{e}"));
+        let signals = Signals::start(store.clone());
+        let records = Records::new(store.clone());
+        let mut tasks = Vec::new();
+        for t in 0..8 {
+            let records = records.clone();
+            tasks.push(tokio::spawn(async move {
+                for b in 0..20 {
+                    let batch = (0..10)
+                        .map(|i| RequestRecord {
+                            request_id: format!("r{t}-{b}-{i}"),
+                            started_at_ms: 1,
+                            key_id: "key_1".into(),
+                            provider: "openai".into(),
+                            method: "POST".into(),
+                            session_id: Some(format!("sess_{}", i % 4)),
+                            agent: Some("a".into()),
+                            ..Default::default()
+                        })
+                        .collect();
+                    records
+                        .ingest(batch)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())?;
+                }
+                Ok::<(), String>(())
+            }));
+            let signals = signals.clone();
+            tasks.push(tokio::spawn(async move {
+                for i in 0..100 {
+                    let s = NewSignal {
+                        id: format!("s{t}-{i}"),
+                        received_at_ms: 1,
+                        session_id: format!("sess_{}", i % 4),
+                        action: Action::Accepted,
+                        edit_distance: None,
+                        custom_label: None,
+                        key_id: "key_1".into(),
+                        idempotency_key: None,
+                        agent_hint: None,
+                    };
+                    signals
+                        .record(s)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())?;
+                }
+                Ok(())
+            }));
+        }
+        for t in tasks {
+            t.await
+                .unwrap_or_else(|e| panic!("{e}"))
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let counts = signals
+            .agent_counts(&SignalFilter {
+                agent: Some("a".into()),
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(counts.total, 800);
+    }
 }

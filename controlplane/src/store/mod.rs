@@ -8,7 +8,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
-use sea_orm::{ConnectOptions, Database, DatabaseBackend, DatabaseConnection};
+use sea_orm::{
+    ConnectOptions, Database, DatabaseBackend, DatabaseConnection, DatabaseTransaction,
+    SqliteTransactionMode, TransactionOptions, TransactionTrait,
+};
 use sea_orm_migration::MigratorTrait;
 use tracing::info;
 
@@ -79,6 +82,18 @@ impl Store {
             DatabaseBackend::Sqlite => "sqlite",
             _ => "other",
         }
+    }
+
+    /// Starts a transaction that will write. On SQLite it is `BEGIN IMMEDIATE`: it takes the write
+    /// lock up front (waiting up to the busy timeout), so a transaction that reads before it
+    /// writes cannot fail with "database is locked" when another writer committed in between
+    /// (SQLite refuses to upgrade a stale read snapshot and does not wait in that case).
+    pub async fn begin_write(&self) -> Result<DatabaseTransaction> {
+        let options = TransactionOptions {
+            sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
+            ..TransactionOptions::default()
+        };
+        Ok(self.db.begin_with_options(options).await?)
     }
 
     /// True when the database answers a trivial query.
