@@ -446,11 +446,8 @@ async fn split_processes_with_json_logs_never_log_secrets() {
     .await;
     assert_eq!(a.status, 200);
     assert_eq!(
-        mock.received()[0]
-            .headers
-            .get("authorization")
-            .map(|v| v.as_bytes()),
-        Some(&b"Bearer sk-operator-secret-1"[..])
+        mock.received()[0].header("authorization"),
+        Some("Bearer sk-operator-secret-1")
     );
 
     dp.terminate();

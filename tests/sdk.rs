@@ -61,12 +61,8 @@ async fn official_sdks_work_through_the_gateway() {
     // The SDKs sent what a direct call would: their own credential, their own paths.
     assert_eq!(openai.last().path_and_query, "/v1/chat/completions");
     assert_eq!(
-        openai
-            .last()
-            .headers
-            .get("authorization")
-            .map(|v| v.as_bytes()),
-        Some(&b"Bearer sk-client"[..])
+        openai.last().header("authorization"),
+        Some("Bearer sk-client")
     );
     assert_eq!(anthropic.last().path_and_query, "/v1/messages");
     assert!(

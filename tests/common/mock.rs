@@ -50,6 +50,13 @@ pub struct Received {
     pub body: Bytes,
 }
 
+impl Received {
+    /// A request header as text.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct MockProvider {
     reply: Reply,
