@@ -25,6 +25,8 @@ use super::pb::{self, dataplane_client::DataplaneClient};
 pub const STALE_AFTER: Duration = Duration::from_secs(6);
 /// Most records per `IngestRequests` call.
 pub const MAX_BATCH: usize = 1_000;
+/// How long the shipper waits for more records before sending a batch.
+pub const LINGER: Duration = Duration::from_millis(50);
 /// How long shutdown waits for the last records to be delivered.
 pub const FLUSH_DEADLINE: Duration = Duration::from_secs(10);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
@@ -212,10 +214,16 @@ async fn ship(
                 _ = stop.wait_for(|s| *s) => break,
             }
         }
+        // Linger briefly so a busy dataplane sends few large batches: every batch is one database
+        // transaction, and many small ones cost the controlplane far more than the rows do.
+        let linger_until = tokio::time::Instant::now() + LINGER;
         while batch.len() < MAX_BATCH {
             match queue.try_recv() {
                 Ok(r) => batch.push(record_to_pb(r)),
-                Err(_) => break,
+                Err(_) => match tokio::time::timeout_at(linger_until, queue.recv()).await {
+                    Ok(Some(r)) => batch.push(record_to_pb(r)),
+                    Ok(None) | Err(_) => break,
+                },
             }
         }
         match client
