@@ -7,28 +7,14 @@ use std::time::Duration;
 use nm_gateway::grpc::pb::{self, keys_client::KeysClient};
 use sea_orm::ConnectionTrait;
 use tonic::Code;
-use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
 
 use crate::common::eventually;
-use crate::common::gateway::{ADMIN_KEY, Db, Shape, TestGateway};
+use crate::common::gateway::{ADMIN_KEY, Db, Shape, TestGateway, with_key};
 use crate::common::mock::MockProvider;
 
 async fn keys_client(gw: &TestGateway) -> KeysClient<Channel> {
-    let channel = Channel::from_shared(gw.grpc_url())
-        .unwrap_or_else(|e| panic!("{e}"))
-        .connect()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    KeysClient::new(channel)
-}
-
-fn with_key<T>(key: &str, msg: T) -> tonic::Request<T> {
-    let mut req = tonic::Request::new(msg);
-    if let Ok(v) = key.parse::<MetadataValue<_>>() {
-        req.metadata_mut().insert("nm-key", v);
-    }
-    req
+    KeysClient::new(gw.grpc_channel().await)
 }
 
 async fn status_with(gw: &TestGateway, key: &str) -> u16 {

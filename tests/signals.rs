@@ -5,11 +5,10 @@
 use std::time::Duration;
 
 use nm_gateway::grpc::pb::{self, agents_client::AgentsClient, status_client::StatusClient};
-use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
 
 use crate::common::eventually;
-use crate::common::gateway::{ADMIN_KEY, Db, Shape, TestGateway};
+use crate::common::gateway::{ADMIN_KEY, Db, Shape, TestGateway, admin};
 use crate::common::http::Answer;
 use crate::common::mock::MockProvider;
 
@@ -41,21 +40,8 @@ fn sig(session: &str, action: &str) -> String {
     }
 }
 
-fn admin<T>(msg: T) -> tonic::Request<T> {
-    let mut req = tonic::Request::new(msg);
-    if let Ok(v) = ADMIN_KEY.parse::<MetadataValue<_>>() {
-        req.metadata_mut().insert("nm-key", v);
-    }
-    req
-}
-
 async fn agents(gw: &TestGateway) -> AgentsClient<Channel> {
-    let ch = Channel::from_shared(gw.grpc_url())
-        .unwrap_or_else(|e| panic!("{e}"))
-        .connect()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    AgentsClient::new(ch)
+    AgentsClient::new(gw.grpc_channel().await)
 }
 
 async fn counts(gw: &TestGateway, agent: Option<&str>) -> pb::AgentSignals {
@@ -590,11 +576,7 @@ async fn many_concurrent_signals_are_all_committed() {
 #[tokio::test]
 async fn readiness_over_grpc() {
     let gw = TestGateway::builder().run().await;
-    let ch = Channel::from_shared(gw.grpc_url())
-        .unwrap_or_else(|e| panic!("{e}"))
-        .connect()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let ch = gw.grpc_channel().await;
     let r = StatusClient::new(ch.clone())
         .get_readiness(pb::GetReadinessRequest {})
         .await

@@ -154,6 +154,20 @@ impl Builder {
     }
 }
 
+/// A gRPC request carrying `key` in `nm-key` metadata.
+pub fn with_key<T>(key: &str, msg: T) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(msg);
+    if let Ok(v) = key.parse::<tonic::metadata::MetadataValue<_>>() {
+        req.metadata_mut().insert("nm-key", v);
+    }
+    req
+}
+
+/// A gRPC request carrying the test admin key.
+pub fn admin<T>(msg: T) -> tonic::Request<T> {
+    with_key(ADMIN_KEY, msg)
+}
+
 /// A fresh, empty PostgreSQL database, or `None` (with a notice) when no server is configured.
 pub async fn fresh_postgres_db() -> Option<String> {
     let Ok(base) = std::env::var(POSTGRES_ENV) else {
@@ -207,6 +221,15 @@ impl TestGateway {
 
     pub fn grpc_url(&self) -> String {
         format!("http://{}", self.grpc)
+    }
+
+    /// A connected gRPC channel to the controlplane.
+    pub async fn grpc_channel(&self) -> tonic::transport::Channel {
+        tonic::transport::Channel::from_shared(self.grpc_url())
+            .unwrap_or_else(|e| panic!("{e}"))
+            .connect()
+            .await
+            .unwrap_or_else(|e| panic!("controlplane connect: {e}"))
     }
 
     pub async fn wait_healthy(&self) {
