@@ -13,12 +13,15 @@ pub mod forward;
 pub mod keys;
 pub mod layers;
 pub mod path;
+pub mod pricing;
 pub mod providers;
 pub mod proxy;
 pub mod records;
 pub mod server;
 pub mod signal;
+pub mod spool;
 pub mod stack;
+pub mod usage;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -1,0 +1,1 @@
+//! Model prices and cost arithmetic in integer micro-dollars.

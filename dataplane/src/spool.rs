@@ -1,0 +1,1 @@
+//! A size-capped on-disk spool of record batches.
