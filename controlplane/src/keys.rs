@@ -169,7 +169,7 @@ impl Keys {
             hash_hex: Set(encode_hash(&hash_key(secret))),
             display_prefix: Set(display_prefix(secret)),
             admin: Set(admin),
-            created_at_ms: Set(now_ms()),
+            created_at_ms: Set(crate::now_ms()),
             revoked_at_ms: Set(None),
         }
         .insert(self.store.conn())
@@ -201,7 +201,7 @@ impl Keys {
             return Ok(found);
         }
         let mut active: api_key::ActiveModel = found.into();
-        active.revoked_at_ms = Set(Some(now_ms()));
+        active.revoked_at_ms = Set(Some(crate::now_ms()));
         let updated = active.update(self.store.conn()).await?;
         self.refresh().await?;
         info!(key.id = %id, "key revoked");
@@ -296,10 +296,6 @@ pub fn decode_hash(hex: &str) -> Option<KeyHash> {
         *byte = u8::from_str_radix(hex.get(i * 2..i * 2 + 2)?, 16).ok()?;
     }
     Some(out)
-}
-
-pub(crate) fn now_ms() -> i64 {
-    chrono::Utc::now().timestamp_millis()
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 //! ([`keys`]), proxied-request records ([`records`]) and end-user signals ([`signals`]). It knows nothing of gRPC or HTTP: the
 //! root crate adapts these calls to tonic, mapping [`Error`] to a gRPC status in one place.
 
+pub mod budgets;
 pub mod error;
 pub mod keys;
 pub mod records;
@@ -12,8 +13,14 @@ pub mod signals;
 mod sql;
 pub mod store;
 
+pub use budgets::Budgets;
 pub use error::Error;
 pub use keys::{CreatedKey, KeyCache, KeyInfo, KeySnapshot, Keys};
-pub use records::{IngestOutcome, Records, RequestRecord};
+pub use records::{IngestOutcome, RecordUsage, Records, RequestRecord, UsageStatus};
 pub use signals::{NewSignal, Signals, Stored};
 pub use store::Store;
+
+/// Wall-clock time as Unix milliseconds, the unit every stored time uses.
+pub fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}

@@ -1,6 +1,6 @@
-//! Proxied-request records: validated, stored once per request id, and folded into the
-//! `sessions` table so the controlplane knows which agent, env and end user each session
-//! belongs to.
+//! Proxied-request records: validated, stored once per request id, folded into the `sessions`
+//! table (so the controlplane knows which agent, env and end user each session belongs to) and
+//! into the `user_spend` rollup that budgets read — all in the batch's one transaction.
 
 use std::collections::HashSet;
 
@@ -9,6 +9,7 @@ use sea_orm::sea_query::{Expr, OnConflict};
 use sea_orm::{ColumnTrait, DatabaseTransaction, EntityTrait, QueryFilter, Set, TryInsertResult};
 use tracing::warn;
 
+use crate::budgets::{Budgets, SpendItem, add_to_rollup};
 use crate::error::Result;
 use crate::sql::insert_chunks;
 use crate::store::Store;
@@ -34,6 +35,44 @@ pub struct RequestRecord {
     pub streamed: bool,
     pub error_code: Option<String>,
     pub response_bytes: u64,
+    pub usage: RecordUsage,
+    /// What the request counted against its end user's budget (None: not budgeted).
+    pub budget_micros: Option<u64>,
+}
+
+/// Token usage and cost of one request (None: the provider did not say).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RecordUsage {
+    pub answered_model: Option<String>,
+    pub input_tokens: Option<u64>,
+    pub output_tokens: Option<u64>,
+    pub cached_input_tokens: Option<u64>,
+    pub cache_write_tokens: Option<u64>,
+    pub reasoning_tokens: Option<u64>,
+    pub finish_reason: Option<String>,
+    pub cost_micros: Option<u64>,
+    pub status: UsageStatus,
+}
+
+/// How much of a request's usage the dataplane learned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UsageStatus {
+    Reported,
+    Partial,
+    Missing,
+    #[default]
+    NotApplicable,
+}
+
+impl UsageStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UsageStatus::Reported => "reported",
+            UsageStatus::Partial => "partial",
+            UsageStatus::Missing => "missing",
+            UsageStatus::NotApplicable => "not_applicable",
+        }
+    }
 }
 
 /// What [`Records::ingest`] did with a batch.
@@ -45,16 +84,20 @@ pub struct IngestOutcome {
     pub duplicates: u32,
     /// Records refused for breaking a rule (logged); a retry would not help them.
     pub rejected: u32,
+    /// The budget feed position that includes this batch's spend.
+    pub epoch: u64,
+    pub seq: u64,
 }
 
 #[derive(Debug, Clone)]
 pub struct Records {
     store: Store,
+    budgets: Budgets,
 }
 
 impl Records {
-    pub fn new(store: Store) -> Self {
-        Self { store }
+    pub fn new(store: Store, budgets: Budgets) -> Self {
+        Self { store, budgets }
     }
 
     /// Stores a batch in one transaction. A record whose request id is already stored is skipped,
@@ -97,7 +140,19 @@ impl Records {
             upsert_session(&txn, &session_id, &seen).await?;
             attribute_signals(&txn, &session_id).await?;
         }
+        let spend: Vec<SpendItem> = fresh
+            .iter()
+            .filter_map(|r| {
+                Some(SpendItem {
+                    user_id: r.user_id.clone()?,
+                    started_at_ms: r.started_at_ms,
+                    micros: r.budget_micros?,
+                })
+            })
+            .collect();
+        add_to_rollup(&txn, &spend).await?;
         txn.commit().await?;
+        (outcome.epoch, outcome.seq) = self.budgets.apply(&spend, crate::now_ms());
         Ok(outcome)
     }
 }
@@ -249,6 +304,15 @@ fn to_active(r: &RequestRecord) -> request::ActiveModel {
         streamed: Set(r.streamed),
         error_code: Set(r.error_code.clone()),
         response_bytes: Set(saturating_i64(r.response_bytes)),
+        answered_model: Set(r.usage.answered_model.clone()),
+        input_tokens: Set(r.usage.input_tokens.map(saturating_i64)),
+        output_tokens: Set(r.usage.output_tokens.map(saturating_i64)),
+        cached_input_tokens: Set(r.usage.cached_input_tokens.map(saturating_i64)),
+        cache_write_tokens: Set(r.usage.cache_write_tokens.map(saturating_i64)),
+        reasoning_tokens: Set(r.usage.reasoning_tokens.map(saturating_i64)),
+        finish_reason: Set(r.usage.finish_reason.clone()),
+        cost_micros: Set(r.usage.cost_micros.map(saturating_i64)),
+        usage_status: Set(r.usage.status.as_str().to_owned()),
     }
 }
 
@@ -280,7 +344,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let url = format!("sqlite://{}/r.db?mode=rwc", dir.path().display());
         let store = Store::connect(&url).await.unwrap_or_else(|e| panic!("{e}"));
-        let records = Records::new(store.clone());
+        let budgets = Budgets::load(store.clone(), 0).await.unwrap();
+        let records = Records::new(store.clone(), budgets);
         let mut batch: Vec<_> = (0..1200)
             .map(|i| record(&format!("r{i}"), Some(&format!("sess_{}", i % 3)), 1000 + i))
             .collect();
@@ -294,7 +359,9 @@ mod tests {
             IngestOutcome {
                 stored: 1200,
                 duplicates: 0,
-                rejected: 1
+                rejected: 1,
+                epoch: first.epoch,
+                seq: 1,
             }
         );
         let again = records
@@ -306,7 +373,9 @@ mod tests {
             IngestOutcome {
                 stored: 0,
                 duplicates: 1200,
-                rejected: 1
+                rejected: 1,
+                epoch: first.epoch,
+                seq: 2,
             }
         );
         let s = session::Entity::find_by_id("sess_0".to_owned())

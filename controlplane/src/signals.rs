@@ -455,7 +455,8 @@ mod tests {
         let url = format!("sqlite://{}/w.db?mode=rwc", dir.path().display());
         let store = Store::connect(&url).await.unwrap_or_else(|e| panic!("{e}"));
         let signals = Signals::start(store.clone());
-        let records = Records::new(store.clone());
+        let budgets = crate::Budgets::load(store.clone(), 0).await.unwrap();
+        let records = Records::new(store.clone(), budgets);
         let mut tasks = Vec::new();
         for t in 0..8 {
             let records = records.clone();

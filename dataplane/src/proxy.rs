@@ -78,6 +78,10 @@ pub async fn handle(
         streamed: false,
         error_code: None,
         response_bytes: 0,
+        usage: Default::default(),
+        usage_status: Default::default(),
+        cost_micros: None,
+        budget_micros: None,
     };
 
     let result = forward(&state, &provider, &native, req, &mut record, &span).await;

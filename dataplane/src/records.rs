@@ -11,6 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use nm_types::Env;
+
+use crate::usage::Usage;
 use tokio::sync::mpsc;
 use tracing::warn;
 
@@ -37,6 +39,27 @@ pub struct RequestRecord {
     /// Gateway error code, or `client_disconnected` / `upstream_body_error`.
     pub error_code: Option<&'static str>,
     pub response_bytes: u64,
+    /// Tokens, answered model and finish reason, as the provider reported them.
+    pub usage: Usage,
+    pub usage_status: UsageStatus,
+    /// Cost in micro-dollars, when the usage and the model's price are known.
+    pub cost_micros: Option<u64>,
+    /// What the request counted against its end user's budget (None: not budgeted).
+    pub budget_micros: Option<u64>,
+}
+
+/// How much of a request's usage the dataplane learned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UsageStatus {
+    /// The answer ended normally and reported its usage.
+    Reported,
+    /// The answer was cut short (client gone, upstream error); the usage seen so far.
+    Partial,
+    /// The answer carried no usage.
+    Missing,
+    /// No upstream answer: the gateway answered itself.
+    #[default]
+    NotApplicable,
 }
 
 /// The producing side of the record queue. Cheap to clone.

@@ -44,6 +44,14 @@ pub fn api_key(m: nm_controlplane::store::entity::api_key::Model) -> pb::ApiKey 
 
 /// Dataplane record -> wire.
 pub fn record_to_pb(r: nm_dataplane::RequestRecord) -> pb::RequestRecord {
+    use nm_dataplane::records::UsageStatus as S;
+    let usage_status = match r.usage_status {
+        S::Reported => pb::UsageStatus::Reported,
+        S::Partial => pb::UsageStatus::Partial,
+        S::Missing => pb::UsageStatus::Missing,
+        S::NotApplicable => pb::UsageStatus::NotApplicable,
+    };
+    let u = r.usage;
     pb::RequestRecord {
         request_id: r.request_id,
         started_at: Some(system_time_to_timestamp(r.started_at)),
@@ -62,11 +70,28 @@ pub fn record_to_pb(r: nm_dataplane::RequestRecord) -> pb::RequestRecord {
         streamed: r.streamed,
         error_code: r.error_code.map(str::to_owned),
         response_bytes: r.response_bytes,
+        answered_model: u.model,
+        input_tokens: u.input_tokens,
+        output_tokens: u.output_tokens,
+        cached_input_tokens: u.cached_input_tokens,
+        cache_write_tokens: u.cache_write_tokens,
+        reasoning_tokens: u.reasoning_tokens,
+        finish_reason: u.finish_reason,
+        cost_micros: r.cost_micros,
+        usage_status: usage_status.into(),
+        budget_micros: r.budget_micros,
     }
 }
 
 /// Wire -> controlplane record.
 pub fn record_from_pb(r: pb::RequestRecord) -> nm_controlplane::RequestRecord {
+    use nm_controlplane::UsageStatus as S;
+    let status = match r.usage_status() {
+        pb::UsageStatus::Reported => S::Reported,
+        pb::UsageStatus::Partial => S::Partial,
+        pb::UsageStatus::Missing => S::Missing,
+        pb::UsageStatus::NotApplicable | pb::UsageStatus::Unspecified => S::NotApplicable,
+    };
     nm_controlplane::RequestRecord {
         request_id: r.request_id,
         started_at_ms: r.started_at.as_ref().map_or(0, timestamp_to_ms),
@@ -85,6 +110,18 @@ pub fn record_from_pb(r: pb::RequestRecord) -> nm_controlplane::RequestRecord {
         streamed: r.streamed,
         error_code: r.error_code,
         response_bytes: r.response_bytes,
+        usage: nm_controlplane::RecordUsage {
+            answered_model: r.answered_model,
+            input_tokens: r.input_tokens,
+            output_tokens: r.output_tokens,
+            cached_input_tokens: r.cached_input_tokens,
+            cache_write_tokens: r.cache_write_tokens,
+            reasoning_tokens: r.reasoning_tokens,
+            finish_reason: r.finish_reason,
+            cost_micros: r.cost_micros,
+            status,
+        },
+        budget_micros: r.budget_micros,
     }
 }
 
@@ -158,5 +195,82 @@ mod tests {
         for ms in [0, 1, 999, 1_700_000_000_123, -1] {
             assert_eq!(timestamp_to_ms(&ms_to_timestamp(ms)), ms);
         }
+    }
+}
+
+// === budgets ===
+
+pub fn budget_to_pb(b: &nm_controlplane::budgets::StoredBudget) -> pb::Budget {
+    pb::Budget {
+        user_id: b.user_id.clone(),
+        limit_micros: b.rule.limit_micros,
+        period: period_to_pb(b.rule.period).into(),
+        requests_per_minute: b.rule.requests_per_minute,
+        updated_at: Some(ms_to_timestamp(b.updated_at_ms)),
+    }
+}
+
+pub fn period_to_pb(p: nm_types::budget::Period) -> pb::BudgetPeriod {
+    match p {
+        nm_types::budget::Period::Day => pb::BudgetPeriod::Day,
+        nm_types::budget::Period::Month => pb::BudgetPeriod::Month,
+    }
+}
+
+/// A wire period; unspecified means a day.
+pub fn period_from_pb(p: pb::BudgetPeriod) -> nm_types::budget::Period {
+    match p {
+        pb::BudgetPeriod::Month => nm_types::budget::Period::Month,
+        pb::BudgetPeriod::Day | pb::BudgetPeriod::Unspecified => nm_types::budget::Period::Day,
+    }
+}
+
+pub fn rule_from_pb(b: &pb::Budget) -> nm_types::budget::BudgetRule {
+    nm_types::budget::BudgetRule {
+        limit_micros: b.limit_micros,
+        period: period_from_pb(b.period()),
+        requests_per_minute: b.requests_per_minute,
+    }
+}
+
+fn spend_to_pb(user_id: String, s: nm_controlplane::budgets::Spend) -> pb::UserSpend {
+    pb::UserSpend {
+        user_id,
+        day_micros: s.day_micros,
+        month_micros: s.month_micros,
+        minute: s.minute,
+        minute_requests: s.minute_requests,
+    }
+}
+
+pub fn full_feed(f: nm_controlplane::budgets::FullState) -> pb::BudgetFeed {
+    pb::BudgetFeed {
+        epoch: f.epoch,
+        seq: f.seq,
+        full: true,
+        budgets: f.budgets.iter().map(budget_to_pb).collect(),
+        spend: f
+            .spend
+            .into_iter()
+            .map(|(u, s)| spend_to_pb(u, s))
+            .collect(),
+        day: f.day,
+        month: f.month,
+    }
+}
+
+pub fn delta_feed(d: &nm_controlplane::budgets::SpendDelta) -> pb::BudgetFeed {
+    pb::BudgetFeed {
+        epoch: d.epoch,
+        seq: d.seq,
+        full: false,
+        budgets: Vec::new(),
+        spend: d
+            .spend
+            .iter()
+            .map(|(u, s)| spend_to_pb(u.clone(), *s))
+            .collect(),
+        day: d.day,
+        month: d.month,
     }
 }

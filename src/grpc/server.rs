@@ -7,8 +7,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use nm_controlplane::budgets::FeedEvent;
 use nm_controlplane::signals::SignalFilter;
-use nm_controlplane::{KeyInfo, Keys, Records, Signals, Store, Stored};
+use nm_controlplane::{Budgets, KeyInfo, Keys, Records, Signals, Store, Stored, now_ms};
 use nm_types::Env;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
@@ -37,6 +38,7 @@ pub struct Controlplane {
     pub keys: Keys,
     pub records: Records,
     pub signals: Signals,
+    pub budgets: Budgets,
     /// Becomes `true` when the process shuts down; long-lived streams end then.
     shutdown: watch::Receiver<bool>,
 }
@@ -47,13 +49,15 @@ impl Controlplane {
         shutdown: watch::Receiver<bool>,
     ) -> Result<Self, nm_controlplane::Error> {
         let keys = Keys::load(store.clone()).await?;
-        let records = Records::new(store.clone());
+        let budgets = Budgets::load(store.clone(), now_ms()).await?;
+        let records = Records::new(store.clone(), budgets.clone());
         let signals = Signals::start(store.clone());
         Ok(Self {
             store,
             keys,
             records,
             signals,
+            budgets,
             shutdown,
         })
     }
@@ -143,6 +147,8 @@ pub struct DataplaneService(pub Controlplane);
 
 type SnapshotStream =
     Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::KeySnapshot, Status>> + Send>>;
+type BudgetFeedStream =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::BudgetFeed, Status>> + Send>>;
 
 fn snapshot_to_pb(s: &nm_controlplane::KeySnapshot) -> pb::KeySnapshot {
     pb::KeySnapshot {
@@ -162,6 +168,66 @@ fn snapshot_to_pb(s: &nm_controlplane::KeySnapshot) -> pb::KeySnapshot {
 #[tonic::async_trait]
 impl Dataplane for DataplaneService {
     type WatchKeysStream = SnapshotStream;
+    type WatchBudgetsStream = BudgetFeedStream;
+
+    async fn watch_budgets(
+        &self,
+        req: Request<pb::WatchBudgetsRequest>,
+    ) -> Result<Response<BudgetFeedStream>, Status> {
+        let name = req.into_inner().dataplane;
+        let budgets = self.0.budgets.clone();
+        let mut shutdown = self.0.shutdown.clone();
+        let (tx, rx) = mpsc::channel(16);
+        tokio::spawn(async move {
+            debug!(dataplane = %name, "budget watcher connected");
+            let (full, mut events) = budgets.subscribe(now_ms());
+            let mut last_seq = full.seq;
+            let mut next = Some(convert::full_feed(full));
+            let mut heartbeat = tokio::time::interval(KEY_HEARTBEAT);
+            loop {
+                if let Some(msg) = next.take()
+                    && tx.send(Ok(msg)).await.is_err()
+                {
+                    break;
+                }
+                tokio::select! {
+                    event = events.recv() => {
+                        next = Some(match event {
+                            Ok(FeedEvent::Delta(d)) => {
+                                last_seq = d.seq;
+                                convert::delta_feed(&d)
+                            }
+                            // A reset, or this watcher fell behind: start over from a full state.
+                            Ok(FeedEvent::Reset) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                                let full = budgets.full_state(now_ms());
+                                last_seq = full.seq;
+                                convert::full_feed(full)
+                            }
+                            Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+                        });
+                    }
+                    _ = heartbeat.tick() => {
+                        // An empty delta at the last position: "still here, nothing new".
+                        budgets.tick(now_ms());
+                        let (epoch, seq, day, month) = budgets.position();
+                        if seq == last_seq {
+                            next = Some(pb::BudgetFeed {
+                                epoch,
+                                seq,
+                                full: false,
+                                day,
+                                month,
+                                ..Default::default()
+                            });
+                        }
+                    }
+                    _ = shutdown.wait_for(|stop| *stop) => break,
+                }
+            }
+            debug!(dataplane = %name, "budget watcher gone");
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
 
     async fn watch_keys(
         &self,
@@ -204,6 +270,8 @@ impl Dataplane for DataplaneService {
         let outcome = self.0.records.ingest(batch).await.map_err(to_status)?;
         Ok(Response::new(pb::IngestRequestsResponse {
             stored: outcome.stored,
+            epoch: outcome.epoch,
+            seq: outcome.seq,
         }))
     }
 

@@ -4,6 +4,8 @@
 //! The dataplane parses these from untrusted headers and bodies; the controlplane stores them.
 //! Keeping the parsers in one place means both sides accept exactly the same values.
 
+pub mod budget;
+
 use std::fmt;
 use std::str::FromStr;
 

@@ -15,6 +15,7 @@ impl MigratorTrait for Migrator {
         vec![
             Box::new(m0001_keys_requests_sessions::Migration),
             Box::new(m0002_signals::Migration),
+            Box::new(m0003_usage_budgets::Migration),
         ]
     }
 }
@@ -51,6 +52,34 @@ enum Requests {
     Streamed,
     ErrorCode,
     ResponseBytes,
+    AnsweredModel,
+    InputTokens,
+    OutputTokens,
+    CachedInputTokens,
+    CacheWriteTokens,
+    ReasoningTokens,
+    FinishReason,
+    CostMicros,
+    UsageStatus,
+}
+
+#[derive(DeriveIden)]
+enum UserSpend {
+    Table,
+    UserId,
+    Day,
+    CostMicros,
+    Requests,
+}
+
+#[derive(DeriveIden)]
+enum Budgets {
+    Table,
+    Subject,
+    LimitMicros,
+    Period,
+    RequestsPerMinute,
+    UpdatedAtMs,
 }
 
 #[derive(DeriveIden)]
@@ -331,6 +360,152 @@ mod m0001_keys_requests_sessions {
                 .await?;
             m.drop_table(Table::drop().table(ApiKeys::Table).to_owned())
                 .await
+        }
+    }
+}
+
+/// Usage and cost columns on `requests`, the per-user daily spend rollup that budgets read, and
+/// the budgets themselves.
+mod m0003_usage_budgets {
+    use super::*;
+
+    pub struct Migration;
+
+    impl MigrationName for Migration {
+        fn name(&self) -> &str {
+            "m0003_usage_budgets"
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl MigrationTrait for Migration {
+        async fn up(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            // SQLite adds one column per ALTER TABLE.
+            let columns = [
+                ColumnDef::new(Requests::AnsweredModel)
+                    .string()
+                    .null()
+                    .to_owned(),
+                ColumnDef::new(Requests::InputTokens)
+                    .big_integer()
+                    .null()
+                    .to_owned(),
+                ColumnDef::new(Requests::OutputTokens)
+                    .big_integer()
+                    .null()
+                    .to_owned(),
+                ColumnDef::new(Requests::CachedInputTokens)
+                    .big_integer()
+                    .null()
+                    .to_owned(),
+                ColumnDef::new(Requests::CacheWriteTokens)
+                    .big_integer()
+                    .null()
+                    .to_owned(),
+                ColumnDef::new(Requests::ReasoningTokens)
+                    .big_integer()
+                    .null()
+                    .to_owned(),
+                ColumnDef::new(Requests::FinishReason)
+                    .string()
+                    .null()
+                    .to_owned(),
+                ColumnDef::new(Requests::CostMicros)
+                    .big_integer()
+                    .null()
+                    .to_owned(),
+                ColumnDef::new(Requests::UsageStatus)
+                    .string()
+                    .not_null()
+                    .default("not_applicable")
+                    .to_owned(),
+            ];
+            for mut column in columns {
+                m.alter_table(
+                    Table::alter()
+                        .table(Requests::Table)
+                        .add_column(&mut column)
+                        .to_owned(),
+                )
+                .await?;
+            }
+
+            // Day = UTC days since the Unix epoch; month sums are ranges of days.
+            m.create_table(
+                Table::create()
+                    .table(UserSpend::Table)
+                    .if_not_exists()
+                    .col(ColumnDef::new(UserSpend::UserId).string().not_null())
+                    .col(ColumnDef::new(UserSpend::Day).big_integer().not_null())
+                    .col(
+                        ColumnDef::new(UserSpend::CostMicros)
+                            .big_integer()
+                            .not_null(),
+                    )
+                    .col(ColumnDef::new(UserSpend::Requests).big_integer().not_null())
+                    .primary_key(Index::create().col(UserSpend::UserId).col(UserSpend::Day))
+                    .to_owned(),
+            )
+            .await?;
+            m.create_index(
+                Index::create()
+                    .name("idx_user_spend_day")
+                    .table(UserSpend::Table)
+                    .col(UserSpend::Day)
+                    .if_not_exists()
+                    .to_owned(),
+            )
+            .await?;
+
+            // Subject: `default` or `user:<id>`.
+            m.create_table(
+                Table::create()
+                    .table(Budgets::Table)
+                    .if_not_exists()
+                    .col(
+                        ColumnDef::new(Budgets::Subject)
+                            .string()
+                            .not_null()
+                            .primary_key(),
+                    )
+                    .col(ColumnDef::new(Budgets::LimitMicros).big_integer().null())
+                    .col(ColumnDef::new(Budgets::Period).string().not_null())
+                    .col(ColumnDef::new(Budgets::RequestsPerMinute).integer().null())
+                    .col(
+                        ColumnDef::new(Budgets::UpdatedAtMs)
+                            .big_integer()
+                            .not_null(),
+                    )
+                    .to_owned(),
+            )
+            .await
+        }
+
+        async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            m.drop_table(Table::drop().table(Budgets::Table).to_owned())
+                .await?;
+            m.drop_table(Table::drop().table(UserSpend::Table).to_owned())
+                .await?;
+            for column in [
+                Requests::AnsweredModel,
+                Requests::InputTokens,
+                Requests::OutputTokens,
+                Requests::CachedInputTokens,
+                Requests::CacheWriteTokens,
+                Requests::ReasoningTokens,
+                Requests::FinishReason,
+                Requests::CostMicros,
+                Requests::UsageStatus,
+            ] {
+                m.alter_table(
+                    Table::alter()
+                        .table(Requests::Table)
+                        .drop_column(column)
+                        .to_owned(),
+                )
+                .await?;
+            }
+            Ok(())
         }
     }
 }

@@ -1,6 +1,8 @@
 //! SeaORM entities, one module per table (see `migration.rs` for the schema).
 
 pub mod api_key;
+pub mod budget;
 pub mod request;
 pub mod session;
 pub mod signal;
+pub mod user_spend;

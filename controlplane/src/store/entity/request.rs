@@ -23,6 +23,16 @@ pub struct Model {
     pub streamed: bool,
     pub error_code: Option<String>,
     pub response_bytes: i64,
+    pub answered_model: Option<String>,
+    pub input_tokens: Option<i64>,
+    pub output_tokens: Option<i64>,
+    pub cached_input_tokens: Option<i64>,
+    pub cache_write_tokens: Option<i64>,
+    pub reasoning_tokens: Option<i64>,
+    pub finish_reason: Option<String>,
+    pub cost_micros: Option<i64>,
+    /// `reported`, `partial`, `missing` or `not_applicable`.
+    pub usage_status: String,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

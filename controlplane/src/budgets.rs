@@ -1,0 +1,582 @@
+//! End-user budgets: the rules admins set, and every end user's spend in the current UTC day
+//! and month, fed to the dataplanes that enforce them.
+//!
+//! The database is the source of truth: rules live in `budgets`, spend in the `user_spend` daily
+//! rollup, written in the same transaction as the request records it sums. In memory the
+//! controlplane keeps the current periods' totals and a sequence number, `seq`, that grows with
+//! every ingested batch ([`Budgets::apply`], called after the batch commits). Dataplanes watch a
+//! feed ([`Budgets::subscribe`]): a full state, then per-batch deltas naming the users whose spend
+//! changed. An ingest acknowledgement carries `(epoch, seq)`, so a dataplane knows when its own
+//! records' spend has reached the feed and can stop counting them locally.
+//!
+//! `epoch` is random per process start: after a restart, the feed's full state (reloaded from
+//! the database) includes everything committed before, whatever the old sequence numbers were.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use nm_types::budget::{
+    BudgetRule, MINUTE_MS, Period, day_of, first_day_of_month, minute_of, month_of_day,
+};
+use nm_types::parse_user;
+use sea_orm::sea_query::{Expr, OnConflict};
+use sea_orm::{ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter};
+use tokio::sync::broadcast;
+
+use crate::error::{Error, Result};
+use crate::store::Store;
+use crate::store::entity::{budget, user_spend};
+
+const DEFAULT_SUBJECT: &str = "default";
+const USER_PREFIX: &str = "user:";
+/// Deltas a slow watcher may fall behind before it is sent a full state instead.
+const FEED_BUFFER: usize = 1024;
+
+/// A budget as stored: for the default (`user_id` None) or one end user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredBudget {
+    pub user_id: Option<String>,
+    pub rule: BudgetRule,
+    pub updated_at_ms: i64,
+}
+
+/// One end user's spend in the current periods, and their admitted requests in the current
+/// minute.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Spend {
+    pub day_micros: u64,
+    pub month_micros: u64,
+    pub minute: i64,
+    pub minute_requests: u32,
+}
+
+/// One freshly stored record that counts toward a budget.
+#[derive(Debug, Clone)]
+pub struct SpendItem {
+    pub user_id: String,
+    pub started_at_ms: i64,
+    pub micros: u64,
+}
+
+/// Everything a dataplane needs at once.
+#[derive(Debug, Clone)]
+pub struct FullState {
+    pub epoch: u64,
+    pub seq: u64,
+    pub day: i64,
+    pub month: i64,
+    pub budgets: Vec<StoredBudget>,
+    pub spend: Vec<(String, Spend)>,
+}
+
+/// The users whose spend changed with one batch (their new totals).
+#[derive(Debug, Clone)]
+pub struct SpendDelta {
+    pub epoch: u64,
+    pub seq: u64,
+    pub day: i64,
+    pub month: i64,
+    pub spend: Vec<(String, Spend)>,
+}
+
+/// What watchers hear.
+#[derive(Debug, Clone)]
+pub enum FeedEvent {
+    Delta(Arc<SpendDelta>),
+    /// Rules changed or a period rolled over: send a full state.
+    Reset,
+}
+
+/// A user's budget and spend, for `budgets show`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BudgetStatus {
+    pub user_id: String,
+    pub budget: Option<StoredBudget>,
+    pub is_default: bool,
+    pub day_micros: u64,
+    pub month_micros: u64,
+    pub remaining_micros: Option<u64>,
+    pub resets_at_ms: Option<i64>,
+}
+
+#[derive(Debug)]
+struct State {
+    epoch: u64,
+    seq: u64,
+    day: i64,
+    month: i64,
+    default: Option<StoredBudget>,
+    overrides: BTreeMap<String, StoredBudget>,
+    spend: HashMap<String, Spend>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Budgets {
+    store: Store,
+    state: Arc<Mutex<State>>,
+    feed: broadcast::Sender<FeedEvent>,
+}
+
+impl Budgets {
+    /// Loads the rules and the current month's spend.
+    pub async fn load(store: Store, now_ms: i64) -> Result<Self> {
+        let day = day_of(now_ms);
+        let month = month_of_day(day);
+        let mut default = None;
+        let mut overrides = BTreeMap::new();
+        for row in budget::Entity::find().all(store.conn()).await? {
+            let b = from_row(row)?;
+            match &b.user_id {
+                None => default = Some(b),
+                Some(u) => {
+                    overrides.insert(u.clone(), b);
+                }
+            }
+        }
+        let mut spend: HashMap<String, Spend> = HashMap::new();
+        let rows = user_spend::Entity::find()
+            .filter(user_spend::Column::Day.gte(first_day_of_month(month)))
+            .filter(user_spend::Column::Day.lte(day))
+            .all(store.conn())
+            .await?;
+        for row in rows {
+            let s = spend.entry(row.user_id).or_default();
+            let micros = u64::try_from(row.cost_micros).unwrap_or(0);
+            s.month_micros = s.month_micros.saturating_add(micros);
+            if row.day == day {
+                s.day_micros = s.day_micros.saturating_add(micros);
+            }
+        }
+        let (feed, _) = broadcast::channel(FEED_BUFFER);
+        Ok(Self {
+            store,
+            state: Arc::new(Mutex::new(State {
+                epoch: rand::random::<u64>() | 1,
+                seq: 0,
+                day,
+                month,
+                default,
+                overrides,
+                spend,
+            })),
+            feed,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves plain numbers behind; keep serving them.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Creates or replaces the default budget (`user_id` None) or a user's override.
+    pub async fn set(
+        &self,
+        user_id: Option<&str>,
+        rule: BudgetRule,
+        now_ms: i64,
+    ) -> Result<StoredBudget> {
+        rule.validate()
+            .map_err(|why| Error::InvalidArgument(why.to_owned()))?;
+        if let Some(limit) = rule.limit_micros
+            && i64::try_from(limit).is_err()
+        {
+            return Err(Error::InvalidArgument("limit is too large".to_owned()));
+        }
+        let user_id = user_id.map(check_user).transpose()?;
+        let stored = StoredBudget {
+            user_id: user_id.clone(),
+            rule,
+            updated_at_ms: now_ms,
+        };
+        let row = budget::ActiveModel {
+            subject: Set(subject(user_id.as_deref())),
+            limit_micros: Set(rule.limit_micros.and_then(|l| i64::try_from(l).ok())),
+            period: Set(rule.period.as_str().to_owned()),
+            requests_per_minute: Set(rule
+                .requests_per_minute
+                .map(|r| i32::try_from(r).unwrap_or(i32::MAX))),
+            updated_at_ms: Set(now_ms),
+        };
+        budget::Entity::insert(row)
+            .on_conflict(
+                OnConflict::column(budget::Column::Subject)
+                    .update_columns([
+                        budget::Column::LimitMicros,
+                        budget::Column::Period,
+                        budget::Column::RequestsPerMinute,
+                        budget::Column::UpdatedAtMs,
+                    ])
+                    .to_owned(),
+            )
+            .exec_without_returning(self.store.conn())
+            .await?;
+        {
+            let mut st = self.lock();
+            match &user_id {
+                None => st.default = Some(stored.clone()),
+                Some(u) => {
+                    st.overrides.insert(u.clone(), stored.clone());
+                }
+            }
+        }
+        let _ = self.feed.send(FeedEvent::Reset);
+        Ok(stored)
+    }
+
+    /// Removes the default budget or a user's override; false when there was none.
+    pub async fn delete(&self, user_id: Option<&str>) -> Result<bool> {
+        let user_id = user_id.map(check_user).transpose()?;
+        let res = budget::Entity::delete_by_id(subject(user_id.as_deref()))
+            .exec(self.store.conn())
+            .await?;
+        {
+            let mut st = self.lock();
+            match &user_id {
+                None => st.default = None,
+                Some(u) => {
+                    st.overrides.remove(u);
+                }
+            }
+        }
+        let _ = self.feed.send(FeedEvent::Reset);
+        Ok(res.rows_affected > 0)
+    }
+
+    /// The default budget and every override (by user id).
+    pub fn list(&self) -> (Option<StoredBudget>, Vec<StoredBudget>) {
+        let st = self.lock();
+        (st.default.clone(), st.overrides.values().cloned().collect())
+    }
+
+    /// A user's effective budget and current spend.
+    pub fn status(&self, user_id: &str, now_ms: i64) -> Result<BudgetStatus> {
+        let user_id = check_user(user_id)?;
+        let mut st = self.lock();
+        roll(&mut st, now_ms);
+        let (budget, is_default) = match st.overrides.get(&user_id) {
+            Some(b) => (Some(b.clone()), false),
+            None => (st.default.clone(), st.default.is_some()),
+        };
+        let spend = st.spend.get(&user_id).copied().unwrap_or_default();
+        let (remaining_micros, resets_at_ms) = match &budget {
+            Some(b) => {
+                let spent = match b.rule.period {
+                    Period::Day => spend.day_micros,
+                    Period::Month => spend.month_micros,
+                };
+                (
+                    b.rule.limit_micros.map(|l| l.saturating_sub(spent)),
+                    Some(b.rule.period.end_ms(now_ms)),
+                )
+            }
+            None => (None, None),
+        };
+        Ok(BudgetStatus {
+            user_id,
+            budget,
+            is_default,
+            day_micros: spend.day_micros,
+            month_micros: spend.month_micros,
+            remaining_micros,
+            resets_at_ms,
+        })
+    }
+
+    /// The full state and a receiver for what follows it (nothing is missed in between).
+    pub fn subscribe(&self, now_ms: i64) -> (FullState, broadcast::Receiver<FeedEvent>) {
+        let mut st = self.lock();
+        if roll(&mut st, now_ms) {
+            let _ = self.feed.send(FeedEvent::Reset);
+        }
+        let rx = self.feed.subscribe();
+        (full_state(&st), rx)
+    }
+
+    /// The current full state.
+    pub fn full_state(&self, now_ms: i64) -> FullState {
+        let mut st = self.lock();
+        if roll(&mut st, now_ms) {
+            let _ = self.feed.send(FeedEvent::Reset);
+        }
+        full_state(&st)
+    }
+
+    /// `(epoch, seq, day, month)` now.
+    pub fn position(&self) -> (u64, u64, i64, i64) {
+        let st = self.lock();
+        (st.epoch, st.seq, st.day, st.month)
+    }
+
+    /// Rolls the periods over when the UTC day changed (heartbeat); watchers get a full state.
+    pub fn tick(&self, now_ms: i64) {
+        let mut st = self.lock();
+        if roll(&mut st, now_ms) {
+            let _ = self.feed.send(FeedEvent::Reset);
+        }
+    }
+
+    /// Counts a committed batch's spend; returns the `(epoch, seq)` that includes it.
+    pub fn apply(&self, items: &[SpendItem], now_ms: i64) -> (u64, u64) {
+        let mut st = self.lock();
+        if roll(&mut st, now_ms) {
+            let _ = self.feed.send(FeedEvent::Reset);
+        }
+        st.seq += 1;
+        let (day, month) = (st.day, st.month);
+        let now_minute = minute_of(now_ms);
+        let mut changed: Vec<String> = Vec::new();
+        for item in items {
+            let item_day = day_of(item.started_at_ms);
+            let item_month = month_of_day(item_day);
+            let item_minute = minute_of(item.started_at_ms);
+            // Old news (an earlier period, a spooled record replayed late) stays in the database
+            // rollup but does not count toward the current periods.
+            if item_month != month && item_minute < now_minute - 1 {
+                continue;
+            }
+            let s = st.spend.entry(item.user_id.clone()).or_default();
+            if item_month == month {
+                s.month_micros = s.month_micros.saturating_add(item.micros);
+                if item_day == day {
+                    s.day_micros = s.day_micros.saturating_add(item.micros);
+                }
+            }
+            if item_minute > s.minute {
+                s.minute = item_minute;
+                s.minute_requests = 0;
+            }
+            if item_minute == s.minute {
+                s.minute_requests = s.minute_requests.saturating_add(1);
+            }
+            if !changed.contains(&item.user_id) {
+                changed.push(item.user_id.clone());
+            }
+        }
+        let delta = SpendDelta {
+            epoch: st.epoch,
+            seq: st.seq,
+            day,
+            month,
+            spend: changed
+                .into_iter()
+                .filter_map(|u| st.spend.get(&u).map(|s| (u, *s)))
+                .collect(),
+        };
+        let at = (st.epoch, st.seq);
+        drop(st);
+        let _ = self.feed.send(FeedEvent::Delta(Arc::new(delta)));
+        at
+    }
+}
+
+/// Adds a batch's spend to the daily rollup, inside the batch's transaction.
+pub(crate) async fn add_to_rollup<C: ConnectionTrait>(db: &C, items: &[SpendItem]) -> Result<()> {
+    // One row per (user, day): PostgreSQL refuses an upsert that names a row twice.
+    let mut sums: BTreeMap<(&str, i64), (i64, i64)> = BTreeMap::new();
+    for item in items {
+        let e = sums
+            .entry((&item.user_id, day_of(item.started_at_ms)))
+            .or_default();
+        e.0 =
+            e.0.saturating_add(i64::try_from(item.micros).unwrap_or(i64::MAX));
+        e.1 += 1;
+    }
+    if sums.is_empty() {
+        return Ok(());
+    }
+    let rows = sums.into_iter().map(
+        |((user, day), (micros, requests))| user_spend::ActiveModel {
+            user_id: Set(user.to_owned()),
+            day: Set(day),
+            cost_micros: Set(micros),
+            requests: Set(requests),
+        },
+    );
+    let on_conflict = OnConflict::columns([user_spend::Column::UserId, user_spend::Column::Day])
+        .value(
+            user_spend::Column::CostMicros,
+            Expr::cust(r#""user_spend"."cost_micros" + "excluded"."cost_micros""#),
+        )
+        .value(
+            user_spend::Column::Requests,
+            Expr::cust(r#""user_spend"."requests" + "excluded"."requests""#),
+        )
+        .to_owned();
+    user_spend::Entity::insert_many(rows)
+        .on_conflict(on_conflict)
+        .exec_without_returning(db)
+        .await?;
+    Ok(())
+}
+
+/// Moves the state to the periods of `now_ms`; true when they changed.
+fn roll(st: &mut State, now_ms: i64) -> bool {
+    let day = day_of(now_ms);
+    if day <= st.day {
+        return false;
+    }
+    let month = month_of_day(day);
+    for s in st.spend.values_mut() {
+        s.day_micros = 0;
+        if month != st.month {
+            s.month_micros = 0;
+        }
+    }
+    if month != st.month {
+        st.spend.retain(|_, s| s.minute >= minute_of(now_ms) - 1);
+    }
+    st.day = day;
+    st.month = month;
+    true
+}
+
+fn full_state(st: &State) -> FullState {
+    FullState {
+        epoch: st.epoch,
+        seq: st.seq,
+        day: st.day,
+        month: st.month,
+        budgets: st
+            .default
+            .iter()
+            .chain(st.overrides.values())
+            .cloned()
+            .collect(),
+        spend: st.spend.iter().map(|(u, s)| (u.clone(), *s)).collect(),
+    }
+}
+
+fn subject(user_id: Option<&str>) -> String {
+    match user_id {
+        None => DEFAULT_SUBJECT.to_owned(),
+        Some(u) => format!("{USER_PREFIX}{u}"),
+    }
+}
+
+fn check_user(user_id: &str) -> Result<String> {
+    parse_user(user_id)
+        .map_err(|e| Error::InvalidArgument(format!("user_id: {e}")))
+        .map(|u| u.to_string())
+}
+
+fn from_row(row: budget::Model) -> Result<StoredBudget> {
+    let user_id = if row.subject == DEFAULT_SUBJECT {
+        None
+    } else if let Some(u) = row.subject.strip_prefix(USER_PREFIX) {
+        Some(u.to_owned())
+    } else {
+        return Err(Error::Config(format!(
+            "budgets table: unknown subject {:?}",
+            row.subject
+        )));
+    };
+    let period = row
+        .period
+        .parse::<Period>()
+        .map_err(|e| Error::Config(format!("budgets table: {e}")))?;
+    Ok(StoredBudget {
+        user_id,
+        rule: BudgetRule {
+            limit_micros: row.limit_micros.and_then(|l| u64::try_from(l).ok()),
+            period,
+            requests_per_minute: row.requests_per_minute.and_then(|r| u32::try_from(r).ok()),
+        },
+        updated_at_ms: row.updated_at_ms,
+    })
+}
+
+/// The first millisecond of the minute after `ms`.
+pub fn next_minute_ms(ms: i64) -> i64 {
+    (minute_of(ms) + 1) * MINUTE_MS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nm_types::budget::{DAY_MS, day_from_civil};
+
+    async fn store() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/b.db?mode=rwc", dir.path().display());
+        let store = Store::connect(&url).await.unwrap();
+        (dir, store)
+    }
+
+    fn item(user: &str, at: i64, micros: u64) -> SpendItem {
+        SpendItem {
+            user_id: user.to_owned(),
+            started_at_ms: at,
+            micros,
+        }
+    }
+
+    #[tokio::test]
+    async fn spend_counts_per_period_and_survives_a_reload() {
+        let (_dir, store) = store().await;
+        let now = day_from_civil(2026, 11, 22) * DAY_MS + 3_600_000;
+        let yesterday = now - DAY_MS;
+        let b = Budgets::load(store.clone(), now).await.unwrap();
+        let items = [
+            item("u1", now, 700),
+            item("u1", yesterday, 300),
+            item("u2", now, 5),
+        ];
+        let txn = store.begin_write().await.unwrap();
+        add_to_rollup(&txn, &items).await.unwrap();
+        txn.commit().await.unwrap();
+        let (epoch, seq) = b.apply(&items, now);
+        assert_eq!(seq, 1);
+        let s = b.status("u1", now).unwrap();
+        assert_eq!((s.day_micros, s.month_micros), (700, 1000));
+
+        let reloaded = Budgets::load(store, now).await.unwrap();
+        let s = reloaded.status("u1", now).unwrap();
+        assert_eq!((s.day_micros, s.month_micros), (700, 1000));
+        assert_ne!(reloaded.full_state(now).epoch, epoch);
+
+        // Next day: the day resets, the month goes on.
+        let s = reloaded.status("u1", now + DAY_MS).unwrap();
+        assert_eq!((s.day_micros, s.month_micros), (0, 1000));
+    }
+
+    #[tokio::test]
+    async fn rules_round_trip_and_feed_resets() {
+        let (_dir, store) = store().await;
+        let b = Budgets::load(store.clone(), 0).await.unwrap();
+        let (_full, mut rx) = b.subscribe(0);
+        let rule = BudgetRule {
+            limit_micros: Some(5_000_000),
+            period: Period::Day,
+            requests_per_minute: Some(60),
+        };
+        b.set(None, rule, 1).await.unwrap();
+        b.set(
+            Some("alice"),
+            BudgetRule {
+                limit_micros: Some(1),
+                ..rule
+            },
+            2,
+        )
+        .await
+        .unwrap();
+        assert!(matches!(rx.recv().await.unwrap(), FeedEvent::Reset));
+        let bad = BudgetRule {
+            limit_micros: None,
+            period: Period::Day,
+            requests_per_minute: None,
+        };
+        assert!(matches!(
+            b.set(None, bad, 3).await,
+            Err(Error::InvalidArgument(_))
+        ));
+        let reloaded = Budgets::load(store, 0).await.unwrap();
+        let (default, overrides) = reloaded.list();
+        assert_eq!(default.map(|d| d.rule), Some(rule));
+        assert_eq!(overrides.len(), 1);
+        assert!(reloaded.status("bob", 0).unwrap().is_default);
+        assert!(!reloaded.status("alice", 0).unwrap().is_default);
+        assert!(reloaded.delete(Some("alice")).await.unwrap());
+        assert!(!reloaded.delete(Some("alice")).await.unwrap());
+    }
+}

@@ -1,0 +1,171 @@
+//! End-user budgets: the rule both halves agree on, and UTC periods as integers, so the
+//! dataplane and the controlplane count a request's spend toward the same day and month and
+//! agree on when a period resets.
+//!
+//! A day is a count of UTC days since the Unix epoch; a month is `year * 12 + (month - 1)`.
+//! Conversions use Howard Hinnant's civil-date algorithms (exact for the proleptic Gregorian
+//! calendar), so no calendar library is needed on the hot path.
+
+pub const DAY_MS: i64 = 86_400_000;
+pub const MINUTE_MS: i64 = 60_000;
+
+/// A budget's period.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Period {
+    Day,
+    Month,
+}
+
+impl Period {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Period::Day => "day",
+            Period::Month => "month",
+        }
+    }
+
+    /// The period containing `ms` (Unix milliseconds): a day number or a month number.
+    pub fn index_of(self, ms: i64) -> i64 {
+        match self {
+            Period::Day => day_of(ms),
+            Period::Month => month_of_day(day_of(ms)),
+        }
+    }
+
+    /// When the period containing `ms` ends (Unix milliseconds).
+    pub fn end_ms(self, ms: i64) -> i64 {
+        match self {
+            Period::Day => (day_of(ms) + 1) * DAY_MS,
+            Period::Month => first_day_of_month(month_of_day(day_of(ms)) + 1) * DAY_MS,
+        }
+    }
+}
+
+/// A budget: at most `limit_micros` of spend per `period`, and/or at most `requests_per_minute`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct BudgetRule {
+    pub limit_micros: Option<u64>,
+    pub period: Period,
+    pub requests_per_minute: Option<u32>,
+}
+
+impl BudgetRule {
+    /// A rule must limit something.
+    pub fn validate(&self) -> Result<(), &'static str> {
+        if self.limit_micros.is_none() && self.requests_per_minute.is_none() {
+            return Err("a budget needs a spend limit, a requests-per-minute limit, or both");
+        }
+        if self.requests_per_minute == Some(0) {
+            return Err("requests_per_minute must be at least 1 (delete the budget instead)");
+        }
+        Ok(())
+    }
+}
+
+impl std::str::FromStr for Period {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "day" | "daily" => Ok(Period::Day),
+            "month" | "monthly" => Ok(Period::Month),
+            other => Err(format!("period must be day or month, got {other:?}")),
+        }
+    }
+}
+
+/// UTC day number of Unix milliseconds `ms`.
+pub fn day_of(ms: i64) -> i64 {
+    ms.div_euclid(DAY_MS)
+}
+
+/// UTC minute number of Unix milliseconds `ms`.
+pub fn minute_of(ms: i64) -> i64 {
+    ms.div_euclid(MINUTE_MS)
+}
+
+/// (year, month 1..=12, day 1..=31) of a day number.
+pub fn civil_from_day(day: i64) -> (i64, u32, u32) {
+    let z = day + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m as u32, d as u32)
+}
+
+/// Day number of a civil date.
+pub fn day_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let m = i64::from(m);
+    let mp = if m > 2 { m - 3 } else { m + 9 };
+    let doy = (153 * mp + 2) / 5 + i64::from(d) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// Month number (`year * 12 + month - 1`) of a day number.
+pub fn month_of_day(day: i64) -> i64 {
+    let (y, m, _) = civil_from_day(day);
+    y * 12 + i64::from(m) - 1
+}
+
+/// First day number of a month number.
+pub fn first_day_of_month(month: i64) -> i64 {
+    let y = month.div_euclid(12);
+    let m = month.rem_euclid(12) as u32 + 1;
+    day_from_civil(y, m, 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn known_dates() {
+        assert_eq!(civil_from_day(0), (1970, 1, 1));
+        assert_eq!(day_from_civil(2026, 11, 22), 20_414);
+        assert_eq!(civil_from_day(20_414), (2026, 11, 22));
+        assert_eq!(civil_from_day(day_from_civil(2024, 2, 29)), (2024, 2, 29));
+        assert_eq!(month_of_day(20_414), 2026 * 12 + 10);
+        assert_eq!(
+            first_day_of_month(2026 * 12 + 11),
+            day_from_civil(2026, 12, 1)
+        );
+    }
+
+    #[test]
+    fn period_ends() {
+        let ms = day_from_civil(2026, 12, 31) * DAY_MS + 5_000;
+        assert_eq!(Period::Day.end_ms(ms), day_from_civil(2027, 1, 1) * DAY_MS);
+        assert_eq!(
+            Period::Month.end_ms(ms),
+            day_from_civil(2027, 1, 1) * DAY_MS
+        );
+        let feb = day_from_civil(2028, 2, 10) * DAY_MS;
+        assert_eq!(
+            Period::Month.end_ms(feb),
+            day_from_civil(2028, 3, 1) * DAY_MS
+        );
+        assert_eq!(day_of(-1), -1);
+    }
+
+    proptest! {
+        #[test]
+        fn civil_round_trips(day in -1_000_000i64..1_000_000) {
+            let (y, m, d) = civil_from_day(day);
+            prop_assert_eq!(day_from_civil(y, m, d), day);
+            let month = month_of_day(day);
+            prop_assert!(first_day_of_month(month) <= day);
+            prop_assert!(first_day_of_month(month + 1) > day);
+        }
+    }
+}
