@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use nm_gateway::cli::{AgentsCommand, KeysCommand, UsageError};
+use nm_gateway::cli::{AgentsCommand, BudgetsCommand, KeysCommand, UsageArgs, UsageError};
 use nm_gateway::config::{self, Flags, Mode};
 use nm_gateway::{app, telemetry};
 
@@ -48,6 +48,21 @@ enum Command {
         client: ClientArgs,
         #[command(subcommand)]
         command: KeysCommand,
+    },
+    /// Per-end-user budgets (needs NM_ADMIN_KEY).
+    Budgets {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(subcommand)]
+        command: BudgetsCommand,
+    },
+    /// Usage and cost over a time range, grouped by agent, session, user, env, provider, model
+    /// or day (needs NM_ADMIN_KEY).
+    Usage {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(flatten)]
+        args: UsageArgs,
     },
 }
 
@@ -112,6 +127,16 @@ async fn run(cli: Cli) -> ExitCode {
             client_flags(client),
             Some(AdminCommand::Agents(command)),
         ),
+        Command::Budgets { client, command } => (
+            Mode::Client,
+            client_flags(client),
+            Some(AdminCommand::Budgets(command)),
+        ),
+        Command::Usage { client, args } => (
+            Mode::Client,
+            client_flags(client),
+            Some(AdminCommand::Usage(args)),
+        ),
     };
     let flags = Flags {
         log_format: cli.log_format,
@@ -135,6 +160,8 @@ async fn run(cli: Cli) -> ExitCode {
         let done = match cmd {
             AdminCommand::Keys(c) => nm_gateway::cli::keys(&settings, c, &mut stdout).await,
             AdminCommand::Agents(c) => nm_gateway::cli::agents(&settings, c, &mut stdout).await,
+            AdminCommand::Budgets(c) => nm_gateway::cli::budgets(&settings, c, &mut stdout).await,
+            AdminCommand::Usage(a) => nm_gateway::cli::usage(&settings, a, &mut stdout).await,
         };
         return match done {
             Ok(()) => ExitCode::SUCCESS,
@@ -172,6 +199,8 @@ async fn run(cli: Cli) -> ExitCode {
 enum AdminCommand {
     Keys(KeysCommand),
     Agents(AgentsCommand),
+    Budgets(BudgetsCommand),
+    Usage(UsageArgs),
 }
 
 fn server_flags(a: ServerArgs) -> Flags {

@@ -12,6 +12,7 @@ pub mod records;
 pub mod signals;
 mod sql;
 pub mod store;
+pub mod usage;
 
 pub use budgets::Budgets;
 pub use error::Error;

@@ -186,18 +186,6 @@ pub fn range_ms(r: Option<&pb::TimeRange>) -> (Option<i64>, Option<i64>) {
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn timestamps_round_trip() {
-        for ms in [0, 1, 999, 1_700_000_000_123, -1] {
-            assert_eq!(timestamp_to_ms(&ms_to_timestamp(ms)), ms);
-        }
-    }
-}
-
 // === budgets ===
 
 pub fn budget_to_pb(b: &nm_controlplane::budgets::StoredBudget) -> pb::Budget {
@@ -272,5 +260,75 @@ pub fn delta_feed(d: &nm_controlplane::budgets::SpendDelta) -> pb::BudgetFeed {
             .collect(),
         day: d.day,
         month: d.month,
+    }
+}
+
+// === usage ===
+
+pub fn dimension_from_pb(
+    d: pb::UsageDimension,
+) -> Result<nm_controlplane::usage::Dimension, tonic::Status> {
+    use nm_controlplane::usage::Dimension as D;
+    Ok(match d {
+        pb::UsageDimension::Agent => D::Agent,
+        pb::UsageDimension::Session => D::Session,
+        pb::UsageDimension::User => D::User,
+        pb::UsageDimension::Env => D::Env,
+        pb::UsageDimension::Provider => D::Provider,
+        pb::UsageDimension::Model => D::Model,
+        pb::UsageDimension::Day => D::Day,
+        pb::UsageDimension::Unspecified => {
+            return Err(tonic::Status::invalid_argument(
+                "group_by: unspecified dimension",
+            ));
+        }
+    })
+}
+
+fn usage_row_to_pb(r: nm_controlplane::usage::UsageRow) -> pb::UsageRow {
+    pb::UsageRow {
+        key: r
+            .key
+            .into_iter()
+            .map(|value| pb::UsageKey { value })
+            .collect(),
+        requests: r.requests,
+        input_tokens: r.input_tokens,
+        output_tokens: r.output_tokens,
+        cached_input_tokens: r.cached_input_tokens,
+        reasoning_tokens: r.reasoning_tokens,
+        cost_micros: r.cost_micros,
+        unpriced_requests: r.unpriced_requests,
+        unmetered_requests: r.unmetered_requests,
+        errors: r.errors,
+    }
+}
+
+pub fn usage_report_to_pb(r: nm_controlplane::usage::UsageReport) -> pb::UsageReport {
+    pb::UsageReport {
+        rows: r.rows.into_iter().map(usage_row_to_pb).collect(),
+        truncated: r.truncated,
+        total: Some(usage_row_to_pb(r.total)),
+        unpriced_models: r
+            .unpriced_models
+            .into_iter()
+            .map(|m| pb::UnpricedModel {
+                provider: m.provider,
+                model: m.model,
+                requests: m.requests,
+            })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_round_trip() {
+        for ms in [0, 1, 999, 1_700_000_000_123, -1] {
+            assert_eq!(timestamp_to_ms(&ms_to_timestamp(ms)), ms);
+        }
     }
 }

@@ -19,9 +19,11 @@ use tonic_health::ServingStatus;
 use tracing::{debug, info, warn};
 
 use super::pb::agents_server::{Agents, AgentsServer};
+use super::pb::budgets_server::{Budgets as BudgetsApi, BudgetsServer};
 use super::pb::dataplane_server::{Dataplane, DataplaneServer};
 use super::pb::keys_server::{Keys as KeysApi, KeysServer};
 use super::pb::status_server::{Status as StatusApi, StatusServer};
+use super::pb::usage_server::{Usage as UsageApi, UsageServer};
 use super::{FILE_DESCRIPTOR_SET, NM_KEY_METADATA, convert, pb, status::to_status};
 
 /// How often a key watcher hears the current snapshot even when nothing changed.
@@ -39,6 +41,7 @@ pub struct Controlplane {
     pub records: Records,
     pub signals: Signals,
     pub budgets: Budgets,
+    pub usage: nm_controlplane::usage::Usage,
     /// Becomes `true` when the process shuts down; long-lived streams end then.
     shutdown: watch::Receiver<bool>,
 }
@@ -53,6 +56,7 @@ impl Controlplane {
         let records = Records::new(store.clone(), budgets.clone());
         let signals = Signals::start(store.clone());
         Ok(Self {
+            usage: nm_controlplane::usage::Usage::new(store.clone()),
             store,
             keys,
             records,
@@ -291,6 +295,120 @@ impl Dataplane for DataplaneService {
     }
 }
 
+// === impl Budgets ===
+
+#[derive(Debug, Clone)]
+pub struct BudgetsService(pub Controlplane);
+
+#[tonic::async_trait]
+impl BudgetsApi for BudgetsService {
+    async fn set_budget(
+        &self,
+        req: Request<pb::SetBudgetRequest>,
+    ) -> Result<Response<pb::Budget>, Status> {
+        let admin = self.0.require_admin(&req)?;
+        let r = req.into_inner();
+        let rule = nm_types::budget::BudgetRule {
+            limit_micros: r.limit_micros,
+            period: convert::period_from_pb(r.period()),
+            requests_per_minute: r.requests_per_minute,
+        };
+        let stored = self
+            .0
+            .budgets
+            .set(r.user_id.as_deref(), rule, now_ms())
+            .await
+            .map_err(to_status)?;
+        info!(by = %admin.id, user = ?stored.user_id, ?rule, "budget set");
+        Ok(Response::new(convert::budget_to_pb(&stored)))
+    }
+
+    async fn get_budget(
+        &self,
+        req: Request<pb::GetBudgetRequest>,
+    ) -> Result<Response<pb::BudgetStatus>, Status> {
+        self.0.require_admin(&req)?;
+        let user = req.into_inner().user_id;
+        let s = self.0.budgets.status(&user, now_ms()).map_err(to_status)?;
+        Ok(Response::new(pb::BudgetStatus {
+            user_id: s.user_id,
+            budget: s.budget.as_ref().map(convert::budget_to_pb),
+            is_default: s.is_default,
+            day_micros: s.day_micros,
+            month_micros: s.month_micros,
+            remaining_micros: s.remaining_micros,
+            resets_at: s.resets_at_ms.map(convert::ms_to_timestamp),
+        }))
+    }
+
+    async fn list_budgets(
+        &self,
+        req: Request<pb::ListBudgetsRequest>,
+    ) -> Result<Response<pb::ListBudgetsResponse>, Status> {
+        self.0.require_admin(&req)?;
+        let (default, overrides) = self.0.budgets.list();
+        Ok(Response::new(pb::ListBudgetsResponse {
+            default_budget: default.as_ref().map(convert::budget_to_pb),
+            overrides: overrides.iter().map(convert::budget_to_pb).collect(),
+        }))
+    }
+
+    async fn delete_budget(
+        &self,
+        req: Request<pb::DeleteBudgetRequest>,
+    ) -> Result<Response<pb::DeleteBudgetResponse>, Status> {
+        let admin = self.0.require_admin(&req)?;
+        let user = req.into_inner().user_id;
+        let deleted = self
+            .0
+            .budgets
+            .delete(user.as_deref())
+            .await
+            .map_err(to_status)?;
+        info!(by = %admin.id, ?user, deleted, "budget deleted");
+        Ok(Response::new(pb::DeleteBudgetResponse { deleted }))
+    }
+}
+
+// === impl Usage ===
+
+#[derive(Debug, Clone)]
+pub struct UsageService(pub Controlplane);
+
+#[tonic::async_trait]
+impl UsageApi for UsageService {
+    async fn get_usage(
+        &self,
+        req: Request<pb::GetUsageRequest>,
+    ) -> Result<Response<pb::UsageReport>, Status> {
+        self.0.require_admin(&req)?;
+        let r = req.into_inner();
+        let dims = r
+            .group_by()
+            .map(convert::dimension_from_pb)
+            .collect::<Result<Vec<_>, _>>()?;
+        let (since_ms, until_ms) = convert::range_ms(r.range.as_ref());
+        let f = r.filter.unwrap_or_default();
+        let filter = nm_controlplane::usage::UsageFilter {
+            since_ms,
+            until_ms,
+            agent: f.agent,
+            session_id: f.session_id,
+            user_id: f.user_id,
+            env: f.env,
+            provider: f.provider,
+            model: f.model,
+        };
+        let report = self
+            .0
+            .usage
+            .report(&dims, &filter, r.limit)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(convert::usage_report_to_pb(report)))
+    }
+}
+
 // === impl Agents ===
 
 #[derive(Debug, Clone)]
@@ -463,6 +581,8 @@ pub async fn serve(
         .add_service(DataplaneServer::new(DataplaneService(cp.clone())))
         .add_service(AgentsServer::new(AgentsService(cp.clone())))
         .add_service(StatusServer::new(StatusService(cp.clone())))
+        .add_service(BudgetsServer::new(BudgetsService(cp.clone())))
+        .add_service(UsageServer::new(UsageService(cp.clone())))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await;
     refresher.abort();

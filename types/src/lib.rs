@@ -5,6 +5,7 @@
 //! Keeping the parsers in one place means both sides accept exactly the same values.
 
 pub mod budget;
+pub mod money;
 
 use std::fmt;
 use std::str::FromStr;

@@ -1,5 +1,11 @@
-//! Admin commands (`nm-gateway keys ...`, `nm-gateway agents ...`): gRPC calls to the controlplane with the admin key in
-//! `nm-key` metadata, printed as a table or, with `--json`, as JSON.
+//! Admin commands (`nm-gateway keys|agents|budgets|usage ...`): gRPC calls to the controlplane
+//! with the admin key in `nm-key` metadata, printed as a table or, with `--json`, as JSON.
+
+mod budgets;
+mod usage;
+
+pub use budgets::{BudgetsCommand, budgets};
+pub use usage::{UsageArgs, usage};
 
 use std::io::Write;
 
@@ -82,7 +88,7 @@ pub struct FilterArgs {
 }
 
 impl FilterArgs {
-    fn range(&self) -> Result<pb::TimeRange, UsageError> {
+    pub(crate) fn range(&self) -> Result<pb::TimeRange, UsageError> {
         let now = chrono::Utc::now();
         let ts = |s: &Option<String>,
                   flag: &str|
@@ -101,7 +107,7 @@ impl FilterArgs {
         })
     }
 
-    fn env(&self) -> Result<Option<String>, UsageError> {
+    pub(crate) fn env(&self) -> Result<Option<String>, UsageError> {
         match &self.env {
             None => Ok(None),
             Some(e) => e
@@ -155,7 +161,7 @@ type AdminChannel =
     tonic::service::interceptor::InterceptedService<tonic::transport::Channel, AdminKey>;
 
 /// A channel to the controlplane that presents `NM_ADMIN_KEY`.
-fn admin_channel(settings: &Settings) -> anyhow::Result<AdminChannel> {
+pub(crate) fn admin_channel(settings: &Settings) -> anyhow::Result<AdminChannel> {
     let admin_key = settings.admin_key.clone().ok_or_else(|| {
         UsageError("set NM_ADMIN_KEY (or --admin-key) to an admin service key".to_owned())
     })?;
@@ -412,7 +418,7 @@ fn key_json(k: &pb::ApiKey) -> serde_json::Value {
     })
 }
 
-fn time(ts: Option<&prost_types::Timestamp>) -> String {
+pub(crate) fn time(ts: Option<&prost_types::Timestamp>) -> String {
     ts.and_then(|t| chrono::DateTime::from_timestamp_millis(convert::timestamp_to_ms(t)))
         .map_or_else(
             || "-".to_owned(),

@@ -1,0 +1,359 @@
+//! Usage and cost aggregates over the `requests` table, grouped by any of agent, session, user,
+//! env, provider, model and day, computed by the database in one `GROUP BY` per report.
+//!
+//! Unknown stays unknown: costs are summed over the records whose cost is known, and the report
+//! counts apart the requests whose usage was reported but whose model has no price
+//! (`unpriced`), and those whose answer carried no usage at all (`unmetered`).
+
+use sea_orm::{ConnectionTrait, QueryResult};
+
+use crate::error::{Error, Result};
+use crate::sql::Sql;
+use crate::store::Store;
+
+/// Most rows one report returns.
+pub const MAX_ROWS: u32 = 10_000;
+pub const DEFAULT_ROWS: u32 = 100;
+
+/// What a usage report is grouped by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dimension {
+    Agent,
+    Session,
+    User,
+    Env,
+    Provider,
+    /// The model as answered, else as requested.
+    Model,
+    /// UTC day of the request's start, as `YYYY-MM-DD`.
+    Day,
+}
+
+impl Dimension {
+    /// The SQL expression of the dimension: constants of ours, never user input.
+    fn expr(self) -> &'static str {
+        match self {
+            Dimension::Agent => "agent",
+            Dimension::Session => "session_id",
+            Dimension::User => "user_id",
+            Dimension::Env => "env",
+            Dimension::Provider => "provider",
+            Dimension::Model => "COALESCE(answered_model, model)",
+            Dimension::Day => "(started_at_ms / 86400000)",
+        }
+    }
+}
+
+/// Which records a report covers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UsageFilter {
+    pub since_ms: Option<i64>,
+    pub until_ms: Option<i64>,
+    pub agent: Option<String>,
+    pub session_id: Option<String>,
+    pub user_id: Option<String>,
+    pub env: Option<String>,
+    pub provider: Option<String>,
+    pub model: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UsageRow {
+    /// One value per dimension asked for, in order.
+    pub key: Vec<Option<String>>,
+    pub requests: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cached_input_tokens: u64,
+    pub reasoning_tokens: u64,
+    pub cost_micros: u64,
+    pub unpriced_requests: u64,
+    pub unmetered_requests: u64,
+    pub errors: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnpricedModel {
+    pub provider: String,
+    pub model: String,
+    pub requests: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UsageReport {
+    pub rows: Vec<UsageRow>,
+    pub truncated: bool,
+    pub total: UsageRow,
+    pub unpriced_models: Vec<UnpricedModel>,
+}
+
+const MEASURES: &str = "COUNT(*) AS requests, \
+     CAST(COALESCE(SUM(input_tokens), 0) AS BIGINT) AS input_tokens, \
+     CAST(COALESCE(SUM(output_tokens), 0) AS BIGINT) AS output_tokens, \
+     CAST(COALESCE(SUM(cached_input_tokens), 0) AS BIGINT) AS cached_input_tokens, \
+     CAST(COALESCE(SUM(reasoning_tokens), 0) AS BIGINT) AS reasoning_tokens, \
+     CAST(COALESCE(SUM(cost_micros), 0) AS BIGINT) AS cost_micros, \
+     CAST(COALESCE(SUM(CASE WHEN cost_micros IS NULL AND (input_tokens IS NOT NULL OR output_tokens IS NOT NULL) THEN 1 ELSE 0 END), 0) AS BIGINT) AS unpriced, \
+     CAST(COALESCE(SUM(CASE WHEN usage_status <> 'not_applicable' AND input_tokens IS NULL AND output_tokens IS NULL THEN 1 ELSE 0 END), 0) AS BIGINT) AS unmetered, \
+     CAST(COALESCE(SUM(CASE WHEN status >= 400 THEN 1 ELSE 0 END), 0) AS BIGINT) AS errors";
+
+#[derive(Debug, Clone)]
+pub struct Usage {
+    store: Store,
+}
+
+impl Usage {
+    pub fn new(store: Store) -> Self {
+        Self { store }
+    }
+
+    /// Usage grouped by `dims` (none: one total row), largest cost first, at most `limit` rows.
+    #[tracing::instrument(skip_all, fields(dims = ?dims, limit))]
+    pub async fn report(
+        &self,
+        dims: &[Dimension],
+        filter: &UsageFilter,
+        limit: u32,
+    ) -> Result<UsageReport> {
+        if dims.len() > 7 {
+            return Err(Error::InvalidArgument(
+                "at most 7 group-by dimensions".to_owned(),
+            ));
+        }
+        let limit = match limit {
+            0 => DEFAULT_ROWS,
+            n => n.min(MAX_ROWS),
+        };
+        let db = self.store.conn();
+        let backend = db.get_database_backend();
+
+        let total = {
+            let mut sql = Sql::new(
+                backend,
+                &format!("SELECT {MEASURES} FROM requests WHERE 1 = 1"),
+            );
+            push_filter(&mut sql, filter);
+            let row = db.query_one_raw(sql.build()).await?;
+            row.map(|r| measures(&r, Vec::new()))
+                .transpose()?
+                .unwrap_or_default()
+        };
+
+        let mut rows = Vec::new();
+        let mut truncated = false;
+        if !dims.is_empty() {
+            let keys: Vec<String> = dims
+                .iter()
+                .enumerate()
+                .map(|(i, d)| format!("{} AS k{i}", d.expr()))
+                .collect();
+            let group: Vec<String> = (1..=dims.len()).map(|i| i.to_string()).collect();
+            let mut sql = Sql::new(
+                backend,
+                &format!(
+                    "SELECT {}, {MEASURES} FROM requests WHERE 1 = 1",
+                    keys.join(", ")
+                ),
+            );
+            push_filter(&mut sql, filter);
+            sql.push(&format!(
+                " GROUP BY {} ORDER BY cost_micros DESC, requests DESC LIMIT ",
+                group.join(", ")
+            ))
+            .bind(i64::from(limit) + 1);
+            for row in db.query_all_raw(sql.build()).await? {
+                let key = dims
+                    .iter()
+                    .enumerate()
+                    .map(|(i, d)| key_value(&row, *d, &format!("k{i}")))
+                    .collect::<Result<Vec<_>>>()?;
+                rows.push(measures(&row, key)?);
+            }
+            if rows.len() > limit as usize {
+                rows.truncate(limit as usize);
+                truncated = true;
+            }
+        }
+
+        let mut sql = Sql::new(
+            backend,
+            "SELECT provider, COALESCE(answered_model, model) AS m, COUNT(*) AS n FROM requests \
+             WHERE cost_micros IS NULL AND (input_tokens IS NOT NULL OR output_tokens IS NOT NULL)",
+        );
+        push_filter(&mut sql, filter);
+        sql.push(" GROUP BY 1, 2 ORDER BY n DESC LIMIT 100");
+        let mut unpriced_models = Vec::new();
+        for row in db.query_all_raw(sql.build()).await? {
+            unpriced_models.push(UnpricedModel {
+                provider: row.try_get("", "provider")?,
+                model: row
+                    .try_get::<Option<String>>("", "m")?
+                    .unwrap_or_else(|| "(unknown)".to_owned()),
+                requests: count(&row, "n")?,
+            });
+        }
+
+        Ok(UsageReport {
+            rows,
+            truncated,
+            total,
+            unpriced_models,
+        })
+    }
+}
+
+fn push_filter(sql: &mut Sql, f: &UsageFilter) {
+    if let Some(s) = f.since_ms {
+        sql.push(" AND started_at_ms >= ").bind(s);
+    }
+    if let Some(u) = f.until_ms {
+        sql.push(" AND started_at_ms < ").bind(u);
+    }
+    let eq = [
+        ("agent", &f.agent),
+        ("session_id", &f.session_id),
+        ("user_id", &f.user_id),
+        ("env", &f.env),
+        ("provider", &f.provider),
+    ];
+    for (col, value) in eq {
+        if let Some(v) = value {
+            sql.push(&format!(" AND {col} = ")).bind(v.clone());
+        }
+    }
+    if let Some(m) = &f.model {
+        sql.push(" AND COALESCE(answered_model, model) = ")
+            .bind(m.clone());
+    }
+}
+
+fn key_value(row: &QueryResult, dim: Dimension, col: &str) -> Result<Option<String>> {
+    Ok(match dim {
+        Dimension::Day => row.try_get::<Option<i64>>("", col)?.map(|day| {
+            let (y, m, d) = nm_types::budget::civil_from_day(day);
+            format!("{y:04}-{m:02}-{d:02}")
+        }),
+        _ => row.try_get::<Option<String>>("", col)?,
+    })
+}
+
+fn measures(row: &QueryResult, key: Vec<Option<String>>) -> Result<UsageRow> {
+    Ok(UsageRow {
+        key,
+        requests: count(row, "requests")?,
+        input_tokens: count(row, "input_tokens")?,
+        output_tokens: count(row, "output_tokens")?,
+        cached_input_tokens: count(row, "cached_input_tokens")?,
+        reasoning_tokens: count(row, "reasoning_tokens")?,
+        cost_micros: count(row, "cost_micros")?,
+        unpriced_requests: count(row, "unpriced")?,
+        unmetered_requests: count(row, "unmetered")?,
+        errors: count(row, "errors")?,
+    })
+}
+
+fn count(row: &QueryResult, col: &str) -> Result<u64> {
+    let v: i64 = row.try_get("", col)?;
+    Ok(u64::try_from(v).unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::{RecordUsage, RequestRecord, UsageStatus};
+    use crate::{Budgets, Records};
+
+    fn rec(
+        id: &str,
+        agent: &str,
+        model: &str,
+        input: Option<u64>,
+        cost: Option<u64>,
+    ) -> RequestRecord {
+        RequestRecord {
+            request_id: id.to_owned(),
+            started_at_ms: 86_400_000 * 20_779 + 1_000,
+            key_id: "key_1".to_owned(),
+            provider: "openai".to_owned(),
+            method: "POST".to_owned(),
+            path: "/v1/chat/completions".to_owned(),
+            model: Some(model.to_owned()),
+            agent: Some(agent.to_owned()),
+            status: 200,
+            usage: RecordUsage {
+                input_tokens: input,
+                output_tokens: input.map(|i| i / 2),
+                cost_micros: cost,
+                status: if input.is_some() {
+                    UsageStatus::Reported
+                } else {
+                    UsageStatus::Missing
+                },
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn groups_sums_and_keeps_unknowns_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/u.db?mode=rwc", dir.path().display());
+        let store = Store::connect(&url).await.unwrap();
+        let records = Records::new(
+            store.clone(),
+            Budgets::load(store.clone(), 0).await.unwrap(),
+        );
+        records
+            .ingest(vec![
+                rec("1", "a", "gpt-4o", Some(100), Some(500)),
+                rec("2", "a", "gpt-4o", Some(300), Some(1500)),
+                rec("3", "a", "mystery", Some(10), None),
+                rec("4", "b", "gpt-4o", None, None),
+            ])
+            .await
+            .unwrap();
+        let usage = Usage::new(store);
+        let r = usage
+            .report(
+                &[Dimension::Agent, Dimension::Model],
+                &UsageFilter::default(),
+                0,
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.total.requests, 4);
+        assert_eq!(r.total.cost_micros, 2000);
+        assert_eq!(r.total.input_tokens, 410);
+        assert_eq!(r.total.unpriced_requests, 1);
+        assert_eq!(r.total.unmetered_requests, 1);
+        assert_eq!(
+            r.rows[0].key,
+            vec![Some("a".to_owned()), Some("gpt-4o".to_owned())]
+        );
+        assert_eq!((r.rows[0].requests, r.rows[0].output_tokens), (2, 200));
+        assert_eq!(
+            r.unpriced_models,
+            vec![UnpricedModel {
+                provider: "openai".to_owned(),
+                model: "mystery".to_owned(),
+                requests: 1
+            }]
+        );
+
+        let by_day = usage
+            .report(
+                &[Dimension::Day],
+                &UsageFilter {
+                    agent: Some("a".to_owned()),
+                    ..Default::default()
+                },
+                1,
+            )
+            .await
+            .unwrap();
+        assert_eq!(by_day.rows[0].key, vec![Some("2026-11-22".to_owned())]);
+        assert_eq!(by_day.rows[0].requests, 3);
+        assert!(!by_day.truncated);
+    }
+}
