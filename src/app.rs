@@ -155,12 +155,19 @@ async fn dataplane(
         record_queue_capacity: settings.record_queue,
         extra_roots: settings.extra_ca_certs.clone(),
         version: VERSION,
+        prices: settings.prices.clone(),
+        reserve_output_tokens: settings.reserve_output_tokens,
     };
     let channel = link::channel(controlplane_url)?;
     let signals = std::sync::Arc::new(link::GrpcSignalSink::new(channel.clone()));
     let (dp, queue) = Dataplane::new(config, signals)?;
     let name = format!("dataplane-{}", std::process::id());
-    let link = Link::spawn(channel, dp.keys().clone(), dp.health().clone(), queue, name);
+    let targets = link::LinkTargets {
+        keys: dp.keys().clone(),
+        health: dp.health().clone(),
+        budgets: dp.budgets().clone(),
+    };
+    let link = Link::spawn(channel, targets, queue, name);
     let listener = TcpListener::bind(settings.http_addr)
         .await
         .with_context(|| format!("cannot listen on NM_HTTP_ADDR {}", settings.http_addr))?;

@@ -43,6 +43,12 @@ pub const DEFAULT_SHUTDOWN_GRACE_SECS: u64 = 30;
 pub const ENV_TLS_CA_FILE: &str = "NM_TLS_CA_FILE";
 pub const ENV_RECORD_QUEUE: &str = "NM_RECORD_QUEUE";
 pub const DEFAULT_RECORD_QUEUE: usize = 65_536;
+pub const ENV_SPOOL_DIR: &str = "NM_SPOOL_DIR";
+pub const DEFAULT_SPOOL_DIR: &str = "./nm-data/spool";
+pub const ENV_SPOOL_MAX_BYTES: &str = "NM_SPOOL_MAX_BYTES";
+pub const DEFAULT_SPOOL_MAX_BYTES: u64 = 256 * 1024 * 1024;
+pub const ENV_RESERVE_OUTPUT_TOKENS: &str = "NM_RESERVE_OUTPUT_TOKENS";
+pub const DEFAULT_RESERVE_OUTPUT_TOKENS: u64 = nm_dataplane::DEFAULT_RESERVE_OUTPUT_TOKENS;
 
 /// Which process shape is starting; some defaults depend on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,9 +98,15 @@ pub struct FileSettings {
     pub shutdown_grace_secs: Option<u64>,
     pub record_queue: Option<usize>,
     pub tls_ca_file: Option<PathBuf>,
+    pub spool_dir: Option<PathBuf>,
+    pub spool_max_bytes: Option<u64>,
+    pub reserve_output_tokens: Option<u64>,
     /// Extra providers, or changes to built-in ones, by name.
     #[serde(default)]
     pub providers: BTreeMap<String, FileProvider>,
+    /// Model prices added to, or replacing, the built-in table (`[[prices]]`).
+    #[serde(default)]
+    pub prices: Vec<nm_dataplane::pricing::PriceSpec>,
 }
 
 /// A provider in the config file. For a built-in name every field is optional (it changes the
@@ -129,6 +141,12 @@ pub struct Settings {
     pub record_queue: usize,
     /// CA certificates (from `NM_TLS_CA_FILE`) trusted for upstream TLS beside the web PKI.
     pub extra_ca_certs: Vec<CertificateDer<'static>>,
+    /// Where a dataplane spools records while its controlplane is unreachable, and the cap.
+    pub spool_dir: PathBuf,
+    pub spool_max_bytes: u64,
+    /// Answer length assumed for a budget reservation when a request sets no cap.
+    pub reserve_output_tokens: u64,
+    pub prices: nm_dataplane::pricing::PriceTable,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -274,6 +292,34 @@ pub fn resolve(
         DEFAULT_RECORD_QUEUE as u64,
     )?;
 
+    let spool_max_bytes = num(
+        ENV_SPOOL_MAX_BYTES,
+        file.spool_max_bytes,
+        DEFAULT_SPOOL_MAX_BYTES,
+    )?;
+    if spool_max_bytes < 1024 * 1024 {
+        return Err(invalid(
+            ENV_SPOOL_MAX_BYTES,
+            "must be at least 1048576 (1 MiB)",
+        ));
+    }
+    let reserve_output_tokens = num(
+        ENV_RESERVE_OUTPUT_TOKENS,
+        file.reserve_output_tokens,
+        DEFAULT_RESERVE_OUTPUT_TOKENS,
+    )?;
+    let spool_dir = env_get(ENV_SPOOL_DIR)
+        .map(PathBuf::from)
+        .or(file.spool_dir)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_SPOOL_DIR));
+    let price_rows = file
+        .prices
+        .into_iter()
+        .map(nm_dataplane::pricing::PriceRow::try_from)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| invalid("prices", e.to_string()))?;
+    let prices = nm_dataplane::pricing::PriceTable::builtin().with_overrides(price_rows);
+
     let registry = providers(env, file.providers)?;
     let extra_ca_certs = match env_get(ENV_TLS_CA_FILE)
         .map(PathBuf::from)
@@ -302,6 +348,10 @@ pub fn resolve(
         shutdown_grace: Duration::from_secs(grace),
         record_queue: usize::try_from(record_queue).unwrap_or(usize::MAX).max(1),
         extra_ca_certs,
+        spool_dir,
+        spool_max_bytes,
+        reserve_output_tokens,
+        prices,
     })
 }
 

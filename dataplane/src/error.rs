@@ -49,6 +49,11 @@ pub enum ProxyError {
     UnsupportedMediaType,
     #[error("temporarily unavailable, nothing was stored; retry later: {0}")]
     Unavailable(String),
+    #[error("budget exceeded: {reason}")]
+    BudgetExceeded {
+        reason: String,
+        retry_after: Duration,
+    },
     #[error("upstream unreachable: {0}")]
     UpstreamUnreachable(String),
     #[error("upstream did not answer within {0:?}")]
@@ -107,6 +112,11 @@ impl ProxyError {
                 "unavailable",
                 Side::Gateway,
             ),
+            BudgetExceeded { .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "budget_exceeded",
+                Side::Client,
+            ),
             UpstreamUnreachable(_) => (
                 StatusCode::BAD_GATEWAY,
                 "upstream_unreachable",
@@ -133,6 +143,13 @@ impl ProxyError {
     pub fn into_response(self, flavor: ErrorFlavor) -> Response<GatewayBody> {
         let (status, code, _) = self.classify();
         let message = self.to_string();
+        let retry_after = match &self {
+            ProxyError::BudgetExceeded { retry_after, .. } => {
+                // Whole seconds, rounded up: a client that waits that long finds the new period.
+                Some(retry_after.as_millis().div_ceil(1000).max(1).to_string())
+            }
+            _ => None,
+        };
         let body = match flavor {
             ErrorFlavor::Gateway => {
                 json!({"ok": false, "error": {"code": code, "message": message}})
@@ -161,6 +178,9 @@ impl ProxyError {
                 header::RETRY_AFTER,
                 HeaderValue::from_static(RETRY_AFTER_SECS),
             );
+        }
+        if let Some(secs) = retry_after.and_then(|s| HeaderValue::from_str(&s).ok()) {
+            headers.insert(header::RETRY_AFTER, secs);
         }
         resp
     }

@@ -4,7 +4,8 @@
 //! (RFC 9110 §7.6.1, including any named in `Connection`), `Host` (the client sets it from the
 //! upstream URL), `Content-Length` (recomputed from the same bytes) and every `NM-*` header.
 //! When the client brought no provider credential and the operator configured one, it is added
-//! the provider's own way.
+//! the provider's own way. `Accept-Encoding` becomes `identity`, so the answer's usage can be read
+//! as it streams by.
 
 use std::time::Duration;
 
@@ -153,6 +154,12 @@ pub fn upstream_headers(
         }
         out.append(name.clone(), value.clone());
     }
+    // Usage is read from the answer as it streams by, so ask for it uncompressed (the client
+    // then gets identity too: no stale Content-Encoding or Content-Length can reach it).
+    out.insert(
+        header::ACCEPT_ENCODING,
+        HeaderValue::from_static("identity"),
+    );
     if let Some(key) = &provider.api_key
         && !has_credential(&out, query)
     {
@@ -203,27 +210,73 @@ fn has_credential(headers: &HeaderMap, query: Option<&str>) -> bool {
         || query.is_some_and(|q| q.split('&').any(|kv| kv.starts_with("key=")))
 }
 
-/// The model a request names: the body's top-level `"model"` field, else a Gemini-style
-/// `models/{model}:method` path segment. The body is only read, never changed.
-pub fn model_of(body: &Bytes, native_path: &str) -> Option<String> {
+/// What the gateway reads from a request body (never changing it): the model, and the cap on
+/// the answer's length that budget reservations are estimated from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RequestFacts {
+    /// The body's top-level `"model"`, else a Gemini-style `models/{model}:method` path segment.
+    pub model: Option<String>,
+    /// `max_tokens` (OpenAI chat, Anthropic), `max_completion_tokens` (OpenAI reasoning models),
+    /// `max_output_tokens` (Responses API) or `generationConfig.maxOutputTokens` (Gemini).
+    pub max_output_tokens: Option<u64>,
+}
+
+/// Reads [`RequestFacts`] in one pass over the body's top-level fields. Values of an unexpected
+/// type are ignored (the provider will judge them), never an error.
+pub fn request_facts(body: &Bytes, native_path: &str) -> RequestFacts {
+    use serde_json::value::RawValue;
     #[derive(serde::Deserialize)]
     struct Peek<'a> {
         #[serde(borrow, default)]
-        model: Option<std::borrow::Cow<'a, str>>,
+        model: Option<&'a RawValue>,
+        #[serde(borrow, default)]
+        max_tokens: Option<&'a RawValue>,
+        #[serde(borrow, default)]
+        max_completion_tokens: Option<&'a RawValue>,
+        #[serde(borrow, default)]
+        max_output_tokens: Option<&'a RawValue>,
+        #[serde(borrow, default, rename = "generationConfig")]
+        generation_config: Option<&'a RawValue>,
     }
-    let from_body = (!body.is_empty()
+    #[derive(serde::Deserialize)]
+    struct GenerationConfig<'a> {
+        #[serde(borrow, default, rename = "maxOutputTokens")]
+        max_output_tokens: Option<&'a RawValue>,
+    }
+    let count = |v: Option<&RawValue>| v.and_then(|v| v.get().parse::<u64>().ok());
+    let peek = (!body.is_empty()
         && body
             .first()
             .is_some_and(|b| *b == b'{' || b.is_ascii_whitespace()))
     .then(|| serde_json::from_slice::<Peek<'_>>(body).ok())
-    .flatten()
-    .and_then(|p| p.model)
-    .map(|m| m.into_owned());
-    from_body.or_else(|| {
+    .flatten();
+    let (model, max_output_tokens) = match peek {
+        Some(p) => (
+            p.model
+                .and_then(|m| serde_json::from_str::<String>(m.get()).ok()),
+            count(p.max_completion_tokens)
+                .or(count(p.max_tokens))
+                .or(count(p.max_output_tokens))
+                .or_else(|| {
+                    let g = p.generation_config?;
+                    count(
+                        serde_json::from_str::<GenerationConfig<'_>>(g.get())
+                            .ok()?
+                            .max_output_tokens,
+                    )
+                }),
+        ),
+        None => (None, None),
+    };
+    let model = model.or_else(|| {
         let after = native_path.split("/models/").nth(1)?;
         let model = after.split([':', '/']).next()?;
         (!model.is_empty()).then(|| model.to_owned())
-    })
+    });
+    RequestFacts {
+        model,
+        max_output_tokens,
+    }
 }
 
 #[cfg(test)]
@@ -291,6 +344,7 @@ mod tests {
             names,
             ["authorization", "anthropic-version", "accept-encoding"]
         );
+        assert_eq!(out[header::ACCEPT_ENCODING], "identity");
         assert_eq!(out[header::AUTHORIZATION], "Bearer sk-client");
     }
 
@@ -317,6 +371,37 @@ mod tests {
         assert_eq!(
             out.get("authorization").map(|v| v.as_bytes()),
             Some(&b"Bearer sk-op"[..])
+        );
+    }
+
+    fn model_of(body: &Bytes, path: &str) -> Option<String> {
+        request_facts(body, path).model
+    }
+
+    #[test]
+    fn finds_output_caps() {
+        let cap = |b: &'static str| {
+            request_facts(&Bytes::from_static(b.as_bytes()), "/").max_output_tokens
+        };
+        assert_eq!(cap(r#"{"model":"m","max_tokens":100}"#), Some(100));
+        assert_eq!(
+            cap(r#"{"max_tokens":100,"max_completion_tokens":300}"#),
+            Some(300)
+        );
+        assert_eq!(cap(r#"{"max_output_tokens":50}"#), Some(50));
+        assert_eq!(
+            cap(r#"{"generationConfig":{"temperature":1,"maxOutputTokens":64}}"#),
+            Some(64)
+        );
+        assert_eq!(cap(r#"{"model":"m"}"#), None);
+        assert_eq!(cap(r#"{"max_tokens":-1}"#), None);
+        let odd = request_facts(
+            &Bytes::from_static(br#"{"model":"m","max_tokens":"9"}"#),
+            "/",
+        );
+        assert_eq!(
+            (odd.model.as_deref(), odd.max_output_tokens),
+            (Some("m"), None)
         );
     }
 

@@ -8,6 +8,7 @@
 
 pub mod attribution;
 pub mod body;
+pub mod budget;
 pub mod error;
 pub mod forward;
 pub mod keys;
@@ -53,7 +54,14 @@ pub struct DataplaneConfig {
     pub extra_roots: Vec<rustls::pki_types::CertificateDer<'static>>,
     /// Version reported by `/health`.
     pub version: &'static str,
+    /// Model prices: the built-in table with the config's rows over it.
+    pub prices: pricing::PriceTable,
+    /// Answer length (tokens) assumed for a budget reservation when a request sets no cap.
+    pub reserve_output_tokens: u64,
 }
+
+/// Answer length assumed for a budget reservation when a request sets no `max_tokens`.
+pub const DEFAULT_RESERVE_OUTPUT_TOKENS: u64 = 4096;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -88,6 +96,9 @@ impl Dataplane {
             signals,
             max_body_bytes: config.max_body_bytes,
             version: config.version,
+            prices: Arc::new(config.prices),
+            budgets: budget::Budgets::default(),
+            reserve_output_tokens: config.reserve_output_tokens,
         };
         Ok((
             Self {
@@ -108,6 +119,11 @@ impl Dataplane {
 
     pub fn records(&self) -> &RecordSink {
         &self.state.records
+    }
+
+    /// The end-user budget state the root keeps current from the controlplane's feed.
+    pub fn budgets(&self) -> &budget::Budgets {
+        &self.state.budgets
     }
 
     /// Serves on `listener` until `shutdown` completes, then drains.

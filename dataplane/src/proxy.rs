@@ -2,9 +2,10 @@
 //! response streamed back frame by frame.
 //!
 //! Steps, in order: resolve the provider from the prefix, check the native path, parse the
-//! attribution headers, read the body under the size limit (to learn the model; the original
-//! bytes are what is sent), build the upstream request, send it, and wrap the upstream body so
-//! its end completes the request record.
+//! attribution headers, read the body under the size limit (to learn the model and the answer's
+//! length cap; the original bytes are what is sent), check the end user's budget and reserve
+//! the request's estimated cost, build the upstream request, send it, and wrap the upstream body
+//! so its frames are metered and its end completes the request record.
 
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
@@ -15,14 +16,19 @@ use hyper::body::Incoming;
 
 use crate::attribution::Attribution;
 use crate::body::{Completion, GatewayBody, ObservedBody};
+use crate::budget::{Refusal, Reservation};
 use crate::error::ProxyError;
-use crate::forward::{model_of, strip_response_headers, upstream_headers, upstream_uri};
+use crate::forward::{
+    RequestFacts, request_facts, strip_response_headers, upstream_headers, upstream_uri,
+};
 use crate::keys::Principal;
 use crate::layers::RequestId;
 use crate::layers::trace::RequestSpan;
 use crate::path::{check_native_path, split_prefix};
+use crate::providers::{ErrorStyle, Provider};
 use crate::records::RequestRecord;
 use crate::stack::State;
+use crate::usage::{Dialect, Framing, Meter};
 
 /// Handles one proxy request. Gateway-made errors after authentication are recorded too, so the
 /// controlplane sees every request a key made.
@@ -84,20 +90,33 @@ pub async fn handle(
         budget_micros: None,
     };
 
-    let result = forward(&state, &provider, &native, req, &mut record, &span).await;
+    let mut reservation = None;
+    let result = forward(
+        &state,
+        &provider,
+        &native,
+        req,
+        &mut record,
+        &mut reservation,
+        &span,
+    )
+    .await;
     match result {
         Ok(resp) => {
             let (parts, upstream_body) = resp.into_parts();
+            let meter = meter_for(&provider, &parts.headers);
             let completion = Completion {
                 record,
                 started,
                 sink: state.records.clone(),
                 span,
+                prices: state.prices.clone(),
+                reservation,
             };
             Ok(Response::from_parts(
                 parts,
                 GatewayBody::Upstream {
-                    inner: ObservedBody::new(upstream_body, completion),
+                    inner: ObservedBody::new(upstream_body, completion, meter),
                 },
             ))
         }
@@ -106,18 +125,109 @@ pub async fn handle(
             record.status = status.as_u16();
             record.error_code = Some(code);
             record.latency = started.elapsed();
+            if let Some(hold) = reservation {
+                // Admitted, but nothing reached the provider: nothing to pay.
+                hold.settle(0);
+                record.budget_micros = Some(0);
+            }
             state.records.send(record);
             Err(e)
         }
     }
 }
 
+/// A meter for the answer, when its provider and content type are ones we read usage from.
+/// A compressed answer (the upstream ignored `Accept-Encoding: identity`) is not metered.
+fn meter_for(provider: &Provider, headers: &http::HeaderMap) -> Option<Meter> {
+    if headers
+        .get(header::CONTENT_ENCODING)
+        .is_some_and(|v| v.as_bytes() != b"identity")
+    {
+        return None;
+    }
+    let ct = headers.get(header::CONTENT_TYPE)?.to_str().ok()?;
+    let ct = ct.split(';').next()?.trim();
+    let framing = if ct.eq_ignore_ascii_case("text/event-stream") {
+        Framing::Sse
+    } else if ct.eq_ignore_ascii_case("application/json") || ct.ends_with("+json") {
+        Framing::Json
+    } else {
+        return None;
+    };
+    let dialect = match provider.errors {
+        ErrorStyle::Openai => Dialect::OpenAi,
+        ErrorStyle::Anthropic => Dialect::Anthropic,
+        ErrorStyle::Gemini => Dialect::Gemini,
+    };
+    Some(Meter::new(dialect, framing))
+}
+
+/// Prompt tokens assumed per body byte when estimating a reservation (JSON text runs about four
+/// bytes a token; images and other overhead make this an over-estimate, which is the safe side).
+const BYTES_PER_TOKEN: usize = 4;
+/// Prompt tokens counted at most for a reservation (a large upload must not block its user's
+/// concurrent requests for more than a long prompt's worth).
+const MAX_RESERVED_INPUT_TOKENS: u64 = 200_000;
+
+/// The end user's budget check: admits with a reservation of the request's estimated cost, or
+/// refuses with 429 until the period resets.
+fn check_budget(
+    state: &State,
+    provider: &Provider,
+    facts: &RequestFacts,
+    body_len: usize,
+    user: &str,
+    request_id: &str,
+) -> Result<Option<Reservation>, ProxyError> {
+    let input = (body_len.div_ceil(BYTES_PER_TOKEN) as u64).min(MAX_RESERVED_INPUT_TOKENS);
+    let output = facts
+        .max_output_tokens
+        .unwrap_or(state.reserve_output_tokens);
+    let estimate = facts
+        .model
+        .as_deref()
+        .and_then(|m| {
+            state
+                .prices
+                .estimate_micros(&provider.name, m, input, output)
+        })
+        .unwrap_or(0);
+    let now_ms = SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    state
+        .budgets
+        .admit(user, request_id, estimate, now_ms)
+        .map_err(|refusal| match refusal {
+            Refusal::Spent {
+                limit_micros,
+                period,
+                retry_after,
+            } => ProxyError::BudgetExceeded {
+                reason: format!(
+                    "this end user's budget of {} per {} is spent",
+                    nm_types::money::format_usd(limit_micros),
+                    period.as_str()
+                ),
+                retry_after,
+            },
+            Refusal::Rate { rpm, retry_after } => ProxyError::BudgetExceeded {
+                reason: format!("this end user may start {rpm} requests per minute"),
+                retry_after,
+            },
+            Refusal::NotLoaded => ProxyError::Unavailable(
+                "end-user budgets not loaded from the controlplane yet".to_owned(),
+            ),
+        })
+}
+
 async fn forward(
     state: &State,
-    provider: &crate::providers::Provider,
+    provider: &Provider,
     native: &str,
     req: Request<Incoming>,
     record: &mut RequestRecord,
+    reservation: &mut Option<Reservation>,
     span: &tracing::Span,
 ) -> Result<Response<Incoming>, ProxyError> {
     check_native_path(native)?;
@@ -155,9 +265,20 @@ async fn forward(
         }
     })?;
     let body = body.to_bytes();
-    record.model = model_of(&body, native);
+    let facts = request_facts(&body, native);
+    record.model = facts.model.clone();
     if let Some(m) = &record.model {
         span.record("gen_ai.request.model", m.as_str());
+    }
+    if let Some(user) = &record.user_id {
+        *reservation = check_budget(
+            state,
+            provider,
+            &facts,
+            body.len(),
+            user,
+            &record.request_id,
+        )?;
     }
 
     let query = parts.uri.query();

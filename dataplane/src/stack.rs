@@ -40,6 +40,10 @@ pub struct State {
     pub signals: Arc<dyn SignalSink>,
     pub max_body_bytes: usize,
     pub version: &'static str,
+    pub prices: Arc<crate::pricing::PriceTable>,
+    pub budgets: crate::budget::Budgets,
+    /// Answer length assumed for a budget reservation when the request sets no cap.
+    pub reserve_output_tokens: u64,
 }
 
 /// Builds the dataplane service for one connection (cheap: clones of `Arc`s).

@@ -1,6 +1,7 @@
 //! The dataplane's link to its controlplane: a key watcher that keeps the in-memory
-//! [`KeySet`] current and `/health` truthful, and a shipper that drains the request-record queue
-//! into `IngestRequests` batches.
+//! [`KeySet`] current and `/health` truthful, a budget watcher that keeps the end-user
+//! [`Budgets`] current, and a shipper that drains the request-record queue into
+//! `IngestRequests` batches (and tells the budgets which records were stored).
 //!
 //! Neither ever blocks a request. When the controlplane is unreachable, the last known key set
 //! stays in force, `/health` answers 503, and records wait in the bounded queue while the shipper
@@ -10,6 +11,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use nm_dataplane::budget::{Budgets, Feed, RemoteSpend};
 use nm_dataplane::{
     Health, KeySet, Principal, RecordQueue, SignalSink, SignalSubmission, SubmitError, SubmitFuture,
 };
@@ -88,40 +90,146 @@ pub fn channel(url: &str) -> anyhow::Result<Channel> {
 pub struct Link {
     stop: watch::Sender<bool>,
     watcher: JoinHandle<()>,
+    budget_watcher: JoinHandle<()>,
     shipper: JoinHandle<()>,
 }
 
+/// The dataplane state the link keeps current.
+#[derive(Debug, Clone)]
+pub struct LinkTargets {
+    pub keys: KeySet,
+    pub health: Health,
+    pub budgets: Budgets,
+}
+
 impl Link {
-    pub fn spawn(
-        channel: Channel,
-        keys: KeySet,
-        health: Health,
-        queue: RecordQueue,
-        name: String,
-    ) -> Self {
+    pub fn spawn(channel: Channel, targets: LinkTargets, queue: RecordQueue, name: String) -> Self {
         let (stop, stop_rx) = watch::channel(false);
         let client = DataplaneClient::new(channel);
         let watcher = tokio::spawn(watch_keys(
             client.clone(),
-            keys,
-            health,
+            targets.keys,
+            targets.health,
+            name.clone(),
+            stop_rx.clone(),
+        ));
+        let budget_watcher = tokio::spawn(watch_budgets(
+            client.clone(),
+            targets.budgets.clone(),
             name,
             stop_rx.clone(),
         ));
-        let shipper = tokio::spawn(ship(client, queue, stop_rx));
+        let shipper = tokio::spawn(ship(client, queue, targets.budgets, stop_rx));
         Self {
             stop,
             watcher,
+            budget_watcher,
             shipper,
         }
     }
 
-    /// Stops watching keys, delivers what is queued (up to [`FLUSH_DEADLINE`]), and returns.
+    /// Stops watching, delivers what is queued (up to [`FLUSH_DEADLINE`]), and returns.
     pub async fn stop(self) {
         let _ = self.stop.send(true);
         self.watcher.abort();
+        self.budget_watcher.abort();
         let _ = self.shipper.await;
     }
+}
+
+/// Keeps `budgets` current from the controlplane's feed. While the feed is down the last known
+/// state stays in force (the key watcher reports the outage on `/health`).
+async fn watch_budgets(
+    mut client: DataplaneClient<Channel>,
+    budgets: Budgets,
+    name: String,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let problem = match client
+            .watch_budgets(pb::WatchBudgetsRequest {
+                dataplane: name.clone(),
+            })
+            .await
+        {
+            Err(status) => format!("{}: {}", status.code(), status.message()),
+            Ok(resp) => {
+                let mut stream = resp.into_inner();
+                loop {
+                    match tokio::time::timeout(STALE_AFTER, stream.message()).await {
+                        Ok(Ok(Some(msg))) => {
+                            budgets.apply_feed(feed_from_pb(msg));
+                            backoff = Duration::from_millis(100);
+                        }
+                        Ok(Ok(None)) => break "budget feed closed by the controlplane".to_owned(),
+                        Ok(Err(status)) => {
+                            break format!("{}: {}", status.code(), status.message());
+                        }
+                        Err(_) => break format!("no budget feed for {}s", STALE_AFTER.as_secs()),
+                    }
+                }
+            }
+        };
+        if *stop.borrow() {
+            return;
+        }
+        debug!(problem = %problem, "budget feed lost; keeping the last known budgets");
+        tokio::select! {
+            () = tokio::time::sleep(backoff) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+fn feed_from_pb(msg: pb::BudgetFeed) -> Feed {
+    let mut default = None;
+    let mut overrides = Vec::new();
+    for b in &msg.budgets {
+        let rule = super::convert::rule_from_pb(b);
+        match &b.user_id {
+            None => default = Some(rule),
+            Some(u) => overrides.push((u.clone(), rule)),
+        }
+    }
+    Feed {
+        epoch: msg.epoch,
+        seq: msg.seq,
+        full: msg.full,
+        default,
+        overrides,
+        spend: msg
+            .spend
+            .into_iter()
+            .map(|s| {
+                (
+                    s.user_id,
+                    RemoteSpend {
+                        day_micros: s.day_micros,
+                        month_micros: s.month_micros,
+                        minute: s.minute,
+                        minute_requests: s.minute_requests,
+                    },
+                )
+            })
+            .collect(),
+        day: msg.day,
+        month: msg.month,
+    }
+}
+
+/// Tells the budgets which of a batch's records the controlplane stored, and where in its feed.
+fn mark_delivered(
+    budgets: &Budgets,
+    batch: &[pb::RequestRecord],
+    resp: &pb::IngestRequestsResponse,
+) {
+    let budgeted = batch.iter().filter_map(|r| {
+        r.budget_micros?;
+        Some((r.user_id.as_deref()?, r.request_id.as_str()))
+    });
+    budgets.delivered(budgeted, resp.epoch, resp.seq);
 }
 
 async fn watch_keys(
@@ -200,6 +308,7 @@ fn principals(snapshot: pb::KeySnapshot) -> HashMap<nm_types::KeyHash, Principal
 async fn ship(
     mut client: DataplaneClient<Channel>,
     mut queue: RecordQueue,
+    budgets: Budgets,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut batch: Vec<pb::RequestRecord> = Vec::new();
@@ -232,7 +341,8 @@ async fn ship(
             })
             .await
         {
-            Ok(_) => {
+            Ok(resp) => {
+                mark_delivered(&budgets, &batch, resp.get_ref());
                 batch.clear();
                 backoff = Duration::from_millis(100);
             }
@@ -263,7 +373,8 @@ async fn ship(
         )
         .await;
         match sent {
-            Ok(Ok(_)) => {
+            Ok(Ok(resp)) => {
+                mark_delivered(&budgets, &batch[..n], resp.get_ref());
                 batch.drain(..n);
             }
             Ok(Err(status)) if tokio::time::Instant::now() < deadline => {

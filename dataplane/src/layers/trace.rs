@@ -57,6 +57,10 @@ where
             nm.key_id = Empty,
             http.response.status_code = Empty,
             nm.latency_ms = Empty,
+            gen_ai.response.model = Empty,
+            gen_ai.usage.input_tokens = Empty,
+            gen_ai.usage.output_tokens = Empty,
+            nm.cost_micros = Empty,
         );
         req.extensions_mut().insert(RequestSpan(span.clone()));
         // Call inside the span, so what the inner layers do synchronously is attributed too.
