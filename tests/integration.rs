@@ -3,6 +3,7 @@
 
 mod common;
 
+mod budgets;
 mod errors;
 mod keys;
 mod process;

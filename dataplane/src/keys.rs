@@ -63,6 +63,9 @@ pub struct Health {
 struct HealthState {
     /// `None` when the controlplane is reachable; otherwise why not.
     controlplane_problem: Option<String>,
+    /// Whether the first end-user budget state has arrived (requests naming an end user are
+    /// refused until then).
+    budgets_loaded: bool,
     draining: bool,
 }
 
@@ -73,6 +76,7 @@ impl Default for Health {
                 controlplane_problem: Some(
                     "waiting for the first key snapshot from the controlplane".to_owned(),
                 ),
+                budgets_loaded: false,
                 draining: false,
             })),
         }
@@ -96,6 +100,10 @@ impl Health {
         self.with(|s| s.controlplane_problem = Some(reason));
     }
 
+    pub fn set_budgets_loaded(&self) {
+        self.with(|s| s.budgets_loaded = true);
+    }
+
     pub fn set_draining(&self) {
         self.with(|s| s.draining = true);
     }
@@ -107,6 +115,9 @@ impl Health {
                 return Err("shutting down".to_owned());
             }
             match &s.controlplane_problem {
+                None if !s.budgets_loaded => {
+                    Err("waiting for the end-user budgets from the controlplane".to_owned())
+                }
                 None => Ok(()),
                 Some(p) => Err(format!("controlplane unreachable: {p}")),
             }
@@ -138,6 +149,8 @@ mod tests {
         let h = Health::default();
         assert!(h.status().is_err());
         h.set_controlplane_ok();
+        assert!(h.status().is_err_and(|r| r.contains("budgets")));
+        h.set_budgets_loaded();
         assert_eq!(h.status(), Ok(()));
         h.set_controlplane_problem("connection refused");
         assert!(h.status().is_err_and(|r| r.contains("connection refused")));

@@ -109,13 +109,14 @@ impl Link {
         let watcher = tokio::spawn(watch_keys(
             client.clone(),
             targets.keys,
-            targets.health,
+            targets.health.clone(),
             name.clone(),
             stop_rx.clone(),
         ));
         let budget_watcher = tokio::spawn(watch_budgets(
             client.clone(),
             targets.budgets.clone(),
+            targets.health.clone(),
             name,
             stop_rx.clone(),
         ));
@@ -142,6 +143,7 @@ impl Link {
 async fn watch_budgets(
     mut client: DataplaneClient<Channel>,
     budgets: Budgets,
+    health: Health,
     name: String,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -160,6 +162,7 @@ async fn watch_budgets(
                     match tokio::time::timeout(STALE_AFTER, stream.message()).await {
                         Ok(Ok(Some(msg))) => {
                             budgets.apply_feed(feed_from_pb(msg));
+                            health.set_budgets_loaded();
                             backoff = Duration::from_millis(100);
                         }
                         Ok(Ok(None)) => break "budget feed closed by the controlplane".to_owned(),

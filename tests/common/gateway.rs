@@ -106,6 +106,9 @@ impl Builder {
         self.env
             .entry("NM_SHUTDOWN_GRACE_SECS".into())
             .or_insert("5".into());
+        self.env
+            .entry("NM_SPOOL_DIR".into())
+            .or_insert(dir.path().join("spool").display().to_string());
         let file = self.file.clone();
         let settings = |mode, env: &HashMap<String, String>| {
             config::resolve(mode, &Flags::default(), env, file.clone())
@@ -138,6 +141,11 @@ impl Builder {
             .iter()
             .find_map(|r| r.grpc_addr)
             .unwrap_or_else(|| panic!("no controlplane"));
+        let dp_settings = {
+            let mut env = self.env.clone();
+            env.insert("NM_CONTROLPLANE_URL".into(), format!("http://{grpc}"));
+            settings(Mode::Dataplane, &env)
+        };
         let gw = TestGateway {
             http,
             grpc,
@@ -145,6 +153,8 @@ impl Builder {
             db: self.db,
             shape: self.shape,
             cp_settings,
+            dp_settings,
+            extra: Vec::new(),
             running,
             client: client(),
             _dir: dir,
@@ -200,6 +210,10 @@ pub struct TestGateway {
     pub db: Db,
     pub shape: Shape,
     cp_settings: nm_gateway::config::Settings,
+    /// Settings a (further) dataplane of this gateway starts with.
+    dp_settings: nm_gateway::config::Settings,
+    /// Dataplanes started by [`TestGateway::add_dataplane`].
+    extra: Vec<Running>,
     running: Vec<Running>,
     client: TestClient,
     _dir: tempfile::TempDir,
@@ -334,8 +348,72 @@ impl TestGateway {
         self.running.insert(0, cp);
     }
 
-    /// Drains and stops everything (dataplane first).
+    /// Starts another dataplane against the same controlplane, with its own spool directory;
+    /// returns its HTTP address (use [`TestGateway::raw_at`]).
+    pub async fn add_dataplane(&mut self) -> SocketAddr {
+        let mut settings = self.dp_settings.clone();
+        settings.spool_dir = self
+            ._dir
+            .path()
+            .join(format!("spool-extra-{}", self.extra.len()));
+        let dp = app::start_dataplane(&settings)
+            .await
+            .unwrap_or_else(|e| panic!("extra dataplane: {e:#}"));
+        let http = dp.http_addr.unwrap_or_else(|| panic!("no http address"));
+        self.extra.push(dp);
+        super::eventually(
+            Duration::from_secs(10),
+            "extra dataplane healthy",
+            || async {
+                let a = self.raw_at(http, "GET", "/health", &[], "").await;
+                (a.status == 200).then_some(())
+            },
+        )
+        .await;
+        http
+    }
+
+    /// Split shape: stops the dataplane (it drains and, with the controlplane away, spools what
+    /// it could not deliver) and starts a new one with the same settings and spool directory.
+    /// Returns once the new one is listening (not necessarily healthy).
+    pub async fn restart_dataplane(&mut self) {
+        assert_eq!(
+            self.shape,
+            Shape::Split,
+            "only a split gateway has a separate dataplane"
+        );
+        let dp = self.running.pop().unwrap_or_else(|| panic!("no dataplane"));
+        dp.stop()
+            .await
+            .unwrap_or_else(|e| panic!("dataplane stop: {e:#}"));
+        let mut settings = self.dp_settings.clone();
+        settings.http_addr = self.http;
+        let dp = app::start_dataplane(&settings)
+            .await
+            .unwrap_or_else(|e| panic!("dataplane restart: {e:#}"));
+        self.running.push(dp);
+    }
+
+    /// Any request to the dataplane at `http`, exactly as given.
+    pub async fn raw_at(
+        &self,
+        http: SocketAddr,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: impl Into<Bytes>,
+    ) -> Answer {
+        let url = format!("http://{http}{path}");
+        read(send(&self.client, request(method, &url, headers, body)).await).await
+    }
+
+    /// Drains and stops everything (dataplanes first).
     pub async fn stop(mut self) {
+        while let Some(r) = self.extra.pop() {
+            if let Err(e) = r.stop().await {
+                panic!("extra dataplane stopped with an error: {e:#}");
+            }
+        }
         while let Some(r) = self.running.pop() {
             if let Err(e) = r.stop().await {
                 panic!("gateway stopped with an error: {e:#}");
