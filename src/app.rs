@@ -13,6 +13,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use anyhow::Context;
 use nm_controlplane::Store;
+use nm_dataplane::spool::Spool;
 use nm_dataplane::{Dataplane, DataplaneConfig};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -22,6 +23,7 @@ use tracing::info;
 use crate::config::{Mode, Settings};
 use crate::grpc::link::{self, Link};
 use crate::grpc::server::{self, Controlplane};
+use crate::grpc::shipper::SharedSpool;
 
 /// The version reported by `/health` and `--version`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -162,10 +164,22 @@ async fn dataplane(
     let signals = std::sync::Arc::new(link::GrpcSignalSink::new(channel.clone()));
     let (dp, queue) = Dataplane::new(config, signals)?;
     let name = format!("dataplane-{}", std::process::id());
+    let spool_dir = settings.spool_dir.clone();
+    let spool_cap = settings.spool_max_bytes;
+    let spool = tokio::task::spawn_blocking(move || Spool::open(&spool_dir, spool_cap))
+        .await?
+        .with_context(|| {
+            format!(
+                "cannot open the record spool in NM_SPOOL_DIR {}",
+                settings.spool_dir.display()
+            )
+        })?;
     let targets = link::LinkTargets {
         keys: dp.keys().clone(),
         health: dp.health().clone(),
         budgets: dp.budgets().clone(),
+        metrics: dp.metrics().clone(),
+        spool: SharedSpool::new(spool),
     };
     let link = Link::spawn(channel, targets, queue, name);
     let listener = TcpListener::bind(settings.http_addr)

@@ -197,6 +197,9 @@ async fn count(gw: &TestGateway) -> usize {
     rows(gw, "SELECT request_id FROM requests").await.len()
 }
 
+/// While the controlplane is down the dataplane keeps serving from memory and spools its records
+/// to disk; a dataplane restart in the middle loses none; when the controlplane is back every
+/// record is stored exactly once.
 #[tokio::test]
 async fn a_controlplane_outage_keeps_keys_and_loses_no_records() {
     let mock = MockProvider::json("{}").start().await;
@@ -235,7 +238,7 @@ async fn a_controlplane_outage_keeps_keys_and_loses_no_records() {
         "{body}"
     );
 
-    // Keys stay in force from memory; records wait in the queue.
+    // Keys stay in force from memory; records go to the spool on disk.
     for _ in 0..5 {
         assert_eq!(
             gw.post("/openai/v1/chat/completions", &[("nm-agent", "a")], "{}")
@@ -244,15 +247,31 @@ async fn a_controlplane_outage_keeps_keys_and_loses_no_records() {
             200
         );
     }
+    eventually(Duration::from_secs(10), "records spooled", || async {
+        let m = gw.get("/metrics").await;
+        assert_eq!(m.status, 200);
+        String::from_utf8_lossy(&m.body)
+            .contains("nm_spool_records 5")
+            .then_some(())
+    })
+    .await;
     assert_eq!(count(&gw).await, 1);
 
+    // A dataplane restart while the controlplane is still away: the spool survives it.
+    gw.restart_dataplane().await;
     gw.restart_controlplane().await;
     gw.wait_healthy().await;
     eventually(
         Duration::from_secs(15),
-        "queued records delivered",
+        "spooled records delivered",
         || async { (count(&gw).await == 6).then_some(()) },
     )
     .await;
+    assert_eq!(
+        rows(&gw, "SELECT DISTINCT request_id FROM requests").await.len(),
+        6
+    );
+    let m = gw.get("/metrics").await;
+    assert!(String::from_utf8_lossy(&m.body).contains("nm_spool_records 0"));
     gw.stop().await;
 }

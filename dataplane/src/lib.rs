@@ -13,6 +13,7 @@ pub mod error;
 pub mod forward;
 pub mod keys;
 pub mod layers;
+pub mod metrics;
 pub mod path;
 pub mod pricing;
 pub mod providers;
@@ -82,7 +83,8 @@ impl Dataplane {
         config: DataplaneConfig,
         signals: Arc<dyn SignalSink>,
     ) -> Result<(Self, RecordQueue), Error> {
-        let (records, queue) = records::record_queue(config.record_queue_capacity);
+        let metrics = metrics::Metrics::default();
+        let (records, queue) = records::record_queue(config.record_queue_capacity, metrics.clone());
         let state = stack::State {
             registry: Arc::new(config.registry),
             keys: KeySet::default(),
@@ -98,6 +100,7 @@ impl Dataplane {
             version: config.version,
             prices: Arc::new(config.prices),
             budgets: budget::Budgets::default(),
+            metrics,
             reserve_output_tokens: config.reserve_output_tokens,
         };
         Ok((
@@ -119,6 +122,11 @@ impl Dataplane {
 
     pub fn records(&self) -> &RecordSink {
         &self.state.records
+    }
+
+    /// The dataplane's Prometheus metrics (served at `/metrics`).
+    pub fn metrics(&self) -> &metrics::Metrics {
+        &self.state.metrics
     }
 
     /// The end-user budget state the root keeps current from the controlplane's feed.

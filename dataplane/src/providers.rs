@@ -125,7 +125,7 @@ pub fn builtin() -> Vec<(&'static str, ProviderSpec)> {
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum RegistryError {
     #[error(
-        "provider {name:?}: name must be lowercase letters, digits, '-' or '_', and not v1 or health"
+        "provider {name:?}: name must be lowercase letters, digits, '-' or '_', and not v1, health or metrics"
     )]
     BadName { name: String },
     #[error("provider {name:?}: base URL {url:?} is not an absolute http(s) URL without query")]
@@ -195,7 +195,7 @@ impl Registry {
 }
 
 /// Path prefixes the gateway serves itself.
-const RESERVED: [&str; 2] = ["v1", "health"];
+const RESERVED: [&str; 3] = ["v1", "health", "metrics"];
 
 fn valid_name(name: &str) -> bool {
     !RESERVED.contains(&name)

@@ -199,26 +199,41 @@ fn check_budget(
         .budgets
         .admit(user, request_id, estimate, now_ms)
         .map_err(|refusal| match refusal {
-            Refusal::Spent {
-                limit_micros,
-                period,
-                retry_after,
-            } => ProxyError::BudgetExceeded {
-                reason: format!(
-                    "this end user's budget of {} per {} is spent",
-                    nm_types::money::format_usd(limit_micros),
-                    period.as_str()
-                ),
-                retry_after,
-            },
-            Refusal::Rate { rpm, retry_after } => ProxyError::BudgetExceeded {
-                reason: format!("this end user may start {rpm} requests per minute"),
-                retry_after,
-            },
-            Refusal::NotLoaded => ProxyError::Unavailable(
-                "end-user budgets not loaded from the controlplane yet".to_owned(),
-            ),
+            Refusal::Spent { .. } | Refusal::Rate { .. } => {
+                let reason = if matches!(refusal, Refusal::Spent { .. }) {
+                    "spend"
+                } else {
+                    "rate"
+                };
+                state.metrics.budget_refused(reason);
+                refusal_error(refusal)
+            }
+            Refusal::NotLoaded => refusal_error(refusal),
         })
+}
+
+fn refusal_error(refusal: Refusal) -> ProxyError {
+    match refusal {
+        Refusal::Spent {
+            limit_micros,
+            period,
+            retry_after,
+        } => ProxyError::BudgetExceeded {
+            reason: format!(
+                "this end user's budget of {} per {} is spent",
+                nm_types::money::format_usd(limit_micros),
+                period.as_str()
+            ),
+            retry_after,
+        },
+        Refusal::Rate { rpm, retry_after } => ProxyError::BudgetExceeded {
+            reason: format!("this end user may start {rpm} requests per minute"),
+            retry_after,
+        },
+        Refusal::NotLoaded => ProxyError::Unavailable(
+            "end-user budgets not loaded from the controlplane yet".to_owned(),
+        ),
+    }
 }
 
 async fn forward(

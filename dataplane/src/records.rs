@@ -12,6 +12,7 @@ use std::time::{Duration, SystemTime};
 
 use nm_types::Env;
 
+use crate::metrics::Metrics;
 use crate::usage::Usage;
 use tokio::sync::mpsc;
 use tracing::warn;
@@ -67,18 +68,20 @@ pub enum UsageStatus {
 pub struct RecordSink {
     tx: mpsc::Sender<RequestRecord>,
     dropped: Arc<AtomicU64>,
+    metrics: Metrics,
 }
 
 /// The consuming side, drained by the root's shipper.
 pub type RecordQueue = mpsc::Receiver<RequestRecord>;
 
 /// A bounded record queue of `capacity` records.
-pub fn record_queue(capacity: usize) -> (RecordSink, RecordQueue) {
+pub fn record_queue(capacity: usize, metrics: Metrics) -> (RecordSink, RecordQueue) {
     let (tx, rx) = mpsc::channel(capacity.max(1));
     (
         RecordSink {
             tx,
             dropped: Arc::default(),
+            metrics,
         },
         rx,
     )
@@ -89,6 +92,7 @@ impl RecordSink {
     pub fn send(&self, record: RequestRecord) {
         if self.tx.try_send(record).is_err() {
             let n = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+            self.metrics.records_dropped("queue_full", 1);
             if n.is_power_of_two() {
                 warn!(
                     dropped_total = n,

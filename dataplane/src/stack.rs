@@ -42,6 +42,7 @@ pub struct State {
     pub version: &'static str,
     pub prices: Arc<crate::pricing::PriceTable>,
     pub budgets: crate::budget::Budgets,
+    pub metrics: crate::metrics::Metrics,
     /// Answer length assumed for a budget reservation when the request sets no cap.
     pub reserve_output_tokens: u64,
 }
@@ -86,6 +87,10 @@ impl Service<Request<Incoming>> for Router {
                 let method = req.method().clone();
                 Box::pin(async move { health(&state, &method) })
             }
+            "/metrics" => {
+                let method = req.method().clone();
+                Box::pin(async move { metrics(&state, &method) })
+            }
             "/v1/signal" => Box::pin(crate::signal::handle(state, req)),
             p if p.starts_with("/v1/") => {
                 let err = ProxyError::NotFound {
@@ -97,6 +102,20 @@ impl Service<Request<Incoming>> for Router {
             _ => Box::pin(crate::proxy::handle(state, req)),
         }
     }
+}
+
+/// `GET /metrics`: Prometheus text exposition.
+fn metrics(state: &State, method: &Method) -> Result<Response<GatewayBody>, ProxyError> {
+    if method != Method::GET {
+        return Err(ProxyError::MethodNotAllowed(method.clone()));
+    }
+    tracing::Span::current().record("http.route", "/metrics");
+    let mut resp = Response::new(GatewayBody::full(state.metrics.render()));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+    );
+    Ok(resp)
 }
 
 /// `GET /health`: 200 `{"status": "ok", "version"}`, or 503 with a status and a reason while the

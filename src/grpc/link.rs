@@ -3,34 +3,30 @@
 //! [`Budgets`] current, and a shipper that drains the request-record queue into
 //! `IngestRequests` batches (and tells the budgets which records were stored).
 //!
-//! Neither ever blocks a request. When the controlplane is unreachable, the last known key set
-//! stays in force, `/health` answers 503, and records wait in the bounded queue while the shipper
-//! retries (a spool on disk comes with usage metering).
+//! None ever blocks a request. When the controlplane is unreachable, the last known keys and
+//! budgets stay in force, `/health` answers 503, and records go to the on-disk spool until the
+//! controlplane is back (see [`super::shipper`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use nm_dataplane::budget::{Budgets, Feed, RemoteSpend};
+use nm_dataplane::metrics::Metrics;
 use nm_dataplane::{
     Health, KeySet, Principal, RecordQueue, SignalSink, SignalSubmission, SubmitError, SubmitFuture,
 };
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tonic::transport::{Channel, Endpoint};
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
-use super::convert::{record_to_pb, signal_to_pb};
+use super::convert::signal_to_pb;
 use super::pb::{self, dataplane_client::DataplaneClient};
+use super::shipper::{SharedSpool, ship};
 
 /// Without a snapshot or heartbeat for this long, the controlplane counts as unreachable.
 pub const STALE_AFTER: Duration = Duration::from_secs(6);
-/// Most records per `IngestRequests` call.
-pub const MAX_BATCH: usize = 1_000;
-/// How long the shipper waits for more records before sending a batch.
-pub const LINGER: Duration = Duration::from_millis(50);
-/// How long shutdown waits for the last records to be delivered.
-pub const FLUSH_DEADLINE: Duration = Duration::from_secs(10);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// How long a signal request waits for the controlplane's commit before answering 503.
 pub const SIGNAL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -100,6 +96,9 @@ pub struct LinkTargets {
     pub keys: KeySet,
     pub health: Health,
     pub budgets: Budgets,
+    pub metrics: Metrics,
+    /// Where records wait while the controlplane is unreachable.
+    pub spool: SharedSpool,
 }
 
 impl Link {
@@ -120,7 +119,14 @@ impl Link {
             name,
             stop_rx.clone(),
         ));
-        let shipper = tokio::spawn(ship(client, queue, targets.budgets, stop_rx));
+        let shipper = tokio::spawn(ship(
+            client,
+            queue,
+            targets.budgets,
+            targets.spool,
+            targets.metrics,
+            stop_rx,
+        ));
         Self {
             stop,
             watcher,
@@ -129,7 +135,7 @@ impl Link {
         }
     }
 
-    /// Stops watching, delivers what is queued (up to [`FLUSH_DEADLINE`]), and returns.
+    /// Stops watching, delivers or spools what is queued, and returns.
     pub async fn stop(self) {
         let _ = self.stop.send(true);
         self.watcher.abort();
@@ -222,19 +228,6 @@ fn feed_from_pb(msg: pb::BudgetFeed) -> Feed {
     }
 }
 
-/// Tells the budgets which of a batch's records the controlplane stored, and where in its feed.
-fn mark_delivered(
-    budgets: &Budgets,
-    batch: &[pb::RequestRecord],
-    resp: &pb::IngestRequestsResponse,
-) {
-    let budgeted = batch.iter().filter_map(|r| {
-        r.budget_micros?;
-        Some((r.user_id.as_deref()?, r.request_id.as_str()))
-    });
-    budgets.delivered(budgeted, resp.epoch, resp.seq);
-}
-
 async fn watch_keys(
     mut client: DataplaneClient<Channel>,
     keys: KeySet,
@@ -306,94 +299,4 @@ fn principals(snapshot: pb::KeySnapshot) -> HashMap<nm_types::KeyHash, Principal
             ))
         })
         .collect()
-}
-
-async fn ship(
-    mut client: DataplaneClient<Channel>,
-    mut queue: RecordQueue,
-    budgets: Budgets,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut batch: Vec<pb::RequestRecord> = Vec::new();
-    let mut backoff = Duration::from_millis(100);
-    loop {
-        if batch.is_empty() {
-            tokio::select! {
-                received = queue.recv() => match received {
-                    Some(r) => batch.push(record_to_pb(r)),
-                    None => return,
-                },
-                _ = stop.wait_for(|s| *s) => break,
-            }
-        }
-        // Linger briefly so a busy dataplane sends few large batches: every batch is one database
-        // transaction, and many small ones cost the controlplane far more than the rows do.
-        let linger_until = tokio::time::Instant::now() + LINGER;
-        while batch.len() < MAX_BATCH {
-            match queue.try_recv() {
-                Ok(r) => batch.push(record_to_pb(r)),
-                Err(_) => match tokio::time::timeout_at(linger_until, queue.recv()).await {
-                    Ok(Some(r)) => batch.push(record_to_pb(r)),
-                    Ok(None) | Err(_) => break,
-                },
-            }
-        }
-        match client
-            .ingest_requests(pb::IngestRequestsRequest {
-                records: batch.clone(),
-            })
-            .await
-        {
-            Ok(resp) => {
-                mark_delivered(&budgets, &batch, resp.get_ref());
-                batch.clear();
-                backoff = Duration::from_millis(100);
-            }
-            Err(status) => {
-                debug!(code = ?status.code(), message = status.message(), records = batch.len(), "record delivery failed; retrying");
-                tokio::select! {
-                    () = tokio::time::sleep(backoff) => {}
-                    _ = stop.wait_for(|s| *s) => break,
-                }
-                backoff = (backoff * 2).min(MAX_BACKOFF);
-            }
-        }
-    }
-
-    // Shutting down: the server has drained, so the queue holds everything there will be.
-    queue.close();
-    while let Ok(r) = queue.try_recv() {
-        batch.push(record_to_pb(r));
-    }
-    let total = batch.len();
-    let deadline = tokio::time::Instant::now() + FLUSH_DEADLINE;
-    while !batch.is_empty() {
-        let n = batch.len().min(MAX_BATCH);
-        let chunk: Vec<_> = batch[..n].to_vec();
-        let sent = tokio::time::timeout_at(
-            deadline,
-            client.ingest_requests(pb::IngestRequestsRequest { records: chunk }),
-        )
-        .await;
-        match sent {
-            Ok(Ok(resp)) => {
-                mark_delivered(&budgets, &batch[..n], resp.get_ref());
-                batch.drain(..n);
-            }
-            Ok(Err(status)) if tokio::time::Instant::now() < deadline => {
-                debug!(code = ?status.code(), "final record delivery failed; retrying");
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            _ => {
-                warn!(
-                    lost = batch.len(),
-                    "controlplane unreachable at shutdown; request records not delivered"
-                );
-                return;
-            }
-        }
-    }
-    if total > 0 {
-        info!(records = total, "delivered the last request records");
-    }
 }

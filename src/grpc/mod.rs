@@ -1,10 +1,11 @@
 //! gRPC: the generated code for proto/, the controlplane's services ([`server`]), the
-//! dataplane's link to its controlplane ([`link`]), and the one mapping from controlplane errors
+//! dataplane's link to its controlplane ([`link`], with the record [`shipper`]), and the one mapping from controlplane errors
 //! to gRPC status ([`status`]).
 
 pub mod convert;
 pub mod link;
 pub mod server;
+pub mod shipper;
 pub mod status;
 
 /// Code generated from `proto/nm/v1/*.proto` by build.rs.

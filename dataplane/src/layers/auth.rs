@@ -16,7 +16,7 @@ use crate::keys::KeySet;
 pub const NM_KEY: &str = "nm-key";
 
 /// Paths served without a service key.
-pub const UNAUTHENTICATED_ROUTES: &[&str] = &["/health"];
+pub const UNAUTHENTICATED_ROUTES: &[&str] = &["/health", "/metrics"];
 
 #[derive(Debug, Clone)]
 pub struct AuthLayer {

@@ -1,0 +1,127 @@
+//! Prometheus metrics of the dataplane, served at `GET /metrics` (text exposition, no key, like
+//! `/health`): what a record's journey lost and why, the spool's backlog, and budget refusals.
+//! Labels are closed sets of our own codes, never user input.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Reason {
+    reason: &'static str,
+}
+
+/// Cheap to clone; every clone updates the same metrics.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    registry: Registry,
+    records_dropped: Family<Reason, Counter>,
+    budget_refusals: Family<Reason, Counter>,
+    spool_records: Gauge,
+    spool_bytes: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("nm");
+        let records_dropped = Family::<Reason, Counter>::default();
+        registry.register(
+            "records_dropped",
+            "Request records lost before reaching the controlplane, by reason (queue_full, spool_full, spool_error, spool_undecodable)",
+            records_dropped.clone(),
+        );
+        let budget_refusals = Family::<Reason, Counter>::default();
+        registry.register(
+            "budget_refusals",
+            "Requests refused with 429 budget_exceeded, by reason (spend, rate)",
+            budget_refusals.clone(),
+        );
+        let spool_records = Gauge::default();
+        registry.register(
+            "spool_records",
+            "Request records waiting in the on-disk spool for the controlplane",
+            spool_records.clone(),
+        );
+        let spool_bytes = Gauge::default();
+        registry.register(
+            "spool_bytes",
+            "Bytes of the on-disk record spool",
+            spool_bytes.clone(),
+        );
+        Self {
+            inner: Arc::new(Inner {
+                registry,
+                records_dropped,
+                budget_refusals,
+                spool_records,
+                spool_bytes,
+            }),
+        }
+    }
+}
+
+impl Metrics {
+    pub fn records_dropped(&self, reason: &'static str, n: u64) {
+        self.inner
+            .records_dropped
+            .get_or_create(&Reason { reason })
+            .inc_by(n);
+    }
+
+    pub fn budget_refused(&self, reason: &'static str) {
+        self.inner
+            .budget_refusals
+            .get_or_create(&Reason { reason })
+            .inc();
+    }
+
+    pub fn set_spool(&self, records: u64, bytes: u64) {
+        self.inner
+            .spool_records
+            .set(i64::try_from(records).unwrap_or(i64::MAX));
+        self.inner
+            .spool_bytes
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.inner.registry);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counters_and_gauges() {
+        let m = Metrics::default();
+        m.records_dropped("spool_full", 3);
+        m.budget_refused("spend");
+        m.set_spool(7, 4096);
+        let text = m.render();
+        assert!(
+            text.contains(r#"nm_records_dropped_total{reason="spool_full"} 3"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"nm_budget_refusals_total{reason="spend"} 1"#),
+            "{text}"
+        );
+        assert!(text.contains("nm_spool_records 7"), "{text}");
+        assert!(text.contains("nm_spool_bytes 4096"), "{text}");
+    }
+}
