@@ -12,3 +12,4 @@ mod records;
 mod sdk;
 mod signals;
 mod streaming;
+mod usage;

@@ -268,7 +268,9 @@ async fn a_controlplane_outage_keeps_keys_and_loses_no_records() {
     )
     .await;
     assert_eq!(
-        rows(&gw, "SELECT DISTINCT request_id FROM requests").await.len(),
+        rows(&gw, "SELECT DISTINCT request_id FROM requests")
+            .await
+            .len(),
         6
     );
     let m = gw.get("/metrics").await;

@@ -6,17 +6,9 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
 
-use crate::common::fixture;
 use crate::common::gateway::{ADMIN_KEY, TestGateway};
 use crate::common::mock::MockProvider;
-
-/// Splits an SSE fixture into its events (each keeps its trailing blank line).
-fn events(sse: &Bytes) -> Vec<Bytes> {
-    let text = String::from_utf8_lossy(sse);
-    text.split_inclusive("\n\n")
-        .map(|e| Bytes::from(e.to_owned()))
-        .collect()
-}
+use crate::common::{fixture, sse_events};
 
 async fn next_data(body: &mut hyper::body::Incoming) -> Option<Bytes> {
     loop {
@@ -33,7 +25,7 @@ async fn next_data(body: &mut hyper::body::Incoming) -> Option<Bytes> {
 #[tokio::test]
 async fn first_chunk_arrives_before_the_provider_sends_its_last() {
     let sse = fixture("openai/chat_stream.sse");
-    let chunks = events(&sse);
+    let chunks = sse_events(&sse);
     assert!(chunks.len() >= 5);
     let mock = MockProvider::sse(chunks.clone()).hold_last().start().await;
     let gw = TestGateway::builder()
@@ -134,7 +126,7 @@ async fn a_client_that_disconnects_cancels_the_upstream_request() {
 #[tokio::test]
 async fn an_upstream_that_breaks_mid_stream_breaks_the_client_stream() {
     let sse = fixture("openai/chat_stream.sse");
-    let chunks = events(&sse);
+    let chunks = sse_events(&sse);
     let mock = MockProvider::sse(chunks.clone())
         .fail_after(2)
         .start()

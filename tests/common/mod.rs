@@ -42,3 +42,18 @@ pub fn fixture(path: &str) -> bytes::Bytes {
         Err(e) => panic!("fixture {}: {e}", full.display()),
     }
 }
+
+/// An SSE body split into its events (each with its blank-line terminator).
+pub fn sse_events(sse: &bytes::Bytes) -> Vec<bytes::Bytes> {
+    String::from_utf8_lossy(sse)
+        .split_inclusive("\n\n")
+        .map(|e| bytes::Bytes::from(e.to_owned()))
+        .collect()
+}
+
+/// A body cut into `n`-byte frames, regardless of events or UTF-8 characters.
+pub fn cut_every(body: &bytes::Bytes, n: usize) -> Vec<bytes::Bytes> {
+    body.chunks(n.max(1))
+        .map(bytes::Bytes::copy_from_slice)
+        .collect()
+}

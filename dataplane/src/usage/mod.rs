@@ -5,6 +5,31 @@
 //! only the incomplete tail of an SSE line or the little state a JSON scan needs, so metering adds
 //! no copy of the body and no delay to any frame. [`Meter::finish`] returns the [`Usage`] seen so
 //! far, which for a cancelled stream is the usage up to the cancellation.
+//!
+//! Two framings, one reader per dialect:
+//! - SSE (`sse.rs`): each event's data is parsed with serde into small targeted structs (unknown
+//!   fields skipped, strings borrowed). Events whose type says they carry only content deltas
+//!   (Anthropic's `content_block_*`, the Responses API's `response.*.delta` and friends) are
+//!   dropped unparsed.
+//! - JSON (`json_scan.rs`): an incremental scanner captures only the raw bytes of the few values
+//!   of interest (model, usage, finish reason) from a single answer or from Gemini's streamed
+//!   array of answers, and serde parses just those.
+//!
+//! Providers repeat themselves (usage on every Gemini chunk, cumulative Anthropic deltas, the
+//! model on every OpenAI chunk): a later value replaces an earlier one, field by field, and
+//! nothing is ever summed across events. Malformed input never fails a response: it yields less
+//! usage (fields left `None`).
+
+mod anthropic;
+mod de;
+mod gemini;
+mod json_scan;
+mod openai;
+mod sse;
+#[cfg(test)]
+mod tests;
+
+use json_scan::{Scanner, Select};
 
 /// Which family of wire formats a provider's answers use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,27 +86,172 @@ impl Usage {
 /// Reads usage from a response body frame by frame.
 #[derive(Debug)]
 pub struct Meter {
-    dialect: Dialect,
-    framing: Framing,
+    reader: Reader,
+    decoder: Decoder,
     usage: Usage,
 }
 
 impl Meter {
     pub fn new(dialect: Dialect, framing: Framing) -> Self {
+        let reader = match dialect {
+            Dialect::OpenAi => Reader::OpenAi(openai::Reader::default()),
+            Dialect::Anthropic => Reader::Anthropic(anthropic::Reader::default()),
+            Dialect::Gemini => Reader::Gemini(gemini::Reader::default()),
+        };
+        let decoder = match framing {
+            Framing::Sse => Decoder::Sse(sse::Splitter::default()),
+            Framing::Json => Decoder::Json(Scanner::new(reader.select())),
+        };
         Self {
-            dialect,
-            framing,
+            reader,
+            decoder,
             usage: Usage::default(),
         }
     }
 
     /// Observes one data frame, in order.
     pub fn feed(&mut self, frame: &[u8]) {
-        let _ = (self.dialect, self.framing, frame);
+        let Self {
+            reader,
+            decoder,
+            usage,
+        } = self;
+        match decoder {
+            Decoder::Sse(splitter) => splitter.feed(frame, &mut Events { reader, usage }),
+            Decoder::Json(scanner) => {
+                scanner.feed(frame, &mut |field, value| {
+                    reader.capture(field, value, usage)
+                });
+            }
+        }
     }
 
     /// The usage seen so far.
-    pub fn finish(self) -> Usage {
+    pub fn usage(&self) -> &Usage {
+        &self.usage
+    }
+
+    /// The usage seen, once the body has ended (or was dropped).
+    pub fn finish(mut self) -> Usage {
+        if let Decoder::Sse(splitter) = &mut self.decoder {
+            splitter.finish(&mut Events {
+                reader: &mut self.reader,
+                usage: &mut self.usage,
+            });
+        }
         self.usage
     }
+}
+
+/// How the body is being taken apart.
+#[derive(Debug)]
+enum Decoder {
+    Sse(sse::Splitter),
+    Json(Scanner<Field>),
+}
+
+/// What a value captured from a JSON answer is; each dialect selects its own keys for these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Field {
+    Model,
+    /// OpenAI's `object` (`"list"` marks embeddings).
+    Object,
+    Usage,
+    FinishReason,
+    /// The Responses API's `status`.
+    Status,
+    /// The Responses API's `incomplete_details.reason`.
+    IncompleteReason,
+}
+
+/// A dialect's reader and what it has learnt beyond [`Usage`].
+#[derive(Debug)]
+enum Reader {
+    OpenAi(openai::Reader),
+    Anthropic(anthropic::Reader),
+    Gemini(gemini::Reader),
+}
+
+impl Reader {
+    fn select(&self) -> &'static Select<Field> {
+        match self {
+            Reader::OpenAi(_) => &openai::SELECT,
+            Reader::Anthropic(_) => &anthropic::SELECT,
+            Reader::Gemini(_) => &gemini::SELECT,
+        }
+    }
+
+    fn wants(&self, event: &[u8]) -> bool {
+        match self {
+            Reader::OpenAi(_) => openai::wants(event),
+            Reader::Anthropic(_) => anthropic::wants(event),
+            Reader::Gemini(_) => true, // Gemini names no events: every chunk is an answer
+        }
+    }
+
+    fn event(&mut self, data: &[u8], usage: &mut Usage) {
+        match self {
+            Reader::OpenAi(r) => r.event(data, usage),
+            Reader::Anthropic(r) => r.event(data, usage),
+            Reader::Gemini(r) => r.event(data, usage),
+        }
+    }
+
+    fn capture(&mut self, field: Field, value: &[u8], usage: &mut Usage) {
+        match self {
+            Reader::OpenAi(r) => r.capture(field, value, usage),
+            Reader::Anthropic(r) => r.capture(field, value, usage),
+            Reader::Gemini(r) => r.capture(field, value, usage),
+        }
+    }
+}
+
+/// Hands SSE events to the reader.
+struct Events<'a> {
+    reader: &'a mut Reader,
+    usage: &'a mut Usage,
+}
+
+impl sse::Handler for Events<'_> {
+    fn wants(&self, event: &[u8]) -> bool {
+        self.reader.wants(event)
+    }
+
+    fn event(&mut self, _event: &[u8], data: &[u8]) {
+        // OpenAI's end-of-stream marker, not JSON.
+        if data != b"[DONE]" {
+            self.reader.event(data, self.usage);
+        }
+    }
+}
+
+// === shared by the readers ===
+
+/// Replaces a count when the provider gave one.
+fn set_count(slot: &mut Option<u64>, value: Option<u64>) {
+    if value.is_some() {
+        *slot = value;
+    }
+}
+
+/// Replaces a text when the provider gave a non-empty one, without reallocating when it is
+/// unchanged (OpenAI and Gemini repeat the model on every chunk).
+fn set_text(slot: &mut Option<String>, value: Option<&str>) {
+    match value {
+        Some(v) if !v.is_empty() && slot.as_deref() != Some(v) => *slot = Some(v.to_owned()),
+        _ => {}
+    }
+}
+
+/// The sum of the counts given, or `None` when none is: a provider that leaves out one part
+/// (no cache, no thinking) reports it as nothing, but one that reports no part reports nothing.
+fn sum_known(parts: &[Option<u64>]) -> Option<u64> {
+    parts.iter().flatten().fold(None, |sum: Option<u64>, n| {
+        Some(sum.unwrap_or(0).saturating_add(*n))
+    })
+}
+
+/// A captured JSON string, unescaped (borrowed when it has no escapes).
+fn text(value: &[u8]) -> Option<std::borrow::Cow<'_, str>> {
+    serde_json::from_slice::<de::Text<'_>>(value).ok()?.0
 }

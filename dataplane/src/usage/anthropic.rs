@@ -1,0 +1,130 @@
+//! The Anthropic messages dialect.
+//!
+//! A message answer has `model`, `stop_reason` and `usage` (`input_tokens`, `output_tokens`,
+//! `cache_read_input_tokens`, `cache_creation_input_tokens`). Anthropic's `input_tokens` leaves
+//! out the tokens read from and written to the cache, so the normalised input is the sum of the
+//! three. Streamed, `message_start` carries the message (model, input usage, a first small
+//! `output_tokens`) and `message_delta` the `stop_reason` and a usage whose counts are
+//! cumulative: the last one is the total, never to be added up. Newer API versions repeat the
+//! input and cache counts there too; like every count, the last one given wins. The
+//! `content_block_*` events (the bulk of a stream), `ping` and `message_stop` carry nothing we
+//! need and are not parsed; an `error` event carries no usage.
+
+use serde::Deserialize;
+
+use super::de::{Count, Text};
+use super::json_scan::Select;
+use super::{Field, Usage, set_count, set_text, sum_known, text};
+
+const MESSAGE: Select<Field> = Select::keys(&[
+    ("model", Select::capture(Field::Model)),
+    ("stop_reason", Select::capture(Field::FinishReason)),
+    ("usage", Select::capture(Field::Usage)),
+]);
+
+/// What the JSON scanner captures from a non-streamed answer.
+pub(super) static SELECT: Select<Field> = Select::document(&MESSAGE);
+
+/// Whether an SSE event can carry usage, model or stop reason.
+pub(super) fn wants(event: &[u8]) -> bool {
+    !matches!(
+        event,
+        b"content_block_start"
+            | b"content_block_delta"
+            | b"content_block_stop"
+            | b"ping"
+            | b"message_stop"
+    )
+}
+
+/// Anthropic's input counts as reported, kept apart to be summed into [`Usage::input_tokens`].
+#[derive(Debug, Default)]
+pub(super) struct Reader {
+    input: Option<u64>,
+    cache_read: Option<u64>,
+    cache_creation: Option<u64>,
+}
+
+impl Reader {
+    /// One SSE event's data.
+    pub(super) fn event(&mut self, data: &[u8], usage: &mut Usage) {
+        let Ok(event) = serde_json::from_slice::<Event<'_>>(data) else {
+            return;
+        };
+        if let Some(message) = event.message {
+            set_text(&mut usage.model, message.model.0.as_deref());
+            set_text(&mut usage.finish_reason, message.stop_reason.0.as_deref());
+            if let Some(wire) = message.usage {
+                self.apply(&wire, usage);
+            }
+        }
+        if let Some(delta) = event.delta {
+            set_text(&mut usage.finish_reason, delta.stop_reason.0.as_deref());
+        }
+        if let Some(wire) = event.usage {
+            self.apply(&wire, usage);
+        }
+    }
+
+    /// One value captured from a JSON answer.
+    pub(super) fn capture(&mut self, field: Field, value: &[u8], usage: &mut Usage) {
+        match field {
+            Field::Model => set_text(&mut usage.model, text(value).as_deref()),
+            Field::FinishReason => set_text(&mut usage.finish_reason, text(value).as_deref()),
+            Field::Usage => {
+                if let Ok(wire) = serde_json::from_slice::<WireUsage>(value) {
+                    self.apply(&wire, usage);
+                }
+            }
+            Field::Object | Field::Status | Field::IncompleteReason => {} // not selected here
+        }
+    }
+
+    fn apply(&mut self, wire: &WireUsage, usage: &mut Usage) {
+        set_count(&mut self.input, wire.input_tokens.0);
+        set_count(&mut self.cache_read, wire.cache_read_input_tokens.0);
+        set_count(&mut self.cache_creation, wire.cache_creation_input_tokens.0);
+        set_count(&mut usage.output_tokens, wire.output_tokens.0);
+        if let Some(input) = sum_known(&[self.input, self.cache_read, self.cache_creation]) {
+            usage.input_tokens = Some(input);
+        }
+        usage.cached_input_tokens = self.cache_read;
+        usage.cache_write_tokens = self.cache_creation;
+    }
+}
+
+/// An SSE event: `message_start` has `message`, `message_delta` has `delta` and `usage`.
+#[derive(Deserialize)]
+struct Event<'a> {
+    #[serde(borrow, default)]
+    message: Option<Message<'a>>,
+    #[serde(borrow, default)]
+    delta: Option<Delta<'a>>,
+    #[serde(default)]
+    usage: Option<WireUsage>,
+}
+
+#[derive(Deserialize)]
+struct Message<'a> {
+    #[serde(borrow, default)]
+    model: Text<'a>,
+    #[serde(borrow, default)]
+    stop_reason: Text<'a>,
+    #[serde(default)]
+    usage: Option<WireUsage>,
+}
+
+#[derive(Deserialize)]
+struct Delta<'a> {
+    #[serde(borrow, default)]
+    stop_reason: Text<'a>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct WireUsage {
+    input_tokens: Count,
+    output_tokens: Count,
+    cache_read_input_tokens: Count,
+    cache_creation_input_tokens: Count,
+}
