@@ -54,26 +54,7 @@ pub struct RecordUsage {
     pub status: UsageStatus,
 }
 
-/// How much of a request's usage the dataplane learned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum UsageStatus {
-    Reported,
-    Partial,
-    Missing,
-    #[default]
-    NotApplicable,
-}
-
-impl UsageStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            UsageStatus::Reported => "reported",
-            UsageStatus::Partial => "partial",
-            UsageStatus::Missing => "missing",
-            UsageStatus::NotApplicable => "not_applicable",
-        }
-    }
-}
+pub use nm_types::UsageStatus;
 
 /// What [`Records::ingest`] did with a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

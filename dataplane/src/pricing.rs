@@ -22,13 +22,12 @@ use std::fmt;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
 
+use nm_types::money::{Fault, MAX_DECIMALS, parse_micros};
+
 use crate::usage::Usage;
 
 /// Micro-dollars in one dollar; also the token count a price is quoted for (one million).
 const MILLION: u64 = 1_000_000;
-
-/// Largest number of decimal places a dollar price may have: one micro-dollar.
-const MAX_DECIMALS: u32 = 6;
 
 // === Prices ===
 
@@ -377,84 +376,19 @@ pub enum PriceError {
 /// Dollars per million tokens (`"2.50"`) -> micro-dollars per million tokens (`2_500_000`),
 /// exactly: plain decimal digits with at most six decimal places, surrounding spaces ignored.
 pub fn parse_dollars_per_mtok(text: &str) -> Result<u64, PriceError> {
-    parse_micros(text).map_err(|fault| fault.naming(text))
+    parse_micros(text).map_err(|fault| naming(fault, text))
 }
 
-/// What [`parse_micros`] found wrong (no text: it runs at compile time for the built-ins).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Fault {
-    Empty,
-    Negative,
-    NotDecimal,
-    TooManyDecimals,
-    Overflow,
-}
-
-impl Fault {
-    fn naming(self, text: &str) -> PriceError {
-        let value = text.to_owned();
-        match self {
-            Self::Empty => PriceError::Empty,
-            Self::Negative => PriceError::Negative { value },
-            Self::NotDecimal => PriceError::NotDecimal { value },
-            Self::TooManyDecimals => PriceError::TooManyDecimals { value },
-            Self::Overflow => PriceError::Overflow { value },
-        }
+/// Names the value a [`Fault`] was found in.
+fn naming(fault: Fault, text: &str) -> PriceError {
+    let value = text.to_owned();
+    match fault {
+        Fault::Empty => PriceError::Empty,
+        Fault::Negative => PriceError::Negative { value },
+        Fault::NotDecimal => PriceError::NotDecimal { value },
+        Fault::TooManyDecimals => PriceError::TooManyDecimals { value },
+        Fault::Overflow => PriceError::Overflow { value },
     }
-}
-
-/// The one decimal parser, `const` so the built-in table is checked at compile time.
-const fn parse_micros(text: &str) -> Result<u64, Fault> {
-    let bytes = text.trim_ascii().as_bytes();
-    if bytes.is_empty() {
-        return Err(Fault::Empty);
-    }
-    if bytes[0] == b'-' {
-        return Err(Fault::Negative);
-    }
-    let mut i = 0;
-    let mut dollars: u64 = 0;
-    while i < bytes.len() && bytes[i].is_ascii_digit() {
-        dollars = match dollars.checked_mul(10) {
-            Some(tens) => match tens.checked_add((bytes[i] - b'0') as u64) {
-                Some(sum) => sum,
-                None => return Err(Fault::Overflow),
-            },
-            None => return Err(Fault::Overflow),
-        };
-        i += 1;
-    }
-    if i == 0 {
-        return Err(Fault::NotDecimal);
-    }
-    let Some(mut micros) = dollars.checked_mul(MILLION) else {
-        return Err(Fault::Overflow);
-    };
-    if i == bytes.len() {
-        return Ok(micros);
-    }
-    if bytes[i] != b'.' {
-        return Err(Fault::NotDecimal);
-    }
-    i += 1;
-    let mut place = MILLION;
-    let mut decimals = 0;
-    while i < bytes.len() && bytes[i].is_ascii_digit() {
-        if decimals == MAX_DECIMALS {
-            return Err(Fault::TooManyDecimals);
-        }
-        place /= 10;
-        micros = match micros.checked_add((bytes[i] - b'0') as u64 * place) {
-            Some(sum) => sum,
-            None => return Err(Fault::Overflow),
-        };
-        decimals += 1;
-        i += 1;
-    }
-    if decimals == 0 || i != bytes.len() {
-        return Err(Fault::NotDecimal);
-    }
-    Ok(micros)
 }
 
 // === impl Dollars ===

@@ -49,19 +49,7 @@ pub struct RequestRecord {
     pub budget_micros: Option<u64>,
 }
 
-/// How much of a request's usage the dataplane learned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum UsageStatus {
-    /// The answer ended normally and reported its usage.
-    Reported,
-    /// The answer was cut short (client gone, upstream error); the usage seen so far.
-    Partial,
-    /// The answer carried no usage.
-    Missing,
-    /// No upstream answer: the gateway answered itself.
-    #[default]
-    NotApplicable,
-}
+pub use nm_types::UsageStatus;
 
 /// The producing side of the record queue. Cheap to clone.
 #[derive(Debug, Clone)]

@@ -44,7 +44,7 @@ pub fn api_key(m: nm_controlplane::store::entity::api_key::Model) -> pb::ApiKey 
 
 /// Dataplane record -> wire.
 pub fn record_to_pb(r: nm_dataplane::RequestRecord) -> pb::RequestRecord {
-    use nm_dataplane::records::UsageStatus as S;
+    use nm_types::UsageStatus as S;
     let usage_status = match r.usage_status {
         S::Reported => pb::UsageStatus::Reported,
         S::Partial => pb::UsageStatus::Partial,
@@ -85,7 +85,7 @@ pub fn record_to_pb(r: nm_dataplane::RequestRecord) -> pb::RequestRecord {
 
 /// Wire -> controlplane record.
 pub fn record_from_pb(r: pb::RequestRecord) -> nm_controlplane::RequestRecord {
-    use nm_controlplane::UsageStatus as S;
+    use nm_types::UsageStatus as S;
     let status = match r.usage_status() {
         pb::UsageStatus::Reported => S::Reported,
         pb::UsageStatus::Partial => S::Partial,

@@ -8,6 +8,7 @@
 //! controlplane is back (see [`super::shipper`]).
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,6 +28,7 @@ use super::shipper::{SharedSpool, ship};
 
 /// Without a snapshot or heartbeat for this long, the controlplane counts as unreachable.
 pub const STALE_AFTER: Duration = Duration::from_secs(6);
+const MIN_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// How long a signal request waits for the controlplane's commit before answering 503.
 pub const SIGNAL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -147,35 +149,62 @@ impl Link {
 /// Keeps `budgets` current from the controlplane's feed. While the feed is down the last known
 /// state stays in force (the key watcher reports the outage on `/health`).
 async fn watch_budgets(
-    mut client: DataplaneClient<Channel>,
+    client: DataplaneClient<Channel>,
     budgets: Budgets,
     health: Health,
     name: String,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) {
-    let mut backoff = Duration::from_millis(100);
+    let open = || {
+        let mut client = client.clone();
+        let dataplane = name.clone();
+        async move {
+            client
+                .watch_budgets(pb::WatchBudgetsRequest { dataplane })
+                .await
+        }
+    };
+    let on_message = |msg: pb::BudgetFeed| {
+        budgets.apply_feed(feed_from_pb(msg));
+        health.set_budgets_loaded();
+    };
+    let on_lost = |problem: String| {
+        debug!(problem = %problem, "budget feed lost; keeping the last known budgets");
+    };
+    follow("budget feed", open, on_message, on_lost, stop).await;
+}
+
+/// Follows one of the controlplane's server streams for as long as the link runs: opens it,
+/// hands every message to `on_message`, and when it fails, closes or stays silent for
+/// [`STALE_AFTER`] (the controlplane sends heartbeats), reports the problem to `on_lost` and
+/// reopens it with backoff (100 ms, doubling to 2 s).
+async fn follow<T, Open, Fut>(
+    what: &'static str,
+    mut open: Open,
+    mut on_message: impl FnMut(T),
+    mut on_lost: impl FnMut(String),
+    mut stop: watch::Receiver<bool>,
+) where
+    Open: FnMut() -> Fut,
+    Fut: Future<Output = Result<tonic::Response<tonic::Streaming<T>>, tonic::Status>>,
+{
+    let mut backoff = MIN_BACKOFF;
     loop {
-        let problem = match client
-            .watch_budgets(pb::WatchBudgetsRequest {
-                dataplane: name.clone(),
-            })
-            .await
-        {
+        let problem = match open().await {
             Err(status) => format!("{}: {}", status.code(), status.message()),
             Ok(resp) => {
                 let mut stream = resp.into_inner();
                 loop {
                     match tokio::time::timeout(STALE_AFTER, stream.message()).await {
                         Ok(Ok(Some(msg))) => {
-                            budgets.apply_feed(feed_from_pb(msg));
-                            health.set_budgets_loaded();
-                            backoff = Duration::from_millis(100);
+                            on_message(msg);
+                            backoff = MIN_BACKOFF;
                         }
-                        Ok(Ok(None)) => break "budget feed closed by the controlplane".to_owned(),
+                        Ok(Ok(None)) => break format!("{what} closed by the controlplane"),
                         Ok(Err(status)) => {
                             break format!("{}: {}", status.code(), status.message());
                         }
-                        Err(_) => break format!("no budget feed for {}s", STALE_AFTER.as_secs()),
+                        Err(_) => break format!("no {what} for {}s", STALE_AFTER.as_secs()),
                     }
                 }
             }
@@ -183,7 +212,7 @@ async fn watch_budgets(
         if *stop.borrow() {
             return;
         }
-        debug!(problem = %problem, "budget feed lost; keeping the last known budgets");
+        on_lost(problem);
         tokio::select! {
             () = tokio::time::sleep(backoff) => {}
             _ = stop.wait_for(|s| *s) => return,
@@ -229,59 +258,35 @@ fn feed_from_pb(msg: pb::BudgetFeed) -> Feed {
 }
 
 async fn watch_keys(
-    mut client: DataplaneClient<Channel>,
+    client: DataplaneClient<Channel>,
     keys: KeySet,
     health: Health,
     name: String,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) {
-    let mut backoff = Duration::from_millis(100);
+    let open = || {
+        let mut client = client.clone();
+        let dataplane = name.clone();
+        async move { client.watch_keys(pb::WatchKeysRequest { dataplane }).await }
+    };
     let mut last_version = None;
-    loop {
-        let problem = match client
-            .watch_keys(pb::WatchKeysRequest {
-                dataplane: name.clone(),
-            })
-            .await
-        {
-            Err(status) => format!("{}: {}", status.code(), status.message()),
-            Ok(resp) => {
-                let mut stream = resp.into_inner();
-                loop {
-                    match tokio::time::timeout(STALE_AFTER, stream.message()).await {
-                        Ok(Ok(Some(snapshot))) => {
-                            if last_version != Some(snapshot.version) {
-                                debug!(
-                                    version = snapshot.version,
-                                    keys = snapshot.keys.len(),
-                                    "key snapshot"
-                                );
-                                last_version = Some(snapshot.version);
-                            }
-                            keys.replace(principals(snapshot));
-                            health.set_controlplane_ok();
-                            backoff = Duration::from_millis(100);
-                        }
-                        Ok(Ok(None)) => break "key stream closed by the controlplane".to_owned(),
-                        Ok(Err(status)) => {
-                            break format!("{}: {}", status.code(), status.message());
-                        }
-                        Err(_) => break format!("no key snapshot for {}s", STALE_AFTER.as_secs()),
-                    }
-                }
-            }
-        };
-        if *stop.borrow() {
-            return;
+    let on_message = |snapshot: pb::KeySnapshot| {
+        if last_version != Some(snapshot.version) {
+            debug!(
+                version = snapshot.version,
+                keys = snapshot.keys.len(),
+                "key snapshot"
+            );
+            last_version = Some(snapshot.version);
         }
+        keys.replace(principals(snapshot));
+        health.set_controlplane_ok();
+    };
+    let on_lost = |problem: String| {
         warn!(problem = %problem, "controlplane unreachable; keeping the last known keys");
         health.set_controlplane_problem(problem);
-        tokio::select! {
-            () = tokio::time::sleep(backoff) => {}
-            _ = stop.wait_for(|s| *s) => return,
-        }
-        backoff = (backoff * 2).min(MAX_BACKOFF);
-    }
+    };
+    follow("key snapshot", open, on_message, on_lost, stop).await;
 }
 
 fn principals(snapshot: pb::KeySnapshot) -> HashMap<nm_types::KeyHash, Principal> {

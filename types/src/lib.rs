@@ -269,3 +269,29 @@ mod tests {
         }
     }
 }
+
+/// How much of a request's token usage the dataplane learned from the answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UsageStatus {
+    /// The answer ended normally and reported its usage.
+    Reported,
+    /// The answer was cut short (client gone, upstream error); the usage seen so far.
+    Partial,
+    /// The answer carried no usage.
+    Missing,
+    /// No upstream answer to meter: the gateway answered itself.
+    #[default]
+    NotApplicable,
+}
+
+impl UsageStatus {
+    /// The stored spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UsageStatus::Reported => "reported",
+            UsageStatus::Partial => "partial",
+            UsageStatus::Missing => "missing",
+            UsageStatus::NotApplicable => "not_applicable",
+        }
+    }
+}
