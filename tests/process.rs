@@ -287,6 +287,77 @@ async fn serve_from_nothing_prints_an_admin_key_and_uses_the_default_database() 
     let bad = cli(&["agents", "show", "cli-bot", "--since", "last tuesday"]);
     assert_eq!(bad.status.code(), Some(64));
 
+    // Budgets and usage through the CLI.
+    let ok = |out: std::process::Output| {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    ok(cli(&[
+        "budgets",
+        "set",
+        "--default",
+        "--usd-per-day",
+        "5",
+        "--rpm",
+        "60",
+    ]));
+    let set: serde_json::Value = serde_json::from_str(&ok(cli(&[
+        "budgets",
+        "set",
+        "--user",
+        "alice",
+        "--usd-per-month",
+        "1.5",
+        "--json",
+    ])))
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (set["limit_micros"].as_u64(), set["period"].as_str()),
+        (Some(1_500_000), Some("month"))
+    );
+    let shown: serde_json::Value =
+        serde_json::from_str(&ok(cli(&["budgets", "show", "alice", "--json"])))
+            .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(shown["is_default"], false);
+    assert_eq!(shown["remaining_micros"], 1_500_000);
+    let listed = ok(cli(&["budgets", "list"]));
+    assert!(
+        listed.contains("default") && listed.contains("user alice") && listed.contains("$1.5"),
+        "{listed}"
+    );
+    assert!(ok(cli(&["budgets", "show", "bob"])).contains("(default)"));
+    assert_eq!(
+        cli(&["budgets", "set", "--default"]).status.code(),
+        Some(64)
+    );
+    assert_eq!(
+        cli(&["budgets", "set", "--user", "bob", "--usd-per-day", "abc"])
+            .status
+            .code(),
+        Some(64)
+    );
+    assert!(ok(cli(&["budgets", "delete", "--user", "alice"])).contains("deleted"));
+    let usage: serde_json::Value = serde_json::from_str(&ok(cli(&[
+        "usage", "--by", "provider", "--since", "1h", "--json",
+    ])))
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(usage["group_by"], serde_json::json!(["provider"]));
+    assert_eq!(usage["rows"][0]["provider"], "openai");
+    assert!(
+        usage["total"]["requests"].as_u64().is_some_and(|n| n >= 2),
+        "{usage}"
+    );
+    let table = ok(cli(&["usage", "--by", "agent,model"]));
+    assert!(
+        table.starts_with("AGENT") && table.contains("TOTAL"),
+        "{table}"
+    );
+    assert_eq!(cli(&["usage", "--by", "planet"]).status.code(), Some(64));
+
     let revoked = cli(&["keys", "revoke", &id]);
     assert!(revoked.status.success());
     eventually(Duration::from_secs(10), "revoked key refused", || async {
