@@ -156,6 +156,34 @@ async fn every_provider_is_metered_postgres() {
     every_provider_is_metered(Db::Postgres).await;
 }
 
+/// Gemini without `alt=sse` streams a JSON array of responses; frames cut anywhere.
+#[tokio::test]
+async fn a_gemini_json_array_stream_is_metered() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("dataplane/src/usage/fixtures/gemini_array.json");
+    let array = Bytes::from(std::fs::read(&path).unwrap_or_else(|e| panic!("{e}")));
+    let mock = MockProvider::sse(cut_every(&array, 13))
+        .header("content-type", "application/json; charset=UTF-8")
+        .start()
+        .await;
+    let gw = TestGateway::builder()
+        .upstream("gemini", &mock.url)
+        .run()
+        .await;
+    let id = call(
+        &gw,
+        "/gemini/v1beta/models/gemini-2.5-pro:streamGenerateContent",
+        "{}",
+    )
+    .await;
+    let s = stored(&gw, &id).await;
+    assert_eq!((s.input, s.output), (Some(902), Some(61 + 187)));
+    assert_eq!(s.answered_model.as_deref(), Some("gemini-2.5-pro"));
+    assert_eq!(s.finish.as_deref(), Some("MAX_TOKENS"));
+    assert!(s.cost.is_some_and(|c| c > 0));
+    gw.stop().await;
+}
+
 #[tokio::test]
 async fn a_stream_without_usage_is_recorded_as_unknown() {
     let sse = fixture("openai/chat_stream.sse");
