@@ -5,6 +5,7 @@
 //! ([`keys`]), proxied-request records ([`records`]) and end-user signals ([`signals`]). It knows nothing of gRPC or HTTP: the
 //! root crate adapts these calls to tonic, mapping [`Error`] to a gRPC status in one place.
 
+pub mod analytics;
 pub mod budgets;
 pub mod error;
 pub mod keys;

@@ -1,0 +1,1 @@
+//! The outcome model: what each signal action says about an output.

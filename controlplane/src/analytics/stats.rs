@@ -1,0 +1,1 @@
+//! Statistics for recommendations: intervals and comparisons that decide when evidence is enough.
