@@ -1,18 +1,29 @@
 //! `nm-bench`: how much latency, throughput and memory the gateway costs, measured against a
-//! baseline. Run it with `cargo build --release --bin nm-gateway && cargo run --release --bin
-//! nm-bench` (add `--json` for machine-readable output, `--help` for the durations and rates).
+//! baseline, and what its usage metering costs. Run it with `cargo build --release --bin
+//! nm-gateway && cargo run --release --bin nm-bench` (add `--json` for machine-readable output,
+//! `--help` for the durations and rates).
 //!
 //! Everything runs on 127.0.0.1 with ephemeral ports, each server in its own OS process:
 //!
 //! - a fast **mock upstream** (`nm-bench mock`, hidden): hyper 1 answering
-//!   `POST /v1/chat/completions` with a ~310-byte chat-completion JSON, or, when the request
-//!   JSON has `"stream": true`, an SSE stream of 20 `data: {...}` chunks and `data: [DONE]`,
-//!   each chunk its own body frame, no delays;
-//! - three **targets** in front of it, measured one after the other: the mock itself
+//!   `POST /v1/chat/completions` with a ~310-byte chat-completion JSON carrying `usage`, or, when
+//!   the request JSON has `"stream": true`, an SSE stream that ends like OpenAI's with
+//!   `stream_options.include_usage`: 20 content chunks, a `"finish_reason":"stop"` chunk, a
+//!   `"choices":[]` chunk with `usage`, and `data: [DONE]`, each its own body frame, no delays.
+//!   With the request header `x-bench-unmetered: 1` it sends the same bytes as
+//!   `application/octet-stream`, a content type the gateway does not meter;
+//! - four **targets** in front of it, measured one after the other: the mock itself
 //!   (`direct`), a minimal hyper **forwarder** (`nm-bench forwarder`, hidden: hyper server plus
-//!   the `hyper_util` legacy pooled client, streaming bodies through unbuffered) and the real
+//!   the `hyper_util` legacy pooled client, streaming bodies through unbuffered), the real
 //!   **gateway** (`nm-gateway serve` from the same target directory, on a temporary SQLite
-//!   database, requests to `/openai/v1/chat/completions` with `NM-Key` and `NM-Agent`).
+//!   database, requests to `/openai/v1/chat/completions` with `NM-Key`, `NM-Agent` and
+//!   `NM-User: bench-user-<n>` over 100 users) and **gateway-unmetered** (the same binary and
+//!   setup, its requests marked `x-bench-unmetered: 1`), which isolates the metering cost.
+//!   Right after a gateway is healthy the bench sets a generous default end-user budget with
+//!   `nm-gateway budgets set --default`, so every request runs the budget path (reservation
+//!   and settlement); after its scenarios it reads `nm-gateway usage --json` and
+//!   `nm-gateway budgets show bench-user-0 --json`, and fails if the metered gateway recorded
+//!   no tokens or no spend, or the unmetered one recorded tokens.
 //!
 //! For each target, non-streamed and streamed, the built-in load generator (hyper HTTP/1.1
 //! client on tokio) runs
@@ -31,17 +42,20 @@
 //! is not measured in the next one.
 //!
 //! Every response must be 200 with exactly the mock's body bytes; anything else is an error.
-//! The report gives a table per scenario, the latency the forwarder and the gateway add over
-//! `direct`, the ratios against the targets (gateway added p50 <= 1.5 x forwarder added p50;
-//! gateway throughput >= 0.75 x forwarder throughput), and the gateway's peak (VmHWM) and
-//! current (VmRSS) resident memory from `/proc` after its run (target: peak < 64 MiB).
+//! The report gives a table per scenario, the latency the forwarder and the gateways add over
+//! `direct`, the metering cost (gateway against gateway-unmetered), the ratios against the
+//! targets (gateway added p50 <= 1.5 x forwarder added p50; gateway throughput >= 0.75 x
+//! forwarder throughput; gateway throughput >= 0.90 x gateway-unmetered throughput), the
+//! gateways' peak (VmHWM) and current (VmRSS) resident memory from `/proc` after their runs
+//! (target: gateway peak < 64 MiB), and the usage each gateway recorded.
 //! PASS/FAIL lines are information (N/A when the forwarder added under 0.01 ms, leaving the
 //! ratio to noise): the exit status is 0 unless the bench itself broke.
 //!
 //! All processes share the machine's CPUs, so absolute numbers depend on the host; the
-//! comparison with the forwarder is the point. The CPU time a hypervisor took during each
-//! target's run (steal, `/proc/stat`) is reported, since on a shared VM it is the main noise. Child processes are killed at the end, on error
-//! and on Ctrl-C; the helpers also exit when the bench's end of their stdin pipe closes.
+//! comparisons are the point. The CPU time a hypervisor took during each target's run (steal,
+//! `/proc/stat`) is reported, since on a shared VM it is the main noise. Child processes are
+//! killed at the end, on error and on Ctrl-C; the helpers also exit when the bench's end of
+//! their stdin pipe closes.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -60,23 +74,31 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Either, Full, StreamBody};
 use hyper::body::{Body, Frame, Incoming};
 use hyper::client::conn::http1::SendRequest;
-use hyper::header::{self, HeaderValue};
+use hyper::header::{self, HeaderMap, HeaderValue};
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode, Uri};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::net::{TcpListener, TcpStream};
 
 const BOOTSTRAP_KEY: &str = "nmk_bench_bootstrap_key_0123456789";
+/// Content chunks in the streamed answer (a finish chunk, a usage chunk and `[DONE]` follow).
 const STREAM_CHUNKS: usize = 20;
+/// End users the gateway requests are spread over (`NM-User: bench-user-<n % USERS>`).
+const USERS: usize = 100;
+/// With this request header set to `1` the mock answers `application/octet-stream`, a content
+/// type the gateway forwards without metering.
+const UNMETERED_HEADER: &str = "x-bench-unmetered";
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 const KIB_PER_MIB: f64 = 1024.0;
 // Targets from the brief.
 const MAX_ADDED_P50_RATIO: f64 = 1.5;
 const MIN_THROUGHPUT_RATIO: f64 = 0.75;
+/// Metering may cost at most 10% of the gateway's throughput.
+const MIN_METERED_THROUGHPUT_RATIO: f64 = 0.90;
 const MAX_PEAK_RSS_MIB: f64 = 64.0;
 /// A forwarder added p50 below this (ms) leaves the latency ratio to noise: the check is N/A.
 const MIN_ADDED_MS: f64 = 0.01;
@@ -84,7 +106,7 @@ const MIN_ADDED_MS: f64 = 0.01;
 #[derive(Debug, Parser)]
 #[command(
     name = "nm-bench",
-    about = "Measures nm-gateway against a mock upstream and a minimal hyper forwarder"
+    about = "Measures nm-gateway (metered and unmetered) against a mock upstream and a minimal hyper forwarder"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -185,7 +207,13 @@ impl Canned {
                 ))
             })
             .collect();
-        chunks.push(Bytes::from_static(b"data: [DONE]\n\n"));
+        // The end of an OpenAI stream with `stream_options.include_usage`.
+        let tail = [
+            r#"{"id":"chatcmpl-bench","object":"chat.completion.chunk","created":1700000000,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#,
+            r#"{"id":"chatcmpl-bench","object":"chat.completion.chunk","created":1700000000,"model":"gpt-4o-mini","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":20,"total_tokens":32}}"#,
+            "[DONE]",
+        ];
+        chunks.extend(tail.map(|data| Bytes::from(format!("data: {data}\n\n"))));
         Self { json, chunks }
     }
 
@@ -212,6 +240,10 @@ async fn mock_reply(req: Request<Incoming>, canned: &Canned) -> Response<MockBod
     if req.method() != Method::POST || req.uri().path() != "/v1/chat/completions" {
         return status_reply(StatusCode::NOT_FOUND, "no such route");
     }
+    let unmetered = req
+        .headers()
+        .get(UNMETERED_HEADER)
+        .is_some_and(|v| v.as_bytes() == b"1");
     let Ok(body) = req.into_body().collect().await else {
         return status_reply(StatusCode::BAD_REQUEST, "unreadable body");
     };
@@ -232,6 +264,11 @@ async fn mock_reply(req: Request<Incoming>, canned: &Canned) -> Response<MockBod
         )
     } else {
         ("application/json", Full::new(canned.json.clone()).boxed())
+    };
+    let content_type = if unmetered {
+        "application/octet-stream"
+    } else {
+        content_type
     };
     let mut resp = Response::new(body);
     resp.headers_mut()
@@ -348,7 +385,7 @@ impl Drop for Proc {
     }
 }
 
-/// A scratch directory (port files, the gateway's database and log), removed when dropped.
+/// A scratch directory (port files, the gateways' databases and logs), removed when dropped.
 struct TempDir(PathBuf);
 
 impl TempDir {
@@ -395,28 +432,43 @@ async fn spawn_helper(dir: &Path, args: &[String]) -> anyhow::Result<Proc> {
     }
 }
 
-async fn spawn_gateway(bin: &Path, dir: &Path, mock: SocketAddr) -> anyhow::Result<Proc> {
+/// `nm-gateway` without the caller's `NM_*` settings (the bench passes its own), logging warnings.
+fn gateway_command(bin: &Path) -> Command {
+    let mut cmd = Command::new(bin);
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("NM_") {
+            cmd.env_remove(key);
+        }
+    }
+    cmd.env("NM_LOG", "warn");
+    cmd
+}
+
+/// Starts `nm-gateway serve` on its own database, record spool and log (`<name>.db`,
+/// `<name>-spool`, `<name>.log`: nothing carries over from another target or run), waits until
+/// it is healthy and sets the bench's default end-user budget.
+async fn spawn_gateway(
+    bin: &Path,
+    dir: &Path,
+    name: &str,
+    mock: SocketAddr,
+) -> anyhow::Result<(Proc, Admin)> {
     // Hold both ports while picking, so they differ; the gateway binds them right after.
     let (http, grpc) = {
         let a = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
         let b = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
         (a.local_addr()?, b.local_addr()?)
     };
-    let log_path = dir.join("gateway.log");
-    let mut cmd = Command::new(bin);
-    cmd.arg("serve");
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("NM_") {
-            cmd.env_remove(key);
-        }
-    }
-    let db = format!("sqlite://{}/bench.db?mode=rwc", dir.display());
-    cmd.env("NM_HTTP_ADDR", http.to_string())
+    let log_path = dir.join(format!("{name}.log"));
+    let db = format!("sqlite://{}/{name}.db?mode=rwc", dir.display());
+    let mut cmd = gateway_command(bin);
+    cmd.arg("serve")
+        .env("NM_HTTP_ADDR", http.to_string())
         .env("NM_GRPC_ADDR", grpc.to_string())
         .env("NM_DATABASE_URL", db)
+        .env("NM_SPOOL_DIR", dir.join(format!("{name}-spool")))
         .env("NM_BOOTSTRAP_KEY", BOOTSTRAP_KEY)
         .env("NM_UPSTREAM_OPENAI", format!("http://{mock}"))
-        .env("NM_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log_path)?);
@@ -434,7 +486,7 @@ async fn spawn_gateway(bin: &Path, dir: &Path, mock: SocketAddr) -> anyhow::Resu
             );
         }
         if health_ok(http).await.unwrap_or(false) {
-            return Ok(proc);
+            break;
         }
         ensure!(
             Instant::now() < deadline,
@@ -443,6 +495,93 @@ async fn spawn_gateway(bin: &Path, dir: &Path, mock: SocketAddr) -> anyhow::Resu
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let admin = Admin {
+        bin: bin.to_owned(),
+        controlplane: format!("http://{grpc}"),
+    };
+    let budget = [
+        "budgets",
+        "set",
+        "--default",
+        "--usd-per-day",
+        "1000000",
+        "--rpm",
+        "1000000",
+        "--json",
+    ];
+    admin
+        .run(&budget)
+        .await
+        .context("cannot set the bench's default end-user budget")?;
+    Ok((proc, admin))
+}
+
+/// A gateway's admin commands (`nm-gateway budgets|usage`), run against its controlplane with
+/// the bench's key.
+struct Admin {
+    bin: PathBuf,
+    controlplane: String,
+}
+
+impl Admin {
+    /// Runs `nm-gateway <args>`, which must exit 0 and print JSON.
+    async fn run(&self, args: &[&str]) -> anyhow::Result<Value> {
+        let shown = format!("{} {}", self.bin.display(), args.join(" "));
+        let mut cmd = gateway_command(&self.bin);
+        cmd.args(args)
+            .env("NM_ADMIN_KEY", BOOTSTRAP_KEY)
+            .env("NM_CONTROLPLANE_URL", &self.controlplane)
+            .stdin(Stdio::null());
+        let out = tokio::process::Command::from(cmd)
+            .kill_on_drop(true)
+            .output()
+            .await
+            .with_context(|| format!("cannot run `{shown}`"))?;
+        ensure!(
+            out.status.success(),
+            "`{shown}` failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        serde_json::from_slice(&out.stdout).with_context(|| {
+            format!(
+                "`{shown}` printed no JSON: {}",
+                String::from_utf8_lossy(&out.stdout).trim()
+            )
+        })
+    }
+
+    /// What the gateway recorded: `nm-gateway usage --json` totals, and the first bench user's
+    /// spend from `nm-gateway budgets show`.
+    async fn usage(&self) -> anyhow::Result<Usage> {
+        let report = self.run(&["usage", "--json"]).await?;
+        let mut usage: Usage = serde_json::from_value(report["total"].clone())
+            .context("unexpected `nm-gateway usage --json` output")?;
+        let user = user_name(0);
+        let budget = self.run(&["budgets", "show", &user, "--json"]).await?;
+        usage.user0_spent_micros = budget["spent_today_micros"]
+            .as_u64()
+            .context("unexpected `nm-gateway budgets show --json` output")?;
+        Ok(usage)
+    }
+}
+
+fn user_name(n: usize) -> String {
+    format!("bench-user-{}", n % USERS)
+}
+
+/// A gateway's usage totals after its run (`nm-gateway usage --json`).
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Usage {
+    requests: u64,
+    input_tokens: u64,
+    output_tokens: u64,
+    cost_micros: u64,
+    /// Requests whose answer carried no usage the gateway read.
+    unmetered_requests: u64,
+    /// What `bench-user-0` spent today according to its budget: the budget path settled.
+    #[serde(default)]
+    user0_spent_micros: u64,
 }
 
 async fn health_ok(addr: SocketAddr) -> anyhow::Result<bool> {
@@ -535,23 +674,30 @@ type Sender = SendRequest<Full<Bytes>>;
 struct Spec {
     addr: SocketAddr,
     path: &'static str,
-    gateway: bool,
+    /// Headers on every request (the gateway's `NM-Key` and `NM-Agent`, the unmetered mark).
+    headers: HeaderMap,
+    /// `NM-User` values: request `n` sends `users[n % users.len()]`; none when empty.
+    users: Vec<HeaderValue>,
     body: Bytes,
     expected_len: usize,
 }
 
 impl Spec {
-    fn request(&self) -> anyhow::Result<Request<Full<Bytes>>> {
+    /// Request `n`: a closed-loop connection's index, or an open-loop request's.
+    fn request(&self, n: usize) -> anyhow::Result<Request<Full<Bytes>>> {
         let mut req = Request::post(self.path)
             .header(header::HOST, self.addr.to_string())
             .header(header::CONTENT_TYPE, "application/json")
-            .header(header::AUTHORIZATION, "Bearer sk-bench");
-        if self.gateway {
-            req = req
-                .header("nm-key", BOOTSTRAP_KEY)
-                .header("nm-agent", "bench");
+            .header(header::AUTHORIZATION, "Bearer sk-bench")
+            .body(Full::new(self.body.clone()))?;
+        let headers = req.headers_mut();
+        for (name, value) in &self.headers {
+            headers.insert(name, value.clone());
         }
-        Ok(req.body(Full::new(self.body.clone()))?)
+        if let Some(user) = self.users.get(n % self.users.len().max(1)) {
+            headers.insert("nm-user", user.clone());
+        }
+        Ok(req)
     }
 }
 
@@ -566,10 +712,10 @@ async fn connect(addr: SocketAddr) -> anyhow::Result<Sender> {
 }
 
 /// Sends one request and reads the whole response body.
-async fn exchange(sender: &mut Sender, spec: &Spec) -> anyhow::Result<()> {
+async fn exchange(sender: &mut Sender, spec: &Spec, n: usize) -> anyhow::Result<()> {
     let attempt = async {
         sender.ready().await?;
-        let resp = sender.send_request(spec.request()?).await?;
+        let resp = sender.send_request(spec.request(n)?).await?;
         let status = resp.status();
         let mut body = resp.into_body();
         let mut len = 0;
@@ -608,7 +754,7 @@ async fn closed_loop(
     let measure_from = Instant::now() + warmup;
     let end = measure_from + duration;
     let mut set = tokio::task::JoinSet::new();
-    for _ in 0..connections {
+    for n in 0..connections {
         let spec = spec.clone();
         set.spawn(async move {
             let mut tally = Closed::default();
@@ -619,7 +765,7 @@ async fn closed_loop(
                     None => connect(spec.addr).await,
                 };
                 let result = match result {
-                    Ok(mut s) => exchange(&mut s, &spec).await.map(|()| sender = Some(s)),
+                    Ok(mut s) => exchange(&mut s, &spec, n).await.map(|()| sender = Some(s)),
                     Err(e) => Err(e),
                 };
                 let done = Instant::now();
@@ -657,7 +803,7 @@ struct Pool {
 }
 
 impl Pool {
-    async fn exchange(&self, spec: &Spec) -> anyhow::Result<()> {
+    async fn exchange(&self, spec: &Spec, n: usize) -> anyhow::Result<()> {
         let idle = {
             let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
             std::iter::from_fn(|| idle.pop()).find(|s| !s.is_closed())
@@ -669,7 +815,7 @@ impl Pool {
                 connect(spec.addr).await?
             }
         };
-        exchange(&mut sender, spec).await?;
+        exchange(&mut sender, spec, n).await?;
         self.idle
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -710,7 +856,7 @@ async fn open_loop(
     // A plain thread keeps the schedule (sub-millisecond sleeps, unlike tokio's timer wheel).
     let tasks = tokio::task::spawn_blocking(move || {
         let mut tasks = Vec::new();
-        for i in 0u64.. {
+        for i in 0usize.. {
             let at = start + Duration::from_secs_f64(i as f64 / rate);
             if at >= end {
                 break;
@@ -720,7 +866,7 @@ async fn open_loop(
             }
             let (spec, pool) = (spec.clone(), pool2.clone());
             tasks.push(runtime.spawn(async move {
-                let result = pool.exchange(&spec).await.map(|()| at.elapsed());
+                let result = pool.exchange(&spec, i).await.map(|()| at.elapsed());
                 (at, result)
             }));
         }
@@ -759,8 +905,82 @@ fn ms(d: Duration) -> f64 {
 
 // === the run and the report ===
 
-const TARGETS: [&str; 3] = ["direct", "forwarder", "gateway"];
+/// What the load generator talks to, declared in run order (`as usize` indexes the runs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Target {
+    Direct,
+    Forwarder,
+    Gateway,
+    GatewayUnmetered,
+}
+
+const TARGETS: [Target; 4] = [
+    Target::Direct,
+    Target::Forwarder,
+    Target::Gateway,
+    Target::GatewayUnmetered,
+];
 const SCENARIOS: [&str; 2] = ["non-streamed", "streamed"];
+
+impl Target {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Direct => "direct",
+            Self::Forwarder => "forwarder",
+            Self::Gateway => "gateway",
+            Self::GatewayUnmetered => "gateway-unmetered",
+        }
+    }
+
+    fn is_gateway(self) -> bool {
+        matches!(self, Self::Gateway | Self::GatewayUnmetered)
+    }
+
+    /// Headers and `NM-User` values for this target's requests (see [`Spec`]).
+    fn headers(self) -> anyhow::Result<(HeaderMap, Vec<HeaderValue>)> {
+        let mut headers = HeaderMap::new();
+        if !self.is_gateway() {
+            return Ok((headers, Vec::new()));
+        }
+        headers.insert("nm-key", HeaderValue::from_static(BOOTSTRAP_KEY));
+        headers.insert("nm-agent", HeaderValue::from_static("bench"));
+        if self == Self::GatewayUnmetered {
+            headers.insert(UNMETERED_HEADER, HeaderValue::from_static("1"));
+        }
+        let users = (0..USERS)
+            .map(|n| HeaderValue::try_from(user_name(n)))
+            .collect::<Result<_, _>>()?;
+        Ok((headers, users))
+    }
+
+    /// Fails when a gateway's recorded usage shows its run did not measure what it is for.
+    fn verify(self, u: &Usage) -> anyhow::Result<()> {
+        let name = self.name();
+        let seen = format!(
+            "`nm-gateway usage --json` after its run: {} requests, {} input and {} output tokens",
+            u.requests, u.input_tokens, u.output_tokens
+        );
+        match self {
+            Self::Gateway => {
+                ensure!(
+                    u.requests > 0 && u.input_tokens > 0 && u.output_tokens > 0,
+                    "metering is broken: {name} {seen}"
+                );
+                ensure!(
+                    u.user0_spent_micros > 0,
+                    "the budget path settled nothing: {} spent $0 according to `nm-gateway budgets show`",
+                    user_name(0)
+                );
+            }
+            Self::GatewayUnmetered => ensure!(
+                u.requests > 0 && u.input_tokens == 0 && u.output_tokens == 0,
+                "{name} does not isolate the metering cost: {seen}"
+            ),
+            Self::Direct | Self::Forwarder => {}
+        }
+        Ok(())
+    }
+}
 
 #[derive(Serialize)]
 struct Measured {
@@ -775,41 +995,48 @@ struct TargetRun {
     scenarios: Vec<Measured>,
     /// Resident memory after the run (not for `direct`, which is the mock).
     memory: Option<Mem>,
+    /// What a gateway recorded, read after its run.
+    usage: Option<Usage>,
     /// Share of the machine's CPU time the hypervisor took during the run: noise.
     cpu_steal_pct: f64,
 }
 
 async fn measure_target(
     cli: &Cli,
-    target: &'static str,
+    target: Target,
     addr: SocketAddr,
     pids: &[u32],
 ) -> anyhow::Result<Vec<Measured>> {
-    let gateway = target == "gateway";
+    let name = target.name();
+    let (headers, users) = target.headers()?;
     let canned = Canned::new();
     let mut scenarios = Vec::new();
     for (scenario, stream) in SCENARIOS.into_iter().zip([false, true]) {
-        let request = json!({
+        let mut request = json!({
             "model": "gpt-4o-mini",
             "messages": [{"role": "user", "content": "Say hello."}],
             "stream": stream,
         });
+        if stream {
+            request["stream_options"] = json!({"include_usage": true});
+        }
         let spec = Arc::new(Spec {
             addr,
-            path: if gateway {
+            path: if target.is_gateway() {
                 "/openai/v1/chat/completions"
             } else {
                 "/v1/chat/completions"
             },
-            gateway,
+            headers: headers.clone(),
+            users: users.clone(),
             body: Bytes::from(request.to_string()),
             expected_len: canned.len(stream),
         });
         settle(pids).await?;
-        eprintln!("nm-bench: {target}, {scenario}: closed loop");
+        eprintln!("nm-bench: {name}, {scenario}: closed loop");
         let closed_loop = closed_loop(&spec, cli.connections, cli.warmup, cli.duration).await?;
         let settled = settle(pids).await?;
-        eprintln!("nm-bench: {target}, {scenario}: open loop (idle after {settled:.1} s)");
+        eprintln!("nm-bench: {name}, {scenario}: open loop (idle after {settled:.1} s)");
         let mut open_loop = open_loop(&spec, cli.rate, cli.warmup, cli.latency_duration).await?;
         open_loop.settle_s = settled;
         scenarios.push(Measured {
@@ -843,14 +1070,18 @@ async fn bench(cli: &Cli) -> anyhow::Result<()> {
     let mock = spawn_helper(&dir.0, &["mock".to_owned()]).await?;
     let mut runs = Vec::new();
     for target in TARGETS {
+        let name = target.name();
         // Each target runs alone; the previous one is killed when `proc` drops.
-        let proc = match target {
-            "forwarder" => {
+        let (proc, admin) = match target {
+            Target::Direct => (None, None),
+            Target::Forwarder => {
                 let args = ["forwarder", "--upstream", &mock.addr.to_string()].map(String::from);
-                Some(spawn_helper(&dir.0, &args).await?)
+                (Some(spawn_helper(&dir.0, &args).await?), None)
             }
-            "gateway" => Some(spawn_gateway(&gateway_bin, &dir.0, mock.addr).await?),
-            _ => None,
+            Target::Gateway | Target::GatewayUnmetered => {
+                let (proc, admin) = spawn_gateway(&gateway_bin, &dir.0, name, mock.addr).await?;
+                (Some(proc), Some(admin))
+            }
         };
         let addr = proc.as_ref().map_or(mock.addr, |p| p.addr);
         let pids: Vec<u32> = [Some(&mock), proc.as_ref()]
@@ -863,10 +1094,28 @@ async fn bench(cli: &Cli) -> anyhow::Result<()> {
         let (steal2, total2) = cpu_steal()?;
         let cpu_steal_pct = (steal2 - steal) as f64 * 100.0 / (total2 - total).max(1) as f64;
         let memory = proc.as_ref().map(|p| memory(p.child.id())).transpose()?;
+        let usage = match &admin {
+            Some(admin) => {
+                // Idle: the last request records have reached the controlplane.
+                settle(&pids).await?;
+                let usage = admin.usage().await?;
+                eprintln!(
+                    "nm-bench: {name}: recorded {} requests, {} input and {} output tokens ({} unmetered)",
+                    usage.requests,
+                    usage.input_tokens,
+                    usage.output_tokens,
+                    usage.unmetered_requests
+                );
+                target.verify(&usage)?;
+                Some(usage)
+            }
+            None => None,
+        };
         runs.push(TargetRun {
-            target,
+            target: name,
             scenarios,
             memory,
+            usage,
             cpu_steal_pct,
         });
     }
@@ -882,7 +1131,7 @@ async fn bench(cli: &Cli) -> anyhow::Result<()> {
     Ok(out.flush()?)
 }
 
-/// Latency the forwarder and the gateway add over `direct`, in ms.
+/// Latency the forwarder and the gateways add over `direct`, in ms.
 #[derive(Serialize)]
 struct Added {
     scenario: &'static str,
@@ -890,6 +1139,19 @@ struct Added {
     forwarder_p99_ms: f64,
     gateway_p50_ms: f64,
     gateway_p99_ms: f64,
+    gateway_unmetered_p50_ms: f64,
+    gateway_unmetered_p99_ms: f64,
+}
+
+/// What metering costs: the gateway against gateway-unmetered.
+#[derive(Serialize)]
+struct MeteringCost {
+    scenario: &'static str,
+    /// Gateway req/s / gateway-unmetered req/s (closed loop).
+    throughput_ratio: f64,
+    /// Gateway open-loop latency minus gateway-unmetered's, ms.
+    p50_ms: f64,
+    p99_ms: f64,
 }
 
 #[derive(Serialize)]
@@ -923,22 +1185,26 @@ struct Report {
     config: Value,
     targets: Vec<TargetRun>,
     added_latency: Vec<Added>,
+    metering_cost: Vec<MeteringCost>,
     checks: Vec<Check>,
 }
 
 impl Report {
     fn new(cli: &Cli, gateway_bin: &Path, targets: Vec<TargetRun>) -> Self {
         let mut added_latency = Vec::new();
+        let mut metering_cost = Vec::new();
         let mut checks = Vec::new();
         for (s, scenario) in SCENARIOS.into_iter().enumerate() {
-            let [direct, fwd, gw] = [0, 1, 2].map(|t| &targets[t].scenarios[s]);
-            let (direct, fwd_open, gw_open) = (&direct.open_loop, &fwd.open_loop, &gw.open_loop);
+            let [direct, fwd, gw, unmetered] = TARGETS.map(|t| &targets[t as usize].scenarios[s]);
+            let direct = &direct.open_loop;
             let add = Added {
                 scenario,
-                forwarder_p50_ms: fwd_open.p50_ms - direct.p50_ms,
-                forwarder_p99_ms: fwd_open.p99_ms - direct.p99_ms,
-                gateway_p50_ms: gw_open.p50_ms - direct.p50_ms,
-                gateway_p99_ms: gw_open.p99_ms - direct.p99_ms,
+                forwarder_p50_ms: fwd.open_loop.p50_ms - direct.p50_ms,
+                forwarder_p99_ms: fwd.open_loop.p99_ms - direct.p99_ms,
+                gateway_p50_ms: gw.open_loop.p50_ms - direct.p50_ms,
+                gateway_p99_ms: gw.open_loop.p99_ms - direct.p99_ms,
+                gateway_unmetered_p50_ms: unmetered.open_loop.p50_ms - direct.p50_ms,
+                gateway_unmetered_p99_ms: unmetered.open_loop.p99_ms - direct.p99_ms,
             };
             let ratio = add.gateway_p50_ms / add.forwarder_p50_ms;
             let what = format!("{scenario}: gateway added p50 / forwarder added p50");
@@ -950,18 +1216,35 @@ impl Report {
             let tput = gw.closed_loop.requests_per_s / fwd.closed_loop.requests_per_s;
             let what = format!("{scenario}: gateway req/s / forwarder req/s");
             checks.push(Check::new(what, tput, ">=", MIN_THROUGHPUT_RATIO));
+            let cost = MeteringCost {
+                scenario,
+                throughput_ratio: gw.closed_loop.requests_per_s
+                    / unmetered.closed_loop.requests_per_s,
+                p50_ms: gw.open_loop.p50_ms - unmetered.open_loop.p50_ms,
+                p99_ms: gw.open_loop.p99_ms - unmetered.open_loop.p99_ms,
+            };
+            let what = format!("{scenario}: gateway req/s / gateway-unmetered req/s");
+            checks.push(Check::new(
+                what,
+                cost.throughput_ratio,
+                ">=",
+                MIN_METERED_THROUGHPUT_RATIO,
+            ));
             added_latency.push(add);
+            metering_cost.push(cost);
         }
-        let gateway = &targets[2];
-        let peak = gateway
+        let peak = targets[Target::Gateway as usize]
             .memory
             .map_or(f64::NAN, |m| m.vm_hwm_kib as f64 / KIB_PER_MIB);
         let what = "gateway peak RSS (VmHWM), MiB".to_owned();
         checks.push(Check::new(what, peak, "<", MAX_PEAK_RSS_MIB));
-        let errors = (gateway.scenarios.iter())
-            .map(|m| m.closed_loop.errors + m.open_loop.errors)
-            .sum::<u64>() as f64;
-        checks.push(Check::new("gateway errors".to_owned(), errors, "<=", 0.0));
+        for target in [Target::Gateway, Target::GatewayUnmetered] {
+            let errors = (targets[target as usize].scenarios.iter())
+                .map(|m| m.closed_loop.errors + m.open_loop.errors)
+                .sum::<u64>() as f64;
+            let what = format!("{} errors", target.name());
+            checks.push(Check::new(what, errors, "<=", 0.0));
+        }
         let canned = Canned::new();
         let config = json!({
             "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
@@ -969,13 +1252,15 @@ impl Report {
             "closed_loop": {"connections": cli.connections, "duration_s": cli.duration.as_secs_f64()},
             "open_loop": {"rate_per_s": cli.rate, "duration_s": cli.latency_duration.as_secs_f64()},
             "response_bytes": [canned.len(false), canned.len(true)],
-            "stream_chunks": STREAM_CHUNKS,
+            "stream_content_chunks": STREAM_CHUNKS,
+            "gateway_users": USERS,
             "gateway_bin": gateway_bin.display().to_string(),
         });
         Self {
             config,
             targets,
             added_latency,
+            metering_cost,
             checks,
         }
     }
@@ -994,27 +1279,34 @@ impl Report {
             open["rate_per_s"],
             open["duration_s"]
         )?;
-        for (s, add) in self.added_latency.iter().enumerate() {
+        for (s, (add, cost)) in self
+            .added_latency
+            .iter()
+            .zip(&self.metering_cost)
+            .enumerate()
+        {
             let bytes = &c["response_bytes"][s];
             let detail = match s {
-                0 => format!("{bytes} B JSON"),
-                _ => format!("{STREAM_CHUNKS} SSE chunks + [DONE], {bytes} B"),
+                0 => format!("{bytes} B JSON with usage"),
+                _ => format!(
+                    "{STREAM_CHUNKS} SSE content chunks + finish + usage + [DONE], {bytes} B"
+                ),
             };
             writeln!(out, "\n== {} ({detail}) ==", add.scenario)?;
             writeln!(
                 out,
-                "{:>29} | open loop: latency to the end of the body",
+                "{:>36} | open loop: latency to the end of the body",
                 "closed loop"
             )?;
             writeln!(
                 out,
-                "target          req/s  errors |   p50 ms   p90 ms   p99 ms   max ms  errors  conns"
+                "target                 req/s  errors |   p50 ms   p90 ms   p99 ms   max ms  errors  conns"
             )?;
             for run in &self.targets {
                 let (cl, ol) = (&run.scenarios[s].closed_loop, &run.scenarios[s].open_loop);
                 writeln!(
                     out,
-                    "{:<10} {:>10.0} {:>7} | {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>7} {:>6}",
+                    "{:<17} {:>10.0} {:>7} | {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>7} {:>6}",
                     run.target,
                     cl.requests_per_s,
                     cl.errors,
@@ -1026,13 +1318,23 @@ impl Report {
                     ol.connections
                 )?;
                 for err in [&cl.first_error, &ol.first_error].into_iter().flatten() {
-                    writeln!(out, "{:<10} first error: {err}", "")?;
+                    writeln!(out, "{:<17} first error: {err}", "")?;
                 }
             }
             writeln!(
                 out,
-                "added over direct: forwarder p50 {:+.3} ms, p99 {:+.3} ms; gateway p50 {:+.3} ms, p99 {:+.3} ms",
-                add.forwarder_p50_ms, add.forwarder_p99_ms, add.gateway_p50_ms, add.gateway_p99_ms
+                "added over direct: forwarder p50 {:+.3} ms, p99 {:+.3} ms; gateway p50 {:+.3} ms, p99 {:+.3} ms; gateway-unmetered p50 {:+.3} ms, p99 {:+.3} ms",
+                add.forwarder_p50_ms,
+                add.forwarder_p99_ms,
+                add.gateway_p50_ms,
+                add.gateway_p99_ms,
+                add.gateway_unmetered_p50_ms,
+                add.gateway_unmetered_p99_ms
+            )?;
+            writeln!(
+                out,
+                "metering cost (gateway vs gateway-unmetered): req/s ratio {:.3}; p50 {:+.3} ms, p99 {:+.3} ms",
+                cost.throughput_ratio, cost.p50_ms, cost.p99_ms
             )?;
         }
         writeln!(out)?;
@@ -1044,6 +1346,22 @@ impl Report {
                     run.target,
                     m.vm_hwm_kib as f64 / KIB_PER_MIB,
                     m.vm_rss_kib as f64 / KIB_PER_MIB
+                )?;
+            }
+        }
+        for run in &self.targets {
+            if let Some(u) = &run.usage {
+                writeln!(
+                    out,
+                    "{} usage recorded (nm-gateway usage): {} requests, {} input tokens, {} output tokens, {} unmetered, cost {:.6} USD; {} spent {:.6} USD",
+                    run.target,
+                    u.requests,
+                    u.input_tokens,
+                    u.output_tokens,
+                    u.unmetered_requests,
+                    u.cost_micros as f64 / 1e6,
+                    user_name(0),
+                    u.user0_spent_micros as f64 / 1e6
                 )?;
             }
         }
@@ -1064,7 +1382,7 @@ impl Report {
             };
             writeln!(
                 out,
-                "  {verdict}  {:<52} {:>8.2}  (target {})",
+                "  {verdict}  {:<54} {:>8.2}  (target {})",
                 c.check, c.value, c.target
             )?;
         }
