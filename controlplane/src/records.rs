@@ -6,14 +6,16 @@ use std::collections::HashSet;
 
 use nm_types::{Env, SessionId, parse_agent, parse_user};
 use sea_orm::sea_query::{Expr, OnConflict};
-use sea_orm::{ColumnTrait, DatabaseTransaction, EntityTrait, QueryFilter, Set, TryInsertResult};
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, DatabaseBackend, DatabaseTransaction, EntityTrait, QueryFilter,
+    Set, Statement,
+};
 use tracing::warn;
 
 use crate::budgets::{Budgets, SpendItem, add_to_rollup};
 use crate::error::Result;
-use crate::sql::insert_chunks;
 use crate::store::Store;
-use crate::store::entity::{request, session, signal};
+use crate::store::entity::{session, signal};
 
 /// One proxied request, as a dataplane reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -74,11 +76,18 @@ pub struct IngestOutcome {
 pub struct Records {
     store: Store,
     budgets: Budgets,
+    /// The batch INSERT for this database (see [`insert_sql`]).
+    insert_sql: std::sync::Arc<str>,
 }
 
 impl Records {
     pub fn new(store: Store, budgets: Budgets) -> Self {
-        Self { store, budgets }
+        let insert_sql = insert_sql(store.backend()).into();
+        Self {
+            store,
+            budgets,
+            insert_sql,
+        }
     }
 
     /// Stores a batch in one transaction. A record whose request id is already stored is skipped,
@@ -97,20 +106,7 @@ impl Records {
             }
         }
         let txn = self.store.begin_write().await?;
-        // Multi-row inserts; RETURNING names the rows that were new (not resent).
-        let mut new_ids: HashSet<String> = HashSet::with_capacity(valid.len());
-        let mut rest = valid.as_slice();
-        for size in insert_chunks(valid.len()) {
-            let (chunk, tail) = rest.split_at(size);
-            rest = tail;
-            let inserted = request::Entity::insert_many(chunk.iter().map(to_active))
-                .on_conflict_do_nothing()
-                .exec_with_returning_keys(&txn)
-                .await?;
-            if let TryInsertResult::Inserted(ids) = inserted {
-                new_ids.extend(ids);
-            }
-        }
+        let new_ids = insert_new(&txn, &self.insert_sql, &valid).await?;
         let fresh: Vec<&RequestRecord> = valid
             .iter()
             .filter(|r| new_ids.contains(&r.request_id))
@@ -266,35 +262,156 @@ fn validate(r: &RequestRecord) -> Result<(), &'static str> {
     Ok(())
 }
 
-fn to_active(r: &RequestRecord) -> request::ActiveModel {
-    request::ActiveModel {
-        request_id: Set(r.request_id.clone()),
-        started_at_ms: Set(r.started_at_ms),
-        key_id: Set(r.key_id.clone()),
-        provider: Set(r.provider.clone()),
-        method: Set(r.method.clone()),
-        path: Set(r.path.clone()),
-        model: Set(r.model.clone()),
-        agent: Set(r.agent.clone()),
-        session_id: Set(r.session_id.clone()),
-        env: Set(r.env.clone()),
-        user_id: Set(r.user_id.clone()),
-        status: Set(i32::from(r.status)),
-        latency_ms: Set(saturating_i64(r.latency_ms)),
-        ttfb_ms: Set(r.ttfb_ms.map(saturating_i64)),
-        streamed: Set(r.streamed),
-        error_code: Set(r.error_code.clone()),
-        response_bytes: Set(saturating_i64(r.response_bytes)),
-        answered_model: Set(r.usage.answered_model.clone()),
-        input_tokens: Set(r.usage.input_tokens.map(saturating_i64)),
-        output_tokens: Set(r.usage.output_tokens.map(saturating_i64)),
-        cached_input_tokens: Set(r.usage.cached_input_tokens.map(saturating_i64)),
-        cache_write_tokens: Set(r.usage.cache_write_tokens.map(saturating_i64)),
-        reasoning_tokens: Set(r.usage.reasoning_tokens.map(saturating_i64)),
-        finish_reason: Set(r.usage.finish_reason.clone()),
-        cost_micros: Set(r.usage.cost_micros.map(saturating_i64)),
-        usage_status: Set(r.usage.status.as_str().to_owned()),
+/// `requests` columns, in the order of the JSON arrays [`insert_new`] sends, with the PostgreSQL
+/// type each JSON text is cast to (SQLite reads JSON numbers and booleans as they are).
+const COLUMNS: [(&str, &str); 26] = [
+    ("request_id", ""),
+    ("started_at_ms", "::bigint"),
+    ("key_id", ""),
+    ("provider", ""),
+    ("method", ""),
+    ("path", ""),
+    ("model", ""),
+    ("agent", ""),
+    ("session_id", ""),
+    ("env", ""),
+    ("user_id", ""),
+    ("status", "::integer"),
+    ("latency_ms", "::bigint"),
+    ("ttfb_ms", "::bigint"),
+    ("streamed", "::boolean"),
+    ("error_code", ""),
+    ("response_bytes", "::bigint"),
+    ("answered_model", ""),
+    ("input_tokens", "::bigint"),
+    ("output_tokens", "::bigint"),
+    ("cached_input_tokens", "::bigint"),
+    ("cache_write_tokens", "::bigint"),
+    ("reasoning_tokens", "::bigint"),
+    ("finish_reason", ""),
+    ("cost_micros", "::bigint"),
+    ("usage_status", ""),
+];
+
+/// One record as a JSON array in [`COLUMNS`] order.
+#[derive(serde::Serialize)]
+struct Row<'a>(
+    &'a str,
+    i64,
+    &'a str,
+    &'a str,
+    &'a str,
+    &'a str,
+    Option<&'a str>,
+    Option<&'a str>,
+    Option<&'a str>,
+    Option<&'a str>,
+    Option<&'a str>,
+    u16,
+    i64,
+    Option<i64>,
+    bool,
+    Option<&'a str>,
+    i64,
+    Option<&'a str>,
+    Option<i64>,
+    Option<i64>,
+    Option<i64>,
+    Option<i64>,
+    Option<i64>,
+    Option<&'a str>,
+    Option<i64>,
+    &'static str,
+);
+
+impl<'a> From<&'a RequestRecord> for Row<'a> {
+    fn from(r: &'a RequestRecord) -> Self {
+        let u = &r.usage;
+        Row(
+            &r.request_id,
+            r.started_at_ms,
+            &r.key_id,
+            &r.provider,
+            &r.method,
+            &r.path,
+            r.model.as_deref(),
+            r.agent.as_deref(),
+            r.session_id.as_deref(),
+            r.env.as_deref(),
+            r.user_id.as_deref(),
+            r.status,
+            saturating_i64(r.latency_ms),
+            r.ttfb_ms.map(saturating_i64),
+            r.streamed,
+            r.error_code.as_deref(),
+            saturating_i64(r.response_bytes),
+            u.answered_model.as_deref(),
+            u.input_tokens.map(saturating_i64),
+            u.output_tokens.map(saturating_i64),
+            u.cached_input_tokens.map(saturating_i64),
+            u.cache_write_tokens.map(saturating_i64),
+            u.reasoning_tokens.map(saturating_i64),
+            u.finish_reason.as_deref(),
+            u.cost_micros.map(saturating_i64),
+            u.status.as_str(),
+        )
     }
+}
+
+/// The one INSERT of a batch: the records travel as a single JSON array parameter that the
+/// database unpacks (`json_each` / `json_array_elements`), so the statement text never changes
+/// and a batch costs one bind, not one per value. Resent records are skipped
+/// (`ON CONFLICT DO NOTHING`); `RETURNING` names the new ones.
+fn insert_sql(backend: DatabaseBackend) -> String {
+    let names: Vec<&str> = COLUMNS.iter().map(|(name, _)| *name).collect();
+    let (values, from) = match backend {
+        DatabaseBackend::Postgres => (
+            COLUMNS
+                .iter()
+                .enumerate()
+                .map(|(i, (_, cast))| {
+                    if cast.is_empty() {
+                        format!("e->>{i}")
+                    } else {
+                        format!("(e->>{i}){cast}")
+                    }
+                })
+                .collect::<Vec<_>>(),
+            "json_array_elements($1::json) AS e",
+        ),
+        // `WHERE true` keeps SQLite from reading ON CONFLICT as a join constraint.
+        _ => (
+            (0..COLUMNS.len())
+                .map(|i| format!("j.value->>{i}"))
+                .collect::<Vec<_>>(),
+            "json_each(?) AS j WHERE true",
+        ),
+    };
+    format!(
+        "INSERT INTO requests ({}) SELECT {} FROM {from} ON CONFLICT (request_id) DO NOTHING RETURNING request_id",
+        names.join(", "),
+        values.join(", ")
+    )
+}
+
+/// Inserts the records not stored yet; returns their request ids.
+async fn insert_new(
+    txn: &DatabaseTransaction,
+    sql: &str,
+    records: &[RequestRecord],
+) -> Result<HashSet<String>> {
+    if records.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let rows: Vec<Row<'_>> = records.iter().map(Row::from).collect();
+    let json = serde_json::to_string(&rows)
+        .map_err(|e| crate::Error::InvalidArgument(format!("record batch: {e}")))?;
+    let stmt = Statement::from_sql_and_values(txn.get_database_backend(), sql, [json.into()]);
+    let mut ids = HashSet::with_capacity(records.len());
+    for row in txn.query_all_raw(stmt).await? {
+        ids.insert(row.try_get::<String>("", "request_id")?);
+    }
+    Ok(ids)
 }
 
 fn saturating_i64(v: u64) -> i64 {
@@ -318,6 +435,63 @@ mod tests {
             status: 200,
             ..Default::default()
         }
+    }
+
+    /// Values travel as JSON through the database's JSON functions: they must come out exactly.
+    #[tokio::test]
+    async fn every_value_round_trips_through_the_json_insert() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/j.db?mode=rwc", dir.path().display());
+        let store = Store::connect(&url).await.unwrap();
+        let records = Records::new(
+            store.clone(),
+            Budgets::load(store.clone(), 0).await.unwrap(),
+        );
+        let r = RequestRecord {
+            request_id: "r-\"quoted\"-\\-é-🌍".to_owned(),
+            started_at_ms: 1_763_800_000_123,
+            key_id: "key_1".to_owned(),
+            provider: "openai".to_owned(),
+            method: "POST".to_owned(),
+            path: "/v1/chat/completions".to_owned(),
+            model: Some("ft:gpt-4o:org:x".to_owned()),
+            agent: Some("a 'b' \"c\"".to_owned()),
+            user_id: Some("ユーザー".to_owned()),
+            status: 429,
+            latency_ms: u64::MAX,
+            ttfb_ms: Some(7),
+            streamed: true,
+            error_code: None,
+            response_bytes: 10,
+            usage: RecordUsage {
+                input_tokens: Some(0),
+                output_tokens: None,
+                cost_micros: Some(123_456_789),
+                status: UsageStatus::Partial,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let out = records.ingest(vec![r.clone()]).await.unwrap();
+        assert_eq!(out.stored, 1);
+        let m = crate::store::entity::request::Entity::find_by_id(r.request_id.clone())
+            .one(store.conn())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(m.agent, r.agent);
+        assert_eq!(m.user_id, r.user_id);
+        assert_eq!(m.model, r.model);
+        assert_eq!(
+            (m.status, m.latency_ms, m.ttfb_ms, m.streamed),
+            (429, i64::MAX, Some(7), true)
+        );
+        assert_eq!(
+            (m.input_tokens, m.output_tokens, m.cost_micros),
+            (Some(0), None, Some(123_456_789))
+        );
+        assert_eq!(m.usage_status, "partial");
+        assert_eq!(m.error_code, None);
     }
 
     #[tokio::test]
