@@ -249,7 +249,16 @@ async fn a_client_that_leaves_mid_stream_keeps_the_usage_seen_so_far() {
 }
 
 #[tokio::test]
-async fn usage_is_aggregated_by_the_database() {
+async fn usage_is_aggregated_by_the_database_sqlite() {
+    usage_is_aggregated_by_the_database(Db::Sqlite).await;
+}
+
+#[tokio::test]
+async fn usage_is_aggregated_by_the_database_postgres() {
+    usage_is_aggregated_by_the_database(Db::Postgres).await;
+}
+
+async fn usage_is_aggregated_by_the_database(db: Db) {
     let priced = MockProvider::json(fixture("openai/chat_response.json"))
         .start()
         .await;
@@ -258,11 +267,15 @@ async fn usage_is_aggregated_by_the_database() {
     )
     .start()
     .await;
-    let gw = TestGateway::builder()
+    let Some(gw) = TestGateway::builder()
+        .db(db)
         .upstream("openai", &priced.url)
         .upstream("together", &unpriced.url)
-        .run()
-        .await;
+        .start()
+        .await
+    else {
+        return;
+    };
     for _ in 0..3 {
         call(
             &gw,
@@ -314,6 +327,35 @@ async fn usage_is_aggregated_by_the_database() {
     assert_eq!(first.requests, 3);
     assert_eq!(report.unpriced_models.len(), 1);
     assert_eq!(report.unpriced_models[0].model, "house-model-7b");
+
+    // Grouped by day with a limit of one row: the total still covers everything.
+    let by_day = client
+        .get_usage(admin(pb::GetUsageRequest {
+            group_by: vec![
+                pb::UsageDimension::Day.into(),
+                pb::UsageDimension::Agent.into(),
+            ],
+            range: Some(pb::TimeRange {
+                since: Some(prost_types::Timestamp {
+                    seconds: 0,
+                    nanos: 0,
+                }),
+                until: None,
+            }),
+            limit: 1,
+            ..Default::default()
+        }))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_inner();
+    assert_eq!(by_day.rows.len(), 1);
+    assert_eq!(by_day.total.unwrap_or_default().requests, 4);
+    assert!(
+        by_day.rows[0].key[0]
+            .value
+            .as_deref()
+            .is_some_and(|d| d.len() == 10)
+    );
 
     // Admin only.
     let denied = client

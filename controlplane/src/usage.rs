@@ -97,6 +97,23 @@ const MEASURES: &str = "COUNT(*) AS requests, \
      CAST(COALESCE(SUM(CASE WHEN usage_status <> 'not_applicable' AND input_tokens IS NULL AND output_tokens IS NULL THEN 1 ELSE 0 END), 0) AS BIGINT) AS unmetered, \
      CAST(COALESCE(SUM(CASE WHEN status >= 400 THEN 1 ELSE 0 END), 0) AS BIGINT) AS errors";
 
+/// The total row over the groups `g` (the same columns as [`MEASURES`]).
+const TOTALS: &str = "CAST(COALESCE(SUM(requests), 0) AS BIGINT) AS requests, \
+     CAST(COALESCE(SUM(input_tokens), 0) AS BIGINT) AS input_tokens, \
+     CAST(COALESCE(SUM(output_tokens), 0) AS BIGINT) AS output_tokens, \
+     CAST(COALESCE(SUM(cached_input_tokens), 0) AS BIGINT) AS cached_input_tokens, \
+     CAST(COALESCE(SUM(reasoning_tokens), 0) AS BIGINT) AS reasoning_tokens, \
+     CAST(COALESCE(SUM(cost_micros), 0) AS BIGINT) AS cost_micros, \
+     CAST(COALESCE(SUM(unpriced), 0) AS BIGINT) AS unpriced, \
+     CAST(COALESCE(SUM(unmetered), 0) AS BIGINT) AS unmetered, \
+     CAST(COALESCE(SUM(errors), 0) AS BIGINT) AS errors";
+
+/// On SQLite, a time range wider than this share of the stored records' time span is read by
+/// scanning the table: walking the time index and fetching each row costs more (about 2-4x
+/// at 1M records) once a range holds more than a few tenths of the rows. PostgreSQL's planner
+/// decides from its statistics.
+const SQLITE_INDEX_MAX_SHARE: f64 = 0.25;
+
 #[derive(Debug, Clone)]
 pub struct Usage {
     store: Store,
@@ -105,6 +122,40 @@ pub struct Usage {
 impl Usage {
     pub fn new(store: Store) -> Self {
         Self { store }
+    }
+
+    /// How the time filter names the time column: plainly (index use allowed), or as
+    /// `+started_at_ms` on SQLite when the range covers much of the stored span.
+    async fn time_column(&self, f: &UsageFilter) -> Result<&'static str> {
+        const INDEXED: &str = "started_at_ms";
+        const SCANNED: &str = "+started_at_ms";
+        let db = self.store.conn();
+        if db.get_database_backend() != sea_orm::DatabaseBackend::Sqlite {
+            return Ok(INDEXED);
+        }
+        let Some(since) = f.since_ms else {
+            return Ok(SCANNED);
+        };
+        // MIN and MAX of an indexed column are one index probe each.
+        let span = Sql::new(
+            db.get_database_backend(),
+            "SELECT MIN(started_at_ms) AS lo, MAX(started_at_ms) AS hi FROM requests",
+        );
+        let Some(row) = db.query_one_raw(span.build()).await? else {
+            return Ok(INDEXED);
+        };
+        let (lo, hi): (Option<i64>, Option<i64>) = (row.try_get("", "lo")?, row.try_get("", "hi")?);
+        let (Some(lo), Some(hi)) = (lo, hi) else {
+            return Ok(INDEXED);
+        };
+        let until = f.until_ms.unwrap_or(hi).min(hi);
+        let covered = (until - since.max(lo)).max(0) as f64;
+        let stored = (hi - lo).max(1) as f64;
+        Ok(if covered / stored > SQLITE_INDEX_MAX_SHARE {
+            SCANNED
+        } else {
+            INDEXED
+        })
     }
 
     /// Usage grouped by `dims` (none: one total row), largest cost first, at most `limit` rows.
@@ -126,46 +177,58 @@ impl Usage {
         };
         let db = self.store.conn();
         let backend = db.get_database_backend();
+        let time = self.time_column(filter).await?;
 
-        let total = {
+        let mut rows = Vec::new();
+        let mut total = UsageRow::default();
+        let mut truncated = false;
+        if dims.is_empty() {
             let mut sql = Sql::new(
                 backend,
                 &format!("SELECT {MEASURES} FROM requests WHERE 1 = 1"),
             );
-            push_filter(&mut sql, filter);
-            let row = db.query_one_raw(sql.build()).await?;
-            row.map(|r| measures(&r, Vec::new()))
-                .transpose()?
-                .unwrap_or_default()
-        };
-
-        let mut rows = Vec::new();
-        let mut truncated = false;
-        if !dims.is_empty() {
+            push_filter(&mut sql, time, filter);
+            if let Some(row) = db.query_one_raw(sql.build()).await? {
+                total = measures(&row, Vec::new())?;
+            }
+        } else {
+            // One pass over the records: the groups are computed once, then both the top rows
+            // and the total over all groups are read from them.
             let keys: Vec<String> = dims
                 .iter()
                 .enumerate()
                 .map(|(i, d)| format!("{} AS k{i}", d.expr()))
                 .collect();
+            let key_names: Vec<String> = (0..dims.len()).map(|i| format!("k{i}")).collect();
+            let nulls: Vec<&str> = dims.iter().map(|_| "NULL").collect();
             let group: Vec<String> = (1..=dims.len()).map(|i| i.to_string()).collect();
             let mut sql = Sql::new(
                 backend,
                 &format!(
-                    "SELECT {}, {MEASURES} FROM requests WHERE 1 = 1",
+                    "WITH g AS MATERIALIZED (SELECT {}, {MEASURES} FROM requests WHERE 1 = 1",
                     keys.join(", ")
                 ),
             );
-            push_filter(&mut sql, filter);
+            push_filter(&mut sql, time, filter);
             sql.push(&format!(
-                " GROUP BY {} ORDER BY cost_micros DESC, requests DESC LIMIT ",
+                " GROUP BY {}) \
+                 SELECT 0 AS total_row, t.* FROM (SELECT * FROM g ORDER BY cost_micros DESC, requests DESC LIMIT ",
                 group.join(", ")
             ))
-            .bind(i64::from(limit) + 1);
+            .bind(i64::from(limit) + 1)
+            .push(&format!(
+                ") AS t UNION ALL SELECT 1, {}, {TOTALS} FROM g",
+                nulls.join(", ")
+            ));
             for row in db.query_all_raw(sql.build()).await? {
+                if row.try_get::<i32>("", "total_row")? == 1 {
+                    total = measures(&row, Vec::new())?;
+                    continue;
+                }
                 let key = dims
                     .iter()
-                    .enumerate()
-                    .map(|(i, d)| key_value(&row, *d, &format!("k{i}")))
+                    .zip(&key_names)
+                    .map(|(d, name)| key_value(&row, *d, name))
                     .collect::<Result<Vec<_>>>()?;
                 rows.push(measures(&row, key)?);
             }
@@ -180,7 +243,8 @@ impl Usage {
             "SELECT provider, COALESCE(answered_model, model) AS m, COUNT(*) AS n FROM requests \
              WHERE cost_micros IS NULL AND (input_tokens IS NOT NULL OR output_tokens IS NOT NULL)",
         );
-        push_filter(&mut sql, filter);
+        // Served by the partial index idx_requests_unpriced: only unpriced rows are read.
+        push_filter(&mut sql, "started_at_ms", filter);
         sql.push(" GROUP BY 1, 2 ORDER BY n DESC LIMIT 100");
         let mut unpriced_models = Vec::new();
         for row in db.query_all_raw(sql.build()).await? {
@@ -202,12 +266,15 @@ impl Usage {
     }
 }
 
-fn push_filter(sql: &mut Sql, f: &UsageFilter) {
+/// `time` is the time column as the query names it: `started_at_ms`, or `+started_at_ms` to keep
+/// SQLite from walking the time index where reading the table is faster (see
+/// [`Usage::time_column`]).
+fn push_filter(sql: &mut Sql, time: &str, f: &UsageFilter) {
     if let Some(s) = f.since_ms {
-        sql.push(" AND started_at_ms >= ").bind(s);
+        sql.push(&format!(" AND {time} >= ")).bind(s);
     }
     if let Some(u) = f.until_ms {
-        sql.push(" AND started_at_ms < ").bind(u);
+        sql.push(&format!(" AND {time} < ")).bind(u);
     }
     let eq = [
         ("agent", &f.agent),

@@ -16,6 +16,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0001_keys_requests_sessions::Migration),
             Box::new(m0002_signals::Migration),
             Box::new(m0003_usage_budgets::Migration),
+            Box::new(m0004_unpriced_index::Migration),
         ]
     }
 }
@@ -505,6 +506,42 @@ mod m0003_usage_budgets {
                 )
                 .await?;
             }
+            Ok(())
+        }
+    }
+}
+
+/// A partial index on the requests whose usage is known but whose cost is not (unpriced
+/// models): the usage report lists them without reading the other rows. Tiny: only unpriced
+/// rows enter it.
+mod m0004_unpriced_index {
+    use super::*;
+
+    pub struct Migration;
+
+    impl MigrationName for Migration {
+        fn name(&self) -> &str {
+            "m0004_unpriced_index"
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl MigrationTrait for Migration {
+        async fn up(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            // The same SQL on SQLite and PostgreSQL; the query builder has no partial indexes.
+            m.get_connection()
+                .execute_unprepared(
+                    "CREATE INDEX IF NOT EXISTS idx_requests_unpriced ON requests (started_at_ms) \
+                     WHERE cost_micros IS NULL AND (input_tokens IS NOT NULL OR output_tokens IS NOT NULL)",
+                )
+                .await?;
+            Ok(())
+        }
+
+        async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            m.get_connection()
+                .execute_unprepared("DROP INDEX IF EXISTS idx_requests_unpriced")
+                .await?;
             Ok(())
         }
     }
