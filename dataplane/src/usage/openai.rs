@@ -20,6 +20,7 @@
 //!   `incomplete` answer the reason given (`max_output_tokens`, `content_filter`); a status that
 //!   is not final (`queued`, `in_progress`) is no finish reason.
 
+use memchr::memmem;
 use serde::Deserialize;
 
 use super::de::{Count, First, Text};
@@ -54,6 +55,28 @@ pub(super) fn wants(event: &[u8]) -> bool {
     }
 }
 
+/// A chat chunk that only streams content: its finish reason and usage are null or absent, and
+/// it is no Groq or Responses API event. Most chunks of a stream are these; once the model is
+/// known, skipping their parse keeps the meter's cost per chunk to a few substring searches.
+/// (A key's bytes `"usage"` cannot occur inside a JSON string, where quotes are escaped; a
+/// string *value* `"usage"` makes this answer false, which only costs a parse.)
+fn is_content_only(data: &[u8]) -> bool {
+    null_or_absent(data, b"\"finish_reason\"")
+        && null_or_absent(data, b"\"usage\"")
+        && memmem::find(data, b"\"x_groq\"").is_none()
+        && memmem::find(data, b"\"response\"").is_none()
+}
+
+/// Whether `key` is absent from `data`, or every occurrence is followed by `: null`.
+fn null_or_absent(data: &[u8], key: &[u8]) -> bool {
+    memmem::find_iter(data, key).all(|at| {
+        let rest = &data[at + key.len()..];
+        let rest = rest.trim_ascii_start();
+        rest.strip_prefix(b":")
+            .is_some_and(|v| v.trim_ascii_start().starts_with(b"null"))
+    })
+}
+
 /// What an OpenAI answer has told so far beyond [`Usage`].
 #[derive(Debug, Default)]
 pub(super) struct Reader {
@@ -67,6 +90,9 @@ pub(super) struct Reader {
 impl Reader {
     /// One SSE event's data: a chat (or legacy completion) chunk, or a Responses API event.
     pub(super) fn event(&mut self, data: &[u8], usage: &mut Usage) {
+        if usage.model.is_some() && is_content_only(data) {
+            return;
+        }
         let Ok(chunk) = serde_json::from_slice::<Chunk<'_>>(data) else {
             return;
         };
@@ -256,5 +282,32 @@ impl WireUsage {
             &mut usage.reasoning_tokens,
             output.and_then(|d| d.reasoning_tokens.0),
         );
+    }
+}
+
+#[cfg(test)]
+mod skip_tests {
+    use super::*;
+
+    #[test]
+    fn only_pure_content_chunks_are_skipped() {
+        let content = br#"{"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"content":"say \"usage\": {}"},"finish_reason":null}],"usage":null}"#;
+        assert!(is_content_only(content));
+        let spaced =
+            br#"{"model": "m", "choices": [{"delta": {"content": "x"}, "finish_reason" : null}]}"#;
+        assert!(is_content_only(spaced));
+        for informative in [
+            &br#"{"model":"m","choices":[{"delta":{},"finish_reason":"stop"}]}"#[..],
+            br#"{"model":"m","choices":[{"delta":{}, "finish_reason": "length"}]}"#,
+            br#"{"model":"m","choices":[],"usage":{"prompt_tokens":1}}"#,
+            br#"{"model":"m","choices":[],"x_groq":{"usage":{"prompt_tokens":1}}}"#,
+            br#"{"type":"response.completed","response":{"usage":{}}}"#,
+        ] {
+            assert!(
+                !is_content_only(informative),
+                "{}",
+                String::from_utf8_lossy(informative)
+            );
+        }
     }
 }
