@@ -18,7 +18,7 @@ pub mod usage;
 pub use budgets::Budgets;
 pub use error::Error;
 pub use keys::{CreatedKey, KeyCache, KeyInfo, KeySnapshot, Keys};
-pub use records::{IngestOutcome, RecordUsage, Records, RequestRecord, UsageStatus};
+pub use records::{IngestOutcome, Records, RequestRecord, Usage, UsageStatus};
 pub use signals::{NewSignal, Signals, Stored};
 pub use store::Store;
 

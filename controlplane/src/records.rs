@@ -37,26 +37,16 @@ pub struct RequestRecord {
     pub streamed: bool,
     pub error_code: Option<String>,
     pub response_bytes: u64,
-    pub usage: RecordUsage,
+    /// Tokens, answered model and finish reason, as the provider reported them.
+    pub usage: Usage,
+    pub usage_status: UsageStatus,
+    /// Cost in micro-dollars, when the usage and the model's price were known.
+    pub cost_micros: Option<u64>,
     /// What the request counted against its end user's budget (None: not budgeted).
     pub budget_micros: Option<u64>,
 }
 
-/// Token usage and cost of one request (None: the provider did not say).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct RecordUsage {
-    pub answered_model: Option<String>,
-    pub input_tokens: Option<u64>,
-    pub output_tokens: Option<u64>,
-    pub cached_input_tokens: Option<u64>,
-    pub cache_write_tokens: Option<u64>,
-    pub reasoning_tokens: Option<u64>,
-    pub finish_reason: Option<String>,
-    pub cost_micros: Option<u64>,
-    pub status: UsageStatus,
-}
-
-pub use nm_types::UsageStatus;
+pub use nm_types::{Usage, UsageStatus};
 
 /// What [`Records::ingest`] did with a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -345,15 +335,15 @@ impl<'a> From<&'a RequestRecord> for Row<'a> {
             r.streamed,
             r.error_code.as_deref(),
             saturating_i64(r.response_bytes),
-            u.answered_model.as_deref(),
+            u.model.as_deref(),
             u.input_tokens.map(saturating_i64),
             u.output_tokens.map(saturating_i64),
             u.cached_input_tokens.map(saturating_i64),
             u.cache_write_tokens.map(saturating_i64),
             u.reasoning_tokens.map(saturating_i64),
             u.finish_reason.as_deref(),
-            u.cost_micros.map(saturating_i64),
-            u.status.as_str(),
+            r.cost_micros.map(saturating_i64),
+            r.usage_status.as_str(),
         )
     }
 }
@@ -463,13 +453,13 @@ mod tests {
             streamed: true,
             error_code: None,
             response_bytes: 10,
-            usage: RecordUsage {
+            usage: Usage {
                 input_tokens: Some(0),
                 output_tokens: None,
-                cost_micros: Some(123_456_789),
-                status: UsageStatus::Partial,
                 ..Default::default()
             },
+            usage_status: UsageStatus::Partial,
+            cost_micros: Some(123_456_789),
             ..Default::default()
         };
         let out = records.ingest(vec![r.clone()]).await.unwrap();

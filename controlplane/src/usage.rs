@@ -115,11 +115,11 @@ const TOTALS: &str = "CAST(COALESCE(SUM(requests), 0) AS BIGINT) AS requests, \
 const SQLITE_INDEX_MAX_SHARE: f64 = 0.25;
 
 #[derive(Debug, Clone)]
-pub struct Usage {
+pub struct UsageReports {
     store: Store,
 }
 
-impl Usage {
+impl UsageReports {
     pub fn new(store: Store) -> Self {
         Self { store }
     }
@@ -268,7 +268,7 @@ impl Usage {
 
 /// `time` is the time column as the query names it: `started_at_ms`, or `+started_at_ms` to keep
 /// SQLite from walking the time index where reading the table is faster (see
-/// [`Usage::time_column`]).
+/// [`UsageReports::time_column`]).
 fn push_filter(sql: &mut Sql, time: &str, f: &UsageFilter) {
     if let Some(s) = f.since_ms {
         sql.push(&format!(" AND {time} >= ")).bind(s);
@@ -327,7 +327,7 @@ fn count(row: &QueryResult, col: &str) -> Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::records::{RecordUsage, RequestRecord, UsageStatus};
+    use crate::records::{RequestRecord, Usage, UsageStatus};
     use crate::{Budgets, Records};
 
     fn rec(
@@ -347,16 +347,16 @@ mod tests {
             model: Some(model.to_owned()),
             agent: Some(agent.to_owned()),
             status: 200,
-            usage: RecordUsage {
+            usage: Usage {
                 input_tokens: input,
                 output_tokens: input.map(|i| i / 2),
-                cost_micros: cost,
-                status: if input.is_some() {
-                    UsageStatus::Reported
-                } else {
-                    UsageStatus::Missing
-                },
                 ..Default::default()
+            },
+            cost_micros: cost,
+            usage_status: if input.is_some() {
+                UsageStatus::Reported
+            } else {
+                UsageStatus::Missing
             },
             ..Default::default()
         }
@@ -380,7 +380,7 @@ mod tests {
             ])
             .await
             .unwrap();
-        let usage = Usage::new(store);
+        let usage = UsageReports::new(store);
         let r = usage
             .report(
                 &[Dimension::Agent, Dimension::Model],

@@ -28,8 +28,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, anyhow, bail};
 use clap::Parser;
-use nm_controlplane::usage::{Dimension, Usage, UsageFilter, UsageRow};
-use nm_controlplane::{Budgets, RecordUsage, Records, RequestRecord, Store, UsageStatus};
+use nm_controlplane::usage::{Dimension, UsageFilter, UsageReports, UsageRow};
+use nm_controlplane::{Budgets, Records, RequestRecord, Store, Usage, UsageStatus};
 use sea_orm::{ConnectionTrait, Database, Statement};
 use serde::Serialize;
 
@@ -367,7 +367,7 @@ impl Dataset {
         let streamed = rng.chance(agent.stream_share);
         let outcome = Outcome::draw(rng, streamed, session.user_id.is_some());
 
-        let usage = match outcome {
+        let (usage, cost_micros, usage_status) = match outcome {
             Outcome::Answered(status @ (UsageStatus::Reported | UsageStatus::Partial)) => {
                 let input = rng.lognormal(agent.input_median, 1.0).clamp(1.0, 200_000.0) as u64;
                 let mut output = rng.lognormal(300.0, 0.9).clamp(1.0, 16_000.0) as u64;
@@ -394,23 +394,21 @@ impl Dataset {
                     (_, p) if p < 0.95 => Some("tool_calls"),
                     _ => Some("length"),
                 };
-                RecordUsage {
-                    answered_model: Some(model.answered.to_owned()),
+                let usage = Usage {
+                    model: Some(model.answered.to_owned()),
                     input_tokens: Some(input),
                     output_tokens: Some(output),
                     cached_input_tokens: cached,
                     cache_write_tokens: None,
                     reasoning_tokens: reasoning,
                     finish_reason: finish.map(str::to_owned),
-                    cost_micros: cost,
-                    status,
-                }
+                };
+                (usage, cost, status)
             }
-            Outcome::Answered(status) | Outcome::UpstreamError(_, status) => RecordUsage {
-                status,
-                ..Default::default()
-            },
-            Outcome::GatewayError(..) => RecordUsage::default(),
+            Outcome::Answered(status) | Outcome::UpstreamError(_, status) => {
+                (Usage::default(), None, status)
+            }
+            Outcome::GatewayError(..) => (Usage::default(), None, UsageStatus::NotApplicable),
         };
         let (status, error_code) = match outcome {
             Outcome::Answered(_) => (200, None),
@@ -418,7 +416,7 @@ impl Dataset {
             Outcome::GatewayError(code, name) => (code, Some(name.to_owned())),
         };
         let budget_micros = session.user_id.as_ref().and_then(|_| match outcome {
-            Outcome::Answered(_) => Some(usage.cost_micros.unwrap_or(RESERVATION_MICROS)),
+            Outcome::Answered(_) => Some(cost_micros.unwrap_or(RESERVATION_MICROS)),
             Outcome::GatewayError(_, "budget_exceeded") => None,
             Outcome::UpstreamError(..) | Outcome::GatewayError(..) => Some(0),
         });
@@ -446,6 +444,8 @@ impl Dataset {
                 200
             },
             usage,
+            usage_status,
+            cost_micros,
             budget_micros,
         }
     }
@@ -714,7 +714,7 @@ async fn bench_database(
         _ => size_of(),
     };
 
-    let usage = Usage::new(store.clone());
+    let usage = UsageReports::new(store.clone());
     let mut reports = Vec::new();
     let mut totals = None;
     for case in cases(now_ms) {

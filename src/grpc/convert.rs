@@ -110,17 +110,17 @@ pub fn record_from_pb(r: pb::RequestRecord) -> nm_controlplane::RequestRecord {
         streamed: r.streamed,
         error_code: r.error_code,
         response_bytes: r.response_bytes,
-        usage: nm_controlplane::RecordUsage {
-            answered_model: r.answered_model,
+        usage: nm_types::Usage {
+            model: r.answered_model,
             input_tokens: r.input_tokens,
             output_tokens: r.output_tokens,
             cached_input_tokens: r.cached_input_tokens,
             cache_write_tokens: r.cache_write_tokens,
             reasoning_tokens: r.reasoning_tokens,
             finish_reason: r.finish_reason,
-            cost_micros: r.cost_micros,
-            status,
         },
+        usage_status: status,
+        cost_micros: r.cost_micros,
         budget_micros: r.budget_micros,
     }
 }

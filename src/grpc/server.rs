@@ -41,7 +41,7 @@ pub struct Controlplane {
     pub records: Records,
     pub signals: Signals,
     pub budgets: Budgets,
-    pub usage: nm_controlplane::usage::Usage,
+    pub usage: nm_controlplane::usage::UsageReports,
     /// Becomes `true` when the process shuts down; long-lived streams end then.
     shutdown: watch::Receiver<bool>,
 }
@@ -56,7 +56,7 @@ impl Controlplane {
         let records = Records::new(store.clone(), budgets.clone());
         let signals = Signals::start(store.clone());
         Ok(Self {
-            usage: nm_controlplane::usage::Usage::new(store.clone()),
+            usage: nm_controlplane::usage::UsageReports::new(store.clone()),
             store,
             keys,
             records,

@@ -295,3 +295,33 @@ impl UsageStatus {
         }
     }
 }
+
+/// Token usage of one answer, normalised across providers. `None` means the provider did not
+/// say (unknown), never zero.
+///
+/// - `input_tokens` counts every prompt token, including those read from or written to a cache
+///   (Anthropic reports cache reads and writes apart from `input_tokens`; they are added here).
+/// - `cached_input_tokens` and `cache_write_tokens` are the parts of `input_tokens` read from and
+///   written to the provider's prompt cache.
+/// - `output_tokens` counts every generated token, reasoning included (Gemini reports thoughts
+///   apart from candidates; they are added here). `reasoning_tokens` is that part.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// The model as the provider answered (may differ from the one requested).
+    pub model: Option<String>,
+    pub input_tokens: Option<u64>,
+    pub output_tokens: Option<u64>,
+    pub cached_input_tokens: Option<u64>,
+    pub cache_write_tokens: Option<u64>,
+    pub reasoning_tokens: Option<u64>,
+    /// The provider's own finish reason of the (first) choice, as it spelled it
+    /// (`stop`, `length`, `end_turn`, `STOP`, ...).
+    pub finish_reason: Option<String>,
+}
+
+impl Usage {
+    /// Whether the provider reported any token counts.
+    pub fn is_known(&self) -> bool {
+        self.input_tokens.is_some() || self.output_tokens.is_some()
+    }
+}
