@@ -14,7 +14,7 @@ use serde::Deserialize;
 
 use super::de::{Count, Text};
 use super::json_scan::Select;
-use super::{Field, Usage, set_count, set_text, sum_known, text};
+use super::{Field, Usage, capture_common, set_count, set_text, sum_known};
 
 const MESSAGE: Select<Field> = Select::keys(&[
     ("model", Select::capture(Field::Model)),
@@ -68,15 +68,8 @@ impl Reader {
 
     /// One value captured from a JSON answer.
     pub(super) fn capture(&mut self, field: Field, value: &[u8], usage: &mut Usage) {
-        match field {
-            Field::Model => set_text(&mut usage.model, text(value).as_deref()),
-            Field::FinishReason => set_text(&mut usage.finish_reason, text(value).as_deref()),
-            Field::Usage => {
-                if let Ok(wire) = serde_json::from_slice::<WireUsage>(value) {
-                    self.apply(&wire, usage);
-                }
-            }
-            Field::Object | Field::Status | Field::IncompleteReason => {} // not selected here
+        if let Some(wire) = capture_common::<WireUsage>(field, value, usage) {
+            self.apply(&wire, usage);
         }
     }
 

@@ -199,6 +199,23 @@ impl sse::Handler for Events<'_> {
 
 // === shared by the readers ===
 
+/// The part of a JSON capture every dialect shares: a `model` or finish reason goes straight
+/// into `usage`; a `usage` object is parsed as the dialect's wire type `W` and handed back.
+/// The other fields are selected by the OpenAI dialect only.
+fn capture_common<W: serde::de::DeserializeOwned>(
+    field: Field,
+    value: &[u8],
+    usage: &mut Usage,
+) -> Option<W> {
+    match field {
+        Field::Model => set_text(&mut usage.model, text(value).as_deref()),
+        Field::FinishReason => set_text(&mut usage.finish_reason, text(value).as_deref()),
+        Field::Usage => return serde_json::from_slice(value).ok(),
+        Field::Object | Field::Status | Field::IncompleteReason => {}
+    }
+    None
+}
+
 /// Replaces a count when the provider gave one.
 fn set_count(slot: &mut Option<u64>, value: Option<u64>) {
     if value.is_some() {
