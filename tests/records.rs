@@ -273,7 +273,13 @@ async fn a_controlplane_outage_keeps_keys_and_loses_no_records() {
             .len(),
         6
     );
-    let m = gw.get("/metrics").await;
-    assert!(String::from_utf8_lossy(&m.body).contains("nm_spool_records 0"));
+    // The spool is popped right after the controlplane's acknowledgement.
+    eventually(Duration::from_secs(10), "spool emptied", || async {
+        let m = gw.get("/metrics").await;
+        String::from_utf8_lossy(&m.body)
+            .contains("nm_spool_records 0")
+            .then_some(())
+    })
+    .await;
     gw.stop().await;
 }
