@@ -46,10 +46,17 @@ async fn spent_today(gw: &TestGateway, user: &str) -> u64 {
         .day_micros
 }
 
-/// Waits until every dataplane has heard of a budget change (the feed is a push; this only
-/// covers the moment between the gRPC answer and the push arriving).
-async fn settle() {
-    tokio::time::sleep(Duration::from_millis(200)).await;
+/// Waits until the dataplane at `http` enforces `rules` budget rules (its `/metrics` says so
+/// once the controlplane's push arrived).
+async fn pushed(gw: &TestGateway, http: std::net::SocketAddr, rules: usize) {
+    let want = format!("nm_budget_rules {rules}");
+    eventually(Duration::from_secs(10), "budget rules pushed", || async {
+        let m = gw.raw_at(http, "GET", "/metrics", &[], "").await;
+        String::from_utf8_lossy(&m.body)
+            .contains(&want)
+            .then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -64,7 +71,7 @@ async fn fifty_concurrent_requests_cannot_overshoot_a_small_budget() {
         .await;
     let limit = 100_000;
     set_default(&gw, Some(limit), None).await;
-    settle().await;
+    pushed(&gw, gw.http, 1).await;
 
     let client = client();
     let mut requests = JoinSet::new();
@@ -144,7 +151,7 @@ async fn a_spent_budget_holds_on_every_provider_route() {
         .await;
     // 1 µ$ a day: the first request is admitted (nothing spent yet), the rest are refused.
     set_default(&gw, Some(1), None).await;
-    settle().await;
+    pushed(&gw, gw.http, 1).await;
     let first = gw
         .post(
             "/openai/v1/chat/completions",
@@ -189,7 +196,7 @@ async fn requests_per_minute_are_limited() {
         .run()
         .await;
     set_default(&gw, None, Some(3)).await;
-    settle().await;
+    pushed(&gw, gw.http, 1).await;
     let mut statuses = Vec::new();
     for _ in 0..5 {
         let a = gw
@@ -227,7 +234,8 @@ async fn two_dataplanes_share_one_budget() {
     let second = gw.add_dataplane().await;
     let limit = 50_000;
     set_default(&gw, Some(limit), None).await;
-    settle().await;
+    pushed(&gw, gw.http, 1).await;
+    pushed(&gw, second, 1).await;
 
     // Spend through the first dataplane until it refuses.
     let mut first_ok = 0u64;

@@ -287,6 +287,12 @@ impl Budgets {
         retire(&mut l);
     }
 
+    /// Rules in force: the default (if any) and the overrides.
+    pub fn rules(&self) -> usize {
+        let l = self.lock();
+        usize::from(l.default.is_some()) + l.overrides.len()
+    }
+
     /// Entries counted toward a user right now (for tests and diagnostics).
     pub fn local_entries(&self, user: &str) -> usize {
         self.lock().local.get(user).map_or(0, Vec::len)

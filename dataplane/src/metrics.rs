@@ -28,6 +28,7 @@ struct Inner {
     budget_refusals: Family<Reason, Counter>,
     spool_records: Gauge,
     spool_bytes: Gauge,
+    budget_rules: Gauge,
 }
 
 impl Default for Metrics {
@@ -57,6 +58,12 @@ impl Default for Metrics {
             "Bytes of the on-disk record spool",
             spool_bytes.clone(),
         );
+        let budget_rules = Gauge::default();
+        registry.register(
+            "budget_rules",
+            "End-user budget rules (default and overrides) this dataplane enforces, as last received",
+            budget_rules.clone(),
+        );
         Self {
             inner: Arc::new(Inner {
                 registry,
@@ -64,6 +71,7 @@ impl Default for Metrics {
                 budget_refusals,
                 spool_records,
                 spool_bytes,
+                budget_rules,
             }),
         }
     }
@@ -93,6 +101,12 @@ impl Metrics {
             .set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 
+    pub fn set_budget_rules(&self, rules: usize) {
+        self.inner
+            .budget_rules
+            .set(i64::try_from(rules).unwrap_or(i64::MAX));
+    }
+
     /// The text exposition format.
     pub fn render(&self) -> String {
         let mut out = String::new();
@@ -112,6 +126,7 @@ mod tests {
         m.records_dropped("spool_full", 3);
         m.budget_refused("spend");
         m.set_spool(7, 4096);
+        m.set_budget_rules(2);
         let text = m.render();
         assert!(
             text.contains(r#"nm_records_dropped_total{reason="spool_full"} 3"#),
@@ -123,5 +138,6 @@ mod tests {
         );
         assert!(text.contains("nm_spool_records 7"), "{text}");
         assert!(text.contains("nm_spool_bytes 4096"), "{text}");
+        assert!(text.contains("nm_budget_rules 2"), "{text}");
     }
 }

@@ -118,6 +118,7 @@ impl Link {
             client.clone(),
             targets.budgets.clone(),
             targets.health.clone(),
+            targets.metrics.clone(),
             name,
             stop_rx.clone(),
         ));
@@ -152,6 +153,7 @@ async fn watch_budgets(
     client: DataplaneClient<Channel>,
     budgets: Budgets,
     health: Health,
+    metrics: Metrics,
     name: String,
     stop: watch::Receiver<bool>,
 ) {
@@ -165,7 +167,11 @@ async fn watch_budgets(
         }
     };
     let on_message = |msg: pb::BudgetFeed| {
+        let full = msg.full;
         budgets.apply_feed(feed_from_pb(msg));
+        if full {
+            metrics.set_budget_rules(budgets.rules());
+        }
         health.set_budgets_loaded();
     };
     let on_lost = |problem: String| {
