@@ -74,7 +74,7 @@ pub async fn start(settings: &Settings) -> anyhow::Result<Running> {
 
 pub async fn start_controlplane(settings: &Settings) -> anyhow::Result<Running> {
     let (shutdown, rx) = watch::channel(false);
-    let (grpc_addr, generated_admin_key, task) = controlplane(settings, rx).await?;
+    let (_, grpc_addr, generated_admin_key, task) = controlplane(settings, rx).await?;
     Ok(Running {
         http_addr: None,
         grpc_addr: Some(grpc_addr),
@@ -86,7 +86,7 @@ pub async fn start_controlplane(settings: &Settings) -> anyhow::Result<Running> 
 
 pub async fn start_dataplane(settings: &Settings) -> anyhow::Result<Running> {
     let (shutdown, rx) = watch::channel(false);
-    let (http_addr, task) = dataplane(settings, &settings.controlplane_url, rx).await?;
+    let (http_addr, task) = dataplane(settings, &settings.controlplane_url, None, rx).await?;
     Ok(Running {
         http_addr: Some(http_addr),
         grpc_addr: None,
@@ -99,9 +99,11 @@ pub async fn start_dataplane(settings: &Settings) -> anyhow::Result<Running> {
 pub async fn start_serve(settings: &Settings) -> anyhow::Result<Running> {
     let (shutdown, rx) = watch::channel(false);
     let (cp_stop, cp_rx) = watch::channel(false);
-    let (grpc_addr, generated_admin_key, cp_task) = controlplane(settings, cp_rx).await?;
+    let (cp, grpc_addr, generated_admin_key, cp_task) = controlplane(settings, cp_rx).await?;
     let url = format!("http://{}", loopback(grpc_addr));
-    let (http_addr, dp_task) = dataplane(settings, &url, rx).await?;
+    // Request records go straight to this process's controlplane; the rest of the link (key
+    // and budget feeds, signals) uses gRPC over loopback like any dataplane.
+    let (http_addr, dp_task) = dataplane(settings, &url, Some(cp.records), rx).await?;
     let task = tokio::spawn(async move {
         let dp = dp_task.await.context("dataplane task panicked")?;
         let _ = cp_stop.send(true);
@@ -122,7 +124,7 @@ type Task = JoinHandle<anyhow::Result<()>>;
 async fn controlplane(
     settings: &Settings,
     stop: watch::Receiver<bool>,
-) -> anyhow::Result<(SocketAddr, Option<String>, Task)> {
+) -> anyhow::Result<(Controlplane, SocketAddr, Option<String>, Task)> {
     let store = Store::connect(&settings.database_url).await?;
     let cp = Controlplane::open(store.clone(), stop.clone()).await?;
     let generated = cp
@@ -134,18 +136,20 @@ async fn controlplane(
         .with_context(|| format!("cannot listen on NM_GRPC_ADDR {}", settings.grpc_addr))?;
     let addr = listener.local_addr()?;
     info!(%addr, "controlplane gRPC listening on {addr}");
+    let served_cp = cp.clone();
     let task = tokio::spawn(async move {
-        let served = server::serve(cp, listener, signalled(stop)).await;
+        let served = server::serve(served_cp, listener, signalled(stop)).await;
         store.close().await?;
         info!("controlplane stopped");
         served
     });
-    Ok((addr, generated.map(|k| k.secret), task))
+    Ok((cp, addr, generated.map(|k| k.secret), task))
 }
 
 async fn dataplane(
     settings: &Settings,
     controlplane_url: &str,
+    local_records: Option<nm_controlplane::Records>,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<(SocketAddr, Task)> {
     let config = DataplaneConfig {
@@ -181,7 +185,7 @@ async fn dataplane(
         metrics: dp.metrics().clone(),
         spool: SharedSpool::new(spool),
     };
-    let link = Link::spawn(channel, targets, queue, name);
+    let link = Link::spawn(channel, local_records, targets, queue, name);
     let listener = TcpListener::bind(settings.http_addr)
         .await
         .with_context(|| format!("cannot listen on NM_HTTP_ADDR {}", settings.http_addr))?;

@@ -8,12 +8,13 @@ use nm_types::{Env, SessionId, parse_agent, parse_user};
 use sea_orm::sea_query::{Expr, OnConflict};
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DatabaseBackend, DatabaseTransaction, EntityTrait, QueryFilter,
-    Set, Statement,
+    Set, Statement, TransactionTrait, Value,
 };
 use tracing::warn;
 
 use crate::budgets::{Budgets, SpendItem, add_to_rollup};
 use crate::error::Result;
+use crate::sql::{INSERT_CHUNK_SIZES, insert_chunks};
 use crate::store::Store;
 use crate::store::entity::{session, signal};
 
@@ -66,13 +67,13 @@ pub struct IngestOutcome {
 pub struct Records {
     store: Store,
     budgets: Budgets,
-    /// The batch INSERT for this database (see [`insert_sql`]).
-    insert_sql: std::sync::Arc<str>,
+    /// The batch INSERTs for this database (see [`insert_sql`]).
+    insert_sql: std::sync::Arc<InsertSql>,
 }
 
 impl Records {
     pub fn new(store: Store, budgets: Budgets) -> Self {
-        let insert_sql = insert_sql(store.backend()).into();
+        let insert_sql = InsertSql::new(store.backend()).into();
         Self {
             store,
             budgets,
@@ -252,159 +253,201 @@ fn validate(r: &RequestRecord) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// `requests` columns, in the order of the JSON arrays [`insert_new`] sends, with the PostgreSQL
-/// type each JSON text is cast to (SQLite reads JSON numbers and booleans as they are).
-const COLUMNS: [(&str, &str); 26] = [
-    ("request_id", ""),
-    ("started_at_ms", "::bigint"),
-    ("key_id", ""),
-    ("provider", ""),
-    ("method", ""),
-    ("path", ""),
-    ("model", ""),
-    ("agent", ""),
-    ("session_id", ""),
-    ("env", ""),
-    ("user_id", ""),
-    ("status", "::integer"),
-    ("latency_ms", "::bigint"),
-    ("ttfb_ms", "::bigint"),
-    ("streamed", "::boolean"),
-    ("error_code", ""),
-    ("response_bytes", "::bigint"),
-    ("answered_model", ""),
-    ("input_tokens", "::bigint"),
-    ("output_tokens", "::bigint"),
-    ("cached_input_tokens", "::bigint"),
-    ("cache_write_tokens", "::bigint"),
-    ("reasoning_tokens", "::bigint"),
-    ("finish_reason", ""),
-    ("cost_micros", "::bigint"),
-    ("usage_status", ""),
+/// `requests` columns, in the order [`push_row`] binds them.
+const COLUMNS: [&str; 26] = [
+    "request_id",
+    "started_at_ms",
+    "key_id",
+    "provider",
+    "method",
+    "path",
+    "model",
+    "agent",
+    "session_id",
+    "env",
+    "user_id",
+    "status",
+    "latency_ms",
+    "ttfb_ms",
+    "streamed",
+    "error_code",
+    "response_bytes",
+    "answered_model",
+    "input_tokens",
+    "output_tokens",
+    "cached_input_tokens",
+    "cache_write_tokens",
+    "reasoning_tokens",
+    "finish_reason",
+    "cost_micros",
+    "usage_status",
 ];
 
-/// One record as a JSON array in [`COLUMNS`] order.
-#[derive(serde::Serialize)]
-struct Row<'a>(
-    &'a str,
-    i64,
-    &'a str,
-    &'a str,
-    &'a str,
-    &'a str,
-    Option<&'a str>,
-    Option<&'a str>,
-    Option<&'a str>,
-    Option<&'a str>,
-    Option<&'a str>,
-    u16,
-    i64,
-    Option<i64>,
-    bool,
-    Option<&'a str>,
-    i64,
-    Option<&'a str>,
-    Option<i64>,
-    Option<i64>,
-    Option<i64>,
-    Option<i64>,
-    Option<i64>,
-    Option<&'a str>,
-    Option<i64>,
-    &'static str,
-);
+/// Appends one record's values in [`COLUMNS`] order.
+fn push_row(values: &mut Vec<Value>, r: &RequestRecord) {
+    let text = |v: &Option<String>| Value::String(v.clone());
+    let count = |v: Option<u64>| Value::BigInt(v.map(saturating_i64));
+    let u = &r.usage;
+    values.extend([
+        Value::String(Some(r.request_id.clone())),
+        Value::BigInt(Some(r.started_at_ms)),
+        Value::String(Some(r.key_id.clone())),
+        Value::String(Some(r.provider.clone())),
+        Value::String(Some(r.method.clone())),
+        Value::String(Some(r.path.clone())),
+        text(&r.model),
+        text(&r.agent),
+        text(&r.session_id),
+        text(&r.env),
+        text(&r.user_id),
+        Value::Int(Some(i32::from(r.status))),
+        count(Some(r.latency_ms)),
+        count(r.ttfb_ms),
+        Value::Bool(Some(r.streamed)),
+        text(&r.error_code),
+        count(Some(r.response_bytes)),
+        text(&u.model),
+        count(u.input_tokens),
+        count(u.output_tokens),
+        count(u.cached_input_tokens),
+        count(u.cache_write_tokens),
+        count(u.reasoning_tokens),
+        text(&u.finish_reason),
+        count(r.cost_micros),
+        Value::String(Some(r.usage_status.as_str().to_owned())),
+    ]);
+}
 
-impl<'a> From<&'a RequestRecord> for Row<'a> {
-    fn from(r: &'a RequestRecord) -> Self {
-        let u = &r.usage;
-        Row(
-            &r.request_id,
-            r.started_at_ms,
-            &r.key_id,
-            &r.provider,
-            &r.method,
-            &r.path,
-            r.model.as_deref(),
-            r.agent.as_deref(),
-            r.session_id.as_deref(),
-            r.env.as_deref(),
-            r.user_id.as_deref(),
-            r.status,
-            saturating_i64(r.latency_ms),
-            r.ttfb_ms.map(saturating_i64),
-            r.streamed,
-            r.error_code.as_deref(),
-            saturating_i64(r.response_bytes),
-            u.model.as_deref(),
-            u.input_tokens.map(saturating_i64),
-            u.output_tokens.map(saturating_i64),
-            u.cached_input_tokens.map(saturating_i64),
-            u.cache_write_tokens.map(saturating_i64),
-            u.reasoning_tokens.map(saturating_i64),
-            u.finish_reason.as_deref(),
-            r.cost_micros.map(saturating_i64),
-            r.usage_status.as_str(),
-        )
+/// The INSERT of `rows` records as one multi-row `VALUES` list of bound parameters. Resent
+/// records are skipped (`ON CONFLICT DO NOTHING`); with `returning`, the statement names the new
+/// ones.
+///
+/// Binding every value costs the database nothing to decode: an earlier version sent the batch as
+/// one JSON parameter unpacked by `json_each`, and SQLite's JSON path lookups were then 16% of
+/// the whole gateway's instructions under load. Batches are cut into a few fixed row counts
+/// ([`INSERT_CHUNK_SIZES`]), so each connection caches a handful of prepared statements.
+fn insert_sql(backend: DatabaseBackend, rows: usize, returning: bool) -> String {
+    let mut sql = format!("INSERT INTO requests ({}) VALUES ", COLUMNS.join(", "));
+    let mut n = 0;
+    for row in 0..rows {
+        if row > 0 {
+            sql.push_str(", ");
+        }
+        sql.push('(');
+        for col in 0..COLUMNS.len() {
+            if col > 0 {
+                sql.push_str(", ");
+            }
+            n += 1;
+            match backend {
+                DatabaseBackend::Postgres => {
+                    sql.push('$');
+                    sql.push_str(&n.to_string());
+                }
+                _ => sql.push('?'),
+            }
+        }
+        sql.push(')');
+    }
+    sql.push_str(" ON CONFLICT (request_id) DO NOTHING");
+    if returning {
+        sql.push_str(" RETURNING request_id");
+    }
+    sql
+}
+
+/// The INSERT texts for each row count [`insert_chunks`] uses, with and without `RETURNING`,
+/// made once per [`Records`].
+#[derive(Debug)]
+struct InsertSql {
+    backend: DatabaseBackend,
+    by_size: Vec<(usize, bool, String)>,
+}
+
+impl InsertSql {
+    fn new(backend: DatabaseBackend) -> Self {
+        let by_size = INSERT_CHUNK_SIZES
+            .iter()
+            .flat_map(|&n| [false, true].map(|r| (n, r, insert_sql(backend, n, r))))
+            .collect();
+        Self { backend, by_size }
+    }
+
+    /// The statement inserting `chunk`.
+    fn statement(&self, chunk: &[RequestRecord], returning: bool) -> Statement {
+        let rows = chunk.len();
+        let sql = self
+            .by_size
+            .iter()
+            .find(|(n, r, _)| *n == rows && *r == returning)
+            .map_or_else(
+                || insert_sql(self.backend, rows, returning),
+                |(_, _, sql)| sql.clone(),
+            );
+        let mut values = Vec::with_capacity(rows * COLUMNS.len());
+        for r in chunk {
+            push_row(&mut values, r);
+        }
+        Statement::from_sql_and_values(self.backend, sql, values)
     }
 }
 
-/// The one INSERT of a batch: the records travel as a single JSON array parameter that the
-/// database unpacks (`json_each` / `json_array_elements`), so the statement text never changes
-/// and a batch costs one bind, not one per value. Resent records are skipped
-/// (`ON CONFLICT DO NOTHING`); `RETURNING` names the new ones.
-fn insert_sql(backend: DatabaseBackend) -> String {
-    let names: Vec<&str> = COLUMNS.iter().map(|(name, _)| *name).collect();
-    let (values, from) = match backend {
-        DatabaseBackend::Postgres => (
-            COLUMNS
-                .iter()
-                .enumerate()
-                .map(|(i, (_, cast))| {
-                    if cast.is_empty() {
-                        format!("e->>{i}")
-                    } else {
-                        format!("(e->>{i}){cast}")
-                    }
-                })
-                .collect::<Vec<_>>(),
-            "json_array_elements($1::json) AS e",
-        ),
-        // `jsonb_each` hands each element over as binary JSON, which `->>` reads directly;
-        // `json_each` would turn every element back into text for `->>` to parse again (that
-        // round trip was 15% of the gateway's CPU under load). `WHERE true` keeps SQLite from
-        // reading ON CONFLICT as a join constraint.
-        _ => (
-            (0..COLUMNS.len())
-                .map(|i| format!("j.value->>{i}"))
-                .collect::<Vec<_>>(),
-            "jsonb_each(?) AS j WHERE true",
-        ),
-    };
-    format!(
-        "INSERT INTO requests ({}) SELECT {} FROM {from} ON CONFLICT (request_id) DO NOTHING RETURNING request_id",
-        names.join(", "),
-        values.join(", ")
-    )
+/// Which records of a batch were stored for the first time.
+#[derive(Debug)]
+enum Fresh {
+    All,
+    Only(HashSet<String>),
 }
 
-/// Inserts the records not stored yet; returns their request ids.
+impl Fresh {
+    fn contains(&self, request_id: &str) -> bool {
+        match self {
+            Fresh::All => true,
+            Fresh::Only(ids) => ids.contains(request_id),
+        }
+    }
+}
+
+/// Inserts the records not stored yet and says which they were.
+///
+/// A batch is almost always new, so it is first inserted without `RETURNING` inside a savepoint:
+/// when every row went in, that is the answer. When some were stored already (a resent batch),
+/// the savepoint is rolled back and the batch inserted again with `RETURNING`, which names the
+/// new ones. Skipping `RETURNING` in the common case saves the database and the driver a result
+/// row per record.
 async fn insert_new(
     txn: &DatabaseTransaction,
-    sql: &str,
+    sql: &InsertSql,
     records: &[RequestRecord],
-) -> Result<HashSet<String>> {
-    if records.is_empty() {
-        return Ok(HashSet::new());
+) -> Result<Fresh> {
+    let chunks = || {
+        let mut rest = records;
+        insert_chunks(records.len()).map(move |size| {
+            let (chunk, tail) = rest.split_at(size);
+            rest = tail;
+            chunk
+        })
+    };
+    let attempt = txn.begin().await?;
+    let mut inserted = 0u64;
+    for chunk in chunks() {
+        inserted += attempt
+            .execute_raw(sql.statement(chunk, false))
+            .await?
+            .rows_affected();
     }
-    let rows: Vec<Row<'_>> = records.iter().map(Row::from).collect();
-    let json = serde_json::to_string(&rows)
-        .map_err(|e| crate::Error::InvalidArgument(format!("record batch: {e}")))?;
-    let stmt = Statement::from_sql_and_values(txn.get_database_backend(), sql, [json.into()]);
+    if inserted == records.len() as u64 {
+        attempt.commit().await?;
+        return Ok(Fresh::All);
+    }
+    attempt.rollback().await?;
     let mut ids = HashSet::with_capacity(records.len());
-    for row in txn.query_all_raw(stmt).await? {
-        ids.insert(row.try_get::<String>("", "request_id")?);
+    for chunk in chunks() {
+        for row in txn.query_all_raw(sql.statement(chunk, true)).await? {
+            ids.insert(row.try_get::<String>("", "request_id")?);
+        }
     }
-    Ok(ids)
+    Ok(Fresh::Only(ids))
 }
 
 fn saturating_i64(v: u64) -> i64 {

@@ -59,15 +59,17 @@ mod tests {
     }
 }
 
+/// The row counts [`insert_chunks`] draws from, largest first.
+pub const INSERT_CHUNK_SIZES: [usize; 5] = [256, 64, 16, 4, 1];
+
 /// Row counts for multi-row INSERTs of `n` rows, drawn from a few fixed sizes.
 ///
 /// Every distinct row count is a distinct SQL text, and each connection caches a prepared
 /// statement per text; a large multi-row statement is big (hundreds of KiB in SQLite). Fixed sizes
 /// keep at most five shapes per table in the cache instead of one per batch size.
 pub fn insert_chunks(mut n: usize) -> impl Iterator<Item = usize> {
-    const SIZES: [usize; 5] = [256, 64, 16, 4, 1];
     std::iter::from_fn(move || {
-        let size = SIZES.into_iter().find(|s| *s <= n)?;
+        let size = INSERT_CHUNK_SIZES.into_iter().find(|s| *s <= n)?;
         n -= size;
         Some(size)
     })

@@ -12,6 +12,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use nm_controlplane::Records;
 use nm_dataplane::budget::{Budgets, Feed, RemoteSpend};
 use nm_dataplane::metrics::Metrics;
 use nm_dataplane::{
@@ -24,7 +25,7 @@ use tracing::{debug, warn};
 
 use super::convert::signal_to_pb;
 use super::pb::{self, dataplane_client::DataplaneClient};
-use super::shipper::{SharedSpool, ship};
+use super::shipper::{Destination, SharedSpool, ship};
 
 /// Without a snapshot or heartbeat for this long, the controlplane counts as unreachable.
 pub const STALE_AFTER: Duration = Duration::from_secs(6);
@@ -104,9 +105,20 @@ pub struct LinkTargets {
 }
 
 impl Link {
-    pub fn spawn(channel: Channel, targets: LinkTargets, queue: RecordQueue, name: String) -> Self {
+    /// `local`: the controlplane's records in this process (`serve`), delivered to directly.
+    pub fn spawn(
+        channel: Channel,
+        local: Option<Records>,
+        targets: LinkTargets,
+        queue: RecordQueue,
+        name: String,
+    ) -> Self {
         let (stop, stop_rx) = watch::channel(false);
         let client = DataplaneClient::new(channel);
+        let destination = match local {
+            Some(records) => Destination::Local(records),
+            None => Destination::Remote(client.clone()),
+        };
         let watcher = tokio::spawn(watch_keys(
             client.clone(),
             targets.keys,
@@ -123,7 +135,7 @@ impl Link {
             stop_rx.clone(),
         ));
         let shipper = tokio::spawn(ship(
-            client,
+            destination,
             queue,
             targets.budgets,
             targets.spool,

@@ -264,19 +264,9 @@ impl Dataplane for DataplaneService {
         &self,
         req: Request<pb::IngestRequestsRequest>,
     ) -> Result<Response<pb::IngestRequestsResponse>, Status> {
-        let records = req.into_inner().records;
-        if records.len() > MAX_INGEST_BATCH {
-            return Err(Status::invalid_argument(format!(
-                "at most {MAX_INGEST_BATCH} records per call"
-            )));
-        }
-        let batch = records.into_iter().map(convert::record_from_pb).collect();
-        let outcome = self.0.records.ingest(batch).await.map_err(to_status)?;
-        Ok(Response::new(pb::IngestRequestsResponse {
-            stored: outcome.stored,
-            epoch: outcome.epoch,
-            seq: outcome.seq,
-        }))
+        ingest_batch(&self.0.records, req.into_inner().records)
+            .await
+            .map(Response::new)
     }
 
     async fn record_signal(
@@ -293,6 +283,26 @@ impl Dataplane for DataplaneService {
             duplicate: stored == Stored::Duplicate,
         }))
     }
+}
+
+/// Stores one `IngestRequests` batch. The gRPC handler's work; a `serve` dataplane's shipper
+/// calls it in process, skipping the loopback gRPC round trip.
+pub async fn ingest_batch(
+    records: &Records,
+    batch: Vec<pb::RequestRecord>,
+) -> Result<pb::IngestRequestsResponse, Status> {
+    if batch.len() > MAX_INGEST_BATCH {
+        return Err(Status::invalid_argument(format!(
+            "at most {MAX_INGEST_BATCH} records per call"
+        )));
+    }
+    let batch = batch.into_iter().map(convert::record_from_pb).collect();
+    let outcome = records.ingest(batch).await.map_err(to_status)?;
+    Ok(pb::IngestRequestsResponse {
+        stored: outcome.stored,
+        epoch: outcome.epoch,
+        seq: outcome.seq,
+    })
 }
 
 // === impl Budgets ===

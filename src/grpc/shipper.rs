@@ -14,6 +14,10 @@
 //!   in the dataplane's metrics and logged.
 //!
 //! Spool operations are blocking file I/O with fsync, so they run on the blocking pool.
+//!
+//! Batches go to a [`Destination`]: the controlplane's `IngestRequests` over gRPC, or, when
+//! `nm-gateway serve` runs both halves in one process, the same ingest called in process (no
+//! protobuf encoding, HTTP/2 or loopback socket per batch; the spool works the same either way).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -28,8 +32,11 @@ use tokio::time::Instant;
 use tonic::transport::Channel;
 use tracing::{debug, error, info, warn};
 
+use nm_controlplane::Records;
+
 use super::convert::record_to_pb;
 use super::pb::{self, dataplane_client::DataplaneClient};
+use super::server::ingest_batch;
 
 /// Most records per `IngestRequests` call.
 pub const MAX_BATCH: usize = 1_000;
@@ -73,9 +80,30 @@ impl SharedSpool {
     }
 }
 
+/// Where record batches are delivered.
+#[derive(Debug, Clone)]
+pub enum Destination {
+    /// A controlplane in another process, over gRPC.
+    Remote(DataplaneClient<Channel>),
+    /// The controlplane of this process (`nm-gateway serve`).
+    Local(Records),
+}
+
+impl Destination {
+    async fn ingest(
+        &mut self,
+        req: pb::IngestRequestsRequest,
+    ) -> Result<pb::IngestRequestsResponse, tonic::Status> {
+        match self {
+            Self::Remote(client) => client.ingest_requests(req).await.map(|r| r.into_inner()),
+            Self::Local(records) => ingest_batch(records, req.records).await,
+        }
+    }
+}
+
 /// Drains `queue` until `stop` turns true and the queue is empty.
 pub async fn ship(
-    mut client: DataplaneClient<Channel>,
+    mut client: Destination,
     mut queue: RecordQueue,
     budgets: Budgets,
     spool: SharedSpool,
@@ -199,13 +227,13 @@ impl Shipper {
     /// Sends one batch; gives it back when the controlplane did not take it.
     async fn send(
         &mut self,
-        client: &mut DataplaneClient<Channel>,
+        client: &mut Destination,
         records: Vec<pb::RequestRecord>,
     ) -> Result<(), Vec<pb::RequestRecord>> {
         let req = pb::IngestRequestsRequest { records };
-        match client.ingest_requests(req.clone()).await {
+        match client.ingest(req.clone()).await {
             Ok(resp) => {
-                self.delivered(&req.records, resp.get_ref());
+                self.delivered(&req.records, &resp);
                 Ok(())
             }
             Err(status) => {
@@ -217,7 +245,7 @@ impl Shipper {
     }
 
     /// Tries the oldest spooled batch; true when it was delivered (or unreadable and skipped).
-    async fn send_spooled(&mut self, client: &mut DataplaneClient<Channel>) -> bool {
+    async fn send_spooled(&mut self, client: &mut Destination) -> bool {
         let head = match self.spool.run(Spool::peek).await {
             Ok(Some(head)) => head,
             Ok(None) => return true,
@@ -240,9 +268,9 @@ impl Shipper {
                 return true;
             }
         };
-        match client.ingest_requests(req.clone()).await {
+        match client.ingest(req.clone()).await {
             Ok(resp) => {
-                self.delivered(&req.records, resp.get_ref());
+                self.delivered(&req.records, &resp);
                 self.pop().await;
                 true
             }
