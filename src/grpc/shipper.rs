@@ -145,16 +145,17 @@ pub async fn ship(
             }
         }
         // Linger briefly so a busy dataplane sends few large batches: every batch is one database
-        // transaction, and many small ones cost the controlplane far more than the rows do.
+        // transaction, and many small ones cost the controlplane far more than the rows do. The
+        // linger is one sleep, not a wait per record: records arriving meanwhile queue up
+        // without waking this task each time.
         let linger_until = Instant::now() + LINGER;
-        while batch.len() < MAX_BATCH {
-            match queue.try_recv() {
-                Ok(r) => batch.push(record_to_pb(r)),
-                Err(_) => match tokio::time::timeout_at(linger_until, queue.recv()).await {
-                    Ok(Some(r)) => batch.push(record_to_pb(r)),
-                    Ok(None) | Err(_) => break,
-                },
+        take_queued(&mut queue, &mut batch);
+        if batch.len() < MAX_BATCH {
+            tokio::select! {
+                () = tokio::time::sleep_until(linger_until) => {}
+                _ = stop.wait_for(|s| *s) => {}
             }
+            take_queued(&mut queue, &mut batch);
         }
         let records = std::mem::take(&mut batch);
         if shipper.spool_empty() {
@@ -201,6 +202,16 @@ pub async fn ship(
         );
     } else if total > 0 {
         info!(records = total, "delivered the last request records");
+    }
+}
+
+/// Moves queued records into `batch`, up to [`MAX_BATCH`], without waiting.
+fn take_queued(queue: &mut RecordQueue, batch: &mut Vec<pb::RequestRecord>) {
+    while batch.len() < MAX_BATCH {
+        match queue.try_recv() {
+            Ok(r) => batch.push(record_to_pb(r)),
+            Err(_) => break,
+        }
     }
 }
 
