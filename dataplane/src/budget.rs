@@ -75,10 +75,122 @@ enum EntryState {
 
 #[derive(Debug, Clone)]
 struct Entry {
-    request_id: String,
     started_ms: i64,
     micros: u64,
     state: EntryState,
+}
+
+/// Running totals over one end user's entries, by the period each entry started in.
+#[derive(Debug, Default)]
+struct Totals {
+    /// `(day, micros, entries)`, `(month, micros, entries)`, `(minute, entries)`: a handful of
+    /// buckets at most (entries live until the feed catches up, a second or so).
+    days: Vec<(i64, u64, u32)>,
+    months: Vec<(i64, u64, u32)>,
+    minutes: Vec<(i64, u32)>,
+}
+
+impl Totals {
+    fn add(&mut self, e: &Entry) {
+        add_to(&mut self.days, Period::Day.index_of(e.started_ms), e.micros);
+        add_to(
+            &mut self.months,
+            Period::Month.index_of(e.started_ms),
+            e.micros,
+        );
+        let minute = minute_of(e.started_ms);
+        match self.minutes.iter_mut().find(|(m, _)| *m == minute) {
+            Some((_, n)) => *n += 1,
+            None => self.minutes.push((minute, 1)),
+        }
+    }
+
+    fn remove(&mut self, e: &Entry) {
+        remove_from(&mut self.days, Period::Day.index_of(e.started_ms), e.micros);
+        remove_from(
+            &mut self.months,
+            Period::Month.index_of(e.started_ms),
+            e.micros,
+        );
+        let minute = minute_of(e.started_ms);
+        if let Some(i) = self.minutes.iter().position(|(m, _)| *m == minute) {
+            self.minutes[i].1 -= 1;
+            if self.minutes[i].1 == 0 {
+                self.minutes.swap_remove(i);
+            }
+        }
+    }
+
+    /// Micros of the entries started in `period`'s period containing `now_ms`.
+    fn spent(&self, period: Period, now_ms: i64) -> u64 {
+        let buckets = match period {
+            Period::Day => &self.days,
+            Period::Month => &self.months,
+        };
+        let index = period.index_of(now_ms);
+        buckets
+            .iter()
+            .find(|(k, _, _)| *k == index)
+            .map_or(0, |(_, micros, _)| *micros)
+    }
+
+    /// Entries started in the minute `minute`.
+    fn started_in(&self, minute: i64) -> u32 {
+        self.minutes
+            .iter()
+            .find(|(m, _)| *m == minute)
+            .map_or(0, |(_, n)| *n)
+    }
+}
+
+fn add_to(buckets: &mut Vec<(i64, u64, u32)>, key: i64, micros: u64) {
+    match buckets.iter_mut().find(|(k, _, _)| *k == key) {
+        Some((_, sum, n)) => {
+            *sum = sum.saturating_add(micros);
+            *n += 1;
+        }
+        None => buckets.push((key, micros, 1)),
+    }
+}
+
+fn remove_from(buckets: &mut Vec<(i64, u64, u32)>, key: i64, micros: u64) {
+    if let Some(i) = buckets.iter().position(|(k, _, _)| *k == key) {
+        let (_, sum, n) = &mut buckets[i];
+        *sum = sum.saturating_sub(micros);
+        *n -= 1;
+        if *n == 0 {
+            buckets.swap_remove(i);
+        }
+    }
+}
+
+/// One end user's local entries, by request id, with their running totals, so admitting,
+/// settling and retiring a request cost the same however many a user has in flight.
+#[derive(Debug, Default)]
+struct UserLedger {
+    entries: HashMap<String, Entry>,
+    totals: Totals,
+}
+
+impl UserLedger {
+    fn insert(&mut self, request_id: &str, entry: Entry) {
+        self.totals.add(&entry);
+        if let Some(old) = self.entries.insert(request_id.to_owned(), entry) {
+            self.totals.remove(&old);
+        }
+    }
+
+    /// Keeps the entries `keep` says to, keeping the totals right.
+    fn retain(&mut self, mut keep: impl FnMut(&Entry) -> bool) {
+        let UserLedger { entries, totals } = self;
+        entries.retain(|_, e| {
+            let kept = keep(e);
+            if !kept {
+                totals.remove(e);
+            }
+            kept
+        });
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -98,7 +210,7 @@ struct Ledger {
     default: Option<BudgetRule>,
     overrides: HashMap<String, BudgetRule>,
     remote: HashMap<String, Remote>,
-    local: HashMap<String, Vec<Entry>>,
+    local: HashMap<String, UserLedger>,
 }
 
 /// The dataplane's budget state. Cheap to clone.
@@ -172,7 +284,7 @@ impl Budgets {
             minute_of(now_ms),
         );
         let remote = l.remote.get(user).copied().unwrap_or_default();
-        let entries = l.local.get(user).map(Vec::as_slice).unwrap_or_default();
+        let totals = l.local.get(user).map(|u| &u.totals);
 
         if let Some(limit) = rule.limit_micros {
             let remote_spent = match rule.period {
@@ -180,11 +292,7 @@ impl Budgets {
                 Period::Month if remote.month == month => remote.spend.month_micros,
                 _ => 0,
             };
-            let local_spent: u64 = entries
-                .iter()
-                .filter(|e| rule.period.index_of(e.started_ms) == rule.period.index_of(now_ms))
-                .map(|e| e.micros)
-                .sum();
+            let local_spent = totals.map_or(0, |t| t.spent(rule.period, now_ms));
             if remote_spent.saturating_add(local_spent) >= limit {
                 return Err(Refusal::Spent {
                     limit_micros: limit,
@@ -199,11 +307,8 @@ impl Budgets {
             } else {
                 0
             };
-            let local_count = entries
-                .iter()
-                .filter(|e| minute_of(e.started_ms) == minute)
-                .count();
-            let used = u64::from(remote_count) + local_count as u64;
+            let local_count = totals.map_or(0, |t| t.started_in(minute));
+            let used = u64::from(remote_count) + u64::from(local_count);
             if used >= u64::from(rpm) {
                 return Err(Refusal::Rate {
                     rpm,
@@ -212,12 +317,19 @@ impl Budgets {
             }
         }
 
-        l.local.entry(user.to_owned()).or_default().push(Entry {
-            request_id: request_id.to_owned(),
+        let entry = Entry {
             started_ms: now_ms,
             micros: estimate_micros,
             state: EntryState::InFlight,
-        });
+        };
+        match l.local.get_mut(user) {
+            Some(u) => u.insert(request_id, entry),
+            None => {
+                let mut u = UserLedger::default();
+                u.insert(request_id, entry);
+                l.local.insert(user.to_owned(), u);
+            }
+        }
         Ok(Some(Reservation {
             budgets: self.clone(),
             user: user.to_owned(),
@@ -229,14 +341,16 @@ impl Budgets {
 
     fn settle(&self, user: &str, request_id: &str, micros: u64) {
         let mut l = self.lock();
-        if let Some(e) = l
-            .local
-            .get_mut(user)
-            .and_then(|es| es.iter_mut().find(|e| e.request_id == request_id))
+        let Some(u) = l.local.get_mut(user) else {
+            return;
+        };
+        if let Some(e) = u.entries.get_mut(request_id)
             && e.state == EntryState::InFlight
         {
+            u.totals.remove(e);
             e.micros = micros;
             e.state = EntryState::Settled;
+            u.totals.add(e);
         }
     }
 
@@ -253,7 +367,7 @@ impl Budgets {
             if let Some(e) = l
                 .local
                 .get_mut(user)
-                .and_then(|es| es.iter_mut().find(|e| e.request_id == request_id))
+                .and_then(|u| u.entries.get_mut(request_id))
             {
                 e.state = EntryState::Delivered { epoch, seq };
             }
@@ -271,8 +385,8 @@ impl Budgets {
             // A new epoch's full state was loaded from the database: it includes everything the
             // controlplane acknowledged before, whatever position it was acknowledged at.
             if feed.epoch != l.epoch {
-                for es in l.local.values_mut() {
-                    es.retain(|e| !matches!(e.state, EntryState::Delivered { .. }));
+                for u in l.local.values_mut() {
+                    u.retain(|e| !matches!(e.state, EntryState::Delivered { .. }));
                 }
             }
         }
@@ -295,7 +409,7 @@ impl Budgets {
 
     /// Entries counted toward a user right now (for tests and diagnostics).
     pub fn local_entries(&self, user: &str) -> usize {
-        self.lock().local.get(user).map_or(0, Vec::len)
+        self.lock().local.get(user).map_or(0, |u| u.entries.len())
     }
 }
 
@@ -303,12 +417,12 @@ impl Budgets {
 /// record never made it; they no longer count toward any period).
 fn retire(l: &mut Ledger) {
     let (epoch, seq, month) = (l.epoch, l.seq, l.month);
-    l.local.retain(|_, es| {
-        es.retain(|e| match e.state {
+    l.local.retain(|_, u| {
+        u.retain(|e| match e.state {
             EntryState::Delivered { epoch: ep, seq: s } => !(ep == epoch && s <= seq),
             _ => month_of_day(day_of(e.started_ms)) >= month,
         });
-        !es.is_empty()
+        !u.entries.is_empty()
     });
 }
 
@@ -458,5 +572,52 @@ mod tests {
         });
         assert!(matches!(b.admit("anyone", "r", 1_000_000, NOW), Ok(None)));
         assert!(matches!(b.admit("vip", "r", 10, NOW), Ok(Some(_))));
+    }
+
+    proptest::proptest! {
+        /// The running totals always equal a sum over the entries, whatever the order of
+        /// admits, settlements, deliveries and retirements, across minute and day boundaries.
+        #[test]
+        fn totals_match_the_entries(ops in proptest::collection::vec((0u8..4, 0u64..40, 0u64..1_000, 0i64..3), 1..200)) {
+            let b = budgets(BudgetRule {
+                limit_micros: Some(u64::MAX),
+                period: Period::Day,
+                requests_per_minute: None,
+            });
+            let mut held = Vec::new();
+            let mut seq = 0;
+            for (op, id, micros, step) in ops {
+                // Times spread over three minutes on either side of a day boundary.
+                let at = (day_of(NOW) + 1) * DAY_MS - MINUTE_MS + step * MINUTE_MS;
+                match op {
+                    0 => {
+                        if let Ok(Some(r)) = b.admit("u", &format!("r{id}"), micros, at) {
+                            held.push(r);
+                        }
+                    }
+                    1 => {
+                        if !held.is_empty() {
+                            held.swap_remove(usize::try_from(id).unwrap() % held.len()).settle(micros);
+                        }
+                    }
+                    2 => {
+                        seq += 1;
+                        b.delivered([("u", format!("r{id}").as_str())], 7, seq);
+                    }
+                    _ => b.apply_feed(Feed { epoch: 7, seq, day: day_of(at), month: month_of_day(day_of(at)), ..Default::default() }),
+                }
+                let l = b.lock();
+                if let Some(u) = l.local.get("u") {
+                    for t in [NOW, at, at + DAY_MS] {
+                        for period in [Period::Day, Period::Month] {
+                            let want: u64 = u.entries.values().filter(|e| period.index_of(e.started_ms) == period.index_of(t)).map(|e| e.micros).sum();
+                            proptest::prop_assert_eq!(u.totals.spent(period, t), want);
+                        }
+                        let want = u.entries.values().filter(|e| minute_of(e.started_ms) == minute_of(t)).count();
+                        proptest::prop_assert_eq!(u.totals.started_in(minute_of(t)) as usize, want);
+                    }
+                }
+            }
+        }
     }
 }
