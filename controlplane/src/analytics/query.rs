@@ -1,0 +1,359 @@
+//! The SQL of analytics: one statement per question, computed by the database (SQLite or
+//! PostgreSQL), never by loading signals into memory.
+//!
+//! Every statement starts from the same three common table expressions:
+//!
+//! - `sig`: the agent's signals in the window, grouped **per session**. The outcome model of
+//!   [`super::outcome`] runs in SQL: each signal gets its class (1 success, 2 abandoned, 0
+//!   other failure) from the same rules as [`super::outcome::is_success`], and the session's
+//!   class is the class of its **last** signal, found without a window function as
+//!   `MAX(received_at_ms · 4 + class) % 4` (the latest signal wins; among signals of the same
+//!   millisecond the higher class). Regenerations and heavy edits are summed.
+//! - `req`: the agent's requests in the window (plus a day before it, for requests answered
+//!   before their signals), grouped per session: the model and provider (kept only when every
+//!   request of the session used the same one), env, end user, known cost, slowest time to first
+//!   byte and number of requests.
+//! - `s`: one row per session with signals, `sig` joined with `req`. A session with exactly one
+//!   request is that request's outcome: the signals tie to it.
+//!
+//! The groups asked for are then `GROUP BY`s over `s`, each one pass over a small table.
+
+use sea_orm::{ConnectionTrait, DatabaseBackend, QueryResult};
+
+use super::outcome::{HEAVY_EDIT_CHARS, is_success};
+use super::report::OutcomeRow;
+use crate::error::Result;
+use crate::sql::Sql;
+use crate::store::Store;
+use nm_types::Action;
+
+/// Requests are read from this long before the window, so a session whose answer came shortly
+/// before its first signal in the window still has its model and cost.
+pub const REQUEST_LOOKBACK_MS: i64 = 86_400_000;
+
+/// Time-to-first-byte bands (upper bounds, ms) for the latency analysis; the last band is open.
+pub const TTFB_BANDS_MS: [i64; 5] = [500, 1_000, 2_000, 4_000, 8_000];
+
+/// What outcome rates are grouped by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dimension {
+    /// The model as answered, else as requested; none when a session used several.
+    Model,
+    Provider,
+    Env,
+    /// UTC week (Monday to Sunday) of the session's last signal, as the Monday's date.
+    Week,
+    User,
+}
+
+impl Dimension {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dimension::Model => "model",
+            Dimension::Provider => "provider",
+            Dimension::Env => "env",
+            Dimension::Week => "week",
+            Dimension::User => "user",
+        }
+    }
+
+    /// The dimension as a text expression over `s`: constants of ours, never user input.
+    fn expr(self) -> &'static str {
+        match self {
+            Dimension::Model => "model",
+            Dimension::Provider => "provider",
+            Dimension::Env => "env",
+            // Unix day 0 is a Thursday: shifting by 3 days makes weeks start on Monday.
+            Dimension::Week => "CAST((last_ms + 259200000) / 604800000 AS TEXT)",
+            Dimension::User => "user_id",
+        }
+    }
+
+    /// The stored key as shown: the Monday's date for a week.
+    fn show(self, raw: Option<String>) -> Option<String> {
+        match self {
+            Dimension::Week => raw.and_then(|w| w.parse::<i64>().ok()).map(|week| {
+                let (y, m, d) = nm_types::budget::civil_from_day(week * 7 - 3);
+                format!("{y:04}-{m:02}-{d:02}")
+            }),
+            _ => raw,
+        }
+    }
+}
+
+/// The class of one signal in SQL: 1 success, 2 abandoned, 0 other failure, from
+/// [`is_success`] (the one definition of success) and the heavy-edit threshold.
+fn class_case() -> String {
+    let mut used = Vec::new();
+    for a in Action::ALL {
+        if a != Action::Edited && is_success(a, None) {
+            used.push(format!("'{a}'"));
+        }
+    }
+    format!(
+        "CASE WHEN action IN ({}) THEN 1 \
+         WHEN action = '{}' AND edit_distance < {HEAVY_EDIT_CHARS} THEN 1 \
+         WHEN action = '{}' THEN 2 ELSE 0 END",
+        used.join(", "),
+        Action::Edited,
+        Action::Abandoned,
+    )
+}
+
+/// Measures over `s` (one row per session).
+const MEASURES: &str = "COUNT(*) AS sessions, \
+     CAST(COALESCE(SUM(signals), 0) AS BIGINT) AS signals, \
+     CAST(COALESCE(SUM(CASE WHEN cls = 1 THEN 1 ELSE 0 END), 0) AS BIGINT) AS successes, \
+     CAST(COALESCE(SUM(CASE WHEN cls = 2 THEN 1 ELSE 0 END), 0) AS BIGINT) AS abandoned, \
+     CAST(COALESCE(SUM(CASE WHEN regens > 0 THEN 1 ELSE 0 END), 0) AS BIGINT) AS regenerated, \
+     CAST(COALESCE(SUM(CASE WHEN heavy > 0 THEN 1 ELSE 0 END), 0) AS BIGINT) AS heavily_edited, \
+     CAST(COALESCE(SUM(regens), 0) AS BIGINT) AS regenerations, \
+     CAST(COALESCE(SUM(cost), 0) AS BIGINT) AS cost_micros, \
+     CAST(COALESCE(SUM(requests), 0) AS BIGINT) AS requests";
+
+/// Appends the `sig`, `req` and `s` CTEs for `agent` over `[since, until)`; the statement
+/// continues with a `SELECT` over `s`.
+fn push_sessions(sql: &mut Sql, agent: &str, since: i64, until: i64) {
+    sql.push(&format!(
+        "WITH sig AS MATERIALIZED (SELECT session_id, \
+         MAX(received_at_ms * 4 + {}) AS last_key, \
+         CAST(SUM(CASE WHEN action = '{}' THEN 1 ELSE 0 END) AS BIGINT) AS regens, \
+         CAST(SUM(CASE WHEN action = '{}' AND edit_distance >= {HEAVY_EDIT_CHARS} THEN 1 ELSE 0 END) AS BIGINT) AS heavy, \
+         COUNT(*) AS signals \
+         FROM signals WHERE agent = ",
+        class_case(),
+        Action::Regenerated,
+        Action::Edited,
+    ))
+    .bind(agent.to_owned())
+    .push(" AND received_at_ms >= ")
+    .bind(since)
+    .push(" AND received_at_ms < ")
+    .bind(until)
+    .push(
+        " GROUP BY session_id), \
+         req AS MATERIALIZED (SELECT session_id, \
+         MIN(COALESCE(answered_model, model)) AS model_lo, MAX(COALESCE(answered_model, model)) AS model_hi, \
+         MIN(provider) AS provider_lo, MAX(provider) AS provider_hi, \
+         MAX(env) AS env, MAX(user_id) AS user_id, \
+         CAST(SUM(cost_micros) AS BIGINT) AS cost, MAX(ttfb_ms) AS ttfb, COUNT(*) AS requests \
+         FROM requests WHERE agent = ",
+    )
+    .bind(agent.to_owned())
+    .push(" AND started_at_ms >= ")
+    .bind(since - REQUEST_LOOKBACK_MS)
+    .push(" AND started_at_ms < ")
+    .bind(until)
+    .push(
+        " AND session_id IS NOT NULL GROUP BY session_id), \
+         s AS MATERIALIZED (SELECT sig.last_key % 4 AS cls, sig.last_key / 4 AS last_ms, \
+         sig.regens, sig.heavy, sig.signals, \
+         CASE WHEN req.model_lo = req.model_hi THEN req.model_lo END AS model, \
+         CASE WHEN req.provider_lo = req.provider_hi THEN req.provider_lo END AS provider, \
+         req.env, req.user_id, req.cost, req.ttfb, req.requests \
+         FROM sig LEFT JOIN req ON req.session_id = sig.session_id) ",
+    );
+}
+
+/// The groups one recommendation pass needs.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Aggregates {
+    pub total: OutcomeRow,
+    pub by_model: Vec<OutcomeRow>,
+    pub by_provider: Vec<OutcomeRow>,
+    pub by_env: Vec<OutcomeRow>,
+    /// Sessions whose last signal is in the recent trend window, and in the one before.
+    pub recent: OutcomeRow,
+    pub previous: OutcomeRow,
+    /// Sessions by time-to-first-byte band, fastest first (index into [`TTFB_BANDS_MS`], the
+    /// band past the last bound last); sessions without a TTFB are left out.
+    pub by_ttfb: Vec<(usize, OutcomeRow)>,
+    /// Sessions by end user (with signals).
+    pub by_user: Vec<OutcomeRow>,
+    /// Known cost of every request of the agent in the window, by end user (with or without
+    /// signals); requests without an end user are left out.
+    pub user_costs: Vec<(String, u64)>,
+}
+
+/// Runs the one recommendation statement for `agent` over `[since, until)`, with the trend
+/// windows `[recent_since, until)` and `[previous_since, recent_since)`.
+#[tracing::instrument(skip_all, fields(nm.agent = %agent))]
+pub async fn aggregates(
+    store: &Store,
+    agent: &str,
+    since: i64,
+    until: i64,
+    recent_since: i64,
+    previous_since: i64,
+) -> Result<Aggregates> {
+    let db = store.conn();
+    let backend = db.get_database_backend();
+    let mut sql = Sql::new(backend, "");
+    push_sessions(&mut sql, agent, since, until);
+    let mut ttfb = String::from("CASE WHEN ttfb IS NULL THEN NULL");
+    for (i, bound) in TTFB_BANDS_MS.iter().enumerate() {
+        ttfb.push_str(&format!(" WHEN ttfb < {bound} THEN '{i}'"));
+    }
+    ttfb.push_str(&format!(" ELSE '{}' END", TTFB_BANDS_MS.len()));
+    sql.push(&format!(
+        "SELECT 'all' AS g, CAST(NULL AS TEXT) AS k, {MEASURES} FROM s \
+         UNION ALL SELECT 'model', model, {MEASURES} FROM s GROUP BY model \
+         UNION ALL SELECT 'provider', provider, {MEASURES} FROM s GROUP BY provider \
+         UNION ALL SELECT 'env', env, {MEASURES} FROM s GROUP BY env \
+         UNION ALL SELECT 'ttfb', {ttfb}, {MEASURES} FROM s GROUP BY 2 \
+         UNION ALL SELECT 'user', user_id, {MEASURES} FROM s GROUP BY user_id \
+         UNION ALL SELECT 'period', CASE WHEN last_ms >= "
+    ))
+    .bind(recent_since)
+    .push(" THEN 'recent' WHEN last_ms >= ")
+    .bind(previous_since)
+    .push(&format!(
+        " THEN 'previous' END, {MEASURES} FROM s GROUP BY 2 \
+         UNION ALL SELECT 'user_cost', user_id, 0, 0, 0, 0, 0, 0, 0, \
+         CAST(COALESCE(SUM(cost_micros), 0) AS BIGINT), COUNT(*) FROM requests WHERE agent = "
+    ))
+    .bind(agent.to_owned())
+    .push(" AND started_at_ms >= ")
+    .bind(since)
+    .push(" AND started_at_ms < ")
+    .bind(until)
+    .push(" AND user_id IS NOT NULL GROUP BY user_id");
+
+    let mut out = Aggregates::default();
+    for row in db.query_all_raw(sql.build()).await? {
+        let group: String = row.try_get("", "g")?;
+        let key: Option<String> = row.try_get("", "k")?;
+        let measures = measures(&row, vec![key.clone()])?;
+        match group.as_str() {
+            "all" => out.total = OutcomeRow { key: Vec::new(), ..measures },
+            "model" => out.by_model.push(measures),
+            "provider" => out.by_provider.push(measures),
+            "env" => out.by_env.push(measures),
+            "user" => out.by_user.push(measures),
+            "ttfb" => {
+                if let Some(band) = key.and_then(|k| k.parse::<usize>().ok()) {
+                    out.by_ttfb.push((band, measures));
+                }
+            }
+            "period" => match key.as_deref() {
+                Some("recent") => out.recent = measures,
+                Some("previous") => out.previous = measures,
+                _ => {}
+            },
+            "user_cost" => {
+                if let Some(user) = key {
+                    out.user_costs.push((user, measures.cost_micros));
+                }
+            }
+            _ => {}
+        }
+    }
+    out.by_ttfb.sort_by_key(|(band, _)| *band);
+    for rows in [&mut out.by_model, &mut out.by_provider, &mut out.by_env, &mut out.by_user] {
+        rows.sort_by(|a, b| b.sessions.cmp(&a.sessions).then_with(|| a.key.cmp(&b.key)));
+    }
+    out.user_costs.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    Ok(out)
+}
+
+/// Most rows [`outcome_rates`] returns.
+pub const MAX_RATE_ROWS: u32 = 10_000;
+
+/// Session outcomes of `agent` over `[since, until)`, grouped by `dims` (none: one total row),
+/// most sessions first, at most `limit` rows (0: [`MAX_RATE_ROWS`]).
+#[tracing::instrument(skip_all, fields(nm.agent = %agent, dims = ?dims))]
+pub async fn outcome_rates(
+    store: &Store,
+    agent: &str,
+    dims: &[Dimension],
+    since: i64,
+    until: i64,
+    limit: u32,
+) -> Result<Vec<OutcomeRow>> {
+    let db = store.conn();
+    let backend: DatabaseBackend = db.get_database_backend();
+    let limit = match limit {
+        0 => MAX_RATE_ROWS,
+        n => n.min(MAX_RATE_ROWS),
+    };
+    let mut sql = Sql::new(backend, "");
+    push_sessions(&mut sql, agent, since, until);
+    let keys: Vec<String> = dims
+        .iter()
+        .enumerate()
+        .map(|(i, d)| format!("{} AS k{i}", d.expr()))
+        .collect();
+    let mut select = keys.join(", ");
+    if !select.is_empty() {
+        select.push_str(", ");
+    }
+    sql.push(&format!("SELECT {select}{MEASURES} FROM s"));
+    if !dims.is_empty() {
+        let group: Vec<String> = (1..=dims.len()).map(|i| i.to_string()).collect();
+        sql.push(&format!(" GROUP BY {}", group.join(", ")));
+        let order: Vec<String> = (1..=dims.len()).map(|i| i.to_string()).collect();
+        sql.push(&format!(" ORDER BY sessions DESC, {}", order.join(", ")));
+    }
+    sql.push(" LIMIT ").bind(i64::from(limit));
+    let mut rows = Vec::new();
+    for row in db.query_all_raw(sql.build()).await? {
+        let key = dims
+            .iter()
+            .enumerate()
+            .map(|(i, d)| Ok(d.show(row.try_get::<Option<String>>("", &format!("k{i}"))?)))
+            .collect::<Result<Vec<_>>>()?;
+        let m = measures(&row, key)?;
+        if m.sessions > 0 {
+            rows.push(m);
+        }
+    }
+    Ok(rows)
+}
+
+fn measures(row: &QueryResult, key: Vec<Option<String>>) -> Result<OutcomeRow> {
+    Ok(OutcomeRow {
+        key,
+        sessions: count(row, "sessions")?,
+        signals: count(row, "signals")?,
+        successes: count(row, "successes")?,
+        abandoned: count(row, "abandoned")?,
+        regenerated: count(row, "regenerated")?,
+        heavily_edited: count(row, "heavily_edited")?,
+        regenerations: count(row, "regenerations")?,
+        cost_micros: count(row, "cost_micros")?,
+        requests: count(row, "requests")?,
+    })
+}
+
+fn count(row: &QueryResult, col: &str) -> Result<u64> {
+    let v: i64 = row.try_get("", col)?;
+    Ok(u64::try_from(v).unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn class_case_follows_the_outcome_model() {
+        let case = class_case();
+        assert!(case.contains("'accepted'") && case.contains("'thumbs_up'"));
+        assert!(case.contains("'sent'") && case.contains("'published'"));
+        assert!(!case.contains("'regenerated'") && !case.contains("'thumbs_down'"));
+        assert!(case.contains("edit_distance < 200"));
+    }
+
+    #[test]
+    fn weeks_start_on_monday() {
+        // 2026-11-23 is a Monday; its week number shows as itself.
+        let monday_ms = nm_types::budget::day_from_civil(2026, 11, 23) * 86_400_000;
+        let week = (monday_ms + 259_200_000) / 604_800_000;
+        assert_eq!(
+            Dimension::Week.show(Some(week.to_string())).as_deref(),
+            Some("2026-11-23")
+        );
+        let sunday_ms = monday_ms + 6 * 86_400_000 + 86_399_999;
+        assert_eq!((sunday_ms + 259_200_000) / 604_800_000, week);
+        assert_eq!(((monday_ms - 1) + 259_200_000) / 604_800_000, week - 1);
+    }
+}
