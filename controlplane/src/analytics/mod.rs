@@ -348,3 +348,6 @@ mod tests {
         assert_eq!((p.remaining, p.eta_ms), (0, None));
     }
 }
+
+#[cfg(test)]
+mod ground_truth_tests;

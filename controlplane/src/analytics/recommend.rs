@@ -220,33 +220,33 @@ fn best_provider(a: &Aggregates, window: Window) -> Option<Recommendation> {
     })
 }
 
-/// The cheapest model that performs as well as the model with the best success rate: mean cost
-/// per session at most [`CHEAPER_MAX_COST_SHARE`] of the reference's, and success not lower by
-/// more than [`NON_INFERIORITY_MARGIN`] (Bonferroni over the cheaper candidates).
+/// A cheaper model that performs as well as a costlier one: for every pair of models with
+/// enough sessions where one costs at most [`CHEAPER_MAX_COST_SHARE`] of the other per session,
+/// the cheaper one's success must not be lower by more than [`NON_INFERIORITY_MARGIN`]
+/// (Bonferroni over all such pairs). Of the pairs that pass, the one that would save the most
+/// (the costlier model's sessions times the difference in cost per session) is recommended.
 fn cheaper_model(a: &Aggregates, window: Window) -> Option<Recommendation> {
     let arms = eligible(&a.by_model);
-    let reference = arms
-        .iter()
-        .copied()
-        .max_by(|x, y| x.success_rate().total_cmp(&y.success_rate()).then_with(|| y.key.cmp(&x.key)))?;
-    let ref_cost = reference.cost_per_session_micros().filter(|c| *c > 0)?;
-    let candidates: Vec<&OutcomeRow> = arms
-        .iter()
-        .copied()
-        .filter(|r| r.key != reference.key)
-        .filter(|r| {
-            r.cost_per_session_micros()
-                .is_some_and(|c| (c as f64) <= ref_cost as f64 * CHEAPER_MAX_COST_SHARE)
+    let cost = |r: &OutcomeRow| r.cost_per_session_micros().filter(|c| *c > 0);
+    let mut pairs = Vec::new();
+    for r in &arms {
+        for c in &arms {
+            if let (Some(rc), Some(cc)) = (cost(r), cost(c))
+                && (cc as f64) <= rc as f64 * CHEAPER_MAX_COST_SHARE
+            {
+                pairs.push((*r, *c, rc, cc));
+            }
+        }
+    }
+    let m = u32::try_from(pairs.len()).unwrap_or(u32::MAX);
+    let (reference, cheap, ref_cost, cheap_cost, ev) = pairs
+        .into_iter()
+        .filter_map(|(r, c, rc, cc)| {
+            performs_as_well(success(r), success(c), m).map(|e| (r, c, rc, cc, e))
         })
-        .collect();
-    let m = u32::try_from(candidates.len()).unwrap_or(u32::MAX);
-    let (cheap, ev) = candidates
-        .iter()
-        .filter_map(|c| performs_as_well(success(reference), success(c), m).map(|e| (*c, e)))
-        .min_by_key(|(c, _)| c.cost_per_session_micros())?;
+        .max_by_key(|(r, _, rc, cc, _)| r.sessions.saturating_mul(rc - cc))?;
     let cheap_name = name(cheap)?.to_owned();
     let ref_name = name(reference)?.to_owned();
-    let cheap_cost = cheap.cost_per_session_micros()?;
     let cost_change = cheap_cost as f64 / ref_cost as f64 - 1.0;
     Some(Recommendation {
         kind: Kind::CheaperModel,

@@ -365,46 +365,44 @@ async fn insert_signals(store: &Store, rows: Vec<signal::ActiveModel>) -> Result
     Ok(())
 }
 
-/// The demo's agents: a support assistant where one model is truly better, a cheaper model
-/// that performs as well, slow answers that get abandoned and a few heavy users; a code
-/// reviewer with a high regeneration rate and staging worse than production; a new agent still
-/// collecting signals.
+/// The demo's agents: a support assistant where one model is truly better, slow answers get
+/// abandoned and a few end users dominate the cost; a document search where a much cheaper
+/// model performs as well; a code reviewer with a high regeneration rate and staging worse than
+/// production; a new agent still collecting signals.
 pub fn demo_specs() -> Vec<AgentSpec> {
+    let env = |env: &str, weight: f64, success_shift: f64| EnvSpec {
+        env: env.to_owned(),
+        weight,
+        success_shift,
+    };
     let mut support = AgentSpec::new(
         "support-assistant",
-        3_000,
+        2_500,
         vec![
+            ModelSpec::new("openai", "gpt-4o", 0.80, 9_000),
             ModelSpec {
-                weight: 1.0,
-                ..ModelSpec::new("openai", "gpt-4o", 0.74, 9_000)
-            },
-            ModelSpec {
-                weight: 1.0,
-                ttfb_ms: 1_800.0,
-                ..ModelSpec::new("anthropic", "claude-sonnet-4-5", 0.60, 11_000)
-            },
-            ModelSpec {
-                weight: 1.0,
-                ttfb_ms: 400.0,
-                ..ModelSpec::new("openai", "gpt-4o-mini", 0.73, 600)
+                ttfb_ms: 2_500.0,
+                ..ModelSpec::new("anthropic", "claude-sonnet-4-5", 0.62, 11_000)
             },
         ],
     );
     support.users = 400;
     support.user_skew = 1.3;
     support.slow_abandon_per_sec = 0.08;
-    support.envs = vec![
-        EnvSpec {
-            env: "production".to_owned(),
-            weight: 0.8,
-            success_shift: 0.0,
-        },
-        EnvSpec {
-            env: "staging".to_owned(),
-            weight: 0.2,
-            success_shift: 0.0,
-        },
-    ];
+    support.envs = vec![env("production", 0.8, 0.0), env("staging", 0.2, 0.0)];
+
+    let mut search = AgentSpec::new(
+        "doc-search",
+        4_000,
+        vec![
+            ModelSpec::new("openai", "gpt-4o", 0.72, 6_000),
+            ModelSpec {
+                ttfb_ms: 350.0,
+                ..ModelSpec::new("openai", "gpt-4o-mini", 0.72, 400)
+            },
+        ],
+    );
+    search.users = 300;
 
     let mut review = AgentSpec::new(
         "code-review",
@@ -413,18 +411,7 @@ pub fn demo_specs() -> Vec<AgentSpec> {
     );
     review.regenerations = 0.9;
     review.users = 60;
-    review.envs = vec![
-        EnvSpec {
-            env: "production".to_owned(),
-            weight: 0.6,
-            success_shift: 0.05,
-        },
-        EnvSpec {
-            env: "staging".to_owned(),
-            weight: 0.4,
-            success_shift: -0.2,
-        },
-    ];
+    review.envs = vec![env("production", 0.6, 0.05), env("staging", 0.4, -0.2)];
 
     let mut fresh = AgentSpec::new(
         "email-drafter",
@@ -433,7 +420,7 @@ pub fn demo_specs() -> Vec<AgentSpec> {
     );
     fresh.days = 4;
     fresh.users = 10;
-    vec![support, review, fresh]
+    vec![support, search, review, fresh]
 }
 
 #[cfg(test)]
