@@ -4,7 +4,7 @@
 //! The same checks through the gRPC server, on SQLite and PostgreSQL, are in
 //! `tests/analytics.rs`.
 
-use super::synthetic::{AgentSpec, ModelSpec, generate};
+use super::synthetic::{AgentSpec, ModelSpec, Path, generate, generate_with};
 use super::*;
 
 const NOW: i64 = 1_800_000_000_000;
@@ -32,7 +32,10 @@ async fn better_model_is_recommended_with_its_evidence() {
         ],
     );
     generate(&store, &[spec], 11, NOW, 500).await.unwrap();
-    let r = Analytics::new(store).compute("b-better", NOW).await.unwrap();
+    let r = Analytics::new(store)
+        .compute("b-better", NOW)
+        .await
+        .unwrap();
     assert_eq!(r.status, Status::Ready);
     let best: Vec<_> = r
         .recommendations
@@ -52,7 +55,14 @@ async fn better_model_is_recommended_with_its_evidence() {
     // No cheaper model: both cost the same.
     assert!(!kinds(&r).contains(&Kind::CheaperModel));
     // Outcome-weighted cost for the agent and both models.
-    assert_eq!(r.costs.len(), 2 + 1 + r.costs.iter().filter(|c| c.scope == report::CostScope::User).count());
+    assert_eq!(
+        r.costs.len(),
+        2 + 1
+            + r.costs
+                .iter()
+                .filter(|c| c.scope == report::CostScope::User)
+                .count()
+    );
     assert!(r.costs.iter().all(|c| c.cost_per_success_micros.is_some()));
 }
 
@@ -77,22 +87,35 @@ async fn equal_models_rarely_produce_a_model_recommendation() {
             )
         })
         .collect();
-    generate(&store, &specs, 5, NOW, 2_000).await.unwrap();
+    generate_with(&store, &specs, 5, NOW, 4_000, Path::Direct)
+        .await
+        .unwrap();
     let analytics = Analytics::new(store);
     let mut fired = Vec::new();
     for seed in 0..SEEDS {
-        let r = analytics.compute(&format!("null-{seed}"), NOW).await.unwrap();
+        let r = analytics
+            .compute(&format!("null-{seed}"), NOW)
+            .await
+            .unwrap();
         assert_eq!(r.status, Status::Ready);
         assert!(r.summary.as_ref().is_some_and(|s| s.sessions == 300));
-        if r
-            .recommendations
-            .iter()
-            .any(|x| matches!(x.kind, Kind::BestModel | Kind::BestProvider | Kind::CheaperModel))
-        {
+        if r.recommendations.iter().any(|x| {
+            matches!(
+                x.kind,
+                Kind::BestModel | Kind::BestProvider | Kind::CheaperModel
+            )
+        }) {
             fired.push(seed);
         }
     }
-    assert!(fired.len() as u64 * 20 <= SEEDS, "fired for seeds {fired:?}");
+    eprintln!(
+        "model recommendations on equal models: {} of {SEEDS} seeds {fired:?}",
+        fired.len()
+    );
+    assert!(
+        fired.len() as u64 * 20 <= SEEDS,
+        "fired for seeds {fired:?}"
+    );
 }
 
 #[tokio::test]
@@ -106,7 +129,9 @@ async fn cheaper_equal_model_is_found() {
             ModelSpec::new("openai", "small-model", 0.7, 1_000),
         ],
     );
-    generate(&store, &[spec], 21, NOW, 2_000).await.unwrap();
+    generate_with(&store, &[spec], 21, NOW, 4_000, Path::Direct)
+        .await
+        .unwrap();
     let r = Analytics::new(store).compute("cheaper", NOW).await.unwrap();
     let cheaper: Vec<_> = r
         .recommendations
@@ -123,11 +148,7 @@ async fn cheaper_equal_model_is_found() {
 async fn threshold_and_eta() {
     let (_dir, store) = store().await;
     // 9 sessions a day for 4 days, ~1.2 signals each: collecting, with a rate near 10/day.
-    let mut spec = AgentSpec::new(
-        "young",
-        36,
-        vec![ModelSpec::new("openai", "m", 0.7, 100)],
-    );
+    let mut spec = AgentSpec::new("young", 36, vec![ModelSpec::new("openai", "m", 0.7, 100)]);
     spec.days = 4;
     let w = generate(&store, &[spec], 3, NOW, 500).await.unwrap();
     assert!(w.signals < 100);
@@ -141,10 +162,14 @@ async fn threshold_and_eta() {
     let p = &r.progress;
     assert_eq!(p.signals, w.signals);
     assert_eq!(p.remaining, 100 - w.signals);
-    let expected_rate = w.signals as f64 / ((NOW - p.first_signal_ms.unwrap()) as f64 / DAY_MS as f64);
+    let expected_rate =
+        w.signals as f64 / ((NOW - p.first_signal_ms.unwrap()) as f64 / DAY_MS as f64);
     assert!((p.daily_rate - expected_rate).abs() < 1e-6, "{p:?}");
     let eta_days = (p.eta_ms.unwrap() - NOW) as f64 / DAY_MS as f64;
-    assert!((eta_days - p.remaining as f64 / expected_rate).abs() < 0.01, "{eta_days}");
+    assert!(
+        (eta_days - p.remaining as f64 / expected_rate).abs() < 0.01,
+        "{eta_days}"
+    );
 
     // Past the threshold: ready, stored, and read back as stored.
     let spec = AgentSpec::new("young", 200, vec![ModelSpec::new("openai", "m", 0.7, 100)]);
@@ -160,15 +185,25 @@ async fn threshold_and_eta() {
 async fn demo_agents_show_each_kind() {
     let (_dir, store) = store().await;
     let specs = synthetic::demo_specs();
-    generate(&store, &specs, 42, NOW, 2_000).await.unwrap();
+    generate_with(&store, &specs, 42, NOW, 4_000, Path::Direct)
+        .await
+        .unwrap();
     let analytics = Analytics::new(store);
     let support = analytics.compute("support-assistant", NOW).await.unwrap();
     let k = kinds(&support);
-    for want in [Kind::BestModel, Kind::LatencyAbandonment, Kind::CostConcentration] {
+    for want in [
+        Kind::BestModel,
+        Kind::LatencyAbandonment,
+        Kind::CostConcentration,
+    ] {
         assert!(k.contains(&want), "support-assistant lacks {want:?}: {k:?}");
     }
     let search = analytics.compute("doc-search", NOW).await.unwrap();
-    assert!(kinds(&search).contains(&Kind::CheaperModel), "{:?}", kinds(&search));
+    assert!(
+        kinds(&search).contains(&Kind::CheaperModel),
+        "{:?}",
+        kinds(&search)
+    );
     let review = analytics.compute("code-review", NOW).await.unwrap();
     let k = kinds(&review);
     for want in [Kind::HighRegeneration, Kind::EnvDifference] {
@@ -179,11 +214,20 @@ async fn demo_agents_show_each_kind() {
 
     // Outcome rates by model and week add up to the summary.
     let (_, rows) = analytics
-        .outcome_rates("support-assistant", &[Dimension::Model, Dimension::Week], Some(NOW - WINDOW_DAYS * DAY_MS), Some(NOW), 0)
+        .outcome_rates(
+            "support-assistant",
+            &[Dimension::Model, Dimension::Week],
+            Some(NOW - WINDOW_DAYS * DAY_MS),
+            Some(NOW),
+            0,
+        )
         .await
         .unwrap();
     let sessions: u64 = rows.iter().map(|r| r.sessions).sum();
     assert_eq!(Some(sessions), support.summary.as_ref().map(|s| s.sessions));
     assert!(rows.iter().all(|r| r.key.len() == 2));
-    assert!(rows.iter().any(|r| r.key[1].as_deref().is_some_and(|w| w.len() == 10)));
+    assert!(
+        rows.iter()
+            .any(|r| r.key[1].as_deref().is_some_and(|w| w.len() == 10))
+    );
 }

@@ -150,7 +150,9 @@ impl Analytics {
             match self.recompute(&agent).await {
                 Ok(r) => out.push(r),
                 // An agent name that no longer parses (stored before a rule change) is skipped.
-                Err(Error::InvalidArgument(e)) => warn!(nm.agent = %agent, error = %e, "agent skipped"),
+                Err(Error::InvalidArgument(e)) => {
+                    warn!(nm.agent = %agent, error = %e, "agent skipped")
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -238,12 +240,16 @@ impl Analytics {
         let agent = nm_types::parse_agent(agent)
             .map_err(|e| Error::InvalidArgument(format!("agent: {e}")))?;
         if dims.len() > 5 {
-            return Err(Error::InvalidArgument("at most 5 group-by dimensions".to_owned()));
+            return Err(Error::InvalidArgument(
+                "at most 5 group-by dimensions".to_owned(),
+            ));
         }
         let until = until_ms.unwrap_or_else(crate::now_ms);
         let since = since_ms.unwrap_or(until - WINDOW_DAYS * DAY_MS);
         if since >= until {
-            return Err(Error::InvalidArgument("range: since must be before until".to_owned()));
+            return Err(Error::InvalidArgument(
+                "range: since must be before until".to_owned(),
+            ));
         }
         let rows = query::outcome_rates(&self.store, &agent, dims, since, until, limit).await?;
         Ok((
@@ -265,7 +271,10 @@ impl Analytics {
         let this = self.clone();
         tokio::spawn(
             async move {
-                info!(interval_secs = interval.as_secs(), "analytics scheduler started");
+                info!(
+                    interval_secs = interval.as_secs(),
+                    "analytics scheduler started"
+                );
                 let mut tick = tokio::time::interval(interval);
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
@@ -343,7 +352,10 @@ mod tests {
     #[test]
     fn no_eta_without_a_rate_or_once_reached() {
         assert_eq!(progress(0, 0, None, None, NOW).eta_ms, None);
-        assert_eq!(progress(30, 0, Some(NOW - 60 * DAY_MS), Some(NOW - 50 * DAY_MS), NOW).eta_ms, None);
+        assert_eq!(
+            progress(30, 0, Some(NOW - 60 * DAY_MS), Some(NOW - 50 * DAY_MS), NOW).eta_ms,
+            None
+        );
         let p = progress(150, 10, Some(NOW - DAY_MS), Some(NOW), NOW);
         assert_eq!((p.remaining, p.eta_ms), (0, None));
     }

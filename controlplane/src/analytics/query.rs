@@ -225,7 +225,12 @@ pub async fn aggregates(
         let key: Option<String> = row.try_get("", "k")?;
         let measures = measures(&row, vec![key.clone()])?;
         match group.as_str() {
-            "all" => out.total = OutcomeRow { key: Vec::new(), ..measures },
+            "all" => {
+                out.total = OutcomeRow {
+                    key: Vec::new(),
+                    ..measures
+                }
+            }
             "model" => out.by_model.push(measures),
             "provider" => out.by_provider.push(measures),
             "env" => out.by_env.push(measures),
@@ -249,10 +254,16 @@ pub async fn aggregates(
         }
     }
     out.by_ttfb.sort_by_key(|(band, _)| *band);
-    for rows in [&mut out.by_model, &mut out.by_provider, &mut out.by_env, &mut out.by_user] {
+    for rows in [
+        &mut out.by_model,
+        &mut out.by_provider,
+        &mut out.by_env,
+        &mut out.by_user,
+    ] {
         rows.sort_by(|a, b| b.sessions.cmp(&a.sessions).then_with(|| a.key.cmp(&b.key)));
     }
-    out.user_costs.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    out.user_costs
+        .sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     Ok(out)
 }
 

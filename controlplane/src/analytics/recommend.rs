@@ -10,8 +10,7 @@ use nm_types::money::format_usd;
 
 use super::query::{Aggregates, TTFB_BANDS_MS};
 use super::report::{
-    CostScope, Effect, EvidenceItem, Figure, Kind, OutcomeCost, OutcomeRow, Recommendation,
-    Window,
+    CostScope, Effect, EvidenceItem, Figure, Kind, OutcomeCost, OutcomeRow, Recommendation, Window,
 };
 use super::stats::{
     self, Direction, MIN_SAMPLES_PER_ARM, NON_INFERIORITY_MARGIN, Proportion, best_arm,
@@ -91,7 +90,11 @@ pub fn costs(agent: &str, a: &Aggregates) -> Vec<OutcomeCost> {
         }
     }
     let mut users: Vec<&OutcomeRow> = a.by_user.iter().filter(|r| name(r).is_some()).collect();
-    users.sort_by(|x, y| y.cost_micros.cmp(&x.cost_micros).then_with(|| x.key.cmp(&y.key)));
+    users.sort_by(|x, y| {
+        y.cost_micros
+            .cmp(&x.cost_micros)
+            .then_with(|| x.key.cmp(&y.key))
+    });
     for r in users.into_iter().take(TOP_COST_USERS) {
         if let Some(n) = name(r) {
             out.push(cost(CostScope::User, n, r));
@@ -103,9 +106,14 @@ pub fn costs(agent: &str, a: &Aggregates) -> Vec<OutcomeCost> {
 /// All the recommendations the evidence in `a` supports.
 pub fn recommend(a: &Aggregates, window: Window) -> Vec<Recommendation> {
     let mut out = Vec::new();
-    out.extend(best_model(a, window));
+    let best = best_model(a, window);
+    let best_subject = best.as_ref().and_then(|b| b.subject.clone());
+    out.extend(best);
     out.extend(best_provider(a, window));
-    out.extend(cheaper_model(a, window));
+    // A cheaper model that is also the best one is already said by the best-model finding.
+    out.extend(
+        cheaper_model(a, window).filter(|c| best_subject.is_none() || c.subject != best_subject),
+    );
     out.extend(high_rates(a, window));
     out.extend(env_difference(a, window));
     out.extend(latency_abandonment(a, window));
@@ -153,25 +161,25 @@ fn best_model(a: &Aggregates, window: Window) -> Option<Recommendation> {
         a.total.sessions,
     );
     Some(Recommendation {
-            kind: Kind::BestModel,
-            message,
-            subject: Some(winner_name.clone()),
-            evidence,
-            figures: Vec::new(),
-            effect: Effect {
-                success_rate_change: Some(gain),
-                cost_change,
-                cost_per_success_before_micros: before,
-                cost_per_success_after_micros: after,
-                summary: format!(
-                    "moving all of the agent's traffic to {winner_name}: success {} ({}), cost per success {} -> {}",
-                    pct(winner.success_rate()),
-                    pts(gain),
-                    usd(before),
-                    usd(after)
-                ),
-            },
-            window,
+        kind: Kind::BestModel,
+        message,
+        subject: Some(winner_name.clone()),
+        evidence,
+        figures: Vec::new(),
+        effect: Effect {
+            success_rate_change: Some(gain),
+            cost_change,
+            cost_per_success_before_micros: before,
+            cost_per_success_after_micros: after,
+            summary: format!(
+                "moving all of the agent's traffic to {winner_name}: success {} ({}), cost per success {} -> {}",
+                pct(winner.success_rate()),
+                pts(gain),
+                usd(before),
+                usd(after)
+            ),
+        },
+        window,
     })
 }
 
@@ -214,7 +222,10 @@ fn best_provider(a: &Aggregates, window: Window) -> Option<Recommendation> {
             cost_change: None,
             cost_per_success_before_micros: a.total.cost_per_success_micros(),
             cost_per_success_after_micros: winner.cost_per_success_micros(),
-            summary: format!("moving the agent's traffic to {winner_name}: success {}", pts(gain)),
+            summary: format!(
+                "moving the agent's traffic to {winner_name}: success {}",
+                pts(gain)
+            ),
         },
         window,
     })
@@ -251,14 +262,26 @@ fn cheaper_model(a: &Aggregates, window: Window) -> Option<Recommendation> {
     Some(Recommendation {
         kind: Kind::CheaperModel,
         message: format!(
-            "Try {cheap_name} instead of {ref_name}: {} cheaper per session and as good within {} pts (success {} vs {})",
+            "Try {cheap_name} instead of {ref_name}: {} cheaper per session and {} (success {} vs {})",
             pct(-cost_change),
-            (NON_INFERIORITY_MARGIN * 100.0).round(),
+            if ev.difference_interval.lower > 0.0 {
+                "better".to_owned()
+            } else {
+                format!(
+                    "as good within {} pts",
+                    (NON_INFERIORITY_MARGIN * 100.0).round()
+                )
+            },
             pct(cheap.success_rate()),
             pct(reference.success_rate()),
         ),
         subject: Some(cheap_name.clone()),
-        evidence: vec![EvidenceItem::compare("success", &ref_name, &cheap_name, &ev)],
+        evidence: vec![EvidenceItem::compare(
+            "success",
+            &ref_name,
+            &cheap_name,
+            &ev,
+        )],
         figures: vec![
             Figure {
                 name: "non_inferiority_margin".to_owned(),
@@ -299,10 +322,13 @@ fn high_rates(a: &Aggregates, window: Window) -> Vec<Recommendation> {
     let mut out = Vec::new();
     for (kind, metric, level) in WATCHED {
         let overall = watched_rate(metric, &a.total);
-        let moved = trend(watched_rate(metric, &a.previous), watched_rate(metric, &a.recent), m);
-        let trend_evidence = moved.map(|s| {
-            EvidenceItem::compare(metric, "previous week", "last week", &s.evidence)
-        });
+        let moved = trend(
+            watched_rate(metric, &a.previous),
+            watched_rate(metric, &a.recent),
+            m,
+        );
+        let trend_evidence =
+            moved.map(|s| EvidenceItem::compare(metric, "previous week", "last week", &s.evidence));
         let trend_words = match moved.map(|s| s.direction) {
             Some(Direction::Higher) => format!(
                 "rising ({} -> {} week over week)",
@@ -390,9 +416,9 @@ fn env_difference(a: &Aggregates, window: Window) -> Option<Recommendation> {
     for i in 0..arms.len() {
         for j in (i + 1)..arms.len() {
             if let Some(shift) = differs(success(arms[i]), success(arms[j]), m)
-                && found
-                    .as_ref()
-                    .is_none_or(|(_, _, f)| shift.evidence.difference.abs() > f.evidence.difference.abs())
+                && found.as_ref().is_none_or(|(_, _, f)| {
+                    shift.evidence.difference.abs() > f.evidence.difference.abs()
+                })
             {
                 found = Some((i, j, shift));
             }
@@ -400,7 +426,11 @@ fn env_difference(a: &Aggregates, window: Window) -> Option<Recommendation> {
     }
     let (i, j, shift) = found?;
     // Name the better env first.
-    let (hi, lo) = if shift.direction == Direction::Higher { (j, i) } else { (i, j) };
+    let (hi, lo) = if shift.direction == Direction::Higher {
+        (j, i)
+    } else {
+        (i, j)
+    };
     let (hi_name, lo_name) = (name(arms[hi])?.to_owned(), name(arms[lo])?.to_owned());
     let gap = arms[hi].success_rate() - arms[lo].success_rate();
     Some(Recommendation {
@@ -421,7 +451,10 @@ fn env_difference(a: &Aggregates, window: Window) -> Option<Recommendation> {
         figures: Vec::new(),
         effect: Effect {
             success_rate_change: Some(gap),
-            summary: format!("{lo_name} performing like {hi_name}: success {} there", pts(gap)),
+            summary: format!(
+                "{lo_name} performing like {hi_name}: success {} there",
+                pts(gap)
+            ),
             ..Effect::default()
         },
         window,
@@ -429,7 +462,10 @@ fn env_difference(a: &Aggregates, window: Window) -> Option<Recommendation> {
 }
 
 fn band_label(band: usize) -> String {
-    match (band.checked_sub(1).map(|b| TTFB_BANDS_MS[b]), TTFB_BANDS_MS.get(band)) {
+    match (
+        band.checked_sub(1).map(|b| TTFB_BANDS_MS[b]),
+        TTFB_BANDS_MS.get(band),
+    ) {
         (None, Some(hi)) => format!("< {hi} ms"),
         (Some(lo), Some(hi)) => format!("{lo}-{hi} ms"),
         (Some(lo), None) => format!(">= {lo} ms"),
@@ -453,7 +489,11 @@ fn latency_abandonment(a: &Aggregates, window: Window) -> Option<Recommendation>
         .and_then(|(band, _)| band.checked_sub(1))
         .and_then(|b| TTFB_BANDS_MS.get(b))
         .copied()?;
-    let ratio = if ev.a.rate > 0.0 { ev.b.rate / ev.a.rate } else { f64::INFINITY };
+    let ratio = if ev.a.rate > 0.0 {
+        ev.b.rate / ev.a.rate
+    } else {
+        f64::INFINITY
+    };
     let mut figures = vec![Figure {
         name: "ttfb_cut_ms".to_owned(),
         value: cut_ms as f64,
@@ -522,12 +562,30 @@ fn concentration(a: &Aggregates, window: Window) -> Option<Recommendation> {
         subject: None,
         evidence: Vec::new(),
         figures: vec![
-            Figure { name: "users".to_owned(), value: c.users as f64 },
-            Figure { name: "top_users".to_owned(), value: c.top_users as f64 },
-            Figure { name: "top_share".to_owned(), value: c.top_share },
-            Figure { name: "gini".to_owned(), value: c.gini },
-            Figure { name: "total_micros".to_owned(), value: c.total_micros as f64 },
-            Figure { name: "top_micros".to_owned(), value: c.top_micros as f64 },
+            Figure {
+                name: "users".to_owned(),
+                value: c.users as f64,
+            },
+            Figure {
+                name: "top_users".to_owned(),
+                value: c.top_users as f64,
+            },
+            Figure {
+                name: "top_share".to_owned(),
+                value: c.top_share,
+            },
+            Figure {
+                name: "gini".to_owned(),
+                value: c.gini,
+            },
+            Figure {
+                name: "total_micros".to_owned(),
+                value: c.total_micros as f64,
+            },
+            Figure {
+                name: "top_micros".to_owned(),
+                value: c.top_micros as f64,
+            },
         ],
         effect: Effect {
             success_rate_change: None,
@@ -591,12 +649,19 @@ mod tests {
         assert_eq!(recs.len(), 1, "{recs:?}");
         assert_eq!(recs[0].kind, Kind::BestModel);
         assert_eq!(recs[0].subject.as_deref(), Some("b"));
-        assert!(recs[0].evidence[0].difference_interval.is_some_and(|i| i.lower > 0.0));
+        assert!(
+            recs[0].evidence[0]
+                .difference_interval
+                .is_some_and(|i| i.lower > 0.0)
+        );
     }
 
     #[test]
     fn cheaper_equal_model_is_found() {
-        let a = agg(vec![row("big", 2000, 1400, 200_000), row("small", 2000, 1400, 20_000)]);
+        let a = agg(vec![
+            row("big", 2000, 1400, 200_000),
+            row("small", 2000, 1400, 20_000),
+        ]);
         let recs = recommend(&a, W);
         assert_eq!(recs.len(), 1, "{recs:?}");
         assert_eq!(recs[0].kind, Kind::CheaperModel);

@@ -260,7 +260,12 @@ impl EvidenceItem {
     }
 
     /// From a rate shown above a level.
-    pub fn above(metric: &str, label: &str, x: &super::stats::AboveLevel, comparisons: u32) -> Self {
+    pub fn above(
+        metric: &str,
+        label: &str,
+        x: &super::stats::AboveLevel,
+        comparisons: u32,
+    ) -> Self {
         Self {
             metric: metric.to_owned(),
             a: Arm {

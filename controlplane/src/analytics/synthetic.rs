@@ -19,7 +19,7 @@ use crate::error::Result;
 use crate::records::{RequestRecord, Usage, UsageStatus};
 use crate::sql::insert_chunks;
 use crate::store::Store;
-use crate::store::entity::signal;
+use crate::store::entity::{request, signal};
 use crate::{Budgets, Records};
 
 const DAY_MS: i64 = 86_400_000;
@@ -221,9 +221,11 @@ impl<'a> Generator<'a> {
         let i = self.next;
         self.next += 1;
         let rng = &mut self.rng;
-        let model = &spec.models[rng.weighted(&spec.models.iter().map(|m| m.weight).collect::<Vec<_>>())];
-        let env = (!spec.envs.is_empty())
-            .then(|| &spec.envs[rng.weighted(&spec.envs.iter().map(|e| e.weight).collect::<Vec<_>>())]);
+        let model =
+            &spec.models[rng.weighted(&spec.models.iter().map(|m| m.weight).collect::<Vec<_>>())];
+        let env = (!spec.envs.is_empty()).then(|| {
+            &spec.envs[rng.weighted(&spec.envs.iter().map(|e| e.weight).collect::<Vec<_>>())]
+        });
         let u = rng.f64();
         let user = self.users.partition_point(|c| *c < u);
         let user_id = format!("user-{:04}", user + 1);
@@ -241,7 +243,8 @@ impl<'a> Generator<'a> {
         let p = (model.success + env.map_or(0.0, |e| e.success_shift)).clamp(0.0, 1.0);
         let mut success = rng.chance(p);
         let slow_secs = ((ttfb - 2_000.0) / 1_000.0).max(0.0);
-        let latency_abandon = success && rng.chance((spec.slow_abandon_per_sec * slow_secs).min(0.9));
+        let latency_abandon =
+            success && rng.chance((spec.slow_abandon_per_sec * slow_secs).min(0.9));
         if latency_abandon {
             success = false;
         }
@@ -292,7 +295,11 @@ impl<'a> Generator<'a> {
                 cost_micros: Some(model.cost_micros),
                 budget_micros: Some(model.cost_micros),
             });
-            let (a, d) = if k < regens { ("regenerated", None) } else { (action, edit_distance) };
+            let (a, d) = if k < regens {
+                ("regenerated", None)
+            } else {
+                (action, edit_distance)
+            };
             signals.push(signal::ActiveModel {
                 id: Set(format!("{session_id}-s{k}")),
                 received_at_ms: Set(at + 20_000 + ttfb as i64),
@@ -313,11 +320,20 @@ impl<'a> Generator<'a> {
     }
 }
 
+/// How [`generate_with`] writes requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    /// Through [`Records::ingest`], as a dataplane ships them: the `sessions` table and the
+    /// spend rollups are kept too.
+    Ingest,
+    /// Plain multi-row inserts into `requests` only: much faster, for statistical tests and
+    /// benchmarks that read `requests` and `signals` only.
+    Direct,
+}
+
 /// Writes the traffic of every spec (each from its own stream of `seed`) into `store`, in
-/// batches of about `batch` requests. Requests go through [`Records::ingest`] (sessions and
-/// spend rollups included); signals are inserted attributed, as the signal writer stores them
-/// once the session is known.
-#[tracing::instrument(skip_all, fields(agents = specs.len(), seed))]
+/// batches of about `batch` requests, through [`Records::ingest`]; signals are inserted
+/// attributed, as the signal writer stores them once the session is known.
 pub async fn generate(
     store: &Store,
     specs: &[AgentSpec],
@@ -325,12 +341,30 @@ pub async fn generate(
     now_ms: i64,
     batch: usize,
 ) -> Result<Written> {
+    generate_with(store, specs, seed, now_ms, batch, Path::Ingest).await
+}
+
+/// [`generate`], writing requests the way `path` says.
+#[tracing::instrument(skip_all, fields(agents = specs.len(), seed, ?path))]
+pub async fn generate_with(
+    store: &Store,
+    specs: &[AgentSpec],
+    seed: u64,
+    now_ms: i64,
+    batch: usize,
+    path: Path,
+) -> Result<Written> {
     let budgets = Budgets::load(store.clone(), now_ms).await?;
     let records = Records::new(store.clone(), budgets);
     let mut written = Written::default();
     for (n, spec) in specs.iter().enumerate() {
         let tag = format!("{seed:x}x{n}x");
-        let mut g = Generator::new(spec, seed.wrapping_mul(1_000_003).wrapping_add(n as u64), &tag, now_ms);
+        let mut g = Generator::new(
+            spec,
+            seed.wrapping_mul(1_000_003).wrapping_add(n as u64),
+            &tag,
+            now_ms,
+        );
         loop {
             let mut requests = Vec::new();
             let mut signals = Vec::new();
@@ -345,11 +379,57 @@ pub async fn generate(
             }
             written.requests += requests.len() as u64;
             written.signals += signals.len() as u64;
-            records.ingest(requests).await?;
+            match path {
+                Path::Ingest => {
+                    records.ingest(requests).await?;
+                }
+                Path::Direct => insert_requests(store, requests).await?,
+            }
             insert_signals(store, signals).await?;
         }
     }
     Ok(written)
+}
+
+async fn insert_requests(store: &Store, rows: Vec<RequestRecord>) -> Result<()> {
+    let as_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    let txn = store.begin_write().await?;
+    let mut rest = rows.into_iter().map(|r| request::ActiveModel {
+        request_id: Set(r.request_id),
+        started_at_ms: Set(r.started_at_ms),
+        key_id: Set(r.key_id),
+        provider: Set(r.provider),
+        method: Set(r.method),
+        path: Set(r.path),
+        model: Set(r.model),
+        agent: Set(r.agent),
+        session_id: Set(r.session_id),
+        env: Set(r.env),
+        user_id: Set(r.user_id),
+        status: Set(i32::from(r.status)),
+        latency_ms: Set(as_i64(r.latency_ms)),
+        ttfb_ms: Set(r.ttfb_ms.map(as_i64)),
+        streamed: Set(r.streamed),
+        error_code: Set(r.error_code),
+        response_bytes: Set(as_i64(r.response_bytes)),
+        answered_model: Set(r.usage.model),
+        input_tokens: Set(r.usage.input_tokens.map(as_i64)),
+        output_tokens: Set(r.usage.output_tokens.map(as_i64)),
+        cached_input_tokens: Set(r.usage.cached_input_tokens.map(as_i64)),
+        cache_write_tokens: Set(r.usage.cache_write_tokens.map(as_i64)),
+        reasoning_tokens: Set(r.usage.reasoning_tokens.map(as_i64)),
+        finish_reason: Set(r.usage.finish_reason),
+        cost_micros: Set(r.cost_micros.map(as_i64)),
+        usage_status: Set(r.usage_status.as_str().to_owned()),
+    });
+    for size in insert_chunks(rest.len()) {
+        let chunk: Vec<_> = rest.by_ref().take(size).collect();
+        request::Entity::insert_many(chunk)
+            .exec_without_returning(&txn)
+            .await?;
+    }
+    txn.commit().await?;
+    Ok(())
 }
 
 async fn insert_signals(store: &Store, rows: Vec<signal::ActiveModel>) -> Result<()> {
@@ -407,7 +487,12 @@ pub fn demo_specs() -> Vec<AgentSpec> {
     let mut review = AgentSpec::new(
         "code-review",
         1_500,
-        vec![ModelSpec::new("anthropic", "claude-sonnet-4-5", 0.62, 14_000)],
+        vec![ModelSpec::new(
+            "anthropic",
+            "claude-sonnet-4-5",
+            0.62,
+            14_000,
+        )],
     );
     review.regenerations = 0.9;
     review.users = 60;
