@@ -1,20 +1,18 @@
 //! The SQL of analytics: one statement per question, computed by the database (SQLite or
 //! PostgreSQL), never by loading signals into memory.
 //!
-//! Every statement starts from the same three common table expressions:
+//! Every statement starts from the same per-session table `s`, built in one aggregate over the
+//! agent's signals in the window and its requests (from a day before the window, for answers
+//! that came shortly before their signals), grouped by session:
 //!
-//! - `sig`: the agent's signals in the window, grouped **per session**. The outcome model of
-//!   [`super::outcome`] runs in SQL: each signal gets its class (1 success, 2 abandoned, 0
-//!   other failure) from the same rules as [`super::outcome::is_success`], and the session's
-//!   class is the class of its **last** signal, found without a window function as
+//! - the outcome model of [`super::outcome`] runs in SQL: each signal gets its class (1 success,
+//!   2 abandoned, 0 other failure) from the same rules as [`super::outcome::is_success`], and the
+//!   session's class is the class of its **last** signal, found without a window function as
 //!   `MAX(received_at_ms · 4 + class) % 4` (the latest signal wins; among signals of the same
-//!   millisecond the higher class). Regenerations and heavy edits are summed.
-//! - `req`: the agent's requests in the window (plus a day before it, for requests answered
-//!   before their signals), grouped per session: the model and provider (kept only when every
-//!   request of the session used the same one), env, end user, known cost, slowest time to first
-//!   byte and number of requests.
-//! - `s`: one row per session with signals, `sig` joined with `req`. A session with exactly one
-//!   request is that request's outcome: the signals tie to it.
+//!   millisecond the higher class). Regenerations and heavy edits are summed;
+//! - from the requests: the model and provider (kept only when every request of the session used
+//!   the same one), env, end user, known cost, slowest time to first byte, number of requests.
+//!   A session with exactly one request is that request's outcome: the signals tie to it.
 //!
 //! The groups asked for are then `GROUP BY`s over `s`, each one pass over a small table.
 
@@ -111,15 +109,20 @@ const MEASURES: &str = "COUNT(*) AS sessions, \
      CAST(COALESCE(SUM(cost), 0) AS BIGINT) AS cost_micros, \
      CAST(COALESCE(SUM(requests), 0) AS BIGINT) AS requests";
 
-/// Appends the `sig`, `req` and `s` CTEs for `agent` over `[since, until)`; the statement
-/// continues with a `SELECT` over `s`.
+/// Appends the `u` and `s` CTEs for `agent` over `[since, until)`; the statement continues
+/// with a `SELECT` over `s`.
+///
+/// `u` is the agent's signals in the window and its requests (from a day before the window)
+/// as rows of one shape; `s` groups them by session in **one** aggregate (a hash aggregate on
+/// PostgreSQL, one sort on SQLite): no join, so no second pass and no sort of text keys for a
+/// merge. Sessions without a signal in the window are dropped by the `HAVING`.
 fn push_sessions(sql: &mut Sql, agent: &str, since: i64, until: i64) {
     sql.push(&format!(
-        "WITH sig AS MATERIALIZED (SELECT session_id, \
-         MAX(received_at_ms * 4 + {}) AS last_key, \
-         CAST(SUM(CASE WHEN action = '{}' THEN 1 ELSE 0 END) AS BIGINT) AS regens, \
-         CAST(SUM(CASE WHEN action = '{}' AND edit_distance >= {HEAVY_EDIT_CHARS} THEN 1 ELSE 0 END) AS BIGINT) AS heavy, \
-         COUNT(*) AS signals \
+        "WITH u AS (SELECT session_id, 1 AS is_sig, received_at_ms * 4 + {} AS sig_key, \
+         CASE WHEN action = '{}' THEN 1 ELSE 0 END AS regen, \
+         CASE WHEN action = '{}' AND edit_distance >= {HEAVY_EDIT_CHARS} THEN 1 ELSE 0 END AS heavy, \
+         CAST(NULL AS TEXT) AS model, CAST(NULL AS TEXT) AS provider, CAST(NULL AS TEXT) AS env, \
+         CAST(NULL AS TEXT) AS user_id, CAST(NULL AS BIGINT) AS cost, CAST(NULL AS BIGINT) AS ttfb \
          FROM signals WHERE agent = ",
         class_case(),
         Action::Regenerated,
@@ -131,13 +134,8 @@ fn push_sessions(sql: &mut Sql, agent: &str, since: i64, until: i64) {
     .push(" AND received_at_ms < ")
     .bind(until)
     .push(
-        " GROUP BY session_id), \
-         req AS MATERIALIZED (SELECT session_id, \
-         MIN(COALESCE(answered_model, model)) AS model_lo, MAX(COALESCE(answered_model, model)) AS model_hi, \
-         MIN(provider) AS provider_lo, MAX(provider) AS provider_hi, \
-         MAX(env) AS env, MAX(user_id) AS user_id, \
-         CAST(SUM(cost_micros) AS BIGINT) AS cost, MAX(ttfb_ms) AS ttfb, COUNT(*) AS requests \
-         FROM requests WHERE agent = ",
+        " UNION ALL SELECT session_id, 0, NULL, 0, 0, COALESCE(answered_model, model), provider, \
+         env, user_id, cost_micros, ttfb_ms FROM requests WHERE agent = ",
     )
     .bind(agent.to_owned())
     .push(" AND started_at_ms >= ")
@@ -145,14 +143,32 @@ fn push_sessions(sql: &mut Sql, agent: &str, since: i64, until: i64) {
     .push(" AND started_at_ms < ")
     .bind(until)
     .push(
-        " AND session_id IS NOT NULL GROUP BY session_id), \
-         s AS MATERIALIZED (SELECT sig.last_key % 4 AS cls, sig.last_key / 4 AS last_ms, \
-         sig.regens, sig.heavy, sig.signals, \
-         CASE WHEN req.model_lo = req.model_hi THEN req.model_lo END AS model, \
-         CASE WHEN req.provider_lo = req.provider_hi THEN req.provider_lo END AS provider, \
-         req.env, req.user_id, req.cost, req.ttfb, req.requests \
-         FROM sig LEFT JOIN req ON req.session_id = sig.session_id) ",
+        " AND session_id IS NOT NULL), \
+         s AS MATERIALIZED (SELECT MAX(sig_key) % 4 AS cls, MAX(sig_key) / 4 AS last_ms, \
+         CAST(SUM(regen) AS BIGINT) AS regens, CAST(SUM(heavy) AS BIGINT) AS heavy, \
+         CAST(SUM(is_sig) AS BIGINT) AS signals, \
+         CASE WHEN MIN(model) = MAX(model) THEN MIN(model) END AS model, \
+         CASE WHEN MIN(provider) = MAX(provider) THEN MIN(provider) END AS provider, \
+         MAX(env) AS env, MAX(user_id) AS user_id, CAST(SUM(cost) AS BIGINT) AS cost, \
+         MAX(ttfb) AS ttfb, CAST(SUM(1 - is_sig) AS BIGINT) AS requests \
+         FROM u GROUP BY session_id HAVING SUM(is_sig) > 0) ",
     );
+}
+
+/// Runs one analytics statement. On PostgreSQL it runs in a read transaction with JIT off (the
+/// planner cannot estimate the per-session groups, overestimates the cost and would spend more
+/// time compiling than executing) and enough `work_mem` to aggregate the sessions in memory.
+async fn run(store: &Store, stmt: sea_orm::Statement) -> Result<Vec<QueryResult>> {
+    let db = store.conn();
+    if db.get_database_backend() != DatabaseBackend::Postgres {
+        return Ok(db.query_all_raw(stmt).await?);
+    }
+    let txn = sea_orm::TransactionTrait::begin(db).await?;
+    txn.execute_unprepared("SET LOCAL jit = off; SET LOCAL work_mem = '256MB'")
+        .await?;
+    let rows = txn.query_all_raw(stmt).await?;
+    txn.commit().await?;
+    Ok(rows)
 }
 
 /// The groups one recommendation pass needs.
@@ -220,7 +236,7 @@ pub async fn aggregates(
     .push(" AND user_id IS NOT NULL GROUP BY user_id");
 
     let mut out = Aggregates::default();
-    for row in db.query_all_raw(sql.build()).await? {
+    for row in run(store, sql.build()).await? {
         let group: String = row.try_get("", "g")?;
         let key: Option<String> = row.try_get("", "k")?;
         let measures = measures(&row, vec![key.clone()])?;
@@ -307,7 +323,7 @@ pub async fn outcome_rates(
     }
     sql.push(" LIMIT ").bind(i64::from(limit));
     let mut rows = Vec::new();
-    for row in db.query_all_raw(sql.build()).await? {
+    for row in run(store, sql.build()).await? {
         let key = dims
             .iter()
             .enumerate()
