@@ -58,7 +58,7 @@ struct Cli {
     no_postgres: bool,
     #[arg(long)]
     no_sqlite: bool,
-    /// Keep the PostgreSQL database (its URL is printed) instead of dropping it.
+    /// Keep the SQLite file and the PostgreSQL database (their URLs are printed).
     #[arg(long)]
     keep: bool,
 }
@@ -295,7 +295,11 @@ async fn main() -> anyhow::Result<()> {
         r = run_all(&cli, &dir, pg.as_ref(), &mut out) => r,
         _ = tokio::signal::ctrl_c() => Err(anyhow!("interrupted")),
     };
-    let _ = std::fs::remove_dir_all(&dir);
+    if cli.keep {
+        eprintln!("kept the SQLite database: sqlite://{}/bench.db", dir.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     if let Some(pg) = pg.filter(|pg| {
         if cli.keep {
             eprintln!("kept the PostgreSQL database: {}", pg.url);

@@ -16,6 +16,8 @@
 //!
 //! The groups asked for are then `GROUP BY`s over `s`, each one pass over a small table.
 
+use std::collections::BTreeMap;
+
 use sea_orm::{ConnectionTrait, DatabaseBackend, QueryResult};
 
 use super::outcome::{HEAVY_EDIT_CHARS, is_success};
@@ -98,16 +100,18 @@ fn class_case() -> String {
     )
 }
 
-/// Measures over `s` (one row per session).
-const MEASURES: &str = "COUNT(*) AS sessions, \
+/// Measures over the sessions of `s` that have signals (`s` also holds the agent's sessions
+/// without any, for their cost).
+const MEASURES: &str = "CAST(COALESCE(SUM(CASE WHEN signals > 0 THEN 1 ELSE 0 END), 0) AS BIGINT) AS sessions, \
      CAST(COALESCE(SUM(signals), 0) AS BIGINT) AS signals, \
      CAST(COALESCE(SUM(CASE WHEN cls = 1 THEN 1 ELSE 0 END), 0) AS BIGINT) AS successes, \
      CAST(COALESCE(SUM(CASE WHEN cls = 2 THEN 1 ELSE 0 END), 0) AS BIGINT) AS abandoned, \
      CAST(COALESCE(SUM(CASE WHEN regens > 0 THEN 1 ELSE 0 END), 0) AS BIGINT) AS regenerated, \
      CAST(COALESCE(SUM(CASE WHEN heavy > 0 THEN 1 ELSE 0 END), 0) AS BIGINT) AS heavily_edited, \
      CAST(COALESCE(SUM(regens), 0) AS BIGINT) AS regenerations, \
-     CAST(COALESCE(SUM(cost), 0) AS BIGINT) AS cost_micros, \
-     CAST(COALESCE(SUM(requests), 0) AS BIGINT) AS requests";
+     CAST(COALESCE(SUM(CASE WHEN signals > 0 THEN cost ELSE 0 END), 0) AS BIGINT) AS cost_micros, \
+     CAST(COALESCE(SUM(CASE WHEN signals > 0 THEN requests ELSE 0 END), 0) AS BIGINT) AS requests, \
+     CAST(COALESCE(SUM(cost), 0) AS BIGINT) AS all_cost";
 
 /// Appends the `u` and `s` CTEs for `agent` over `[since, until)`; the statement continues
 /// with a `SELECT` over `s`.
@@ -115,7 +119,8 @@ const MEASURES: &str = "COUNT(*) AS sessions, \
 /// `u` is the agent's signals in the window and its requests (from a day before the window)
 /// as rows of one shape; `s` groups them by session in **one** aggregate (a hash aggregate on
 /// PostgreSQL, one sort on SQLite): no join, so no second pass and no sort of text keys for a
-/// merge. Sessions without a signal in the window are dropped by the `HAVING`.
+/// merge. `s` keeps the sessions without a signal in the window too (`signals = 0`), for the
+/// cost per end user; outcome measures count only the sessions with signals.
 fn push_sessions(sql: &mut Sql, agent: &str, since: i64, until: i64) {
     sql.push(&format!(
         "WITH u AS (SELECT session_id, 1 AS is_sig, received_at_ms * 4 + {} AS sig_key, \
@@ -151,7 +156,7 @@ fn push_sessions(sql: &mut Sql, agent: &str, since: i64, until: i64) {
          CASE WHEN MIN(provider) = MAX(provider) THEN MIN(provider) END AS provider, \
          MAX(env) AS env, MAX(user_id) AS user_id, CAST(SUM(cost) AS BIGINT) AS cost, \
          MAX(ttfb) AS ttfb, CAST(SUM(1 - is_sig) AS BIGINT) AS requests \
-         FROM u GROUP BY session_id HAVING SUM(is_sig) > 0) ",
+         FROM u GROUP BY session_id) ",
     );
 }
 
@@ -186,8 +191,8 @@ pub struct Aggregates {
     pub by_ttfb: Vec<(usize, OutcomeRow)>,
     /// Sessions by end user (with signals).
     pub by_user: Vec<OutcomeRow>,
-    /// Known cost of every request of the agent in the window, by end user (with or without
-    /// signals); requests without an end user are left out.
+    /// Known cost of the agent's sessions in the window by end user, with or without signals
+    /// (requests without a session or an end user are left out).
     pub user_costs: Vec<(String, u64)>,
 }
 
@@ -211,65 +216,63 @@ pub async fn aggregates(
         ttfb.push_str(&format!(" WHEN ttfb < {bound} THEN '{i}'"));
     }
     ttfb.push_str(&format!(" ELSE '{}' END", TTFB_BANDS_MS.len()));
+    // Two groupings, two passes over `s`: a small cube of model x provider x env x TTFB band x
+    // trend period (a few hundred rows at most, rolled up below: every measure is a sum), and
+    // one row per end user.
     sql.push(&format!(
-        "SELECT 'all' AS g, CAST(NULL AS TEXT) AS k, {MEASURES} FROM s \
-         UNION ALL SELECT 'model', model, {MEASURES} FROM s GROUP BY model \
-         UNION ALL SELECT 'provider', provider, {MEASURES} FROM s GROUP BY provider \
-         UNION ALL SELECT 'env', env, {MEASURES} FROM s GROUP BY env \
-         UNION ALL SELECT 'ttfb', {ttfb}, {MEASURES} FROM s GROUP BY 2 \
-         UNION ALL SELECT 'user', user_id, {MEASURES} FROM s GROUP BY user_id \
-         UNION ALL SELECT 'period', CASE WHEN last_ms >= "
+        "SELECT 'cube' AS g, model AS k1, provider AS k2, env AS k3, {ttfb} AS k4, \
+         CASE WHEN last_ms >= "
     ))
     .bind(recent_since)
     .push(" THEN 'recent' WHEN last_ms >= ")
     .bind(previous_since)
     .push(&format!(
-        " THEN 'previous' END, {MEASURES} FROM s GROUP BY 2 \
-         UNION ALL SELECT 'user_cost', user_id, 0, 0, 0, 0, 0, 0, 0, \
-         CAST(COALESCE(SUM(cost_micros), 0) AS BIGINT), COUNT(*) FROM requests WHERE agent = "
-    ))
-    .bind(agent.to_owned())
-    .push(" AND started_at_ms >= ")
-    .bind(since)
-    .push(" AND started_at_ms < ")
-    .bind(until)
-    .push(" AND user_id IS NOT NULL GROUP BY user_id");
+        " THEN 'previous' END AS k5, {MEASURES} FROM s WHERE signals > 0 GROUP BY 2, 3, 4, 5, 6 \
+         UNION ALL SELECT 'user', user_id, NULL, NULL, NULL, NULL, {MEASURES} FROM s \
+         WHERE user_id IS NOT NULL GROUP BY user_id"
+    ));
 
     let mut out = Aggregates::default();
+    let mut by_model: BTreeMap<Option<String>, OutcomeRow> = BTreeMap::new();
+    let mut by_provider: BTreeMap<Option<String>, OutcomeRow> = BTreeMap::new();
+    let mut by_env: BTreeMap<Option<String>, OutcomeRow> = BTreeMap::new();
+    let mut by_ttfb: BTreeMap<usize, OutcomeRow> = BTreeMap::new();
     for row in run(store, sql.build()).await? {
         let group: String = row.try_get("", "g")?;
-        let key: Option<String> = row.try_get("", "k")?;
-        let measures = measures(&row, vec![key.clone()])?;
-        match group.as_str() {
-            "all" => {
-                out.total = OutcomeRow {
-                    key: Vec::new(),
-                    ..measures
+        let k = |i: usize| row.try_get::<Option<String>>("", &format!("k{i}"));
+        let (k1, k2, k3, k4, k5) = (k(1)?, k(2)?, k(3)?, k(4)?, k(5)?);
+        let m = measures(&row, Vec::new())?;
+        if group == "user" {
+            if let Some(user) = k1.clone() {
+                out.user_costs.push((user, count(&row, "all_cost")?));
+                if m.sessions > 0 {
+                    out.by_user.push(OutcomeRow { key: vec![k1], ..m });
                 }
             }
-            "model" => out.by_model.push(measures),
-            "provider" => out.by_provider.push(measures),
-            "env" => out.by_env.push(measures),
-            "user" => out.by_user.push(measures),
-            "ttfb" => {
-                if let Some(band) = key.and_then(|k| k.parse::<usize>().ok()) {
-                    out.by_ttfb.push((band, measures));
-                }
-            }
-            "period" => match key.as_deref() {
-                Some("recent") => out.recent = measures,
-                Some("previous") => out.previous = measures,
-                _ => {}
-            },
-            "user_cost" => {
-                if let Some(user) = key {
-                    out.user_costs.push((user, measures.cost_micros));
-                }
-            }
+            continue;
+        }
+        add(&mut out.total, &m);
+        add(by_model.entry(k1).or_default(), &m);
+        add(by_provider.entry(k2).or_default(), &m);
+        add(by_env.entry(k3).or_default(), &m);
+        if let Some(band) = k4.and_then(|b| b.parse::<usize>().ok()) {
+            add(by_ttfb.entry(band).or_default(), &m);
+        }
+        match k5.as_deref() {
+            Some("recent") => add(&mut out.recent, &m),
+            Some("previous") => add(&mut out.previous, &m),
             _ => {}
         }
     }
-    out.by_ttfb.sort_by_key(|(band, _)| *band);
+    let keyed = |map: BTreeMap<Option<String>, OutcomeRow>| -> Vec<OutcomeRow> {
+        map.into_iter()
+            .map(|(k, r)| OutcomeRow { key: vec![k], ..r })
+            .collect()
+    };
+    out.by_model = keyed(by_model);
+    out.by_provider = keyed(by_provider);
+    out.by_env = keyed(by_env);
+    out.by_ttfb = by_ttfb.into_iter().collect();
     for rows in [
         &mut out.by_model,
         &mut out.by_provider,
@@ -281,6 +284,19 @@ pub async fn aggregates(
     out.user_costs
         .sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     Ok(out)
+}
+
+/// Adds `m`'s measures to `into` (every measure is a sum).
+fn add(into: &mut OutcomeRow, m: &OutcomeRow) {
+    into.sessions += m.sessions;
+    into.signals += m.signals;
+    into.successes += m.successes;
+    into.abandoned += m.abandoned;
+    into.regenerated += m.regenerated;
+    into.heavily_edited += m.heavily_edited;
+    into.regenerations += m.regenerations;
+    into.cost_micros += m.cost_micros;
+    into.requests += m.requests;
 }
 
 /// Most rows [`outcome_rates`] returns.
@@ -314,7 +330,7 @@ pub async fn outcome_rates(
     if !select.is_empty() {
         select.push_str(", ");
     }
-    sql.push(&format!("SELECT {select}{MEASURES} FROM s"));
+    sql.push(&format!("SELECT {select}{MEASURES} FROM s WHERE signals > 0"));
     if !dims.is_empty() {
         let group: Vec<String> = (1..=dims.len()).map(|i| i.to_string()).collect();
         sql.push(&format!(" GROUP BY {}", group.join(", ")));
