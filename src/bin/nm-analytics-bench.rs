@@ -39,7 +39,9 @@ const AGENTS: usize = 20;
 const REGENERATIONS: f64 = 0.2;
 
 #[derive(Debug, Parser)]
-#[command(about = "One agent's analytics with a million signals and requests stored, on SQLite and PostgreSQL")]
+#[command(
+    about = "One agent's analytics with a million signals and requests stored, on SQLite and PostgreSQL"
+)]
 struct Cli {
     /// Signals to store (and about as many requests).
     #[arg(long, default_value_t = 1_000_000)]
@@ -147,7 +149,11 @@ async fn bench_database(
     if system == "postgresql" {
         let started = Instant::now();
         store.conn().execute_unprepared("VACUUM ANALYZE").await?;
-        writeln!(out, "  VACUUM ANALYZE {:.1} s", started.elapsed().as_secs_f64())?;
+        writeln!(
+            out,
+            "  VACUUM ANALYZE {:.1} s",
+            started.elapsed().as_secs_f64()
+        )?;
     }
     out.flush()?;
 
@@ -296,7 +302,10 @@ async fn main() -> anyhow::Result<()> {
         _ = tokio::signal::ctrl_c() => Err(anyhow!("interrupted")),
     };
     if cli.keep {
-        eprintln!("kept the SQLite database: sqlite://{}/bench.db", dir.display());
+        eprintln!(
+            "kept the SQLite database: sqlite://{}/bench.db",
+            dir.display()
+        );
     } else {
         let _ = std::fs::remove_dir_all(&dir);
     }

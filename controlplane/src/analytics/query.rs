@@ -330,7 +330,9 @@ pub async fn outcome_rates(
     if !select.is_empty() {
         select.push_str(", ");
     }
-    sql.push(&format!("SELECT {select}{MEASURES} FROM s WHERE signals > 0"));
+    sql.push(&format!(
+        "SELECT {select}{MEASURES} FROM s WHERE signals > 0"
+    ));
     if !dims.is_empty() {
         let group: Vec<String> = (1..=dims.len()).map(|i| i.to_string()).collect();
         sql.push(&format!(" GROUP BY {}", group.join(", ")));
