@@ -209,6 +209,16 @@ async fn analytics_end_to_end(db: Db) {
     names.sort_unstable();
     assert_eq!(names, ["ab-test", "fresh-agent"]);
 
+    // An agent nobody has heard of is collecting from zero, with no ETA.
+    let ghost = recommendations(&gw, "no-such-agent").await;
+    assert_eq!(ghost.status(), pb::AnalyticsStatus::Collecting);
+    assert_eq!(
+        ghost
+            .progress
+            .map(|p| (p.signals, p.remaining, p.eta.is_none())),
+        Some((0, 100, true))
+    );
+
     // Admin only, and names are validated.
     let mut c = client(&gw).await;
     let denied = c

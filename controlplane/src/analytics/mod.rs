@@ -133,10 +133,13 @@ impl Analytics {
         })
     }
 
-    /// Computes an agent's analytics now and stores them.
+    /// Computes an agent's analytics now and stores them (an agent without any signal, say a
+    /// mistyped name, is answered but not stored).
     pub async fn recompute(&self, agent: &str) -> Result<AgentAnalytics> {
         let report = self.compute(agent, crate::now_ms()).await?;
-        self.save(&report).await?;
+        if report.progress.signals > 0 {
+            self.save(&report).await?;
+        }
         Ok(report)
     }
 
