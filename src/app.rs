@@ -136,9 +136,18 @@ async fn controlplane(
         .with_context(|| format!("cannot listen on NM_GRPC_ADDR {}", settings.grpc_addr))?;
     let addr = listener.local_addr()?;
     info!(%addr, "controlplane gRPC listening on {addr}");
+    // Recommendations are recomputed on a schedule (and on demand over gRPC).
+    let scheduler = settings.analytics_interval.map(|every| {
+        nm_controlplane::analytics::Analytics::new(store.clone())
+            .spawn_scheduler(every, stop.clone())
+    });
     let served_cp = cp.clone();
     let task = tokio::spawn(async move {
         let served = server::serve(served_cp, listener, signalled(stop)).await;
+        if let Some(scheduler) = scheduler {
+            scheduler.abort();
+            let _ = scheduler.await;
+        }
         store.close().await?;
         info!("controlplane stopped");
         served

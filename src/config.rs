@@ -49,6 +49,9 @@ pub const ENV_SPOOL_MAX_BYTES: &str = "NM_SPOOL_MAX_BYTES";
 pub const DEFAULT_SPOOL_MAX_BYTES: u64 = 256 * 1024 * 1024;
 pub const ENV_RESERVE_OUTPUT_TOKENS: &str = "NM_RESERVE_OUTPUT_TOKENS";
 pub const DEFAULT_RESERVE_OUTPUT_TOKENS: u64 = nm_dataplane::DEFAULT_RESERVE_OUTPUT_TOKENS;
+/// Seconds between the controlplane's scheduled analytics recomputations; 0 turns them off.
+pub const ENV_ANALYTICS_INTERVAL_SECS: &str = "NM_ANALYTICS_INTERVAL_SECS";
+pub const DEFAULT_ANALYTICS_INTERVAL_SECS: u64 = 600;
 
 /// Which process shape is starting; some defaults depend on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,6 +104,7 @@ pub struct FileSettings {
     pub spool_dir: Option<PathBuf>,
     pub spool_max_bytes: Option<u64>,
     pub reserve_output_tokens: Option<u64>,
+    pub analytics_interval_secs: Option<u64>,
     /// Extra providers, or changes to built-in ones, by name.
     #[serde(default)]
     pub providers: BTreeMap<String, FileProvider>,
@@ -147,6 +151,8 @@ pub struct Settings {
     /// Answer length assumed for a budget reservation when a request sets no cap.
     pub reserve_output_tokens: u64,
     pub prices: nm_dataplane::pricing::PriceTable,
+    /// Interval of the scheduled analytics recomputation (controlplane); `None`: off.
+    pub analytics_interval: Option<Duration>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -308,6 +314,13 @@ pub fn resolve(
         file.reserve_output_tokens,
         DEFAULT_RESERVE_OUTPUT_TOKENS,
     )?;
+    let analytics_interval = num(
+        ENV_ANALYTICS_INTERVAL_SECS,
+        file.analytics_interval_secs,
+        DEFAULT_ANALYTICS_INTERVAL_SECS,
+    )?;
+    let analytics_interval =
+        (analytics_interval > 0).then(|| Duration::from_secs(analytics_interval));
     let spool_dir = env_get(ENV_SPOOL_DIR)
         .map(PathBuf::from)
         .or(file.spool_dir)
@@ -352,6 +365,7 @@ pub fn resolve(
         spool_max_bytes,
         reserve_output_tokens,
         prices,
+        analytics_interval,
     })
 }
 

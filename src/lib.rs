@@ -1,10 +1,11 @@
 //! nm-gateway: the binary's library. It wires the two halves together — the dataplane
 //! (`nm-dataplane`, HTTP proxy) and the controlplane (`nm-controlplane`, storage) — and owns
 //! everything between them and the outside: settings ([`config`]), logging ([`telemetry`]), gRPC
-//! ([`grpc`]), the process shapes ([`app`]) and the admin CLI ([`cli`]).
+//! ([`grpc`]), the process shapes ([`app`]), the admin CLI ([`cli`]) and the demo data ([`demo`]).
 
 pub mod app;
 pub mod cli;
 pub mod config;
+pub mod demo;
 pub mod grpc;
 pub mod telemetry;

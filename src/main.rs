@@ -40,7 +40,10 @@ enum Command {
     Dataplane(ServerArgs),
     /// Only the controlplane (gRPC + database).
     Controlplane(ServerArgs),
-    /// Signal counts per agent (needs NM_ADMIN_KEY).
+    /// Fill a fresh database with synthetic traffic and signals for a few agents, and compute
+    /// their analytics (then `serve` and `agents recommend <agent>`).
+    Demo(nm_gateway::demo::DemoArgs),
+    /// Signal counts and analytics per agent (needs NM_ADMIN_KEY).
     Agents {
         #[command(flatten)]
         client: ClientArgs,
@@ -118,7 +121,19 @@ async fn run(cli: Cli) -> ExitCode {
         admin_key: c.admin_key,
         ..Flags::default()
     };
+    let mut demo_seed = None;
     let (mode, flags, admin_cmd) = match cli.command {
+        Command::Demo(a) => {
+            demo_seed = Some(a.seed);
+            (
+                Mode::Serve,
+                Flags {
+                    database_url: a.database_url,
+                    ..Flags::default()
+                },
+                None,
+            )
+        }
         Command::Serve(a) => (Mode::Serve, server_flags(a), None),
         Command::Dataplane(a) => (Mode::Dataplane, server_flags(a), None),
         Command::Controlplane(a) => (Mode::Controlplane, server_flags(a), None),
@@ -158,6 +173,18 @@ async fn run(cli: Cli) -> ExitCode {
     };
     if let Err(e) = telemetry::init(&settings.log, settings.log_format) {
         return usage(&format!("NM_LOG: {e}"));
+    }
+
+    if let Some(seed) = demo_seed {
+        let mut stdout = std::io::stdout().lock();
+        return match nm_gateway::demo::run(&settings, seed, &mut stdout).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) if e.is::<UsageError>() => usage(&e.to_string()),
+            Err(e) => {
+                eprintln!("nm-gateway: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
     }
 
     if let Some(cmd) = admin_cmd {

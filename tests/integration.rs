@@ -3,6 +3,7 @@
 
 mod common;
 
+mod analytics;
 mod budgets;
 mod errors;
 mod keys;

@@ -1,8 +1,11 @@
 //! Admin commands (`nm-gateway keys|agents|budgets|usage ...`): gRPC calls to the controlplane
 //! with the admin key in `nm-key` metadata, printed as a table or, with `--json`, as JSON.
 
+mod analytics;
 mod budgets;
 mod usage;
+
+pub use analytics::{OutcomesArgs, RecommendArgs, RecomputeArgs, print_analytics};
 
 pub use budgets::{BudgetsCommand, budgets};
 pub use usage::{UsageArgs, usage};
@@ -71,6 +74,13 @@ pub enum AgentsCommand {
         #[arg(long)]
         json: bool,
     },
+    /// One agent's analytics: progress toward 100 signals, then recommendations with their
+    /// evidence and outcome-weighted cost.
+    Recommend(RecommendArgs),
+    /// Recompute analytics now (one agent, or every agent with signals) and store them.
+    Recompute(RecomputeArgs),
+    /// One agent's session outcome rates grouped by model, provider, env, week or user.
+    Outcomes(OutcomesArgs),
 }
 
 /// Filters shared by the agents commands.
@@ -157,7 +167,7 @@ impl tonic::service::Interceptor for AdminKey {
     }
 }
 
-type AdminChannel =
+pub(crate) type AdminChannel =
     tonic::service::interceptor::InterceptedService<tonic::transport::Channel, AdminKey>;
 
 /// A channel to the controlplane that presents `NM_ADMIN_KEY`.
@@ -180,9 +190,16 @@ pub async fn agents(
     cmd: AgentsCommand,
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
+    let cmd = match cmd {
+        AgentsCommand::Recommend(a) => return analytics::recommend(settings, a, out).await,
+        AgentsCommand::Recompute(a) => return analytics::recompute(settings, a, out).await,
+        AgentsCommand::Outcomes(a) => return analytics::outcomes(settings, a, out).await,
+        other => other,
+    };
     let mut client = AgentsClient::new(admin_channel(settings)?);
     let cp = &settings.controlplane_url;
     match cmd {
+        AgentsCommand::Recommend(_) | AgentsCommand::Recompute(_) | AgentsCommand::Outcomes(_) => {}
         AgentsCommand::List { filter, json } => {
             let req = pb::ListAgentsRequest {
                 env: filter.env()?,

@@ -2,6 +2,7 @@
 //! dataplane's link to its controlplane ([`link`], with the record [`shipper`]), and the one mapping from controlplane errors
 //! to gRPC status ([`status`]).
 
+pub mod analytics;
 pub mod convert;
 pub mod link;
 pub mod server;

@@ -1,4 +1,5 @@
-//! The controlplane's gRPC services: `nm.v1.Keys` and `nm.v1.Agents` (admin), `nm.v1.Dataplane`
+//! The controlplane's gRPC services: `nm.v1.Keys`, `nm.v1.Agents` and `nm.v1.Analytics` (admin; the
+//! last in [`super::analytics`]), `nm.v1.Dataplane`
 //! (for dataplanes), `nm.v1.Status` (readiness), plus `grpc.health.v1.Health` (NOT_SERVING while the database does not answer) and server
 //! reflection.
 
@@ -18,7 +19,9 @@ use tonic::{Request, Response, Status};
 use tonic_health::ServingStatus;
 use tracing::{debug, info, warn};
 
+use super::analytics::AnalyticsService;
 use super::pb::agents_server::{Agents, AgentsServer};
+use super::pb::analytics_server::AnalyticsServer;
 use super::pb::budgets_server::{Budgets as BudgetsApi, BudgetsServer};
 use super::pb::dataplane_server::{Dataplane, DataplaneServer};
 use super::pb::keys_server::{Keys as KeysApi, KeysServer};
@@ -66,7 +69,7 @@ impl Controlplane {
         })
     }
 
-    fn require_admin<T>(&self, req: &Request<T>) -> Result<KeyInfo, Status> {
+    pub(crate) fn require_admin<T>(&self, req: &Request<T>) -> Result<KeyInfo, Status> {
         let secret = req
             .metadata()
             .get(NM_KEY_METADATA)
@@ -570,6 +573,9 @@ pub async fn serve(
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter.set_serving::<KeysServer<KeysService>>().await;
     reporter.set_serving::<AgentsServer<AgentsService>>().await;
+    reporter
+        .set_serving::<AnalyticsServer<AnalyticsService>>()
+        .await;
     reporter.set_serving::<StatusServer<StatusService>>().await;
     reporter
         .set_serving::<DataplaneServer<DataplaneService>>()
@@ -593,6 +599,10 @@ pub async fn serve(
         .add_service(StatusServer::new(StatusService(cp.clone())))
         .add_service(BudgetsServer::new(BudgetsService(cp.clone())))
         .add_service(UsageServer::new(UsageService(cp.clone())))
+        .add_service(AnalyticsServer::new(AnalyticsService {
+            analytics: nm_controlplane::analytics::Analytics::new(cp.store.clone()),
+            cp: cp.clone(),
+        }))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await;
     refresher.abort();

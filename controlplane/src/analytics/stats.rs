@@ -37,7 +37,7 @@
 //!   proportions).
 //! - G. Marsaglia, "Evaluating the normal distribution", J. Statistical Software 11(4) (2004).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Fewest observations an arm needs before it is compared at all: below this, intervals are
 /// too wide to separate anything but extreme differences, and normal approximations are poor.
@@ -75,7 +75,7 @@ const LN_SQRT_2PI: f64 = 0.918_938_533_204_672_8;
 // === impl Proportion ===
 
 /// `successes` out of `n` observations.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Proportion {
     pub successes: u64,
     pub n: u64,
@@ -117,7 +117,7 @@ impl Proportion {
 }
 
 /// A closed interval `[lower, upper]`.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Interval {
     pub lower: f64,
     pub upper: f64,
@@ -364,7 +364,7 @@ fn log_kernel_at_mode(s: f64, f: f64) -> f64 {
 // === decisions ===
 
 /// One arm of a comparison.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct ArmEvidence {
     pub successes: u64,
     pub n: u64,
@@ -374,7 +374,7 @@ pub struct ArmEvidence {
 }
 
 /// The evidence of one comparison of arm `b` against arm `a`.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Evidence {
     /// The reference arm.
     pub a: ArmEvidence,
@@ -419,7 +419,7 @@ pub fn evidence(a: Proportion, b: Proportion, comparisons: u32) -> Evidence {
 }
 
 /// Which way `b` differs from `a`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Direction {
     /// `b`'s rate is higher.
@@ -429,7 +429,7 @@ pub enum Direction {
 }
 
 /// A difference the evidence supports.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Shift {
     pub direction: Direction,
     pub evidence: Evidence,
@@ -471,7 +471,7 @@ pub fn better(a: Proportion, b: Proportion, comparisons: u32) -> Option<Evidence
 }
 
 /// The arm with the highest rate, when it beats every other arm.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Best {
     /// Index of the best arm in the slice given.
     pub arm: usize,
@@ -482,7 +482,7 @@ pub struct Best {
 }
 
 /// One arm the best arm beat.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Beaten {
     pub arm: usize,
     pub evidence: Evidence,
@@ -553,7 +553,7 @@ pub fn trend(previous: Proportion, recent: Proportion, comparisons: u32) -> Opti
 }
 
 /// A rate shown to be above a level.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct AboveLevel {
     pub arm: ArmEvidence,
     pub level: f64,
@@ -588,12 +588,14 @@ pub fn exceeds(p: Proportion, level: f64, comparisons: u32) -> Option<AboveLevel
 /// [`better`] (here: higher) abandonment rate. `None` with fewer than two buckets or without
 /// the evidence. In the result `a` is the fast half and `b` the slow one.
 pub fn slow_ttfb_raises_abandonment(buckets: &[Proportion], comparisons: u32) -> Option<Evidence> {
-    let (fast, slow) = split_halves(buckets)?;
+    let (_, fast, slow) = split_halves(buckets)?;
     better(fast, slow, comparisons)
 }
 
-/// Pools ordered buckets into two halves of sizes as equal as whole buckets allow.
-fn split_halves(buckets: &[Proportion]) -> Option<(Proportion, Proportion)> {
+/// Pools ordered buckets into two halves of sizes as equal as whole buckets allow: the index of
+/// the first bucket of the second half, then the two pooled halves. `None` with fewer than two
+/// buckets.
+pub fn split_halves(buckets: &[Proportion]) -> Option<(usize, Proportion, Proportion)> {
     if buckets.len() < 2 {
         return None;
     }
@@ -614,13 +616,13 @@ fn split_halves(buckets: &[Proportion]) -> Option<(Proportion, Proportion)> {
             .copied()
             .fold(Proportion::default(), Proportion::merge)
     };
-    Some((pool(&buckets[..cut]), pool(&buckets[cut..])))
+    Some((cut, pool(&buckets[..cut]), pool(&buckets[cut..])))
 }
 
 // === cost ===
 
 /// How a cost is spread over end users.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct CostConcentration {
     pub users: u64,
     /// Total cost, micro-dollars (saturating).
@@ -988,7 +990,7 @@ mod tests {
             Proportion::new(1, 30),
         ];
         // Cuts give 10|90, 20|80, 70|30: the last is closest to even.
-        let (fast, slow) = split_halves(&buckets).unwrap();
+        let (_, fast, slow) = split_halves(&buckets).unwrap();
         assert_eq!((fast.n, slow.n), (70, 30));
         assert_eq!((fast.successes, slow.successes), (3, 1));
     }

@@ -17,6 +17,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0002_signals::Migration),
             Box::new(m0003_usage_budgets::Migration),
             Box::new(m0004_unpriced_index::Migration),
+            Box::new(m0005_analytics::Migration),
         ]
     }
 }
@@ -543,6 +544,79 @@ mod m0004_unpriced_index {
                 .execute_unprepared("DROP INDEX IF EXISTS idx_requests_unpriced")
                 .await?;
             Ok(())
+        }
+    }
+}
+
+/// Agent analytics: one stored result per agent (the latest computation, as JSON), so reads are
+/// one primary-key lookup; and a covering index that lets the per-session outcome pass read an
+/// agent's signals in the window from the index alone.
+mod m0005_analytics {
+    use super::*;
+
+    #[derive(DeriveIden)]
+    enum AnalyticsResults {
+        Table,
+        Agent,
+        ComputedAtMs,
+        Status,
+        Report,
+    }
+
+    pub struct Migration;
+
+    impl MigrationName for Migration {
+        fn name(&self) -> &str {
+            "m0005_analytics"
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl MigrationTrait for Migration {
+        async fn up(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            m.create_table(
+                Table::create()
+                    .table(AnalyticsResults::Table)
+                    .if_not_exists()
+                    .col(
+                        ColumnDef::new(AnalyticsResults::Agent)
+                            .string()
+                            .not_null()
+                            .primary_key(),
+                    )
+                    .col(
+                        ColumnDef::new(AnalyticsResults::ComputedAtMs)
+                            .big_integer()
+                            .not_null(),
+                    )
+                    .col(ColumnDef::new(AnalyticsResults::Status).string().not_null())
+                    .col(ColumnDef::new(AnalyticsResults::Report).text().not_null())
+                    .to_owned(),
+            )
+            .await?;
+            // The outcome pass groups an agent's signals in a time window by session and reads
+            // action and edit distance: all of it from this index, never the table.
+            m.create_index(
+                Index::create()
+                    .name("idx_signals_agent_outcome")
+                    .table(Signals::Table)
+                    .col(Signals::Agent)
+                    .col(Signals::ReceivedAtMs)
+                    .col(Signals::SessionId)
+                    .col(Signals::Action)
+                    .col(Signals::EditDistance)
+                    .if_not_exists()
+                    .to_owned(),
+            )
+            .await
+        }
+
+        async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            m.get_connection()
+                .execute_unprepared("DROP INDEX IF EXISTS idx_signals_agent_outcome")
+                .await?;
+            m.drop_table(Table::drop().table(AnalyticsResults::Table).to_owned())
+                .await
         }
     }
 }

@@ -1,5 +1,6 @@
 //! SeaORM entities, one module per table (see `migration.rs` for the schema).
 
+pub mod analytics_result;
 pub mod api_key;
 pub mod budget;
 pub mod request;

@@ -1,0 +1,404 @@
+//! The SQL of analytics: one statement per question, computed by the database (SQLite or
+//! PostgreSQL), never by loading signals into memory.
+//!
+//! Every statement starts from the same per-session table `s`, built in one aggregate over the
+//! agent's signals in the window and its requests (from a day before the window, for answers
+//! that came shortly before their signals), grouped by session:
+//!
+//! - the outcome model of [`super::outcome`] runs in SQL: each signal gets its class (1 success,
+//!   2 abandoned, 0 other failure) from the same rules as [`super::outcome::is_success`], and the
+//!   session's class is the class of its **last** signal, found without a window function as
+//!   `MAX(received_at_ms · 4 + class) % 4` (the latest signal wins; among signals of the same
+//!   millisecond the higher class). Regenerations and heavy edits are summed;
+//! - from the requests: the model and provider (kept only when every request of the session used
+//!   the same one), env, end user, known cost, slowest time to first byte, number of requests.
+//!   A session with exactly one request is that request's outcome: the signals tie to it.
+//!
+//! The groups asked for are then `GROUP BY`s over `s`, each one pass over a small table.
+
+use std::collections::BTreeMap;
+
+use sea_orm::{ConnectionTrait, DatabaseBackend, QueryResult};
+
+use super::outcome::{HEAVY_EDIT_CHARS, is_success};
+use super::report::OutcomeRow;
+use crate::error::Result;
+use crate::sql::Sql;
+use crate::store::Store;
+use nm_types::Action;
+
+/// Requests are read from this long before the window, so a session whose answer came shortly
+/// before its first signal in the window still has its model and cost.
+pub const REQUEST_LOOKBACK_MS: i64 = 86_400_000;
+
+/// Time-to-first-byte bands (upper bounds, ms) for the latency analysis; the last band is open.
+pub const TTFB_BANDS_MS: [i64; 5] = [500, 1_000, 2_000, 4_000, 8_000];
+
+/// What outcome rates are grouped by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dimension {
+    /// The model as answered, else as requested; none when a session used several.
+    Model,
+    Provider,
+    Env,
+    /// UTC week (Monday to Sunday) of the session's last signal, as the Monday's date.
+    Week,
+    User,
+}
+
+impl Dimension {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dimension::Model => "model",
+            Dimension::Provider => "provider",
+            Dimension::Env => "env",
+            Dimension::Week => "week",
+            Dimension::User => "user",
+        }
+    }
+
+    /// The dimension as a text expression over `s`: constants of ours, never user input.
+    fn expr(self) -> &'static str {
+        match self {
+            Dimension::Model => "model",
+            Dimension::Provider => "provider",
+            Dimension::Env => "env",
+            // Unix day 0 is a Thursday: shifting by 3 days makes weeks start on Monday.
+            Dimension::Week => "CAST((last_ms + 259200000) / 604800000 AS TEXT)",
+            Dimension::User => "user_id",
+        }
+    }
+
+    /// The stored key as shown: the Monday's date for a week.
+    fn show(self, raw: Option<String>) -> Option<String> {
+        match self {
+            Dimension::Week => raw.and_then(|w| w.parse::<i64>().ok()).map(|week| {
+                let (y, m, d) = nm_types::budget::civil_from_day(week * 7 - 3);
+                format!("{y:04}-{m:02}-{d:02}")
+            }),
+            _ => raw,
+        }
+    }
+}
+
+/// The class of one signal in SQL: 1 success, 2 abandoned, 0 other failure, from
+/// [`is_success`] (the one definition of success) and the heavy-edit threshold.
+fn class_case() -> String {
+    let mut used = Vec::new();
+    for a in Action::ALL {
+        if a != Action::Edited && is_success(a, None) {
+            used.push(format!("'{a}'"));
+        }
+    }
+    format!(
+        "CASE WHEN action IN ({}) THEN 1 \
+         WHEN action = '{}' AND edit_distance < {HEAVY_EDIT_CHARS} THEN 1 \
+         WHEN action = '{}' THEN 2 ELSE 0 END",
+        used.join(", "),
+        Action::Edited,
+        Action::Abandoned,
+    )
+}
+
+/// Measures over the sessions of `s` that have signals (`s` also holds the agent's sessions
+/// without any, for their cost).
+const MEASURES: &str = "CAST(COALESCE(SUM(CASE WHEN signals > 0 THEN 1 ELSE 0 END), 0) AS BIGINT) AS sessions, \
+     CAST(COALESCE(SUM(signals), 0) AS BIGINT) AS signals, \
+     CAST(COALESCE(SUM(CASE WHEN cls = 1 THEN 1 ELSE 0 END), 0) AS BIGINT) AS successes, \
+     CAST(COALESCE(SUM(CASE WHEN cls = 2 THEN 1 ELSE 0 END), 0) AS BIGINT) AS abandoned, \
+     CAST(COALESCE(SUM(CASE WHEN regens > 0 THEN 1 ELSE 0 END), 0) AS BIGINT) AS regenerated, \
+     CAST(COALESCE(SUM(CASE WHEN heavy > 0 THEN 1 ELSE 0 END), 0) AS BIGINT) AS heavily_edited, \
+     CAST(COALESCE(SUM(regens), 0) AS BIGINT) AS regenerations, \
+     CAST(COALESCE(SUM(CASE WHEN signals > 0 THEN cost ELSE 0 END), 0) AS BIGINT) AS cost_micros, \
+     CAST(COALESCE(SUM(CASE WHEN signals > 0 THEN requests ELSE 0 END), 0) AS BIGINT) AS requests, \
+     CAST(COALESCE(SUM(cost), 0) AS BIGINT) AS all_cost";
+
+/// Appends the `u` and `s` CTEs for `agent` over `[since, until)`; the statement continues
+/// with a `SELECT` over `s`.
+///
+/// `u` is the agent's signals in the window and its requests (from a day before the window)
+/// as rows of one shape; `s` groups them by session in **one** aggregate (a hash aggregate on
+/// PostgreSQL, one sort on SQLite): no join, so no second pass and no sort of text keys for a
+/// merge. `s` keeps the sessions without a signal in the window too (`signals = 0`), for the
+/// cost per end user; outcome measures count only the sessions with signals.
+fn push_sessions(sql: &mut Sql, agent: &str, since: i64, until: i64) {
+    sql.push(&format!(
+        "WITH u AS (SELECT session_id, 1 AS is_sig, received_at_ms * 4 + {} AS sig_key, \
+         CASE WHEN action = '{}' THEN 1 ELSE 0 END AS regen, \
+         CASE WHEN action = '{}' AND edit_distance >= {HEAVY_EDIT_CHARS} THEN 1 ELSE 0 END AS heavy, \
+         CAST(NULL AS TEXT) AS model, CAST(NULL AS TEXT) AS provider, CAST(NULL AS TEXT) AS env, \
+         CAST(NULL AS TEXT) AS user_id, CAST(NULL AS BIGINT) AS cost, CAST(NULL AS BIGINT) AS ttfb \
+         FROM signals WHERE agent = ",
+        class_case(),
+        Action::Regenerated,
+        Action::Edited,
+    ))
+    .bind(agent.to_owned())
+    .push(" AND received_at_ms >= ")
+    .bind(since)
+    .push(" AND received_at_ms < ")
+    .bind(until)
+    .push(
+        " UNION ALL SELECT session_id, 0, NULL, 0, 0, COALESCE(answered_model, model), provider, \
+         env, user_id, cost_micros, ttfb_ms FROM requests WHERE agent = ",
+    )
+    .bind(agent.to_owned())
+    .push(" AND started_at_ms >= ")
+    .bind(since - REQUEST_LOOKBACK_MS)
+    .push(" AND started_at_ms < ")
+    .bind(until)
+    .push(
+        " AND session_id IS NOT NULL), \
+         s AS MATERIALIZED (SELECT MAX(sig_key) % 4 AS cls, MAX(sig_key) / 4 AS last_ms, \
+         CAST(SUM(regen) AS BIGINT) AS regens, CAST(SUM(heavy) AS BIGINT) AS heavy, \
+         CAST(SUM(is_sig) AS BIGINT) AS signals, \
+         CASE WHEN MIN(model) = MAX(model) THEN MIN(model) END AS model, \
+         CASE WHEN MIN(provider) = MAX(provider) THEN MIN(provider) END AS provider, \
+         MAX(env) AS env, MAX(user_id) AS user_id, CAST(SUM(cost) AS BIGINT) AS cost, \
+         MAX(ttfb) AS ttfb, CAST(SUM(1 - is_sig) AS BIGINT) AS requests \
+         FROM u GROUP BY session_id) ",
+    );
+}
+
+/// Runs one analytics statement. On PostgreSQL it runs in a read transaction with JIT off (the
+/// planner cannot estimate the per-session groups, overestimates the cost and would spend more
+/// time compiling than executing) and enough `work_mem` to aggregate the sessions in memory.
+async fn run(store: &Store, stmt: sea_orm::Statement) -> Result<Vec<QueryResult>> {
+    let db = store.conn();
+    if db.get_database_backend() != DatabaseBackend::Postgres {
+        return Ok(db.query_all_raw(stmt).await?);
+    }
+    let txn = sea_orm::TransactionTrait::begin(db).await?;
+    txn.execute_unprepared("SET LOCAL jit = off; SET LOCAL work_mem = '256MB'")
+        .await?;
+    let rows = txn.query_all_raw(stmt).await?;
+    txn.commit().await?;
+    Ok(rows)
+}
+
+/// The groups one recommendation pass needs.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Aggregates {
+    pub total: OutcomeRow,
+    pub by_model: Vec<OutcomeRow>,
+    pub by_provider: Vec<OutcomeRow>,
+    pub by_env: Vec<OutcomeRow>,
+    /// Sessions whose last signal is in the recent trend window, and in the one before.
+    pub recent: OutcomeRow,
+    pub previous: OutcomeRow,
+    /// Sessions by time-to-first-byte band, fastest first (index into [`TTFB_BANDS_MS`], the
+    /// band past the last bound last); sessions without a TTFB are left out.
+    pub by_ttfb: Vec<(usize, OutcomeRow)>,
+    /// Sessions by end user (with signals).
+    pub by_user: Vec<OutcomeRow>,
+    /// Known cost of the agent's sessions in the window by end user, with or without signals
+    /// (requests without a session or an end user are left out).
+    pub user_costs: Vec<(String, u64)>,
+}
+
+/// Runs the one recommendation statement for `agent` over `[since, until)`, with the trend
+/// windows `[recent_since, until)` and `[previous_since, recent_since)`.
+#[tracing::instrument(skip_all, fields(nm.agent = %agent))]
+pub async fn aggregates(
+    store: &Store,
+    agent: &str,
+    since: i64,
+    until: i64,
+    recent_since: i64,
+    previous_since: i64,
+) -> Result<Aggregates> {
+    let db = store.conn();
+    let backend = db.get_database_backend();
+    let mut sql = Sql::new(backend, "");
+    push_sessions(&mut sql, agent, since, until);
+    let mut ttfb = String::from("CASE WHEN ttfb IS NULL THEN NULL");
+    for (i, bound) in TTFB_BANDS_MS.iter().enumerate() {
+        ttfb.push_str(&format!(" WHEN ttfb < {bound} THEN '{i}'"));
+    }
+    ttfb.push_str(&format!(" ELSE '{}' END", TTFB_BANDS_MS.len()));
+    // Two groupings, two passes over `s`: a small cube of model x provider x env x TTFB band x
+    // trend period (a few hundred rows at most, rolled up below: every measure is a sum), and
+    // one row per end user.
+    sql.push(&format!(
+        "SELECT 'cube' AS g, model AS k1, provider AS k2, env AS k3, {ttfb} AS k4, \
+         CASE WHEN last_ms >= "
+    ))
+    .bind(recent_since)
+    .push(" THEN 'recent' WHEN last_ms >= ")
+    .bind(previous_since)
+    .push(&format!(
+        " THEN 'previous' END AS k5, {MEASURES} FROM s WHERE signals > 0 GROUP BY 2, 3, 4, 5, 6 \
+         UNION ALL SELECT 'user', user_id, NULL, NULL, NULL, NULL, {MEASURES} FROM s \
+         WHERE user_id IS NOT NULL GROUP BY user_id"
+    ));
+
+    let mut out = Aggregates::default();
+    let mut by_model: BTreeMap<Option<String>, OutcomeRow> = BTreeMap::new();
+    let mut by_provider: BTreeMap<Option<String>, OutcomeRow> = BTreeMap::new();
+    let mut by_env: BTreeMap<Option<String>, OutcomeRow> = BTreeMap::new();
+    let mut by_ttfb: BTreeMap<usize, OutcomeRow> = BTreeMap::new();
+    for row in run(store, sql.build()).await? {
+        let group: String = row.try_get("", "g")?;
+        let k = |i: usize| row.try_get::<Option<String>>("", &format!("k{i}"));
+        let (k1, k2, k3, k4, k5) = (k(1)?, k(2)?, k(3)?, k(4)?, k(5)?);
+        let m = measures(&row, Vec::new())?;
+        if group == "user" {
+            if let Some(user) = k1.clone() {
+                out.user_costs.push((user, count(&row, "all_cost")?));
+                if m.sessions > 0 {
+                    out.by_user.push(OutcomeRow { key: vec![k1], ..m });
+                }
+            }
+            continue;
+        }
+        add(&mut out.total, &m);
+        add(by_model.entry(k1).or_default(), &m);
+        add(by_provider.entry(k2).or_default(), &m);
+        add(by_env.entry(k3).or_default(), &m);
+        if let Some(band) = k4.and_then(|b| b.parse::<usize>().ok()) {
+            add(by_ttfb.entry(band).or_default(), &m);
+        }
+        match k5.as_deref() {
+            Some("recent") => add(&mut out.recent, &m),
+            Some("previous") => add(&mut out.previous, &m),
+            _ => {}
+        }
+    }
+    let keyed = |map: BTreeMap<Option<String>, OutcomeRow>| -> Vec<OutcomeRow> {
+        map.into_iter()
+            .map(|(k, r)| OutcomeRow { key: vec![k], ..r })
+            .collect()
+    };
+    out.by_model = keyed(by_model);
+    out.by_provider = keyed(by_provider);
+    out.by_env = keyed(by_env);
+    out.by_ttfb = by_ttfb.into_iter().collect();
+    for rows in [
+        &mut out.by_model,
+        &mut out.by_provider,
+        &mut out.by_env,
+        &mut out.by_user,
+    ] {
+        rows.sort_by(|a, b| b.sessions.cmp(&a.sessions).then_with(|| a.key.cmp(&b.key)));
+    }
+    out.user_costs
+        .sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    Ok(out)
+}
+
+/// Adds `m`'s measures to `into` (every measure is a sum).
+fn add(into: &mut OutcomeRow, m: &OutcomeRow) {
+    into.sessions += m.sessions;
+    into.signals += m.signals;
+    into.successes += m.successes;
+    into.abandoned += m.abandoned;
+    into.regenerated += m.regenerated;
+    into.heavily_edited += m.heavily_edited;
+    into.regenerations += m.regenerations;
+    into.cost_micros += m.cost_micros;
+    into.requests += m.requests;
+}
+
+/// Most rows [`outcome_rates`] returns.
+pub const MAX_RATE_ROWS: u32 = 10_000;
+
+/// Session outcomes of `agent` over `[since, until)`, grouped by `dims` (none: one total row),
+/// most sessions first, at most `limit` rows (0: [`MAX_RATE_ROWS`]).
+#[tracing::instrument(skip_all, fields(nm.agent = %agent, dims = ?dims))]
+pub async fn outcome_rates(
+    store: &Store,
+    agent: &str,
+    dims: &[Dimension],
+    since: i64,
+    until: i64,
+    limit: u32,
+) -> Result<Vec<OutcomeRow>> {
+    let db = store.conn();
+    let backend: DatabaseBackend = db.get_database_backend();
+    let limit = match limit {
+        0 => MAX_RATE_ROWS,
+        n => n.min(MAX_RATE_ROWS),
+    };
+    let mut sql = Sql::new(backend, "");
+    push_sessions(&mut sql, agent, since, until);
+    let keys: Vec<String> = dims
+        .iter()
+        .enumerate()
+        .map(|(i, d)| format!("{} AS k{i}", d.expr()))
+        .collect();
+    let mut select = keys.join(", ");
+    if !select.is_empty() {
+        select.push_str(", ");
+    }
+    sql.push(&format!(
+        "SELECT {select}{MEASURES} FROM s WHERE signals > 0"
+    ));
+    if !dims.is_empty() {
+        let group: Vec<String> = (1..=dims.len()).map(|i| i.to_string()).collect();
+        sql.push(&format!(" GROUP BY {}", group.join(", ")));
+        let order: Vec<String> = (1..=dims.len()).map(|i| i.to_string()).collect();
+        sql.push(&format!(" ORDER BY sessions DESC, {}", order.join(", ")));
+    }
+    sql.push(" LIMIT ").bind(i64::from(limit));
+    let mut rows = Vec::new();
+    for row in run(store, sql.build()).await? {
+        let key = dims
+            .iter()
+            .enumerate()
+            .map(|(i, d)| Ok(d.show(row.try_get::<Option<String>>("", &format!("k{i}"))?)))
+            .collect::<Result<Vec<_>>>()?;
+        let m = measures(&row, key)?;
+        if m.sessions > 0 {
+            rows.push(m);
+        }
+    }
+    Ok(rows)
+}
+
+fn measures(row: &QueryResult, key: Vec<Option<String>>) -> Result<OutcomeRow> {
+    Ok(OutcomeRow {
+        key,
+        sessions: count(row, "sessions")?,
+        signals: count(row, "signals")?,
+        successes: count(row, "successes")?,
+        abandoned: count(row, "abandoned")?,
+        regenerated: count(row, "regenerated")?,
+        heavily_edited: count(row, "heavily_edited")?,
+        regenerations: count(row, "regenerations")?,
+        cost_micros: count(row, "cost_micros")?,
+        requests: count(row, "requests")?,
+    })
+}
+
+fn count(row: &QueryResult, col: &str) -> Result<u64> {
+    let v: i64 = row.try_get("", col)?;
+    Ok(u64::try_from(v).unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn class_case_follows_the_outcome_model() {
+        let case = class_case();
+        assert!(case.contains("'accepted'") && case.contains("'thumbs_up'"));
+        assert!(case.contains("'sent'") && case.contains("'published'"));
+        assert!(!case.contains("'regenerated'") && !case.contains("'thumbs_down'"));
+        assert!(case.contains("edit_distance < 200"));
+    }
+
+    #[test]
+    fn weeks_start_on_monday() {
+        // 2026-11-23 is a Monday; its week number shows as itself.
+        let monday_ms = nm_types::budget::day_from_civil(2026, 11, 23) * 86_400_000;
+        let week = (monday_ms + 259_200_000) / 604_800_000;
+        assert_eq!(
+            Dimension::Week.show(Some(week.to_string())).as_deref(),
+            Some("2026-11-23")
+        );
+        let sunday_ms = monday_ms + 6 * 86_400_000 + 86_399_999;
+        assert_eq!((sunday_ms + 259_200_000) / 604_800_000, week);
+        assert_eq!(((monday_ms - 1) + 259_200_000) / 604_800_000, week - 1);
+    }
+}
