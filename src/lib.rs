@@ -1,11 +1,13 @@
 //! nm-gateway: the binary's library. It wires the two halves together — the dataplane
 //! (`nm-dataplane`, HTTP proxy) and the controlplane (`nm-controlplane`, storage) — and owns
 //! everything between them and the outside: settings ([`config`]), logging ([`telemetry`]), gRPC
-//! ([`grpc`]), the process shapes ([`app`]), the admin CLI ([`cli`]) and the demo data ([`demo`]).
+//! ([`grpc`]), the process shapes ([`app`]), the admin CLI ([`cli`]), the demo data ([`demo`]) and the benchmarks' scratch PostgreSQL
+//! databases ([`scratch_db`]).
 
 pub mod app;
 pub mod cli;
 pub mod config;
 pub mod demo;
 pub mod grpc;
+pub mod scratch_db;
 pub mod telemetry;

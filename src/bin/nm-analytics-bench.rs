@@ -20,18 +20,17 @@
 //! On PostgreSQL the bench runs `VACUUM ANALYZE` after the fill, as autovacuum would on its own
 //! in production; SQLite is queried as the gateway leaves it.
 
+use nm_gateway::scratch_db::ScratchPg;
 use std::io::Write;
 use std::path::PathBuf;
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
-use anyhow::{Context, anyhow, bail};
+use anyhow::{anyhow, bail};
 use clap::Parser;
-use nm_controlplane::analytics::synthetic::{
-    AgentSpec, EnvSpec, ModelSpec, Path, Rng, generate_with,
-};
+use nm_controlplane::analytics::synthetic::{AgentSpec, EnvSpec, ModelSpec, Path, generate_with};
 use nm_controlplane::analytics::{Analytics, DAY_MS, Dimension, WINDOW_DAYS};
 use nm_controlplane::{Store, now_ms};
-use sea_orm::{ConnectionTrait, Database};
+use sea_orm::ConnectionTrait;
 
 const TARGET_MS: f64 = 2_000.0;
 const AGENTS: usize = 20;
@@ -199,55 +198,10 @@ async fn bench_database(
     Ok(timed)
 }
 
-struct PgDatabase {
-    server: String,
-    name: String,
-    url: String,
-}
-
-impl PgDatabase {
-    async fn create(server: &str) -> anyhow::Result<Self> {
-        let nanos = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        let name = format!(
-            "nm_analytics_bench_{:012x}",
-            Rng::new(nanos ^ u64::from(std::process::id())).next_u64() >> 16
-        );
-        let (prefix, _) = server
-            .rsplit_once('/')
-            .context("the PostgreSQL URL needs a /DATABASE part")?;
-        let admin = Database::connect(server)
-            .await
-            .with_context(|| format!("connecting to {server} (--no-postgres to skip)"))?;
-        admin
-            .execute_unprepared(&format!("CREATE DATABASE {name}"))
-            .await?;
-        admin.close().await?;
-        Ok(Self {
-            server: server.to_owned(),
-            url: format!("{prefix}/{name}"),
-            name,
-        })
-    }
-
-    async fn drop_it(self) -> anyhow::Result<()> {
-        let admin = Database::connect(&self.server).await?;
-        admin
-            .execute_unprepared(&format!(
-                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-                self.name
-            ))
-            .await?;
-        admin.close().await?;
-        Ok(())
-    }
-}
-
 async fn run_all(
     cli: &Cli,
     dir: &std::path::Path,
-    pg: Option<&PgDatabase>,
+    pg: Option<&ScratchPg>,
     out: &mut impl Write,
 ) -> anyhow::Result<Vec<(String, Vec<Timed>)>> {
     let now = now_ms();
@@ -280,7 +234,7 @@ async fn main() -> anyhow::Result<()> {
     let pg = if cli.no_postgres {
         None
     } else {
-        match PgDatabase::create(&cli.postgres).await {
+        match ScratchPg::create(&cli.postgres, "nm_analytics_bench").await {
             Ok(pg) => Some(pg),
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);

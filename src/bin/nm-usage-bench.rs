@@ -22,15 +22,16 @@
 //! in production (otherwise the timings depend on whether it has run yet); SQLite is queried
 //! as the gateway leaves it.
 
+use nm_gateway::scratch_db::ScratchPg;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 use clap::Parser;
 use nm_controlplane::usage::{Dimension, UsageFilter, UsageReports, UsageRow};
 use nm_controlplane::{Budgets, Records, RequestRecord, Store, Usage, UsageStatus};
-use sea_orm::{ConnectionTrait, Database, Statement};
+use sea_orm::{ConnectionTrait, Statement};
 use serde::Serialize;
 
 const DAY_MS: i64 = 86_400_000;
@@ -782,50 +783,6 @@ async fn bench_database(
     })
 }
 
-/// A database of our own on a PostgreSQL server, dropped by [`PgDatabase::drop_it`].
-struct PgDatabase {
-    server: String,
-    name: String,
-    url: String,
-}
-
-impl PgDatabase {
-    async fn create(server: &str) -> anyhow::Result<Self> {
-        let nanos = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        let random = Rng(nanos ^ u64::from(std::process::id()).rotate_left(32)).next_u64();
-        let name = format!("nm_usage_bench_{:012x}", random >> 16);
-        let (prefix, _) = server
-            .rsplit_once('/')
-            .context("the PostgreSQL URL needs a /DATABASE part")?;
-        let admin = Database::connect(server)
-            .await
-            .with_context(|| format!("connecting to {server} (--no-postgres to skip)"))?;
-        admin
-            .execute_unprepared(&format!("CREATE DATABASE {name}"))
-            .await?;
-        admin.close().await?;
-        Ok(Self {
-            server: server.to_owned(),
-            url: format!("{prefix}/{name}"),
-            name,
-        })
-    }
-
-    async fn drop_it(self) -> anyhow::Result<()> {
-        let admin = Database::connect(&self.server).await?;
-        admin
-            .execute_unprepared(&format!(
-                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-                self.name
-            ))
-            .await?;
-        admin.close().await?;
-        Ok(())
-    }
-}
-
 /// Bytes of the SQLite database and its WAL.
 fn sqlite_size(dir: &Path) -> Option<u64> {
     let files = std::fs::read_dir(dir).ok()?;
@@ -840,7 +797,7 @@ fn sqlite_size(dir: &Path) -> Option<u64> {
 async fn run_all(
     cli: &Cli,
     dir: &Path,
-    pg: Option<&PgDatabase>,
+    pg: Option<&ScratchPg>,
     now_ms: i64,
 ) -> anyhow::Result<Vec<DbResult>> {
     let mut results = Vec::new();
@@ -951,7 +908,7 @@ async fn main() -> anyhow::Result<()> {
     let pg = if cli.no_postgres {
         None
     } else {
-        match PgDatabase::create(&cli.postgres).await {
+        match ScratchPg::create(&cli.postgres, "nm_usage_bench").await {
             Ok(pg) => Some(pg),
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);
