@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Instructions per proxied request, counted by callgrind: a measure of hot-path cost that does not
+# move with the machine's noise (see bench/README.md, "Counting instructions instead of seconds").
+#
+#   cargo build --release --bin nm-gateway --bin nm-bench
+#   bench/callgrind.sh            # nm-gateway serve (metered, budget path on)
+#   bench/callgrind.sh forwarder  # the minimal hyper forwarder, for comparison
+#
+# Needs valgrind and wrk (Debian: apt-get install valgrind wrk). Prints the requests served, the
+# user-space instructions per request, and the costliest functions (inclusive).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+target=${1:-gateway}
+secs=${SECS:-15}
+bin=target/release
+key=nmk_bench_bootstrap_key_0123456789
+for tool in valgrind callgrind_control callgrind_annotate wrk; do
+  command -v "$tool" >/dev/null || { echo "callgrind.sh: $tool not found" >&2; exit 1; }
+done
+dir=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$dir"; }
+trap cleanup EXIT
+
+cat > "$dir/req.lua" <<LUA
+wrk.method = "POST"
+wrk.body = '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hello to the benchmark."}],"max_tokens":64}'
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer sk-bench"
+wrk.headers["NM-Key"] = "$key"
+wrk.headers["NM-Agent"] = "bench"
+n = 0
+request = function()
+  n = n + 1
+  wrk.headers["NM-User"] = "bench-user-" .. (n % 100)
+  return wrk.format()
+end
+LUA
+
+# The helpers exit when their stdin closes: keep a pipe open for them.
+sleep infinity | "$bin/nm-bench" mock --port-file "$dir/mock.port" &
+pids+=($!)
+for _ in $(seq 50); do [ -f "$dir/mock.port" ] && break; sleep 0.1; done
+mock=127.0.0.1:$(cat "$dir/mock.port")
+
+wait_for() { for _ in $(seq 120); do curl -sf "$1" >/dev/null 2>&1 && return 0; sleep 0.5; done; echo "callgrind.sh: $1 did not answer" >&2; exit 1; }
+
+case "$target" in
+gateway)
+  NM_LOG=warn NM_HTTP_ADDR=127.0.0.1:18590 NM_GRPC_ADDR=127.0.0.1:18591 \
+    NM_DATABASE_URL="sqlite://$dir/gw.db?mode=rwc" NM_SPOOL_DIR="$dir/spool" \
+    NM_BOOTSTRAP_KEY=$key NM_UPSTREAM_OPENAI=http://$mock \
+    valgrind --tool=callgrind --callgrind-out-file="$dir/cg.out" "$bin/nm-gateway" serve \
+    >"$dir/target.log" 2>&1 &
+  pids+=($!)
+  wait_for http://127.0.0.1:18590/health
+  NM_CONTROLPLANE_URL=http://127.0.0.1:18591 NM_ADMIN_KEY=$key "$bin/nm-gateway" budgets set \
+    --default --usd-per-day 1000000 --rpm 1000000 >/dev/null
+  url=http://127.0.0.1:18590/openai/v1/chat/completions
+  ;;
+forwarder)
+  sleep infinity | valgrind --tool=callgrind --callgrind-out-file="$dir/cg.out" \
+    "$bin/nm-bench" forwarder --upstream "$mock" --port-file "$dir/fwd.port" >"$dir/target.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 120); do [ -f "$dir/fwd.port" ] && break; sleep 0.5; done
+  url=http://127.0.0.1:$(cat "$dir/fwd.port")/v1/chat/completions
+  ;;
+*) echo "usage: bench/callgrind.sh [gateway|forwarder]" >&2; exit 64 ;;
+esac
+
+wrk -t1 -c10 -d5s -s "$dir/req.lua" "$url" >/dev/null   # warm up
+sleep 1
+callgrind_control -z >/dev/null 2>&1
+out=$(wrk -t1 -c10 -d"${secs}s" -s "$dir/req.lua" "$url")
+sleep 1.5   # the gateway stores its last batch of records
+callgrind_control -d >/dev/null 2>&1
+requests=$(echo "$out" | awk '/requests in/ {print $1}')
+dump=$(ls "$dir"/cg.out.* | head -n1)
+total=$(callgrind_annotate "$dump" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
+echo "$target: $requests requests, $((total / requests)) instructions per request (user space)"
+# The runtime's frames (threads, tokio's scheduler) enclose everything: left out.
+callgrind_annotate --inclusive=yes "$dump" 2>/dev/null | sed -n '/file:function/,$p' | sed -n '3,$p' \
+  | grep -Ev 'clone\.S|pthread_create|std::sys::|thread_start|FnOnce|tokio::runtime::' | head -n 30 \
+  | awk -v n="$requests" '{c=$1; gsub(",", "", c); $1=""; $2=""; printf "%9d/req %s\n", c/n, substr($0, 1, 150)}'
