@@ -103,7 +103,7 @@ impl Destination {
 
 /// Drains `queue` until `stop` turns true and the queue is empty.
 pub async fn ship(
-    mut client: Destination,
+    mut destination: Destination,
     mut queue: RecordQueue,
     budgets: Budgets,
     spool: SharedSpool,
@@ -129,7 +129,7 @@ pub async fn ship(
     loop {
         // Retry the spool's head when due; a success may be followed by more at once.
         if !shipper.spool_empty() && Instant::now() >= shipper.retry_at {
-            shipper.send_spooled(&mut client).await;
+            shipper.send_spooled(&mut destination).await;
             continue;
         }
         // Wait for the first record of a batch, or until the spool's next retry.
@@ -159,7 +159,7 @@ pub async fn ship(
         }
         let records = std::mem::take(&mut batch);
         if shipper.spool_empty() {
-            if let Err(records) = shipper.send(&mut client, records).await {
+            if let Err(records) = shipper.send(&mut destination, records).await {
                 shipper.append(records).await;
             }
         } else {
@@ -175,7 +175,7 @@ pub async fn ship(
     }
     let deadline = Instant::now() + FLUSH_DEADLINE;
     while !shipper.spool_empty() && Instant::now() < deadline {
-        if !shipper.send_spooled(&mut client).await {
+        if !shipper.send_spooled(&mut destination).await {
             break;
         }
     }
@@ -189,7 +189,8 @@ pub async fn ship(
         }
         // A send cut off by the deadline may still have been stored: spooling it too is
         // harmless (stored once per request id).
-        match tokio::time::timeout_at(deadline, shipper.send(&mut client, chunk.clone())).await {
+        match tokio::time::timeout_at(deadline, shipper.send(&mut destination, chunk.clone())).await
+        {
             Ok(Ok(())) => {}
             Ok(Err(_)) | Err(_) => shipper.append(chunk).await,
         }
@@ -238,11 +239,11 @@ impl Shipper {
     /// Sends one batch; gives it back when the controlplane did not take it.
     async fn send(
         &mut self,
-        client: &mut Destination,
+        destination: &mut Destination,
         records: Vec<pb::RequestRecord>,
     ) -> Result<(), Vec<pb::RequestRecord>> {
         let req = pb::IngestRequestsRequest { records };
-        match client.ingest(req.clone()).await {
+        match destination.ingest(req.clone()).await {
             Ok(resp) => {
                 self.delivered(&req.records, &resp);
                 Ok(())
@@ -256,7 +257,7 @@ impl Shipper {
     }
 
     /// Tries the oldest spooled batch; true when it was delivered (or unreadable and skipped).
-    async fn send_spooled(&mut self, client: &mut Destination) -> bool {
+    async fn send_spooled(&mut self, destination: &mut Destination) -> bool {
         let head = match self.spool.run(Spool::peek).await {
             Ok(Some(head)) => head,
             Ok(None) => return true,
@@ -279,7 +280,7 @@ impl Shipper {
                 return true;
             }
         };
-        match client.ingest(req.clone()).await {
+        match destination.ingest(req.clone()).await {
             Ok(resp) => {
                 self.delivered(&req.records, &resp);
                 self.pop().await;
