@@ -419,5 +419,25 @@ impl TestGateway {
                 panic!("gateway stopped with an error: {e:#}");
             }
         }
+        if self.db == Db::Postgres {
+            drop_postgres_db(&self.db_url).await;
+        }
+    }
+}
+
+/// Drops a database made by [`fresh_postgres_db`] (best effort: a failed test leaves its
+/// database behind for inspection, and `.ci/run` clears leftovers).
+pub async fn drop_postgres_db(url: &str) {
+    let (Ok(base), Some((_, name))) = (std::env::var(POSTGRES_ENV), url.rsplit_once('/')) else {
+        return;
+    };
+    if !name.starts_with("nm_test_") {
+        return;
+    }
+    if let Ok(admin) = Database::connect(&base).await {
+        let _ = admin
+            .execute_unprepared(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            .await;
+        let _ = admin.close().await;
     }
 }
