@@ -48,6 +48,8 @@
 //! forwarder throughput; gateway throughput >= 0.90 x gateway-unmetered throughput), the
 //! gateways' peak (VmHWM) and current (VmRSS) resident memory from `/proc` after their runs
 //! (target: gateway peak < 64 MiB), and the usage each gateway recorded.
+//! With `--rounds N` the whole sequence runs N times (odd rounds in reverse order) and every
+//! figure is the median over the rounds, which steadies the ratios on a noisy VM.
 //! PASS/FAIL lines are information (N/A when the forwarder added under 0.01 ms, leaving the
 //! ratio to noise): the exit status is 0 unless the bench itself broke.
 //!
@@ -126,6 +128,12 @@ struct Cli {
     /// Open-loop measurement time per scenario, in seconds.
     #[arg(long, default_value = "10", value_parser = secs)]
     latency_duration: Duration,
+    /// Rounds of the whole sequence of targets; each figure reported is the median over the
+    /// rounds (memory: the highest), and each round's throughput ratios are printed as it ends.
+    /// Odd rounds run the targets in reverse order, so slow drift in the machine's speed does not
+    /// favour one target.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=9))]
+    rounds: u32,
     /// Print the results as JSON instead of tables.
     #[arg(long)]
     json: bool,
@@ -406,6 +414,7 @@ impl Drop for TempDir {
 async fn spawn_helper(dir: &Path, args: &[String]) -> anyhow::Result<Proc> {
     let name = args.first().map_or("helper", String::as_str);
     let port_file = dir.join(format!("{name}.port"));
+    let _ = std::fs::remove_file(&port_file);
     let child = Command::new(std::env::current_exe()?)
         .args(args)
         .arg("--port-file")
@@ -1068,23 +1077,71 @@ async fn bench(cli: &Cli) -> anyhow::Result<()> {
     );
     let dir = TempDir::new()?;
     let mock = spawn_helper(&dir.0, &["mock".to_owned()]).await?;
+    let mut rounds = Vec::new();
+    for round in 0..cli.rounds {
+        let runs = run_round(cli, &gateway_bin, &dir, &mock, round).await?;
+        if cli.rounds > 1 {
+            let rps =
+                |t: Target, s: usize| runs[t as usize].scenarios[s].closed_loop.requests_per_s;
+            for (s, scenario) in SCENARIOS.into_iter().enumerate() {
+                eprintln!(
+                    "nm-bench: round {}: {scenario}: gateway/forwarder req/s {:.2}, gateway/gateway-unmetered {:.2}",
+                    round + 1,
+                    rps(Target::Gateway, s) / rps(Target::Forwarder, s).max(f64::MIN_POSITIVE),
+                    rps(Target::Gateway, s)
+                        / rps(Target::GatewayUnmetered, s).max(f64::MIN_POSITIVE),
+                );
+            }
+        }
+        rounds.push(runs);
+    }
+    drop(mock);
+    let runs = median_of_rounds(rounds);
+
+    let report = Report::new(cli, &gateway_bin, runs);
+    let mut out = std::io::stdout().lock();
+    if cli.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
+    } else {
+        report.write(&mut out)?;
+    }
+    Ok(out.flush()?)
+}
+
+/// One round: every target measured in turn (in reverse order on odd rounds); the runs come
+/// back in [`TARGETS`] order.
+async fn run_round(
+    cli: &Cli,
+    gateway_bin: &Path,
+    dir: &TempDir,
+    mock: &Proc,
+    round: u32,
+) -> anyhow::Result<Vec<TargetRun>> {
+    let mut order = TARGETS;
+    if round % 2 == 1 {
+        order.reverse();
+    }
+    // Each round starts its processes in a directory of its own: no port file, database or
+    // spool carries over.
+    let dir = dir.0.join(format!("round-{}", round + 1));
+    std::fs::create_dir_all(&dir)?;
     let mut runs = Vec::new();
-    for target in TARGETS {
+    for target in order {
         let name = target.name();
         // Each target runs alone; the previous one is killed when `proc` drops.
         let (proc, admin) = match target {
             Target::Direct => (None, None),
             Target::Forwarder => {
                 let args = ["forwarder", "--upstream", &mock.addr.to_string()].map(String::from);
-                (Some(spawn_helper(&dir.0, &args).await?), None)
+                (Some(spawn_helper(&dir, &args).await?), None)
             }
             Target::Gateway | Target::GatewayUnmetered => {
-                let (proc, admin) = spawn_gateway(&gateway_bin, &dir.0, name, mock.addr).await?;
+                let (proc, admin) = spawn_gateway(gateway_bin, &dir, name, mock.addr).await?;
                 (Some(proc), Some(admin))
             }
         };
         let addr = proc.as_ref().map_or(mock.addr, |p| p.addr);
-        let pids: Vec<u32> = [Some(&mock), proc.as_ref()]
+        let pids: Vec<u32> = [Some(mock), proc.as_ref()]
             .into_iter()
             .flatten()
             .map(|p| p.child.id())
@@ -1111,24 +1168,64 @@ async fn bench(cli: &Cli) -> anyhow::Result<()> {
             }
             None => None,
         };
-        runs.push(TargetRun {
-            target: name,
-            scenarios,
-            memory,
-            usage,
-            cpu_steal_pct,
-        });
+        runs.push((
+            target as usize,
+            TargetRun {
+                target: name,
+                scenarios,
+                memory,
+                usage,
+                cpu_steal_pct,
+            },
+        ));
     }
-    drop(mock);
+    runs.sort_by_key(|(i, _)| *i);
+    Ok(runs.into_iter().map(|(_, run)| run).collect())
+}
 
-    let report = Report::new(cli, &gateway_bin, runs);
-    let mut out = std::io::stdout().lock();
-    if cli.json {
-        writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
-    } else {
-        report.write(&mut out)?;
+/// One run per target from several rounds: per scenario the closed loop of the median
+/// throughput and the open loop of the median p50, the highest memory, the mean steal, the last
+/// round's usage.
+fn median_of_rounds(rounds: Vec<Vec<TargetRun>>) -> Vec<TargetRun> {
+    let mut per_target: Vec<Vec<TargetRun>> = TARGETS.iter().map(|_| Vec::new()).collect();
+    for round in rounds {
+        for (i, run) in round.into_iter().enumerate() {
+            per_target[i].push(run);
+        }
     }
-    Ok(out.flush()?)
+    per_target
+        .into_iter()
+        .filter_map(|mut runs| {
+            let n = runs.len();
+            let cpu_steal_pct = runs.iter().map(|r| r.cpu_steal_pct).sum::<f64>() / n.max(1) as f64;
+            let memory = runs
+                .iter()
+                .filter_map(|r| r.memory)
+                .max_by_key(|m| m.vm_hwm_kib);
+            let mut last = runs.pop()?;
+            let mut all = runs;
+            for (s, measured) in last.scenarios.iter_mut().enumerate() {
+                let mut closed: Vec<Closed> = all
+                    .iter_mut()
+                    .map(|r| std::mem::take(&mut r.scenarios[s].closed_loop))
+                    .collect();
+                closed.push(std::mem::take(&mut measured.closed_loop));
+                closed.sort_by(|a, b| a.requests_per_s.total_cmp(&b.requests_per_s));
+                let mut open: Vec<Open> = all
+                    .iter_mut()
+                    .map(|r| std::mem::take(&mut r.scenarios[s].open_loop))
+                    .collect();
+                open.push(std::mem::take(&mut measured.open_loop));
+                open.sort_by(|a, b| a.p50_ms.total_cmp(&b.p50_ms));
+                let mid = closed.len() / 2;
+                measured.closed_loop = closed.swap_remove(mid);
+                measured.open_loop = open.swap_remove(mid);
+            }
+            last.memory = memory;
+            last.cpu_steal_pct = cpu_steal_pct;
+            Some(last)
+        })
+        .collect()
 }
 
 /// Latency the forwarder and the gateways add over `direct`, in ms.
