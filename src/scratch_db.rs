@@ -2,7 +2,22 @@
 //! dropped (with its connections) at the end.
 
 use anyhow::Context;
+use clap::Args;
 use sea_orm::{ConnectionTrait, Database};
+
+/// Which databases a benchmark runs on.
+#[derive(Debug, Args)]
+pub struct DatabaseArgs {
+    /// PostgreSQL server URL; a fresh database is created on it and dropped at the end.
+    #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/postgres")]
+    pub postgres: String,
+    /// Skip PostgreSQL.
+    #[arg(long)]
+    pub no_postgres: bool,
+    /// Skip SQLite.
+    #[arg(long)]
+    pub no_sqlite: bool,
+}
 
 /// A database of our own on a PostgreSQL server, dropped by [`ScratchPg::drop_it`].
 #[derive(Debug)]

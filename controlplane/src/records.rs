@@ -14,7 +14,7 @@ use tracing::warn;
 
 use crate::budgets::{Budgets, SpendItem, add_to_rollup};
 use crate::error::Result;
-use crate::sql::{INSERT_CHUNK_SIZES, insert_chunks};
+use crate::sql::{INSERT_CHUNK_SIZES, insert_chunks, push_placeholder};
 use crate::store::Store;
 use crate::store::entity::{session, signal};
 
@@ -339,13 +339,7 @@ fn insert_sql(backend: DatabaseBackend, rows: usize, returning: bool) -> String 
                 sql.push_str(", ");
             }
             n += 1;
-            match backend {
-                DatabaseBackend::Postgres => {
-                    sql.push('$');
-                    sql.push_str(&n.to_string());
-                }
-                _ => sql.push('?'),
-            }
+            push_placeholder(backend, &mut sql, n);
         }
         sql.push(')');
     }

@@ -18,14 +18,14 @@ use std::time::Duration;
 use nm_types::{Action, Env, SessionId, parse_agent};
 use sea_orm::sea_query::OnConflict;
 use sea_orm::{
-    ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter, QueryResult, Set,
+    ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter, Set,
     TryInsertResult,
 };
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
 
 use crate::error::{Error, Result};
-use crate::sql::{Sql, insert_chunks};
+use crate::sql::{Sql, count, insert_chunks};
 use crate::store::Store;
 use crate::store::entity::{session, signal};
 
@@ -302,11 +302,6 @@ fn push_range(
     if let Some(u) = until {
         sql.push(&format!(" AND {time_col} < ")).bind(u);
     }
-}
-
-fn count(row: &QueryResult, col: &str) -> Result<u64> {
-    let v: i64 = row.try_get("", col)?;
-    Ok(u64::try_from(v).unwrap_or(0))
 }
 
 fn validate(s: &NewSignal) -> Result<()> {

@@ -2,7 +2,9 @@
 //! it numbers placeholders the way each backend wants (`?` or `$n`). Used where an aggregate reads
 //! more clearly as SQL than through the query builder.
 
-use sea_orm::{DatabaseBackend, Statement, Value};
+use sea_orm::{DatabaseBackend, QueryResult, Statement, Value};
+
+use crate::error::Result;
 
 #[derive(Debug)]
 pub struct Sql {
@@ -29,19 +31,30 @@ impl Sql {
     /// Appends a placeholder bound to `value`.
     pub fn bind(&mut self, value: impl Into<Value>) -> &mut Self {
         self.values.push(value.into());
-        match self.backend {
-            DatabaseBackend::Postgres => {
-                self.text.push('$');
-                self.text.push_str(&self.values.len().to_string());
-            }
-            _ => self.text.push('?'),
-        }
+        push_placeholder(self.backend, &mut self.text, self.values.len());
         self
     }
 
     pub fn build(self) -> Statement {
         Statement::from_sql_and_values(self.backend, self.text, self.values)
     }
+}
+
+/// Appends the `n`-th placeholder (from 1) of a statement: `$n` on PostgreSQL, `?` elsewhere.
+pub fn push_placeholder(backend: DatabaseBackend, text: &mut String, n: usize) {
+    match backend {
+        DatabaseBackend::Postgres => {
+            text.push('$');
+            text.push_str(&n.to_string());
+        }
+        _ => text.push('?'),
+    }
+}
+
+/// A count column (`COUNT`, a `SUM` of integers) of a result row; a negative value reads as 0.
+pub fn count(row: &QueryResult, col: &str) -> Result<u64> {
+    let v: i64 = row.try_get("", col)?;
+    Ok(u64::try_from(v).unwrap_or(0))
 }
 
 #[cfg(test)]

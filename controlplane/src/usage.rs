@@ -8,7 +8,7 @@
 use sea_orm::{ConnectionTrait, QueryResult};
 
 use crate::error::{Error, Result};
-use crate::sql::Sql;
+use crate::sql::{Sql, count};
 use crate::store::Store;
 
 /// Most rows one report returns.
@@ -317,11 +317,6 @@ fn measures(row: &QueryResult, key: Vec<Option<String>>) -> Result<UsageRow> {
         unmetered_requests: count(row, "unmetered")?,
         errors: count(row, "errors")?,
     })
-}
-
-fn count(row: &QueryResult, col: &str) -> Result<u64> {
-    let v: i64 = row.try_get("", col)?;
-    Ok(u64::try_from(v).unwrap_or(0))
 }
 
 #[cfg(test)]

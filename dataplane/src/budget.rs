@@ -80,45 +80,59 @@ struct Entry {
     state: EntryState,
 }
 
-/// Running totals over one end user's entries, by the period each entry started in.
+/// Running totals over one end user's entries, by the period each entry started in: buckets of
+/// `(period index, micros, entries)` — a handful at most, since entries live until the feed
+/// catches up, a second or so.
 #[derive(Debug, Default)]
 struct Totals {
-    /// `(day, micros, entries)`, `(month, micros, entries)`, `(minute, entries)`: a handful of
-    /// buckets at most (entries live until the feed catches up, a second or so).
-    days: Vec<(i64, u64, u32)>,
-    months: Vec<(i64, u64, u32)>,
-    minutes: Vec<(i64, u32)>,
+    days: Buckets,
+    months: Buckets,
+    /// Micros unused: only the entry count matters per minute.
+    minutes: Buckets,
 }
 
+/// `(period index, micros, entries)`.
+type Buckets = Vec<(i64, u64, u32)>;
+
 impl Totals {
+    fn buckets(&mut self, e: &Entry) -> [(&mut Buckets, i64); 3] {
+        [
+            (&mut self.days, Period::Day.index_of(e.started_ms)),
+            (&mut self.months, Period::Month.index_of(e.started_ms)),
+            (&mut self.minutes, minute_of(e.started_ms)),
+        ]
+    }
+
     fn add(&mut self, e: &Entry) {
-        add_to(&mut self.days, Period::Day.index_of(e.started_ms), e.micros);
-        add_to(
-            &mut self.months,
-            Period::Month.index_of(e.started_ms),
-            e.micros,
-        );
-        let minute = minute_of(e.started_ms);
-        match self.minutes.iter_mut().find(|(m, _)| *m == minute) {
-            Some((_, n)) => *n += 1,
-            None => self.minutes.push((minute, 1)),
+        for (buckets, key) in self.buckets(e) {
+            match buckets.iter_mut().find(|(k, _, _)| *k == key) {
+                Some((_, sum, n)) => {
+                    *sum = sum.saturating_add(e.micros);
+                    *n += 1;
+                }
+                None => buckets.push((key, e.micros, 1)),
+            }
         }
     }
 
     fn remove(&mut self, e: &Entry) {
-        remove_from(&mut self.days, Period::Day.index_of(e.started_ms), e.micros);
-        remove_from(
-            &mut self.months,
-            Period::Month.index_of(e.started_ms),
-            e.micros,
-        );
-        let minute = minute_of(e.started_ms);
-        if let Some(i) = self.minutes.iter().position(|(m, _)| *m == minute) {
-            self.minutes[i].1 -= 1;
-            if self.minutes[i].1 == 0 {
-                self.minutes.swap_remove(i);
+        for (buckets, key) in self.buckets(e) {
+            if let Some(i) = buckets.iter().position(|(k, _, _)| *k == key) {
+                let (_, sum, n) = &mut buckets[i];
+                *sum = sum.saturating_sub(e.micros);
+                *n -= 1;
+                if *n == 0 {
+                    buckets.swap_remove(i);
+                }
             }
         }
+    }
+
+    fn bucket(buckets: &[(i64, u64, u32)], key: i64) -> (u64, u32) {
+        buckets
+            .iter()
+            .find(|(k, _, _)| *k == key)
+            .map_or((0, 0), |(_, micros, n)| (*micros, *n))
     }
 
     /// Micros of the entries started in `period`'s period containing `now_ms`.
@@ -127,40 +141,12 @@ impl Totals {
             Period::Day => &self.days,
             Period::Month => &self.months,
         };
-        let index = period.index_of(now_ms);
-        buckets
-            .iter()
-            .find(|(k, _, _)| *k == index)
-            .map_or(0, |(_, micros, _)| *micros)
+        Self::bucket(buckets, period.index_of(now_ms)).0
     }
 
     /// Entries started in the minute `minute`.
     fn started_in(&self, minute: i64) -> u32 {
-        self.minutes
-            .iter()
-            .find(|(m, _)| *m == minute)
-            .map_or(0, |(_, n)| *n)
-    }
-}
-
-fn add_to(buckets: &mut Vec<(i64, u64, u32)>, key: i64, micros: u64) {
-    match buckets.iter_mut().find(|(k, _, _)| *k == key) {
-        Some((_, sum, n)) => {
-            *sum = sum.saturating_add(micros);
-            *n += 1;
-        }
-        None => buckets.push((key, micros, 1)),
-    }
-}
-
-fn remove_from(buckets: &mut Vec<(i64, u64, u32)>, key: i64, micros: u64) {
-    if let Some(i) = buckets.iter().position(|(k, _, _)| *k == key) {
-        let (_, sum, n) = &mut buckets[i];
-        *sum = sum.saturating_sub(micros);
-        *n -= 1;
-        if *n == 0 {
-            buckets.swap_remove(i);
-        }
+        Self::bucket(&self.minutes, minute).1
     }
 }
 

@@ -20,7 +20,7 @@
 //! On PostgreSQL the bench runs `VACUUM ANALYZE` after the fill, as autovacuum would on its own
 //! in production; SQLite is queried as the gateway leaves it.
 
-use nm_gateway::scratch_db::ScratchPg;
+use nm_gateway::scratch_db::{DatabaseArgs, ScratchPg};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -52,13 +52,8 @@ struct Cli {
     seed: u64,
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     runs: u32,
-    /// PostgreSQL server URL; a fresh database is created on it and dropped at the end.
-    #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/postgres")]
-    postgres: String,
-    #[arg(long)]
-    no_postgres: bool,
-    #[arg(long)]
-    no_sqlite: bool,
+    #[command(flatten)]
+    db: DatabaseArgs,
     /// Keep the SQLite file and the PostgreSQL database (their URLs are printed).
     #[arg(long)]
     keep: bool,
@@ -206,7 +201,7 @@ async fn run_all(
 ) -> anyhow::Result<Vec<(String, Vec<Timed>)>> {
     let now = now_ms();
     let mut results = Vec::new();
-    if !cli.no_sqlite {
+    if !cli.db.no_sqlite {
         let url = format!("sqlite://{}/bench.db?mode=rwc", dir.display());
         results.push((
             "sqlite".to_owned(),
@@ -231,10 +226,10 @@ async fn main() -> anyhow::Result<()> {
     let dir: PathBuf =
         std::env::temp_dir().join(format!("nm-analytics-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let pg = if cli.no_postgres {
+    let pg = if cli.db.no_postgres {
         None
     } else {
-        match ScratchPg::create(&cli.postgres, "nm_analytics_bench").await {
+        match ScratchPg::create(&cli.db.postgres, "nm_analytics_bench").await {
             Ok(pg) => Some(pg),
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);

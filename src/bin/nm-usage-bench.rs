@@ -22,7 +22,7 @@
 //! in production (otherwise the timings depend on whether it has run yet); SQLite is queried
 //! as the gateway leaves it.
 
-use nm_gateway::scratch_db::ScratchPg;
+use nm_gateway::scratch_db::{DatabaseArgs, ScratchPg};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -130,15 +130,8 @@ struct Cli {
     /// Runs of each timed query.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     runs: u32,
-    /// PostgreSQL server URL; a fresh database is created on it and dropped at the end.
-    #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/postgres")]
-    postgres: String,
-    /// Skip PostgreSQL.
-    #[arg(long)]
-    no_postgres: bool,
-    /// Skip SQLite.
-    #[arg(long)]
-    no_sqlite: bool,
+    #[command(flatten)]
+    db: DatabaseArgs,
     /// Print the results as JSON.
     #[arg(long)]
     json: bool,
@@ -801,7 +794,7 @@ async fn run_all(
     now_ms: i64,
 ) -> anyhow::Result<Vec<DbResult>> {
     let mut results = Vec::new();
-    if !cli.no_sqlite {
+    if !cli.db.no_sqlite {
         let url = format!("sqlite://{}/bench.db?mode=rwc", dir.display());
         results.push(bench_database(cli, "sqlite", &url, || sqlite_size(dir), now_ms).await?);
     }
@@ -905,10 +898,10 @@ async fn main() -> anyhow::Result<()> {
     let now_ms = nm_controlplane::now_ms();
     let dir: PathBuf = std::env::temp_dir().join(format!("nm-usage-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let pg = if cli.no_postgres {
+    let pg = if cli.db.no_postgres {
         None
     } else {
-        match ScratchPg::create(&cli.postgres, "nm_usage_bench").await {
+        match ScratchPg::create(&cli.db.postgres, "nm_usage_bench").await {
             Ok(pg) => Some(pg),
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);

@@ -23,7 +23,7 @@ use sea_orm::{ConnectionTrait, DatabaseBackend, QueryResult};
 use super::outcome::{HEAVY_EDIT_CHARS, is_success};
 use super::report::OutcomeRow;
 use crate::error::Result;
-use crate::sql::Sql;
+use crate::sql::{Sql, count};
 use crate::store::Store;
 use nm_types::Action;
 
@@ -368,11 +368,6 @@ fn measures(row: &QueryResult, key: Vec<Option<String>>) -> Result<OutcomeRow> {
         cost_micros: count(row, "cost_micros")?,
         requests: count(row, "requests")?,
     })
-}
-
-fn count(row: &QueryResult, col: &str) -> Result<u64> {
-    let v: i64 = row.try_get("", col)?;
-    Ok(u64::try_from(v).unwrap_or(0))
 }
 
 #[cfg(test)]

@@ -121,14 +121,20 @@ pub fn recommend(a: &Aggregates, window: Window) -> Vec<Recommendation> {
     out
 }
 
-/// The model with the best success rate, when it beats every other model with enough sessions.
-fn best_model(a: &Aggregates, window: Window) -> Option<Recommendation> {
-    let arms = eligible(&a.by_model);
+/// The arm whose success rate beats every other, with the evidence against each.
+struct Leader<'a> {
+    best: stats::Best,
+    winner: &'a OutcomeRow,
+    winner_name: String,
+    evidence: Vec<EvidenceItem>,
+}
+
+fn leader<'a>(arms: &[&'a OutcomeRow]) -> Option<Leader<'a>> {
     let props: Vec<Proportion> = arms.iter().map(|r| success(r)).collect();
     let best = best_arm(&props)?;
     let winner = arms[best.arm];
     let winner_name = name(winner)?.to_owned();
-    let evidence: Vec<EvidenceItem> = best
+    let evidence = best
         .against
         .iter()
         .map(|b| {
@@ -140,6 +146,23 @@ fn best_model(a: &Aggregates, window: Window) -> Option<Recommendation> {
             )
         })
         .collect();
+    Some(Leader {
+        best,
+        winner,
+        winner_name,
+        evidence,
+    })
+}
+
+/// The model with the best success rate, when it beats every other model with enough sessions.
+fn best_model(a: &Aggregates, window: Window) -> Option<Recommendation> {
+    let arms = eligible(&a.by_model);
+    let Leader {
+        best,
+        winner,
+        winner_name,
+        evidence,
+    } = leader(&arms)?;
     let runner_up = best
         .against
         .iter()
@@ -191,22 +214,12 @@ fn best_provider(a: &Aggregates, window: Window) -> Option<Recommendation> {
     if arms.len() < 2 || arms.len() == models {
         return None;
     }
-    let props: Vec<Proportion> = arms.iter().map(|r| success(r)).collect();
-    let best = best_arm(&props)?;
-    let winner = arms[best.arm];
-    let winner_name = name(winner)?.to_owned();
-    let evidence: Vec<EvidenceItem> = best
-        .against
-        .iter()
-        .map(|b| {
-            EvidenceItem::compare(
-                "success",
-                name(arms[b.arm]).unwrap_or("-"),
-                &winner_name,
-                &b.evidence,
-            )
-        })
-        .collect();
+    let Leader {
+        winner,
+        winner_name,
+        evidence,
+        ..
+    } = leader(&arms)?;
     let gain = winner.success_rate() - a.total.success_rate();
     Some(Recommendation {
         kind: Kind::BestProvider,
