@@ -6,6 +6,7 @@
 #   bench/callgrind.sh            # nm-gateway serve (metered, budget path on)
 #   bench/callgrind.sh forwarder  # the minimal hyper forwarder, for comparison
 #
+# KEEP=FILE keeps the callgrind profile (for callgrind_annotate).
 # Needs valgrind and wrk (Debian: apt-get install valgrind wrk). Prints the requests served, the
 # user-space instructions per request, and the costliest functions (inclusive).
 set -euo pipefail
@@ -77,6 +78,7 @@ callgrind_control -d >/dev/null 2>&1
 requests=$(echo "$out" | awk '/requests in/ {print $1}')
 dump=$(ls "$dir"/cg.out.* | head -n1)
 total=$(callgrind_annotate "$dump" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
+if [ -n "${KEEP:-}" ]; then cp "$dump" "$KEEP"; echo "callgrind.sh: profile kept in $KEEP ($requests requests)"; fi
 echo "$target: $requests requests, $((total / requests)) instructions per request (user space)"
 # The runtime's frames (threads, tokio's scheduler) enclose everything: left out.
 callgrind_annotate --inclusive=yes "$dump" 2>/dev/null | sed -n '/file:function/,$p' | sed -n '3,$p' \

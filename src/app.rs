@@ -103,7 +103,7 @@ pub async fn start_serve(settings: &Settings) -> anyhow::Result<Running> {
     let url = format!("http://{}", loopback(grpc_addr));
     // Request records go straight to this process's controlplane; the rest of the link (key
     // and budget feeds, signals) uses gRPC over loopback like any dataplane.
-    let (http_addr, dp_task) = dataplane(settings, &url, Some(cp.records), rx).await?;
+    let (http_addr, dp_task) = dataplane(settings, &url, Some(cp), rx).await?;
     let task = tokio::spawn(async move {
         let dp = dp_task.await.context("dataplane task panicked")?;
         let _ = cp_stop.send(true);
@@ -158,7 +158,7 @@ async fn controlplane(
 async fn dataplane(
     settings: &Settings,
     controlplane_url: &str,
-    local_records: Option<nm_controlplane::Records>,
+    local: Option<Controlplane>,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<(SocketAddr, Task)> {
     let config = DataplaneConfig {
@@ -194,7 +194,7 @@ async fn dataplane(
         metrics: dp.metrics().clone(),
         spool: SharedSpool::new(spool),
     };
-    let link = Link::spawn(channel, local_records, targets, queue, name);
+    let link = Link::spawn(channel, local, targets, queue, name);
     let listener = TcpListener::bind(settings.http_addr)
         .await
         .with_context(|| format!("cannot listen on NM_HTTP_ADDR {}", settings.http_addr))?;

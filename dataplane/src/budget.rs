@@ -20,7 +20,7 @@
 //! Requests per minute are counted the same way: the feed's count for the user's latest minute
 //! plus the local entries started in this minute.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! base URL; `NM_UPSTREAM_<NAME>` and `NM_PROVIDER_KEY_<NAME>` override the URL and the
 //! operator's credential (the root resolves those settings and hands us a finished list).
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::Arc;
 
 use http::Uri;
@@ -154,7 +154,7 @@ impl Registry {
                 None => merged.push((name, spec)),
             }
         }
-        let mut by_prefix = HashMap::new();
+        let mut by_prefix = HashMap::default();
         for (name, spec) in merged {
             let provider = Arc::new(validate(&name, &spec)?);
             for prefix in std::iter::once(&name).chain(&spec.aliases) {

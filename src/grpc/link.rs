@@ -12,7 +12,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use nm_controlplane::Records;
 use nm_dataplane::budget::{Budgets, Feed, RemoteSpend};
 use nm_dataplane::metrics::Metrics;
 use nm_dataplane::{
@@ -20,11 +19,13 @@ use nm_dataplane::{
 };
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio_stream::{Stream, StreamExt};
 use tonic::transport::{Channel, Endpoint};
 use tracing::{debug, warn};
 
 use super::convert::signal_to_pb;
 use super::pb::{self, dataplane_client::DataplaneClient};
+use super::server::{BudgetFeedStream, Controlplane, budget_feed};
 use super::shipper::{Destination, SharedSpool, ship};
 
 /// Without a snapshot or heartbeat for this long, the controlplane counts as unreachable.
@@ -105,18 +106,19 @@ pub struct LinkTargets {
 }
 
 impl Link {
-    /// `local`: the controlplane's records in this process (`serve`), delivered to directly.
+    /// `local`: the controlplane of this process (`serve`): records are delivered to it and the
+    /// budget feed read from it directly, without gRPC.
     pub fn spawn(
         channel: Channel,
-        local: Option<Records>,
+        local: Option<Controlplane>,
         targets: LinkTargets,
         queue: RecordQueue,
         name: String,
     ) -> Self {
         let (stop, stop_rx) = watch::channel(false);
         let client = DataplaneClient::new(channel);
-        let destination = match local {
-            Some(records) => Destination::Local(records),
+        let destination = match &local {
+            Some(cp) => Destination::Local(cp.records.clone()),
             None => Destination::Remote(client.clone()),
         };
         let watcher = tokio::spawn(watch_keys(
@@ -128,6 +130,7 @@ impl Link {
         ));
         let budget_watcher = tokio::spawn(watch_budgets(
             client.clone(),
+            local,
             targets.budgets.clone(),
             targets.health.clone(),
             targets.metrics.clone(),
@@ -163,6 +166,7 @@ impl Link {
 /// state stays in force (the key watcher reports the outage on `/health`).
 async fn watch_budgets(
     client: DataplaneClient<Channel>,
+    local: Option<Controlplane>,
     budgets: Budgets,
     health: Health,
     metrics: Metrics,
@@ -171,11 +175,17 @@ async fn watch_budgets(
 ) {
     let open = || {
         let mut client = client.clone();
+        let local = local.clone();
         let dataplane = name.clone();
         async move {
-            client
+            if let Some(cp) = local {
+                return Ok(budget_feed(&cp, dataplane));
+            }
+            let stream = client
                 .watch_budgets(pb::WatchBudgetsRequest { dataplane })
-                .await
+                .await?
+                .into_inner();
+            Ok::<BudgetFeedStream, tonic::Status>(Box::pin(stream))
         }
     };
     let on_message = |msg: pb::BudgetFeed| {
@@ -196,7 +206,7 @@ async fn watch_budgets(
 /// hands every message to `on_message`, and when it fails, closes or stays silent for
 /// [`STALE_AFTER`] (the controlplane sends heartbeats), reports the problem to `on_lost` and
 /// reopens it with backoff (100 ms, doubling to 2 s).
-async fn follow<T, Open, Fut>(
+async fn follow<T, S, Open, Fut>(
     what: &'static str,
     mut open: Open,
     mut on_message: impl FnMut(T),
@@ -204,28 +214,26 @@ async fn follow<T, Open, Fut>(
     mut stop: watch::Receiver<bool>,
 ) where
     Open: FnMut() -> Fut,
-    Fut: Future<Output = Result<tonic::Response<tonic::Streaming<T>>, tonic::Status>>,
+    Fut: Future<Output = Result<S, tonic::Status>>,
+    S: Stream<Item = Result<T, tonic::Status>> + Unpin,
 {
     let mut backoff = MIN_BACKOFF;
     loop {
         let problem = match open().await {
             Err(status) => format!("{}: {}", status.code(), status.message()),
-            Ok(resp) => {
-                let mut stream = resp.into_inner();
-                loop {
-                    match tokio::time::timeout(STALE_AFTER, stream.message()).await {
-                        Ok(Ok(Some(msg))) => {
-                            on_message(msg);
-                            backoff = MIN_BACKOFF;
-                        }
-                        Ok(Ok(None)) => break format!("{what} closed by the controlplane"),
-                        Ok(Err(status)) => {
-                            break format!("{}: {}", status.code(), status.message());
-                        }
-                        Err(_) => break format!("no {what} for {}s", STALE_AFTER.as_secs()),
+            Ok(mut stream) => loop {
+                match tokio::time::timeout(STALE_AFTER, stream.next()).await {
+                    Ok(Some(Ok(msg))) => {
+                        on_message(msg);
+                        backoff = MIN_BACKOFF;
                     }
+                    Ok(None) => break format!("{what} closed by the controlplane"),
+                    Ok(Some(Err(status))) => {
+                        break format!("{}: {}", status.code(), status.message());
+                    }
+                    Err(_) => break format!("no {what} for {}s", STALE_AFTER.as_secs()),
                 }
-            }
+            },
         };
         if *stop.borrow() {
             return;
@@ -285,7 +293,12 @@ async fn watch_keys(
     let open = || {
         let mut client = client.clone();
         let dataplane = name.clone();
-        async move { client.watch_keys(pb::WatchKeysRequest { dataplane }).await }
+        async move {
+            let resp = client
+                .watch_keys(pb::WatchKeysRequest { dataplane })
+                .await?;
+            Ok::<_, tonic::Status>(resp.into_inner())
+        }
     };
     let mut last_version = None;
     let on_message = |snapshot: pb::KeySnapshot| {

@@ -147,6 +147,65 @@ impl KeysApi for KeysService {
     }
 }
 
+/// The budget feed for the dataplane `name`: a full state, then a delta after each ingested batch,
+/// a full state again on a rule change or when the watcher falls behind, and a heartbeat every
+/// [`KEY_HEARTBEAT`]; it ends when the process shuts down. Served over `WatchBudgets`, and read
+/// directly by the dataplane of the same process (`serve`).
+pub fn budget_feed(cp: &Controlplane, name: String) -> BudgetFeedStream {
+    let budgets = cp.budgets.clone();
+    let mut shutdown = cp.shutdown.clone();
+    let (tx, rx) = mpsc::channel(16);
+    tokio::spawn(async move {
+        debug!(dataplane = %name, "budget watcher connected");
+        let (full, mut events) = budgets.subscribe(now_ms());
+        let mut last_seq = full.seq;
+        let mut next = Some(convert::full_feed(full));
+        let mut heartbeat = tokio::time::interval(KEY_HEARTBEAT);
+        loop {
+            if let Some(msg) = next.take()
+                && tx.send(Ok(msg)).await.is_err()
+            {
+                break;
+            }
+            tokio::select! {
+                event = events.recv() => {
+                    next = Some(match event {
+                        Ok(FeedEvent::Delta(d)) => {
+                            last_seq = d.seq;
+                            convert::delta_feed(&d)
+                        }
+                        // A reset, or this watcher fell behind: start over from a full state.
+                        Ok(FeedEvent::Reset) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                            let full = budgets.full_state(now_ms());
+                            last_seq = full.seq;
+                            convert::full_feed(full)
+                        }
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+                    });
+                }
+                _ = heartbeat.tick() => {
+                    // An empty delta at the last position: "still here, nothing new".
+                    budgets.tick(now_ms());
+                    let (epoch, seq, day, month) = budgets.position();
+                    if seq == last_seq {
+                        next = Some(pb::BudgetFeed {
+                            epoch,
+                            seq,
+                            full: false,
+                            day,
+                            month,
+                            ..Default::default()
+                        });
+                    }
+                }
+                _ = shutdown.wait_for(|stop| *stop) => break,
+            }
+        }
+        debug!(dataplane = %name, "budget watcher gone");
+    });
+    Box::pin(ReceiverStream::new(rx))
+}
+
 // === impl Dataplane ===
 
 #[derive(Debug, Clone)]
@@ -154,7 +213,7 @@ pub struct DataplaneService(pub Controlplane);
 
 type SnapshotStream =
     Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::KeySnapshot, Status>> + Send>>;
-type BudgetFeedStream =
+pub type BudgetFeedStream =
     Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::BudgetFeed, Status>> + Send>>;
 
 fn snapshot_to_pb(s: &nm_controlplane::KeySnapshot) -> pb::KeySnapshot {
@@ -181,59 +240,10 @@ impl Dataplane for DataplaneService {
         &self,
         req: Request<pb::WatchBudgetsRequest>,
     ) -> Result<Response<BudgetFeedStream>, Status> {
-        let name = req.into_inner().dataplane;
-        let budgets = self.0.budgets.clone();
-        let mut shutdown = self.0.shutdown.clone();
-        let (tx, rx) = mpsc::channel(16);
-        tokio::spawn(async move {
-            debug!(dataplane = %name, "budget watcher connected");
-            let (full, mut events) = budgets.subscribe(now_ms());
-            let mut last_seq = full.seq;
-            let mut next = Some(convert::full_feed(full));
-            let mut heartbeat = tokio::time::interval(KEY_HEARTBEAT);
-            loop {
-                if let Some(msg) = next.take()
-                    && tx.send(Ok(msg)).await.is_err()
-                {
-                    break;
-                }
-                tokio::select! {
-                    event = events.recv() => {
-                        next = Some(match event {
-                            Ok(FeedEvent::Delta(d)) => {
-                                last_seq = d.seq;
-                                convert::delta_feed(&d)
-                            }
-                            // A reset, or this watcher fell behind: start over from a full state.
-                            Ok(FeedEvent::Reset) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                                let full = budgets.full_state(now_ms());
-                                last_seq = full.seq;
-                                convert::full_feed(full)
-                            }
-                            Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
-                        });
-                    }
-                    _ = heartbeat.tick() => {
-                        // An empty delta at the last position: "still here, nothing new".
-                        budgets.tick(now_ms());
-                        let (epoch, seq, day, month) = budgets.position();
-                        if seq == last_seq {
-                            next = Some(pb::BudgetFeed {
-                                epoch,
-                                seq,
-                                full: false,
-                                day,
-                                month,
-                                ..Default::default()
-                            });
-                        }
-                    }
-                    _ = shutdown.wait_for(|stop| *stop) => break,
-                }
-            }
-            debug!(dataplane = %name, "budget watcher gone");
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(Response::new(budget_feed(
+            &self.0,
+            req.into_inner().dataplane,
+        )))
     }
 
     async fn watch_keys(
