@@ -20,6 +20,7 @@ pub mod outcome;
 pub mod query;
 pub mod recommend;
 pub mod report;
+pub(crate) mod rollup;
 pub mod stats;
 pub mod synthetic;
 

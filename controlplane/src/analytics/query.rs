@@ -22,6 +22,7 @@ use sea_orm::{ConnectionTrait, DatabaseBackend, QueryResult};
 
 use super::outcome::{HEAVY_EDIT_CHARS, is_success};
 use super::report::OutcomeRow;
+use super::rollup;
 use crate::error::Result;
 use crate::sql::{Sql, count};
 use crate::store::Store;
@@ -83,7 +84,7 @@ impl Dimension {
 
 /// The class of one signal in SQL: 1 success, 2 abandoned, 0 other failure, from
 /// [`is_success`] (the one definition of success) and the heavy-edit threshold.
-fn class_case() -> String {
+pub(crate) fn class_case() -> String {
     let mut used = Vec::new();
     for a in Action::ALL {
         if a != Action::Edited && is_success(a, None) {
@@ -113,51 +114,90 @@ const MEASURES: &str = "CAST(COALESCE(SUM(CASE WHEN signals > 0 THEN 1 ELSE 0 EN
      CAST(COALESCE(SUM(CASE WHEN signals > 0 THEN requests ELSE 0 END), 0) AS BIGINT) AS requests, \
      CAST(COALESCE(SUM(cost), 0) AS BIGINT) AS all_cost";
 
-/// Appends the `u` and `s` CTEs for `agent` over `[since, until)`; the statement continues
-/// with a `SELECT` over `s`.
+/// A session of `s` from its rollup row (`session_rollups`).
+const SESSION_FROM_ROLLUP: &str = "sig_key % 4 AS cls, sig_key / 4 AS last_ms, regens, heavy, \
+     signals, CASE WHEN model_min = model_max THEN model_min END AS model, \
+     CASE WHEN provider_min = provider_max THEN provider_min END AS provider, env, user_id, cost, \
+     ttfb, requests";
+
+/// A session of `s` from its rows (signals and requests in the shape of
+/// [`rollup::signal_rows`]), grouped by session: the same values as [`SESSION_FROM_ROLLUP`].
+const SESSION_FROM_ROWS: &str = "MAX(sig_key) % 4, MAX(sig_key) / 4, \
+     CAST(SUM(regen) AS BIGINT), CAST(SUM(heavy) AS BIGINT), CAST(SUM(is_sig) AS BIGINT), \
+     CASE WHEN MIN(model) = MAX(model) THEN MIN(model) END, \
+     CASE WHEN MIN(provider) = MAX(provider) THEN MIN(provider) END, MAX(env), MAX(user_id), \
+     CAST(SUM(cost) AS BIGINT), MAX(ttfb), CAST(SUM(1 - is_sig) AS BIGINT)";
+
+/// Appends the CTEs that end in `s`, the per-session table of `agent` over `[since, until)`;
+/// the statement continues with a `SELECT` over `s`.
 ///
-/// `u` is the agent's signals in the window and its requests (from a day before the window)
-/// as rows of one shape; `s` groups them by session in **one** aggregate (a hash aggregate on
-/// PostgreSQL, one sort on SQLite): no join, so no second pass and no sort of text keys for a
-/// merge. `s` keeps the sessions without a signal in the window too (`signals = 0`), for the
-/// cost per end user; outcome measures count only the sessions with signals.
+/// `s` is what grouping the agent's signals in the window and its requests (from
+/// [`REQUEST_LOOKBACK_MS`] before the window) by session gives, read mostly from the rollup:
+///
+/// - a session whose signals all lie in `[since, until)` and whose requests all lie in
+///   `[since - REQUEST_LOOKBACK_MS, until)` is its rollup row as it is (the rows of the session
+///   are exactly the rows the window holds);
+/// - the few sessions that straddle an edge of the window (`e`: some of their rows, or all, lie
+///   outside it) are grouped from their rows in the window (`u`), found by session id;
+/// - sessions whose last activity is before the window are skipped by the index on
+///   `(agent, last_ms)`.
+///
+/// `s` keeps the sessions without a signal in the window too (`signals = 0`), for the cost per
+/// end user; outcome measures count only the sessions with signals.
 fn push_sessions(sql: &mut Sql, agent: &str, since: i64, until: i64) {
-    sql.push(&format!(
-        "WITH u AS (SELECT session_id, 1 AS is_sig, received_at_ms * 4 + {} AS sig_key, \
-         CASE WHEN action = '{}' THEN 1 ELSE 0 END AS regen, \
-         CASE WHEN action = '{}' AND edit_distance >= {HEAVY_EDIT_CHARS} THEN 1 ELSE 0 END AS heavy, \
-         CAST(NULL AS TEXT) AS model, CAST(NULL AS TEXT) AS provider, CAST(NULL AS TEXT) AS env, \
-         CAST(NULL AS TEXT) AS user_id, CAST(NULL AS BIGINT) AS cost, CAST(NULL AS BIGINT) AS ttfb \
-         FROM signals WHERE agent = ",
-        class_case(),
-        Action::Regenerated,
-        Action::Edited,
-    ))
-    .bind(agent.to_owned())
-    .push(" AND received_at_ms >= ")
-    .bind(since)
-    .push(" AND received_at_ms < ")
-    .bind(until)
-    .push(
-        " UNION ALL SELECT session_id, 0, NULL, 0, 0, COALESCE(answered_model, model), provider, \
-         env, user_id, cost_micros, ttfb_ms FROM requests WHERE agent = ",
-    )
-    .bind(agent.to_owned())
-    .push(" AND started_at_ms >= ")
-    .bind(since - REQUEST_LOOKBACK_MS)
-    .push(" AND started_at_ms < ")
-    .bind(until)
-    .push(
-        " AND session_id IS NOT NULL), \
-         s AS MATERIALIZED (SELECT MAX(sig_key) % 4 AS cls, MAX(sig_key) / 4 AS last_ms, \
-         CAST(SUM(regen) AS BIGINT) AS regens, CAST(SUM(heavy) AS BIGINT) AS heavy, \
-         CAST(SUM(is_sig) AS BIGINT) AS signals, \
-         CASE WHEN MIN(model) = MAX(model) THEN MIN(model) END AS model, \
-         CASE WHEN MIN(provider) = MAX(provider) THEN MIN(provider) END AS provider, \
-         MAX(env) AS env, MAX(user_id) AS user_id, CAST(SUM(cost) AS BIGINT) AS cost, \
-         MAX(ttfb) AS ttfb, CAST(SUM(1 - is_sig) AS BIGINT) AS requests \
-         FROM u GROUP BY session_id) ",
-    );
+    let request_since = since - REQUEST_LOOKBACK_MS;
+    sql.push("WITH e AS (SELECT session_id FROM session_rollups WHERE agent = ")
+        .bind(agent.to_owned())
+        .push(" AND last_ms >= ")
+        .bind(request_since)
+        .push(" AND (last_ms >= ")
+        .bind(until)
+        .push(" OR COALESCE(first_signal_ms, ")
+        .bind(since)
+        .push(") < ")
+        .bind(since)
+        .push(" OR COALESCE(first_request_ms, ")
+        .bind(request_since)
+        .push(") < ")
+        .bind(request_since)
+        .push(&format!(
+            ")), u AS ({} WHERE agent = ",
+            rollup::signal_rows(false, "signals")
+        ))
+        .bind(agent.to_owned())
+        .push(" AND received_at_ms >= ")
+        .bind(since)
+        .push(" AND received_at_ms < ")
+        .bind(until)
+        .push(&format!(
+            " AND session_id IN (SELECT session_id FROM e) UNION ALL {} WHERE agent = ",
+            rollup::request_rows(false, "requests")
+        ))
+        .bind(agent.to_owned())
+        .push(" AND started_at_ms >= ")
+        .bind(request_since)
+        .push(" AND started_at_ms < ")
+        .bind(until)
+        .push(&format!(
+            " AND session_id IN (SELECT session_id FROM e)), \
+             s AS MATERIALIZED (SELECT {SESSION_FROM_ROLLUP} FROM session_rollups WHERE agent = "
+        ))
+        .bind(agent.to_owned())
+        .push(" AND last_ms >= ")
+        .bind(request_since)
+        .push(" AND last_ms < ")
+        .bind(until)
+        .push(" AND COALESCE(first_signal_ms, ")
+        .bind(since)
+        .push(") >= ")
+        .bind(since)
+        .push(" AND COALESCE(first_request_ms, ")
+        .bind(request_since)
+        .push(") >= ")
+        .bind(request_since)
+        .push(&format!(
+            " UNION ALL SELECT {SESSION_FROM_ROWS} FROM u GROUP BY session_id) "
+        ));
 }
 
 /// Runs one analytics statement. On PostgreSQL it runs in a read transaction with JIT off (the

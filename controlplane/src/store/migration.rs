@@ -18,6 +18,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0003_usage_budgets::Migration),
             Box::new(m0004_unpriced_index::Migration),
             Box::new(m0005_analytics::Migration),
+            Box::new(m0006_session_rollups::Migration),
         ]
     }
 }
@@ -616,6 +617,133 @@ mod m0005_analytics {
                 .execute_unprepared("DROP INDEX IF EXISTS idx_signals_agent_outcome")
                 .await?;
             m.drop_table(Table::drop().table(AnalyticsResults::Table).to_owned())
+                .await
+        }
+    }
+}
+
+/// Per-session rollups for the analytics (`analytics::rollup`): one row per (agent, session) of
+/// mergeable aggregates of the session's signals and requests, kept by the ingest in the same
+/// transaction as the rows, so an agent's analytics read one row per session instead of
+/// grouping all its signals and requests. Filled here from the rows already stored, so an
+/// upgraded database answers exactly as before.
+mod m0006_session_rollups {
+    use super::*;
+
+    pub struct Migration;
+
+    impl MigrationName for Migration {
+        fn name(&self) -> &str {
+            "m0006_session_rollups"
+        }
+    }
+
+    /// The rollup of every stored (agent, session), in the one SQL text SQLite and PostgreSQL
+    /// share. The class of a signal (1 success, 2 abandoned, 0 other failure) and the heavy-edit
+    /// threshold are those of `analytics::outcome` when this migration was written.
+    const BACKFILL: &str = "INSERT INTO session_rollups (agent, session_id, signals, sig_key, \
+        regens, heavy, first_signal_ms, requests, model_min, model_max, provider_min, \
+        provider_max, env, user_id, cost, ttfb, first_request_ms, last_request_ms, last_ms) \
+        SELECT agent, session_id, CAST(SUM(is_sig) AS BIGINT), MAX(sig_key), \
+        CAST(SUM(regen) AS BIGINT), CAST(SUM(heavy) AS BIGINT), MIN(sig_ms), \
+        CAST(SUM(1 - is_sig) AS BIGINT), MIN(model), MAX(model), MIN(provider), MAX(provider), \
+        MAX(env), MAX(user_id), CAST(SUM(cost) AS BIGINT), MAX(ttfb), MIN(req_ms), MAX(req_ms), \
+        MAX(COALESCE(sig_ms, req_ms)) \
+        FROM (SELECT agent, session_id, 1 AS is_sig, received_at_ms * 4 + \
+        CASE WHEN action IN ('accepted', 'thumbs_up', 'published', 'sent') THEN 1 \
+        WHEN action = 'edited' AND edit_distance < 200 THEN 1 \
+        WHEN action = 'abandoned' THEN 2 ELSE 0 END AS sig_key, \
+        CASE WHEN action = 'regenerated' THEN 1 ELSE 0 END AS regen, \
+        CASE WHEN action = 'edited' AND edit_distance >= 200 THEN 1 ELSE 0 END AS heavy, \
+        received_at_ms AS sig_ms, CAST(NULL AS TEXT) AS model, CAST(NULL AS TEXT) AS provider, \
+        CAST(NULL AS TEXT) AS env, CAST(NULL AS TEXT) AS user_id, CAST(NULL AS BIGINT) AS cost, \
+        CAST(NULL AS BIGINT) AS ttfb, CAST(NULL AS BIGINT) AS req_ms \
+        FROM signals WHERE agent IS NOT NULL \
+        UNION ALL SELECT agent, session_id, 0, NULL, 0, 0, NULL, COALESCE(answered_model, model), \
+        provider, env, user_id, cost_micros, ttfb_ms, started_at_ms \
+        FROM requests WHERE agent IS NOT NULL AND session_id IS NOT NULL) AS u \
+        GROUP BY agent, session_id";
+
+    #[derive(DeriveIden)]
+    enum SessionRollups {
+        Table,
+        Agent,
+        SessionId,
+        Signals,
+        SigKey,
+        Regens,
+        Heavy,
+        FirstSignalMs,
+        Requests,
+        ModelMin,
+        ModelMax,
+        ProviderMin,
+        ProviderMax,
+        Env,
+        UserId,
+        Cost,
+        Ttfb,
+        FirstRequestMs,
+        LastRequestMs,
+        LastMs,
+    }
+
+    #[async_trait::async_trait]
+    impl MigrationTrait for Migration {
+        async fn up(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            use SessionRollups as R;
+            let count = |c: R| ColumnDef::new(c).big_integer().not_null().to_owned();
+            let int = |c: R| ColumnDef::new(c).big_integer().null().to_owned();
+            let text = |c: R| ColumnDef::new(c).string().null().to_owned();
+            m.create_table(
+                Table::create()
+                    .table(R::Table)
+                    .if_not_exists()
+                    .col(ColumnDef::new(R::Agent).string().not_null())
+                    .col(ColumnDef::new(R::SessionId).string().not_null())
+                    // Signals: number, max(received_at_ms * 4 + class), regenerations, heavy
+                    // edits, first signal.
+                    .col(count(R::Signals))
+                    .col(int(R::SigKey))
+                    .col(count(R::Regens))
+                    .col(count(R::Heavy))
+                    .col(int(R::FirstSignalMs))
+                    // Requests: number, model and provider range, env, end user, known cost,
+                    // slowest TTFB, first and last.
+                    .col(count(R::Requests))
+                    .col(text(R::ModelMin))
+                    .col(text(R::ModelMax))
+                    .col(text(R::ProviderMin))
+                    .col(text(R::ProviderMax))
+                    .col(text(R::Env))
+                    .col(text(R::UserId))
+                    .col(int(R::Cost))
+                    .col(int(R::Ttfb))
+                    .col(int(R::FirstRequestMs))
+                    .col(int(R::LastRequestMs))
+                    // The last signal or request.
+                    .col(ColumnDef::new(R::LastMs).big_integer().not_null())
+                    .primary_key(Index::create().col(R::Agent).col(R::SessionId))
+                    .to_owned(),
+            )
+            .await?;
+            // An agent's sessions active since a time: the analytics window.
+            m.create_index(
+                Index::create()
+                    .name("idx_session_rollups_agent_last")
+                    .table(R::Table)
+                    .col(R::Agent)
+                    .col(R::LastMs)
+                    .if_not_exists()
+                    .to_owned(),
+            )
+            .await?;
+            m.get_connection().execute_unprepared(BACKFILL).await?;
+            Ok(())
+        }
+
+        async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            m.drop_table(Table::drop().table(SessionRollups::Table).to_owned())
                 .await
         }
     }
