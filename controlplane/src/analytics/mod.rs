@@ -367,3 +367,6 @@ mod tests {
 
 #[cfg(test)]
 mod ground_truth_tests;
+
+#[cfg(test)]
+mod rollup_tests;

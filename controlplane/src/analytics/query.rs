@@ -144,7 +144,7 @@ const SESSION_FROM_ROWS: &str = "MAX(sig_key) % 4, MAX(sig_key) / 4, \
 ///
 /// `s` keeps the sessions without a signal in the window too (`signals = 0`), for the cost per
 /// end user; outcome measures count only the sessions with signals.
-fn push_sessions(sql: &mut Sql, agent: &str, since: i64, until: i64) {
+pub(crate) fn push_sessions(sql: &mut Sql, agent: &str, since: i64, until: i64) {
     let request_since = since - REQUEST_LOOKBACK_MS;
     sql.push("WITH e AS (SELECT session_id FROM session_rollups WHERE agent = ")
         .bind(agent.to_owned())
@@ -247,10 +247,35 @@ pub async fn aggregates(
     recent_since: i64,
     previous_since: i64,
 ) -> Result<Aggregates> {
+    aggregates_over(
+        store,
+        push_sessions,
+        agent,
+        since,
+        until,
+        recent_since,
+        previous_since,
+    )
+    .await
+}
+
+/// Appends the CTEs ending in the per-session table `s` (see [`push_sessions`]).
+pub(crate) type PushSessions = fn(&mut Sql, &str, i64, i64);
+
+/// [`aggregates`] over the per-session table `sessions` builds.
+pub(crate) async fn aggregates_over(
+    store: &Store,
+    sessions: PushSessions,
+    agent: &str,
+    since: i64,
+    until: i64,
+    recent_since: i64,
+    previous_since: i64,
+) -> Result<Aggregates> {
     let db = store.conn();
     let backend = db.get_database_backend();
     let mut sql = Sql::new(backend, "");
-    push_sessions(&mut sql, agent, since, until);
+    sessions(&mut sql, agent, since, until);
     let mut ttfb = String::from("CASE WHEN ttfb IS NULL THEN NULL");
     for (i, bound) in TTFB_BANDS_MS.iter().enumerate() {
         ttfb.push_str(&format!(" WHEN ttfb < {bound} THEN '{i}'"));
@@ -353,6 +378,19 @@ pub async fn outcome_rates(
     until: i64,
     limit: u32,
 ) -> Result<Vec<OutcomeRow>> {
+    outcome_rates_over(store, push_sessions, agent, dims, since, until, limit).await
+}
+
+/// [`outcome_rates`] over the per-session table `sessions` builds.
+pub(crate) async fn outcome_rates_over(
+    store: &Store,
+    sessions: PushSessions,
+    agent: &str,
+    dims: &[Dimension],
+    since: i64,
+    until: i64,
+    limit: u32,
+) -> Result<Vec<OutcomeRow>> {
     let db = store.conn();
     let backend: DatabaseBackend = db.get_database_backend();
     let limit = match limit {
@@ -360,7 +398,7 @@ pub async fn outcome_rates(
         n => n.min(MAX_RATE_ROWS),
     };
     let mut sql = Sql::new(backend, "");
-    push_sessions(&mut sql, agent, since, until);
+    sessions(&mut sql, agent, since, until);
     let keys: Vec<String> = dims
         .iter()
         .enumerate()
