@@ -375,21 +375,36 @@ async fn aggregates_with(
         .unwrap()
 }
 
-/// Rollup rows straddling the first window's start: the edge path must be exercised.
+/// Rollup rows with rows on both sides of a window edge: the edge path must be exercised.
 async fn straddling(store: &Store) -> u64 {
-    let (since, _) = windows()[0];
-    let mut sql = Sql::new(
-        store.backend(),
-        "SELECT COUNT(*) AS n FROM session_rollups WHERE first_signal_ms < ",
-    );
-    sql.bind(since).push(" AND sig_key >= ").bind(since * 4);
-    let row = store
-        .conn()
-        .query_one_raw(sql.build())
-        .await
-        .unwrap()
-        .unwrap();
-    crate::sql::count(&row, "n").unwrap()
+    let mut n = 0;
+    for (since, until) in windows() {
+        let request_since = since - REQUEST_LOOKBACK_MS;
+        let mut sql = Sql::new(
+            store.backend(),
+            "SELECT COUNT(*) AS n FROM session_rollups WHERE (first_signal_ms < ",
+        );
+        sql.bind(since)
+            .push(" AND sig_key >= ")
+            .bind(since * 4)
+            .push(") OR (first_request_ms < ")
+            .bind(request_since)
+            .push(" AND last_request_ms >= ")
+            .bind(request_since)
+            .push(") OR (COALESCE(first_signal_ms, first_request_ms) < ")
+            .bind(until)
+            .push(" AND last_ms >= ")
+            .bind(until)
+            .push(")");
+        let row = store
+            .conn()
+            .query_one_raw(sql.build())
+            .await
+            .unwrap()
+            .unwrap();
+        n += crate::sql::count(&row, "n").unwrap();
+    }
+    n
 }
 
 async fn ingested_traffic_matches(url: &str, seed: u64) {
