@@ -70,6 +70,17 @@ impl Dimension {
         }
     }
 
+    /// The same expression over a `session_rollups` row.
+    fn rollup_expr(self) -> &'static str {
+        match self {
+            Dimension::Model => "CASE WHEN model_min = model_max THEN model_min END",
+            Dimension::Provider => "CASE WHEN provider_min = provider_max THEN provider_min END",
+            Dimension::Env => "env",
+            Dimension::Week => "CAST((sig_key / 4 + 259200000) / 604800000 AS TEXT)",
+            Dimension::User => "user_id",
+        }
+    }
+
     /// The stored key as shown: the Monday's date for a week.
     fn show(self, raw: Option<String>) -> Option<String> {
         match self {
@@ -102,55 +113,100 @@ pub(crate) fn class_case() -> String {
 }
 
 /// Measures over the sessions of `s` that have signals (`s` also holds the agent's sessions
-/// without any, for their cost).
-const MEASURES: &str = "CAST(COALESCE(SUM(CASE WHEN signals > 0 THEN 1 ELSE 0 END), 0) AS BIGINT) AS sessions, \
-     CAST(COALESCE(SUM(signals), 0) AS BIGINT) AS signals, \
-     CAST(COALESCE(SUM(CASE WHEN cls = 1 THEN 1 ELSE 0 END), 0) AS BIGINT) AS successes, \
-     CAST(COALESCE(SUM(CASE WHEN cls = 2 THEN 1 ELSE 0 END), 0) AS BIGINT) AS abandoned, \
-     CAST(COALESCE(SUM(CASE WHEN regens > 0 THEN 1 ELSE 0 END), 0) AS BIGINT) AS regenerated, \
-     CAST(COALESCE(SUM(CASE WHEN heavy > 0 THEN 1 ELSE 0 END), 0) AS BIGINT) AS heavily_edited, \
-     CAST(COALESCE(SUM(regens), 0) AS BIGINT) AS regenerations, \
-     CAST(COALESCE(SUM(CASE WHEN signals > 0 THEN cost ELSE 0 END), 0) AS BIGINT) AS cost_micros, \
-     CAST(COALESCE(SUM(CASE WHEN signals > 0 THEN requests ELSE 0 END), 0) AS BIGINT) AS requests, \
-     CAST(COALESCE(SUM(cost), 0) AS BIGINT) AS all_cost";
+/// without any, for their cost); `cls` is the session's outcome class.
+fn measures(cls: &str) -> String {
+    format!(
+        "CAST(COALESCE(SUM(CASE WHEN signals > 0 THEN 1 ELSE 0 END), 0) AS BIGINT) AS sessions, \
+         CAST(COALESCE(SUM(signals), 0) AS BIGINT) AS signals, \
+         CAST(COALESCE(SUM(CASE WHEN {cls} = 1 THEN 1 ELSE 0 END), 0) AS BIGINT) AS successes, \
+         CAST(COALESCE(SUM(CASE WHEN {cls} = 2 THEN 1 ELSE 0 END), 0) AS BIGINT) AS abandoned, \
+         CAST(COALESCE(SUM(CASE WHEN regens > 0 THEN 1 ELSE 0 END), 0) AS BIGINT) AS regenerated, \
+         CAST(COALESCE(SUM(CASE WHEN heavy > 0 THEN 1 ELSE 0 END), 0) AS BIGINT) AS heavily_edited, \
+         CAST(COALESCE(SUM(regens), 0) AS BIGINT) AS regenerations, \
+         CAST(COALESCE(SUM(CASE WHEN signals > 0 THEN cost ELSE 0 END), 0) AS BIGINT) AS cost_micros, \
+         CAST(COALESCE(SUM(CASE WHEN signals > 0 THEN requests ELSE 0 END), 0) AS BIGINT) AS requests, \
+         CAST(COALESCE(SUM(cost), 0) AS BIGINT) AS all_cost"
+    )
+}
 
-/// A session of `s` from its rollup row (`session_rollups`).
-const SESSION_FROM_ROLLUP: &str = "sig_key % 4 AS cls, sig_key / 4 AS last_ms, regens, heavy, \
-     signals, CASE WHEN model_min = model_max THEN model_min END AS model, \
-     CASE WHEN provider_min = provider_max THEN provider_min END AS provider, env, user_id, cost, \
-     ttfb, requests";
+/// The measure columns [`measures`] names, in order.
+const MEASURE_NAMES: [&str; 10] = [
+    "sessions",
+    "signals",
+    "successes",
+    "abandoned",
+    "regenerated",
+    "heavily_edited",
+    "regenerations",
+    "cost_micros",
+    "requests",
+    "all_cost",
+];
 
 /// A session of `s` from its rows (signals and requests in the shape of
-/// [`rollup::signal_rows`]), grouped by session: the same values as [`SESSION_FROM_ROLLUP`].
-const SESSION_FROM_ROWS: &str = "MAX(sig_key) % 4, MAX(sig_key) / 4, \
-     CAST(SUM(regen) AS BIGINT), CAST(SUM(heavy) AS BIGINT), CAST(SUM(is_sig) AS BIGINT), \
-     CASE WHEN MIN(model) = MAX(model) THEN MIN(model) END, \
-     CASE WHEN MIN(provider) = MAX(provider) THEN MIN(provider) END, MAX(env), MAX(user_id), \
-     CAST(SUM(cost) AS BIGINT), MAX(ttfb), CAST(SUM(1 - is_sig) AS BIGINT)";
+/// [`rollup::signal_rows`]), grouped by session.
+const SESSION_FROM_ROWS: &str = "MAX(sig_key) % 4 AS cls, MAX(sig_key) / 4 AS last_ms, \
+     CAST(SUM(regen) AS BIGINT) AS regens, CAST(SUM(heavy) AS BIGINT) AS heavy, \
+     CAST(SUM(is_sig) AS BIGINT) AS signals, \
+     CASE WHEN MIN(model) = MAX(model) THEN MIN(model) END AS model, \
+     CASE WHEN MIN(provider) = MAX(provider) THEN MIN(provider) END AS provider, \
+     MAX(env) AS env, MAX(user_id) AS user_id, CAST(SUM(cost) AS BIGINT) AS cost, \
+     MAX(ttfb) AS ttfb, CAST(SUM(1 - is_sig) AS BIGINT) AS requests";
 
-/// Appends the CTEs that end in `s`, the per-session table of `agent` over `[since, until)`;
-/// the statement continues with a `SELECT` over `s`.
-///
-/// `s` is what grouping the agent's signals in the window and its requests (from
-/// [`REQUEST_LOOKBACK_MS`] before the window) by session gives, read mostly from the rollup:
-///
-/// - a session whose signals all lie in `[since, until)` and whose requests all lie in
-///   `[since - REQUEST_LOOKBACK_MS, until)` is its rollup row as it is (the rows of the session
-///   are exactly the rows the window holds);
-/// - the few sessions that straddle an edge of the window (`e`: some of their rows, or all, lie
-///   outside it) are grouped from their rows in the window (`u`), found by session id;
-/// - sessions whose last activity is before the window are skipped by the index on
-///   `(agent, last_ms)`.
+/// Where the per-session table comes from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Source {
+    /// `session_rollups` for the sessions whole inside the window, and the rows of the few
+    /// that straddle an edge of it ([`push_edge_sessions`]).
+    Rollup,
+    /// Every session from its rows, in the CTE `s` the function appends (the tests' reference:
+    /// the statement before the rollup).
+    #[cfg(test)]
+    Rows(PushSessions),
+}
+
+/// Appends the CTEs ending in `s`, a per-session table of `agent` over `[since, until)`.
+pub(crate) type PushSessions = fn(&mut Sql, &str, i64, i64);
+
+/// Appends the condition that a `session_rollups` row of `agent` lies whole inside the
+/// window: its signals in `[since, until)` and its requests in `[since - REQUEST_LOOKBACK_MS,
+/// until)`. Such a row is exactly what grouping the session's rows in the window gives. The
+/// range on `last_active_ms` is what the indexes serve.
+fn push_inside(sql: &mut Sql, agent: &str, since: i64, until: i64) {
+    let request_since = since - REQUEST_LOOKBACK_MS;
+    sql.push("agent = ")
+        .bind(agent.to_owned())
+        .push(" AND last_active_ms >= ")
+        .bind(request_since)
+        .push(" AND last_active_ms < ")
+        .bind(until)
+        .push(" AND COALESCE(first_signal_ms, ")
+        .bind(since)
+        .push(") >= ")
+        .bind(since)
+        .push(" AND COALESCE(first_request_ms, ")
+        .bind(request_since)
+        .push(") >= ")
+        .bind(request_since);
+}
+
+/// Appends the CTEs ending in `s`: the sessions of `agent` that straddle an edge of the window
+/// (some of their rows lie outside it: exactly the rollup rows with activity in the window that
+/// [`push_inside`] rejects), grouped from their rows in the window as the analytics did before
+/// the rollup: the agent's signals in `[since, until)` and its requests from
+/// [`REQUEST_LOOKBACK_MS`] before, grouped by session. Few sessions, found by session id.
 ///
 /// `s` keeps the sessions without a signal in the window too (`signals = 0`), for the cost per
 /// end user; outcome measures count only the sessions with signals.
-pub(crate) fn push_sessions(sql: &mut Sql, agent: &str, since: i64, until: i64) {
+fn push_edge_sessions(sql: &mut Sql, agent: &str, since: i64, until: i64) {
     let request_since = since - REQUEST_LOOKBACK_MS;
+    // `agent || ''` and `+ 0` keep SQLite off the agent and time indexes, so it looks the few
+    // sessions up by id instead of scanning every row of the agent.
     sql.push("WITH e AS (SELECT session_id FROM session_rollups WHERE agent = ")
         .bind(agent.to_owned())
-        .push(" AND last_ms >= ")
+        .push(" AND last_active_ms >= ")
         .bind(request_since)
-        .push(" AND (last_ms >= ")
+        .push(" AND (last_active_ms >= ")
         .bind(until)
         .push(" OR COALESCE(first_signal_ms, ")
         .bind(since)
@@ -161,42 +217,25 @@ pub(crate) fn push_sessions(sql: &mut Sql, agent: &str, since: i64, until: i64) 
         .push(") < ")
         .bind(request_since)
         .push(&format!(
-            ")), u AS ({} WHERE agent = ",
-            rollup::signal_rows(false, "signals")
+            ")), u AS ({} WHERE t.session_id = e.session_id AND t.agent || '' = ",
+            rollup::signal_rows("t.session_id AS session_id", "e CROSS JOIN signals AS t")
         ))
         .bind(agent.to_owned())
-        .push(" AND received_at_ms >= ")
+        .push(" AND t.received_at_ms + 0 >= ")
         .bind(since)
-        .push(" AND received_at_ms < ")
+        .push(" AND t.received_at_ms + 0 < ")
         .bind(until)
         .push(&format!(
-            " AND session_id IN (SELECT session_id FROM e) UNION ALL {} WHERE agent = ",
-            rollup::request_rows(false, "requests")
+            " UNION ALL {} WHERE t.session_id = e.session_id AND t.agent || '' = ",
+            rollup::request_rows("t.session_id AS session_id", "e CROSS JOIN requests AS t")
         ))
         .bind(agent.to_owned())
-        .push(" AND started_at_ms >= ")
+        .push(" AND t.started_at_ms + 0 >= ")
         .bind(request_since)
-        .push(" AND started_at_ms < ")
+        .push(" AND t.started_at_ms + 0 < ")
         .bind(until)
         .push(&format!(
-            " AND session_id IN (SELECT session_id FROM e)), \
-             s AS MATERIALIZED (SELECT {SESSION_FROM_ROLLUP} FROM session_rollups WHERE agent = "
-        ))
-        .bind(agent.to_owned())
-        .push(" AND last_ms >= ")
-        .bind(request_since)
-        .push(" AND last_ms < ")
-        .bind(until)
-        .push(" AND COALESCE(first_signal_ms, ")
-        .bind(since)
-        .push(") >= ")
-        .bind(since)
-        .push(" AND COALESCE(first_request_ms, ")
-        .bind(request_since)
-        .push(") >= ")
-        .bind(request_since)
-        .push(&format!(
-            " UNION ALL SELECT {SESSION_FROM_ROWS} FROM u GROUP BY session_id) "
+            "), s AS MATERIALIZED (SELECT {SESSION_FROM_ROWS} FROM u GROUP BY session_id) "
         ));
 }
 
@@ -247,9 +286,9 @@ pub async fn aggregates(
     recent_since: i64,
     previous_since: i64,
 ) -> Result<Aggregates> {
-    aggregates_over(
+    aggregates_from(
         store,
-        push_sessions,
+        Source::Rollup,
         agent,
         since,
         until,
@@ -259,13 +298,20 @@ pub async fn aggregates(
     .await
 }
 
-/// Appends the CTEs ending in the per-session table `s` (see [`push_sessions`]).
-pub(crate) type PushSessions = fn(&mut Sql, &str, i64, i64);
+/// The time-to-first-byte band of `ttfb` as text (`'0'`.., NULL without a TTFB).
+fn ttfb_band() -> String {
+    let mut band = String::from("CASE WHEN ttfb IS NULL THEN NULL");
+    for (i, bound) in TTFB_BANDS_MS.iter().enumerate() {
+        band.push_str(&format!(" WHEN ttfb < {bound} THEN '{i}'"));
+    }
+    band.push_str(&format!(" ELSE '{}' END", TTFB_BANDS_MS.len()));
+    band
+}
 
-/// [`aggregates`] over the per-session table `sessions` builds.
-pub(crate) async fn aggregates_over(
+/// [`aggregates`] over the per-session table of `source`.
+pub(crate) async fn aggregates_from(
     store: &Store,
-    sessions: PushSessions,
+    source: Source,
     agent: &str,
     since: i64,
     until: i64,
@@ -275,46 +321,100 @@ pub(crate) async fn aggregates_over(
     let db = store.conn();
     let backend = db.get_database_backend();
     let mut sql = Sql::new(backend, "");
-    sessions(&mut sql, agent, since, until);
-    let mut ttfb = String::from("CASE WHEN ttfb IS NULL THEN NULL");
-    for (i, bound) in TTFB_BANDS_MS.iter().enumerate() {
-        ttfb.push_str(&format!(" WHEN ttfb < {bound} THEN '{i}'"));
+    match source {
+        Source::Rollup => push_edge_sessions(&mut sql, agent, since, until),
+        #[cfg(test)]
+        Source::Rows(push) => push(&mut sql, agent, since, until),
     }
-    ttfb.push_str(&format!(" ELSE '{}' END", TTFB_BANDS_MS.len()));
-    // Two groupings, two passes over `s`: a small cube of model x provider x env x TTFB band x
-    // trend period (a few hundred rows at most, rolled up below: every measure is a sum), and
-    // one row per end user.
+    let band = ttfb_band();
+    // Over `s`, two groupings: a small cube of model x provider x env x TTFB band x trend
+    // period (a few hundred rows at most, rolled up below: every measure is a sum), and one row
+    // per end user.
     sql.push(&format!(
-        "SELECT 'cube' AS g, model AS k1, provider AS k2, env AS k3, {ttfb} AS k4, \
+        "SELECT 'cube' AS g, model AS k1, provider AS k2, env AS k3, {band} AS k4, \
          CASE WHEN last_ms >= "
     ))
     .bind(recent_since)
     .push(" THEN 'recent' WHEN last_ms >= ")
     .bind(previous_since)
     .push(&format!(
-        " THEN 'previous' END AS k5, {MEASURES} FROM s WHERE signals > 0 GROUP BY 2, 3, 4, 5, 6 \
-         UNION ALL SELECT 'user', user_id, NULL, NULL, NULL, NULL, {MEASURES} FROM s \
-         WHERE user_id IS NOT NULL GROUP BY user_id"
+        " THEN 'previous' END AS k5, {} FROM s WHERE signals > 0 GROUP BY 2, 3, 4, 5, 6 \
+         UNION ALL SELECT 'user', user_id, NULL, NULL, NULL, NULL, {} FROM s \
+         WHERE user_id IS NOT NULL GROUP BY user_id",
+        measures("cls"),
+        measures("cls")
     ));
+    if let Source::Rollup = source {
+        // The sessions inside the window, from their rollup rows, in four passes that each
+        // read sessions in the order of an index and never sort them (see m0006): the cube
+        // without the trend period (grouped by the raw columns, so by TTFB and not its band),
+        // the two trend periods (ranges of the last activity; a session's last signal is
+        // `sig_key / 4`, never after its last activity), and the end users.
+        let rollup = measures("sig_key % 4");
+        sql.push(&format!(
+            " UNION ALL SELECT 'cube', {}, {}, env, {band}, CAST(NULL AS TEXT), {rollup} \
+             FROM session_rollups WHERE ",
+            Dimension::Model.rollup_expr(),
+            Dimension::Provider.rollup_expr(),
+        ));
+        push_inside(&mut sql, agent, since, until);
+        sql.push(
+            " AND signals > 0 \
+             GROUP BY model_min, model_max, provider_min, provider_max, env, ttfb",
+        );
+        for (name, from, to) in [
+            ("recent", recent_since, until),
+            ("previous", previous_since, recent_since),
+        ] {
+            sql.push(&format!(
+                " UNION ALL SELECT '{name}', NULL, NULL, NULL, NULL, NULL, {rollup} \
+                 FROM session_rollups WHERE "
+            ));
+            push_inside(&mut sql, agent, since, until);
+            sql.push(" AND signals > 0 AND last_active_ms >= ")
+                .bind(from)
+                .push(" AND sig_key >= ")
+                .bind(from.saturating_mul(4))
+                .push(" AND sig_key < ")
+                .bind(to.saturating_mul(4));
+        }
+        sql.push(&format!(
+            " UNION ALL SELECT 'user', user_id, NULL, NULL, NULL, NULL, {rollup} \
+             FROM session_rollups WHERE "
+        ));
+        push_inside(&mut sql, agent, since, until);
+        sql.push(" AND user_id IS NOT NULL GROUP BY user_id");
+    }
 
     let mut out = Aggregates::default();
     let mut by_model: BTreeMap<Option<String>, OutcomeRow> = BTreeMap::new();
     let mut by_provider: BTreeMap<Option<String>, OutcomeRow> = BTreeMap::new();
     let mut by_env: BTreeMap<Option<String>, OutcomeRow> = BTreeMap::new();
     let mut by_ttfb: BTreeMap<usize, OutcomeRow> = BTreeMap::new();
+    let mut by_user: BTreeMap<String, (OutcomeRow, u64)> = BTreeMap::new();
     for row in run(store, sql.build()).await? {
         let group: String = row.try_get("", "g")?;
         let k = |i: usize| row.try_get::<Option<String>>("", &format!("k{i}"));
         let (k1, k2, k3, k4, k5) = (k(1)?, k(2)?, k(3)?, k(4)?, k(5)?);
-        let m = measures(&row, Vec::new())?;
-        if group == "user" {
-            if let Some(user) = k1.clone() {
-                out.user_costs.push((user, count(&row, "all_cost")?));
-                if m.sessions > 0 {
-                    out.by_user.push(OutcomeRow { key: vec![k1], ..m });
+        let m = measures_of(&row, Vec::new())?;
+        match group.as_str() {
+            "user" => {
+                if let Some(user) = k1 {
+                    let e = by_user.entry(user).or_default();
+                    add(&mut e.0, &m);
+                    e.1 += count(&row, "all_cost")?;
                 }
+                continue;
             }
-            continue;
+            "recent" => {
+                add(&mut out.recent, &m);
+                continue;
+            }
+            "previous" => {
+                add(&mut out.previous, &m);
+                continue;
+            }
+            _ => {}
         }
         add(&mut out.total, &m);
         add(by_model.entry(k1).or_default(), &m);
@@ -338,6 +438,15 @@ pub(crate) async fn aggregates_over(
     out.by_provider = keyed(by_provider);
     out.by_env = keyed(by_env);
     out.by_ttfb = by_ttfb.into_iter().collect();
+    for (user, (m, all_cost)) in by_user {
+        out.user_costs.push((user.clone(), all_cost));
+        if m.sessions > 0 {
+            out.by_user.push(OutcomeRow {
+                key: vec![Some(user)],
+                ..m
+            });
+        }
+    }
     for rows in [
         &mut out.by_model,
         &mut out.by_provider,
@@ -378,13 +487,13 @@ pub async fn outcome_rates(
     until: i64,
     limit: u32,
 ) -> Result<Vec<OutcomeRow>> {
-    outcome_rates_over(store, push_sessions, agent, dims, since, until, limit).await
+    outcome_rates_from(store, Source::Rollup, agent, dims, since, until, limit).await
 }
 
-/// [`outcome_rates`] over the per-session table `sessions` builds.
-pub(crate) async fn outcome_rates_over(
+/// [`outcome_rates`] over the per-session table of `source`.
+pub(crate) async fn outcome_rates_from(
     store: &Store,
-    sessions: PushSessions,
+    source: Source,
     agent: &str,
     dims: &[Dimension],
     since: i64,
@@ -398,24 +507,54 @@ pub(crate) async fn outcome_rates_over(
         n => n.min(MAX_RATE_ROWS),
     };
     let mut sql = Sql::new(backend, "");
-    sessions(&mut sql, agent, since, until);
-    let keys: Vec<String> = dims
+    match source {
+        Source::Rollup => push_edge_sessions(&mut sql, agent, since, until),
+        #[cfg(test)]
+        Source::Rows(push) => push(&mut sql, agent, since, until),
+    }
+    let keys = |expr: fn(Dimension) -> &'static str| -> String {
+        dims.iter()
+            .enumerate()
+            .map(|(i, d)| format!("{} AS k{i}, ", expr(*d)))
+            .collect()
+    };
+    let numbers: Vec<String> = (1..=dims.len()).map(|i| i.to_string()).collect();
+    let group = if dims.is_empty() {
+        String::new()
+    } else {
+        format!(" GROUP BY {}", numbers.join(", "))
+    };
+    // The groups of `s` and, for the sessions inside the window, of their rollup rows, summed.
+    sql.push(&format!(
+        ", r AS (SELECT {}{} FROM s WHERE signals > 0{group}",
+        keys(Dimension::expr),
+        measures("cls")
+    ));
+    if let Source::Rollup = source {
+        sql.push(&format!(
+            " UNION ALL SELECT {}{} FROM session_rollups WHERE ",
+            keys(Dimension::rollup_expr),
+            measures("sig_key % 4")
+        ));
+        push_inside(&mut sql, agent, since, until);
+        sql.push(&format!(" AND signals > 0{group}"));
+    }
+    let sums: Vec<String> = MEASURE_NAMES
         .iter()
-        .enumerate()
-        .map(|(i, d)| format!("{} AS k{i}", d.expr()))
+        .map(|m| format!("CAST(COALESCE(SUM({m}), 0) AS BIGINT) AS {m}"))
         .collect();
-    let mut select = keys.join(", ");
+    let outer_keys: Vec<String> = (0..dims.len()).map(|i| format!("k{i}")).collect();
+    let mut select = outer_keys.join(", ");
     if !select.is_empty() {
         select.push_str(", ");
     }
-    sql.push(&format!(
-        "SELECT {select}{MEASURES} FROM s WHERE signals > 0"
-    ));
+    sql.push(&format!(") SELECT {select}{} FROM r", sums.join(", ")));
     if !dims.is_empty() {
-        let group: Vec<String> = (1..=dims.len()).map(|i| i.to_string()).collect();
-        sql.push(&format!(" GROUP BY {}", group.join(", ")));
-        let order: Vec<String> = (1..=dims.len()).map(|i| i.to_string()).collect();
-        sql.push(&format!(" ORDER BY sessions DESC, {}", order.join(", ")));
+        sql.push(&format!(
+            " GROUP BY {} ORDER BY sessions DESC, {}",
+            numbers.join(", "),
+            numbers.join(", ")
+        ));
     }
     sql.push(" LIMIT ").bind(i64::from(limit));
     let mut rows = Vec::new();
@@ -425,7 +564,7 @@ pub(crate) async fn outcome_rates_over(
             .enumerate()
             .map(|(i, d)| Ok(d.show(row.try_get::<Option<String>>("", &format!("k{i}"))?)))
             .collect::<Result<Vec<_>>>()?;
-        let m = measures(&row, key)?;
+        let m = measures_of(&row, key)?;
         if m.sessions > 0 {
             rows.push(m);
         }
@@ -433,7 +572,7 @@ pub(crate) async fn outcome_rates_over(
     Ok(rows)
 }
 
-fn measures(row: &QueryResult, key: Vec<Option<String>>) -> Result<OutcomeRow> {
+fn measures_of(row: &QueryResult, key: Vec<Option<String>>) -> Result<OutcomeRow> {
     Ok(OutcomeRow {
         key,
         sessions: count(row, "sessions")?,

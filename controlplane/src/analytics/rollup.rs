@@ -11,7 +11,7 @@
 //! requests of the session: their number, the smallest and largest model (as answered, else as
 //! requested) and provider, the largest env and end user, the known cost (NULL while no request
 //! has a known cost, exactly like `SUM`), the slowest time to first byte and the first and last
-//! request's time; and the session's last activity (`last_ms`, indexed with the agent).
+//! request's time; and the session's last activity (`last_active_ms`).
 //!
 //! Only rows stored for the first time are added: duplicates of records (a resent batch) and of
 //! signals (a retried `Idempotency-Key`) are skipped by their inserts and never reach here. Rows
@@ -53,7 +53,7 @@ pub(crate) const COLUMNS: [&str; 17] = [
     "ttfb",
     "first_request_ms",
     "last_request_ms",
-    "last_ms",
+    "last_active_ms",
 ];
 
 /// The rollup columns as aggregates over rows of the shape [`signal_rows`] and [`request_rows`]
@@ -81,18 +81,17 @@ fn merge(col: &str) -> String {
 
 /// `SELECT`s one row per signal of `source` (a table or subquery with the columns `agent`,
 /// `session_id`, `received_at_ms`, `action` and `edit_distance`), in the shape the aggregates
-/// read: `agent` (when `with_agent`), `session_id`, `is_sig`, `sig_key` (time · 4 + class),
-/// `regen`, `heavy`, `sig_ms`, and the request columns as NULLs. The statement may continue with
-/// a `WHERE`.
-pub(crate) fn signal_rows(with_agent: bool, source: &str) -> String {
+/// read: the columns `keys` (`agent, session_id` or `session_id`), `is_sig`, `sig_key` (time · 4
+/// + class), `regen`, `heavy`, `sig_ms`, and the request columns as NULLs. The statement may
+/// continue with a `WHERE`.
+pub(crate) fn signal_rows(keys: &str, source: &str) -> String {
     format!(
-        "SELECT {}session_id, 1 AS is_sig, received_at_ms * 4 + {} AS sig_key, \
+        "SELECT {keys}, 1 AS is_sig, received_at_ms * 4 + {} AS sig_key, \
          CASE WHEN action = '{}' THEN 1 ELSE 0 END AS regen, \
          CASE WHEN action = '{}' AND edit_distance >= {HEAVY_EDIT_CHARS} THEN 1 ELSE 0 END AS heavy, \
          received_at_ms AS sig_ms, CAST(NULL AS TEXT) AS model, CAST(NULL AS TEXT) AS provider, \
          CAST(NULL AS TEXT) AS env, CAST(NULL AS TEXT) AS user_id, CAST(NULL AS BIGINT) AS cost, \
          CAST(NULL AS BIGINT) AS ttfb, CAST(NULL AS BIGINT) AS req_ms FROM {source}",
-        if with_agent { "agent, " } else { "" },
         class_case(),
         Action::Regenerated,
         Action::Edited,
@@ -102,13 +101,12 @@ pub(crate) fn signal_rows(with_agent: bool, source: &str) -> String {
 /// `SELECT`s one row per request of `source` (a table or subquery with the columns of
 /// `requests` the analytics read) in the shape of [`signal_rows`], alone or after it in a
 /// `UNION ALL`. The statement may continue with a `WHERE`.
-pub(crate) fn request_rows(with_agent: bool, source: &str) -> String {
+pub(crate) fn request_rows(keys: &str, source: &str) -> String {
     format!(
-        "SELECT {}session_id, 0 AS is_sig, CAST(NULL AS BIGINT) AS sig_key, 0 AS regen, \
+        "SELECT {keys}, 0 AS is_sig, CAST(NULL AS BIGINT) AS sig_key, 0 AS regen, \
          0 AS heavy, CAST(NULL AS BIGINT) AS sig_ms, COALESCE(answered_model, model) AS model, \
          provider, env, user_id, cost_micros AS cost, ttfb_ms AS ttfb, started_at_ms AS req_ms \
-         FROM {source}",
-        if with_agent { "agent, " } else { "" },
+         FROM {source}"
     )
 }
 
@@ -179,7 +177,7 @@ const REQUEST_VALUES: [&str; 10] = [
 /// The upsert of `rows` signals (bound in [`SIGNAL_VALUES`] order).
 fn signals_sql(backend: DatabaseBackend, rows: usize) -> String {
     upsert(&signal_rows(
-        true,
+        "agent, session_id",
         &format!("({}) AS r", values(backend, rows, &SIGNAL_VALUES)),
     ))
 }
@@ -187,7 +185,7 @@ fn signals_sql(backend: DatabaseBackend, rows: usize) -> String {
 /// The upsert of `rows` requests (bound in [`REQUEST_VALUES`] order).
 fn requests_sql(backend: DatabaseBackend, rows: usize) -> String {
     upsert(&request_rows(
-        true,
+        "agent, session_id",
         &format!("({}) AS r", values(backend, rows, &REQUEST_VALUES)),
     ))
 }
@@ -306,7 +304,7 @@ pub(crate) async fn rebuild_session<C: ConnectionTrait>(
             "INSERT INTO session_rollups (agent, session_id, {}) SELECT agent, session_id, \
              {AGGREGATES} FROM ({} WHERE session_id = ",
             set.join(", "),
-            signal_rows(true, "signals")
+            signal_rows("agent, session_id", "signals")
         ))
         .bind(session_id.to_owned())
         .push(" AND agent");
@@ -314,7 +312,7 @@ pub(crate) async fn rebuild_session<C: ConnectionTrait>(
     insert
         .push(&format!(
             " UNION ALL {} WHERE session_id = ",
-            request_rows(true, "requests")
+            request_rows("agent, session_id", "requests")
         ))
         .bind(session_id.to_owned())
         .push(" AND agent");

@@ -14,8 +14,8 @@ use sea_orm_migration::MigratorTrait;
 
 use super::outcome::HEAVY_EDIT_CHARS;
 use super::query::{
-    Aggregates, Dimension, PushSessions, REQUEST_LOOKBACK_MS, aggregates_over, class_case,
-    outcome_rates_over,
+    Aggregates, Dimension, REQUEST_LOOKBACK_MS, Source, aggregates_from, class_case,
+    outcome_rates_from,
 };
 use super::rollup::{self, SignalFacts};
 use super::synthetic::Rng;
@@ -317,9 +317,11 @@ async fn assert_rollup_matches_raw(store: &Store) -> u64 {
         for (since, until) in windows() {
             let recent = until - (until - since) / 3;
             let previous = recent - (until - since) / 3;
-            let got = aggregates_with(
+            let got =
+                aggregates_with(store, Source::Rollup, agent, since, until, recent, previous).await;
+            let want = aggregates_with(
                 store,
-                rollup_sessions(),
+                Source::Rows(raw_sessions),
                 agent,
                 since,
                 until,
@@ -327,8 +329,6 @@ async fn assert_rollup_matches_raw(store: &Store) -> u64 {
                 previous,
             )
             .await;
-            let want =
-                aggregates_with(store, raw_sessions, agent, since, until, recent, previous).await;
             assert_eq!(got, want, "aggregates of {agent} over [{since}, {until})");
             sessions += got.total.sessions;
             for dims in [
@@ -339,13 +339,20 @@ async fn assert_rollup_matches_raw(store: &Store) -> u64 {
                 &[Dimension::User],
                 &[Dimension::Model, Dimension::Env, Dimension::Week],
             ] {
-                let got =
-                    outcome_rates_over(store, rollup_sessions(), agent, dims, since, until, 0)
-                        .await
-                        .unwrap();
-                let want = outcome_rates_over(store, raw_sessions, agent, dims, since, until, 0)
+                let got = outcome_rates_from(store, Source::Rollup, agent, dims, since, until, 0)
                     .await
                     .unwrap();
+                let want = outcome_rates_from(
+                    store,
+                    Source::Rows(raw_sessions),
+                    agent,
+                    dims,
+                    since,
+                    until,
+                    0,
+                )
+                .await
+                .unwrap();
                 assert_eq!(
                     got, want,
                     "rates of {agent} by {dims:?} over [{since}, {until})"
@@ -356,21 +363,16 @@ async fn assert_rollup_matches_raw(store: &Store) -> u64 {
     sessions
 }
 
-/// The statement the analytics run (from the rollup).
-fn rollup_sessions() -> PushSessions {
-    super::query::push_sessions
-}
-
 async fn aggregates_with(
     store: &Store,
-    sessions: PushSessions,
+    source: Source,
     agent: &str,
     since: i64,
     until: i64,
     recent: i64,
     previous: i64,
 ) -> Aggregates {
-    aggregates_over(store, sessions, agent, since, until, recent, previous)
+    aggregates_from(store, source, agent, since, until, recent, previous)
         .await
         .unwrap()
 }
@@ -393,7 +395,7 @@ async fn straddling(store: &Store) -> u64 {
             .bind(request_since)
             .push(") OR (COALESCE(first_signal_ms, first_request_ms) < ")
             .bind(until)
-            .push(" AND last_ms >= ")
+            .push(" AND last_active_ms >= ")
             .bind(until)
             .push(")");
         let row = store
