@@ -18,7 +18,7 @@
 
 use std::collections::BTreeMap;
 
-use sea_orm::{ConnectionTrait, DatabaseBackend, QueryResult};
+use sea_orm::{ConnectionTrait, DatabaseBackend, QueryResult, Statement};
 
 use super::outcome::{HEAVY_EDIT_CHARS, is_success};
 use super::report::OutcomeRow;
@@ -129,6 +129,55 @@ fn measures(cls: &str) -> String {
     )
 }
 
+/// [`measures`] over `session_rollups` rows, in fewer operations per row (SQLite reads every
+/// row in its VM: a comparison summed directly costs less than a `CASE`); with `signals_only`
+/// the rows are known to have signals (`WHERE signals > 0`).
+fn rollup_measures(backend: DatabaseBackend, signals_only: bool) -> String {
+    let flag = |cond: &str| match backend {
+        DatabaseBackend::Sqlite => format!("({cond})"),
+        _ => format!("CASE WHEN {cond} THEN 1 ELSE 0 END"),
+    };
+    let (sessions, cost, requests) = if signals_only {
+        (
+            "COUNT(*)".to_owned(),
+            "SUM(cost)".to_owned(),
+            "SUM(requests)".to_owned(),
+        )
+    } else {
+        (
+            format!("SUM({})", flag("signals > 0")),
+            "SUM(CASE WHEN signals > 0 THEN cost ELSE 0 END)".to_owned(),
+            "SUM(CASE WHEN signals > 0 THEN requests ELSE 0 END)".to_owned(),
+        )
+    };
+    let cols = [
+        sessions,
+        "SUM(signals)".to_owned(),
+        format!("SUM({})", flag("sig_key % 4 = 1")),
+        format!("SUM({})", flag("sig_key % 4 = 2")),
+        format!("SUM({})", flag("regens > 0")),
+        format!("SUM({})", flag("heavy > 0")),
+        "SUM(regens)".to_owned(),
+        cost,
+        requests,
+        "SUM(cost)".to_owned(),
+    ];
+    cols.iter()
+        .zip(MEASURE_NAMES)
+        .map(|(c, name)| format!("CAST(COALESCE({c}, 0) AS BIGINT) AS {name}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The sums of the measure columns of grouped rows.
+fn sum_measures() -> String {
+    MEASURE_NAMES
+        .iter()
+        .map(|m| format!("CAST(COALESCE(SUM({m}), 0) AS BIGINT) AS {m}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The measure columns [`measures`] names, in order.
 const MEASURE_NAMES: [&str; 10] = [
     "sessions",
@@ -170,15 +219,22 @@ pub(crate) type PushSessions = fn(&mut Sql, &str, i64, i64);
 
 /// Appends the condition that a `session_rollups` row of `agent` lies whole inside the
 /// window: its signals in `[since, until)` and its requests in `[since - REQUEST_LOOKBACK_MS,
-/// until)`. Such a row is exactly what grouping the session's rows in the window gives. The
-/// range on `last_active_ms` is what the indexes serve.
-fn push_inside(sql: &mut Sql, agent: &str, since: i64, until: i64) {
+/// until)`. Such a row is exactly what grouping the session's rows in the window gives.
+///
+/// `Scan::Range` lets the planner read the rows by their last activity (the index on
+/// `(agent, last_active_ms)`); `Scan::Grouped` keeps it off that index (`+last_active_ms`), so
+/// SQLite reads them through the index whose order is the `GROUP BY`'s instead of sorting them.
+fn push_inside(sql: &mut Sql, scan: Scan, agent: &str, since: i64, until: i64) {
     let request_since = since - REQUEST_LOOKBACK_MS;
+    let active = match scan {
+        Scan::Range => "last_active_ms",
+        Scan::Grouped => "+last_active_ms",
+    };
     sql.push("agent = ")
         .bind(agent.to_owned())
-        .push(" AND last_active_ms >= ")
+        .push(&format!(" AND {active} >= "))
         .bind(request_since)
-        .push(" AND last_active_ms < ")
+        .push(&format!(" AND {active} < "))
         .bind(until)
         .push(" AND COALESCE(first_signal_ms, ")
         .bind(since)
@@ -188,6 +244,13 @@ fn push_inside(sql: &mut Sql, agent: &str, since: i64, until: i64) {
         .bind(request_since)
         .push(") >= ")
         .bind(request_since);
+}
+
+/// How [`push_inside`] lets the rollup be read.
+#[derive(Debug, Clone, Copy)]
+enum Scan {
+    Range,
+    Grouped,
 }
 
 /// Appends the CTEs ending in `s`: the sessions of `agent` that straddle an edge of the window
@@ -202,7 +265,7 @@ fn push_edge_sessions(sql: &mut Sql, agent: &str, since: i64, until: i64) {
     let request_since = since - REQUEST_LOOKBACK_MS;
     // `agent || ''` and `+ 0` keep SQLite off the agent and time indexes, so it looks the few
     // sessions up by id instead of scanning every row of the agent.
-    sql.push("WITH e AS (SELECT session_id FROM session_rollups WHERE agent = ")
+    sql.push("WITH e AS MATERIALIZED (SELECT session_id FROM session_rollups WHERE agent = ")
         .bind(agent.to_owned())
         .push(" AND last_active_ms >= ")
         .bind(request_since)
@@ -318,81 +381,22 @@ pub(crate) async fn aggregates_from(
     recent_since: i64,
     previous_since: i64,
 ) -> Result<Aggregates> {
-    let db = store.conn();
-    let backend = db.get_database_backend();
-    let mut sql = Sql::new(backend, "");
-    match source {
-        Source::Rollup => push_edge_sessions(&mut sql, agent, since, until),
-        #[cfg(test)]
-        Source::Rows(push) => push(&mut sql, agent, since, until),
-    }
-    let band = ttfb_band();
-    // Over `s`, two groupings: a small cube of model x provider x env x TTFB band x trend
-    // period (a few hundred rows at most, rolled up below: every measure is a sum), and one row
-    // per end user.
-    sql.push(&format!(
-        "SELECT 'cube' AS g, model AS k1, provider AS k2, env AS k3, {band} AS k4, \
-         CASE WHEN last_ms >= "
-    ))
-    .bind(recent_since)
-    .push(" THEN 'recent' WHEN last_ms >= ")
-    .bind(previous_since)
-    .push(&format!(
-        " THEN 'previous' END AS k5, {} FROM s WHERE signals > 0 GROUP BY 2, 3, 4, 5, 6 \
-         UNION ALL SELECT 'user', user_id, NULL, NULL, NULL, NULL, {} FROM s \
-         WHERE user_id IS NOT NULL GROUP BY user_id",
-        measures("cls"),
-        measures("cls")
-    ));
-    if let Source::Rollup = source {
-        // The sessions inside the window, from their rollup rows, in four passes that each
-        // read sessions in the order of an index and never sort them (see m0006): the cube
-        // without the trend period (grouped by the raw columns, so by TTFB and not its band),
-        // the two trend periods (ranges of the last activity; a session's last signal is
-        // `sig_key / 4`, never after its last activity), and the end users.
-        let rollup = measures("sig_key % 4");
-        sql.push(&format!(
-            " UNION ALL SELECT 'cube', {}, {}, env, {band}, CAST(NULL AS TEXT), {rollup} \
-             FROM session_rollups WHERE ",
-            Dimension::Model.rollup_expr(),
-            Dimension::Provider.rollup_expr(),
-        ));
-        push_inside(&mut sql, agent, since, until);
-        sql.push(
-            " AND signals > 0 \
-             GROUP BY model_min, model_max, provider_min, provider_max, env, ttfb",
-        );
-        for (name, from, to) in [
-            ("recent", recent_since, until),
-            ("previous", previous_since, recent_since),
-        ] {
-            sql.push(&format!(
-                " UNION ALL SELECT '{name}', NULL, NULL, NULL, NULL, NULL, {rollup} \
-                 FROM session_rollups WHERE "
-            ));
-            push_inside(&mut sql, agent, since, until);
-            sql.push(" AND signals > 0 AND last_active_ms >= ")
-                .bind(from)
-                .push(" AND sig_key >= ")
-                .bind(from.saturating_mul(4))
-                .push(" AND sig_key < ")
-                .bind(to.saturating_mul(4));
-        }
-        sql.push(&format!(
-            " UNION ALL SELECT 'user', user_id, NULL, NULL, NULL, NULL, {rollup} \
-             FROM session_rollups WHERE "
-        ));
-        push_inside(&mut sql, agent, since, until);
-        sql.push(" AND user_id IS NOT NULL GROUP BY user_id");
-    }
-
+    let stmt = aggregates_statement(
+        store.backend(),
+        source,
+        agent,
+        since,
+        until,
+        recent_since,
+        previous_since,
+    );
     let mut out = Aggregates::default();
     let mut by_model: BTreeMap<Option<String>, OutcomeRow> = BTreeMap::new();
     let mut by_provider: BTreeMap<Option<String>, OutcomeRow> = BTreeMap::new();
     let mut by_env: BTreeMap<Option<String>, OutcomeRow> = BTreeMap::new();
     let mut by_ttfb: BTreeMap<usize, OutcomeRow> = BTreeMap::new();
     let mut by_user: BTreeMap<String, (OutcomeRow, u64)> = BTreeMap::new();
-    for row in run(store, sql.build()).await? {
+    for row in run(store, stmt).await? {
         let group: String = row.try_get("", "g")?;
         let k = |i: usize| row.try_get::<Option<String>>("", &format!("k{i}"));
         let (k1, k2, k3, k4, k5) = (k(1)?, k(2)?, k(3)?, k(4)?, k(5)?);
@@ -460,6 +464,89 @@ pub(crate) async fn aggregates_from(
     Ok(out)
 }
 
+/// The statement of [`aggregates_from`].
+pub(crate) fn aggregates_statement(
+    backend: DatabaseBackend,
+    source: Source,
+    agent: &str,
+    since: i64,
+    until: i64,
+    recent_since: i64,
+    previous_since: i64,
+) -> Statement {
+    let mut sql = Sql::new(backend, "");
+    match source {
+        Source::Rollup => push_edge_sessions(&mut sql, agent, since, until),
+        #[cfg(test)]
+        Source::Rows(push) => push(&mut sql, agent, since, until),
+    }
+    let band = ttfb_band();
+    // Over `s`, two groupings: a small cube of model x provider x env x TTFB band x trend
+    // period (a few hundred rows at most, rolled up below: every measure is a sum), and one row
+    // per end user.
+    sql.push(&format!(
+        "SELECT 'cube' AS g, model AS k1, provider AS k2, env AS k3, {band} AS k4, \
+         CASE WHEN last_ms >= "
+    ))
+    .bind(recent_since)
+    .push(" THEN 'recent' WHEN last_ms >= ")
+    .bind(previous_since)
+    .push(&format!(
+        " THEN 'previous' END AS k5, {} FROM s WHERE signals > 0 GROUP BY 2, 3, 4, 5, 6 \
+         UNION ALL SELECT 'user', user_id, NULL, NULL, NULL, NULL, {} FROM s \
+         WHERE user_id IS NOT NULL GROUP BY user_id",
+        measures("cls"),
+        measures("cls")
+    ));
+    if let Source::Rollup = source {
+        // The sessions inside the window, from their rollup rows, in four passes that each
+        // read sessions in the order of an index and never sort them (see m0006): the cube
+        // without the trend period (grouped by the raw columns, so by TTFB and not its band),
+        // the two trend periods (ranges of the last activity; a session's last signal is
+        // `sig_key / 4`, never after its last activity), and the end users.
+        let with_signals = rollup_measures(backend, true);
+        sql.push(&format!(
+            " UNION ALL SELECT 'cube', k1, k2, env, {band}, CAST(NULL AS TEXT), {} \
+             FROM (SELECT {} AS k1, {} AS k2, env, ttfb, {with_signals} FROM session_rollups WHERE ",
+            sum_measures(),
+            Dimension::Model.rollup_expr(),
+            Dimension::Provider.rollup_expr(),
+        ));
+        push_inside(&mut sql, Scan::Grouped, agent, since, until);
+        // Grouped by TTFB as the index orders the sessions, then by its band (a few thousand
+        // rows).
+        sql.push(
+            " AND signals > 0 GROUP BY model_min, model_max, provider_min, provider_max, env, \
+             ttfb) AS c GROUP BY k1, k2, env, 5",
+        );
+        for (name, from, to) in [
+            ("recent", recent_since, until),
+            ("previous", previous_since, recent_since),
+        ] {
+            sql.push(&format!(
+                " UNION ALL SELECT '{name}', NULL, NULL, NULL, NULL, NULL, {with_signals} \
+                 FROM session_rollups WHERE "
+            ));
+            push_inside(&mut sql, Scan::Range, agent, since, until);
+            sql.push(" AND signals > 0 AND last_active_ms >= ")
+                .bind(from)
+                .push(" AND sig_key >= ")
+                .bind(from.saturating_mul(4))
+                .push(" AND sig_key < ")
+                .bind(to.saturating_mul(4));
+        }
+        sql.push(&format!(
+            " UNION ALL SELECT 'user', user_id, NULL, NULL, NULL, NULL, {} \
+             FROM session_rollups WHERE ",
+            rollup_measures(backend, false)
+        ));
+        push_inside(&mut sql, Scan::Grouped, agent, since, until);
+        sql.push(" AND user_id IS NOT NULL GROUP BY user_id");
+    }
+
+    sql.build()
+}
+
 /// Adds `m`'s measures to `into` (every measure is a sum).
 fn add(into: &mut OutcomeRow, m: &OutcomeRow) {
     into.sessions += m.sessions;
@@ -500,8 +587,32 @@ pub(crate) async fn outcome_rates_from(
     until: i64,
     limit: u32,
 ) -> Result<Vec<OutcomeRow>> {
-    let db = store.conn();
-    let backend: DatabaseBackend = db.get_database_backend();
+    let stmt = outcome_rates_statement(store.backend(), source, agent, dims, since, until, limit);
+    let mut rows = Vec::new();
+    for row in run(store, stmt).await? {
+        let key = dims
+            .iter()
+            .enumerate()
+            .map(|(i, d)| Ok(d.show(row.try_get::<Option<String>>("", &format!("k{i}"))?)))
+            .collect::<Result<Vec<_>>>()?;
+        let m = measures_of(&row, key)?;
+        if m.sessions > 0 {
+            rows.push(m);
+        }
+    }
+    Ok(rows)
+}
+
+/// The statement of [`outcome_rates_from`].
+pub(crate) fn outcome_rates_statement(
+    backend: DatabaseBackend,
+    source: Source,
+    agent: &str,
+    dims: &[Dimension],
+    since: i64,
+    until: i64,
+    limit: u32,
+) -> Statement {
     let limit = match limit {
         0 => MAX_RATE_ROWS,
         n => n.min(MAX_RATE_ROWS),
@@ -534,21 +645,18 @@ pub(crate) async fn outcome_rates_from(
         sql.push(&format!(
             " UNION ALL SELECT {}{} FROM session_rollups WHERE ",
             keys(Dimension::rollup_expr),
-            measures("sig_key % 4")
+            rollup_measures(backend, true)
         ));
-        push_inside(&mut sql, agent, since, until);
+        push_inside(&mut sql, Scan::Grouped, agent, since, until);
         sql.push(&format!(" AND signals > 0{group}"));
     }
-    let sums: Vec<String> = MEASURE_NAMES
-        .iter()
-        .map(|m| format!("CAST(COALESCE(SUM({m}), 0) AS BIGINT) AS {m}"))
-        .collect();
+
     let outer_keys: Vec<String> = (0..dims.len()).map(|i| format!("k{i}")).collect();
     let mut select = outer_keys.join(", ");
     if !select.is_empty() {
         select.push_str(", ");
     }
-    sql.push(&format!(") SELECT {select}{} FROM r", sums.join(", ")));
+    sql.push(&format!(") SELECT {select}{} FROM r", sum_measures()));
     if !dims.is_empty() {
         sql.push(&format!(
             " GROUP BY {} ORDER BY sessions DESC, {}",
@@ -557,19 +665,7 @@ pub(crate) async fn outcome_rates_from(
         ));
     }
     sql.push(" LIMIT ").bind(i64::from(limit));
-    let mut rows = Vec::new();
-    for row in run(store, sql.build()).await? {
-        let key = dims
-            .iter()
-            .enumerate()
-            .map(|(i, d)| Ok(d.show(row.try_get::<Option<String>>("", &format!("k{i}"))?)))
-            .collect::<Result<Vec<_>>>()?;
-        let m = measures_of(&row, key)?;
-        if m.sessions > 0 {
-            rows.push(m);
-        }
-    }
-    Ok(rows)
+    sql.build()
 }
 
 fn measures_of(row: &QueryResult, key: Vec<Option<String>>) -> Result<OutcomeRow> {

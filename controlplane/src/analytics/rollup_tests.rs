@@ -603,3 +603,57 @@ async fn migration_backfills_the_rollup_postgres() {
     drop_postgres(&before).await;
     drop_postgres(&kept).await;
 }
+
+#[tokio::test]
+async fn print_plans() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::connect(&sqlite_url(&dir, "p")).await.unwrap();
+    let now: i64 = std::env::var("PLAN_NOW")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(T0);
+    let since = now - 30 * DAY;
+    let recent = now - 7 * DAY;
+    for (name, stmt) in [
+        (
+            "agg",
+            super::query::aggregates_statement(
+                store.backend(),
+                Source::Rollup,
+                "big-agent",
+                since,
+                now,
+                recent,
+                recent - 7 * DAY,
+            ),
+        ),
+        (
+            "rates",
+            super::query::outcome_rates_statement(
+                store.backend(),
+                Source::Rollup,
+                "big-agent",
+                &[Dimension::Model, Dimension::Env, Dimension::Week],
+                since,
+                now,
+                0,
+            ),
+        ),
+    ] {
+        let mut sql = String::new();
+        let values = stmt.values.map(|v| v.0).unwrap_or_default();
+        let mut it = values.iter();
+        for c in stmt.sql.chars() {
+            if c == '?' {
+                match it.next().unwrap() {
+                    sea_orm::Value::String(Some(v)) => sql.push_str(&format!("'{v}'")),
+                    sea_orm::Value::BigInt(Some(v)) => sql.push_str(&v.to_string()),
+                    v => panic!("{v:?}"),
+                }
+            } else {
+                sql.push(c);
+            }
+        }
+        std::fs::write(format!("/tmp/plan-{name}.sql"), sql + ";\n").unwrap();
+    }
+}
