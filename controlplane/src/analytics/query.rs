@@ -70,13 +70,13 @@ impl Dimension {
         }
     }
 
-    /// The same expression over a `session_rollups` row.
+    /// The same expression over a `session_rollups` row (or a group of them, [`VECTOR`]).
     fn rollup_expr(self) -> &'static str {
         match self {
             Dimension::Model => "CASE WHEN model_min = model_max THEN model_min END",
             Dimension::Provider => "CASE WHEN provider_min = provider_max THEN provider_min END",
             Dimension::Env => "env",
-            Dimension::Week => "CAST((sig_key / 4 + 259200000) / 604800000 AS TEXT)",
+            Dimension::Week => "CAST(week AS TEXT)",
             Dimension::User => "user_id",
         }
     }
@@ -153,14 +153,47 @@ fn rollup_measures(backend: DatabaseBackend, signals_only: bool) -> String {
     let cols = [
         sessions,
         "SUM(signals)".to_owned(),
-        format!("SUM({})", flag("sig_key % 4 = 1")),
-        format!("SUM({})", flag("sig_key % 4 = 2")),
+        format!("SUM({})", flag("cls = 1")),
+        format!("SUM({})", flag("cls = 2")),
         format!("SUM({})", flag("regens > 0")),
         format!("SUM({})", flag("heavy > 0")),
         "SUM(regens)".to_owned(),
         cost,
         requests,
         "SUM(cost)".to_owned(),
+    ];
+    cols.iter()
+        .zip(MEASURE_NAMES)
+        .map(|(c, name)| format!("CAST(COALESCE({c}, 0) AS BIGINT) AS {name}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// What groups of alike sessions carry: the measures that tell sessions apart (grouped by)
+/// and their number and known cost.
+const VECTOR: &str = "signals, cls, regens, heavy, requests, COUNT(*) AS n, SUM(cost) AS cost";
+
+/// The `GROUP BY` of the cube's first grouping: the order of `idx_session_rollups_cube`, then
+/// the measures of [`VECTOR`].
+const CUBE_ORDER: &str = "model_min, model_max, provider_min, provider_max, env, week, ttfb_band, \
+     signals, cls, regens, heavy, requests";
+
+/// The `GROUP BY` of the end users' first grouping: the order of `idx_session_rollups_user`.
+const USER_ORDER: &str = "user_id, signals, cls, regens, heavy, requests";
+
+/// [`measures`] over groups of alike sessions ([`VECTOR`]).
+fn vector_measures() -> String {
+    let cols = [
+        "SUM(CASE WHEN signals > 0 THEN n ELSE 0 END)",
+        "SUM(signals * n)",
+        "SUM(CASE WHEN cls = 1 THEN n ELSE 0 END)",
+        "SUM(CASE WHEN cls = 2 THEN n ELSE 0 END)",
+        "SUM(CASE WHEN regens > 0 THEN n ELSE 0 END)",
+        "SUM(CASE WHEN heavy > 0 THEN n ELSE 0 END)",
+        "SUM(regens * n)",
+        "SUM(CASE WHEN signals > 0 THEN cost ELSE 0 END)",
+        "SUM(CASE WHEN signals > 0 THEN requests * n ELSE 0 END)",
+        "SUM(cost)",
     ];
     cols.iter()
         .zip(MEASURE_NAMES)
@@ -499,26 +532,26 @@ pub(crate) fn aggregates_statement(
         measures("cls")
     ));
     if let Source::Rollup = source {
-        // The sessions inside the window, from their rollup rows, in four passes that each
-        // read sessions in the order of an index and never sort them (see m0006): the cube
-        // without the trend period (grouped by the raw columns, so by TTFB and not its band),
-        // the two trend periods (ranges of the last activity; a session's last signal is
-        // `sig_key / 4`, never after its last activity), and the end users.
-        let with_signals = rollup_measures(backend, true);
+        // The sessions inside the window, from their rollup rows, in four passes that read
+        // sessions in the order of an index and never sort them (see m0006): the cube without
+        // the trend period, the two trend periods (ranges of the last activity; a session's
+        // last signal, `sig_key / 4`, is never after it), and the end users. The cube and the
+        // users are grouped twice: by the index's order and the sessions' measures
+        // ([`VECTOR`]: a few thousand groups), then by their keys.
         sql.push(&format!(
-            " UNION ALL SELECT 'cube', k1, k2, env, {band}, CAST(NULL AS TEXT), {} \
-             FROM (SELECT {} AS k1, {} AS k2, env, ttfb, {with_signals} FROM session_rollups WHERE ",
-            sum_measures(),
+            " UNION ALL SELECT 'cube', {}, {}, env, CAST(ttfb_band AS TEXT), CAST(NULL AS TEXT), \
+             {} FROM (SELECT model_min, model_max, provider_min, provider_max, env, ttfb_band, \
+             {VECTOR} FROM session_rollups WHERE ",
             Dimension::Model.rollup_expr(),
             Dimension::Provider.rollup_expr(),
+            vector_measures(),
         ));
         push_inside(&mut sql, Scan::Grouped, agent, since, until);
-        // Grouped by TTFB as the index orders the sessions, then by its band (a few thousand
-        // rows).
-        sql.push(
-            " AND signals > 0 GROUP BY model_min, model_max, provider_min, provider_max, env, \
-             ttfb) AS c GROUP BY k1, k2, env, 5",
-        );
+        sql.push(&format!(
+            " AND signals > 0 GROUP BY {CUBE_ORDER}) AS c GROUP BY model_min, model_max, \
+             provider_min, provider_max, env, ttfb_band"
+        ));
+        let with_signals = rollup_measures(backend, true);
         for (name, from, to) in [
             ("recent", recent_since, until),
             ("previous", previous_since, recent_since),
@@ -537,11 +570,13 @@ pub(crate) fn aggregates_statement(
         }
         sql.push(&format!(
             " UNION ALL SELECT 'user', user_id, NULL, NULL, NULL, NULL, {} \
-             FROM session_rollups WHERE ",
-            rollup_measures(backend, false)
+             FROM (SELECT user_id, {VECTOR} FROM session_rollups WHERE ",
+            vector_measures()
         ));
         push_inside(&mut sql, Scan::Grouped, agent, since, until);
-        sql.push(" AND user_id IS NOT NULL GROUP BY user_id");
+        sql.push(&format!(
+            " AND user_id IS NOT NULL GROUP BY {USER_ORDER}) AS v GROUP BY user_id"
+        ));
     }
 
     sql.build()
@@ -642,13 +677,26 @@ pub(crate) fn outcome_rates_statement(
         measures("cls")
     ));
     if let Source::Rollup = source {
+        // Grouped twice, as in [`aggregates_statement`]: by an index's order and the sessions'
+        // measures (the end users' index when the groups are by end user), then by `dims`.
+        let (user, order) = if dims.contains(&Dimension::User) {
+            (
+                "user_id, ",
+                format!(
+                    "{USER_ORDER}, model_min, model_max, provider_min, provider_max, env, week"
+                ),
+            )
+        } else {
+            ("", CUBE_ORDER.to_owned())
+        };
         sql.push(&format!(
-            " UNION ALL SELECT {}{} FROM session_rollups WHERE ",
+            " UNION ALL SELECT {}{} FROM (SELECT {user}model_min, model_max, provider_min, \
+             provider_max, env, week, {VECTOR} FROM session_rollups WHERE ",
             keys(Dimension::rollup_expr),
-            rollup_measures(backend, true)
+            vector_measures()
         ));
         push_inside(&mut sql, Scan::Grouped, agent, since, until);
-        sql.push(&format!(" AND signals > 0{group}"));
+        sql.push(&format!(" AND signals > 0 GROUP BY {order}) AS v{group}"));
     }
 
     let outer_keys: Vec<String> = (0..dims.len()).map(|i| format!("k{i}")).collect();

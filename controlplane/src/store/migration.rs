@@ -638,9 +638,30 @@ mod m0006_session_rollups {
         }
     }
 
-    /// The rollup of every stored (agent, session), in the one SQL text SQLite and PostgreSQL
-    /// share. The class of a signal (1 success, 2 abandoned, 0 other failure) and the heavy-edit
-    /// threshold are those of `analytics::outcome` when this migration was written.
+    /// The table, in the one SQL text SQLite and PostgreSQL share (the query builder has no
+    /// generated columns). Signals: number, max(received_at_ms * 4 + class), regenerations, heavy
+    /// edits, first signal. Requests: number, model and provider range, env, end user, known
+    /// cost, slowest TTFB, first and last. Then the last signal or request, and three columns
+    /// the database derives: the outcome class, the TTFB band (`analytics::query::TTFB_BANDS_MS`
+    /// when this migration was written) and the UTC week (from Monday) of the last signal.
+    const TABLE: &str = "CREATE TABLE IF NOT EXISTS session_rollups (\
+        agent TEXT NOT NULL, session_id TEXT NOT NULL, \
+        signals BIGINT NOT NULL, sig_key BIGINT, regens BIGINT NOT NULL, heavy BIGINT NOT NULL, \
+        first_signal_ms BIGINT, \
+        requests BIGINT NOT NULL, model_min TEXT, model_max TEXT, provider_min TEXT, \
+        provider_max TEXT, env TEXT, user_id TEXT, cost BIGINT, ttfb BIGINT, \
+        first_request_ms BIGINT, last_request_ms BIGINT, \
+        last_active_ms BIGINT NOT NULL, \
+        cls BIGINT GENERATED ALWAYS AS (sig_key % 4) STORED, \
+        ttfb_band BIGINT GENERATED ALWAYS AS (CASE WHEN ttfb IS NULL THEN NULL \
+        WHEN ttfb < 500 THEN 0 WHEN ttfb < 1000 THEN 1 WHEN ttfb < 2000 THEN 2 \
+        WHEN ttfb < 4000 THEN 3 WHEN ttfb < 8000 THEN 4 ELSE 5 END) STORED, \
+        week BIGINT GENERATED ALWAYS AS ((sig_key / 4 + 259200000) / 604800000) STORED, \
+        PRIMARY KEY (agent, session_id))";
+
+    /// The rollup of every stored (agent, session). The class of a signal (1 success, 2
+    /// abandoned, 0 other failure) and the heavy-edit threshold are those of
+    /// `analytics::outcome` when this migration was written.
     const BACKFILL: &str = "INSERT INTO session_rollups (agent, session_id, signals, sig_key, \
         regens, heavy, first_signal_ms, requests, model_min, model_max, provider_min, \
         provider_max, env, user_id, cost, ttfb, first_request_ms, last_request_ms, last_active_ms) \
@@ -664,117 +685,78 @@ mod m0006_session_rollups {
         FROM requests WHERE agent IS NOT NULL AND session_id IS NOT NULL) AS u \
         GROUP BY agent, session_id";
 
-    #[derive(DeriveIden)]
-    enum SessionRollups {
-        Table,
-        Agent,
-        SessionId,
-        Signals,
-        SigKey,
-        Regens,
-        Heavy,
-        FirstSignalMs,
-        Requests,
-        ModelMin,
-        ModelMax,
-        ProviderMin,
-        ProviderMax,
-        Env,
-        UserId,
-        Cost,
-        Ttfb,
-        FirstRequestMs,
-        LastRequestMs,
-        LastActiveMs,
+    /// What the analytics read of a row besides its keys: the window test and the measures.
+    const READ: &str = "last_active_ms, first_signal_ms, first_request_ms, signals, cls, regens, \
+        heavy, requests, cost";
+
+    /// The indexes. An agent's sessions active since a time (the window, the trend weeks) on
+    /// both databases. SQLite has no hash aggregate: a `GROUP BY` over hundreds of thousands of
+    /// sessions is a sort, several times slower than reading them. So on SQLite the indexes
+    /// cover what the analytics read, and two more hand the sessions over already ordered by
+    /// their cube key and by end user, each followed by the session's measures, so that SQLite
+    /// groups sessions as it reads them, and sessions alike (same key, class, counts) fold into
+    /// one group: most of the work per session is then one comparison and one count.
+    /// PostgreSQL hashes; it gets the narrow index only.
+    fn indexes(sqlite: bool) -> Vec<String> {
+        if !sqlite {
+            return vec![
+                "CREATE INDEX IF NOT EXISTS idx_session_rollups_agent_active \
+                 ON session_rollups (agent, last_active_ms)"
+                    .to_owned(),
+            ];
+        }
+        vec![
+            format!(
+                "CREATE INDEX IF NOT EXISTS idx_session_rollups_agent_active \
+                 ON session_rollups (agent, last_active_ms, sig_key, {READ})"
+            ),
+            format!(
+                "CREATE INDEX IF NOT EXISTS idx_session_rollups_cube ON session_rollups \
+                 (agent, model_min, model_max, provider_min, provider_max, env, week, ttfb_band, \
+                 signals, cls, regens, heavy, requests, {READ})"
+            ),
+            format!(
+                "CREATE INDEX IF NOT EXISTS idx_session_rollups_user ON session_rollups \
+                 (agent, user_id, signals, cls, regens, heavy, requests, {READ})"
+            ),
+        ]
     }
 
     #[async_trait::async_trait]
     impl MigrationTrait for Migration {
         async fn up(&self, m: &SchemaManager) -> Result<(), DbErr> {
-            use SessionRollups as R;
-            let count = |c: R| ColumnDef::new(c).big_integer().not_null().to_owned();
-            let int = |c: R| ColumnDef::new(c).big_integer().null().to_owned();
-            let text = |c: R| ColumnDef::new(c).string().null().to_owned();
-            m.create_table(
-                Table::create()
-                    .table(R::Table)
-                    .if_not_exists()
-                    .col(ColumnDef::new(R::Agent).string().not_null())
-                    .col(ColumnDef::new(R::SessionId).string().not_null())
-                    // Signals: number, max(received_at_ms * 4 + class), regenerations, heavy
-                    // edits, first signal.
-                    .col(count(R::Signals))
-                    .col(int(R::SigKey))
-                    .col(count(R::Regens))
-                    .col(count(R::Heavy))
-                    .col(int(R::FirstSignalMs))
-                    // Requests: number, model and provider range, env, end user, known cost,
-                    // slowest TTFB, first and last.
-                    .col(count(R::Requests))
-                    .col(text(R::ModelMin))
-                    .col(text(R::ModelMax))
-                    .col(text(R::ProviderMin))
-                    .col(text(R::ProviderMax))
-                    .col(text(R::Env))
-                    .col(text(R::UserId))
-                    .col(int(R::Cost))
-                    .col(int(R::Ttfb))
-                    .col(int(R::FirstRequestMs))
-                    .col(int(R::LastRequestMs))
-                    // The last signal or request.
-                    .col(ColumnDef::new(R::LastActiveMs).big_integer().not_null())
-                    .primary_key(Index::create().col(R::Agent).col(R::SessionId))
-                    .to_owned(),
-            )
-            .await?;
-            // An agent's sessions active since a time (the analytics window, the trend weeks).
-            // SQLite has no hash aggregate: a `GROUP BY` over hundreds of thousands of sessions
-            // is a sort, several times slower than the scan. So on SQLite this index covers
-            // what the window's measures read, and two more covering indexes hand the sessions
-            // over already ordered by their cube key and by end user, which SQLite then
-            // groups as it reads. PostgreSQL hashes; it gets the narrow index only.
+            let db = m.get_connection();
+            db.execute_unprepared(TABLE).await?;
             let sqlite = m.get_database_backend() == sea_orm::DatabaseBackend::Sqlite;
-            let measures = [
-                "first_signal_ms",
-                "first_request_ms",
-                "signals",
-                "sig_key",
-                "regens",
-                "heavy",
-                "cost",
-                "requests",
-            ]
-            .join(", ");
-            let mut indexes = vec![format!(
-                "CREATE INDEX IF NOT EXISTS idx_session_rollups_agent_active \
-                 ON session_rollups (agent, last_active_ms{})",
-                if sqlite {
-                    format!(", {measures}")
-                } else {
-                    String::new()
-                }
-            )];
-            if sqlite {
-                indexes.push(format!(
-                    "CREATE INDEX IF NOT EXISTS idx_session_rollups_cube ON session_rollups \
-                     (agent, model_min, model_max, provider_min, provider_max, env, ttfb, \
-                     last_active_ms, {measures})"
-                ));
-                indexes.push(format!(
-                    "CREATE INDEX IF NOT EXISTS idx_session_rollups_user ON session_rollups \
-                     (agent, user_id, last_active_ms, {measures})"
-                ));
+            for index in indexes(sqlite) {
+                db.execute_unprepared(&index).await?;
             }
-            for index in indexes {
-                m.get_connection().execute_unprepared(&index).await?;
-            }
-            m.get_connection().execute_unprepared(BACKFILL).await?;
+            db.execute_unprepared(BACKFILL).await?;
             Ok(())
         }
 
         async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
-            m.drop_table(Table::drop().table(SessionRollups::Table).to_owned())
-                .await
+            m.get_connection()
+                .execute_unprepared("DROP TABLE IF EXISTS session_rollups")
+                .await?;
+            Ok(())
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::TABLE;
+        use crate::analytics::query::TTFB_BANDS_MS;
+
+        /// The stored TTFB band is the analytics' band: changing the bands needs a migration.
+        #[test]
+        fn stored_band_follows_the_analytics_bands() {
+            let mut band = String::from("CASE WHEN ttfb IS NULL THEN NULL ");
+            for (i, bound) in TTFB_BANDS_MS.iter().enumerate() {
+                band.push_str(&format!("WHEN ttfb < {bound} THEN {i} "));
+            }
+            band.push_str(&format!("ELSE {} END", TTFB_BANDS_MS.len()));
+            assert!(TABLE.contains(&band), "{band}");
         }
     }
 }
