@@ -255,13 +255,15 @@ pub(crate) type PushSessions = fn(&mut Sql, &str, i64, i64);
 /// until)`. Such a row is exactly what grouping the session's rows in the window gives.
 ///
 /// `Scan::Range` lets the planner read the rows by their last activity (the index on
-/// `(agent, last_active_ms)`); `Scan::Grouped` keeps it off that index (`+last_active_ms`), so
-/// SQLite reads them through the index whose order is the `GROUP BY`'s instead of sorting them.
+/// `(agent, last_active_ms)`); `Scan::Grouped` keeps SQLite off that index (`+last_active_ms`),
+/// so it reads them through the index whose order is the `GROUP BY`'s instead of sorting them.
 fn push_inside(sql: &mut Sql, scan: Scan, agent: &str, since: i64, until: i64) {
     let request_since = since - REQUEST_LOOKBACK_MS;
-    let active = match scan {
-        Scan::Range => "last_active_ms",
-        Scan::Grouped => "+last_active_ms",
+    let active = match (scan, sql.backend()) {
+        (Scan::Grouped, DatabaseBackend::Sqlite) => "+last_active_ms",
+        // PostgreSQL hashes whatever the order; an expression would hide the column's
+        // statistics from its planner, which would then expect a handful of rows and sort.
+        _ => "last_active_ms",
     };
     sql.push("agent = ")
         .bind(agent.to_owned())
@@ -269,14 +271,11 @@ fn push_inside(sql: &mut Sql, scan: Scan, agent: &str, since: i64, until: i64) {
         .bind(request_since)
         .push(&format!(" AND {active} < "))
         .bind(until)
-        .push(" AND COALESCE(first_signal_ms, ")
+        .push(" AND (first_signal_ms IS NULL OR first_signal_ms >= ")
         .bind(since)
-        .push(") >= ")
-        .bind(since)
-        .push(" AND COALESCE(first_request_ms, ")
+        .push(") AND (first_request_ms IS NULL OR first_request_ms >= ")
         .bind(request_since)
-        .push(") >= ")
-        .bind(request_since);
+        .push(")");
 }
 
 /// How [`push_inside`] lets the rollup be read.
@@ -304,13 +303,9 @@ fn push_edge_sessions(sql: &mut Sql, agent: &str, since: i64, until: i64) {
         .bind(request_since)
         .push(" AND (last_active_ms >= ")
         .bind(until)
-        .push(" OR COALESCE(first_signal_ms, ")
+        .push(" OR first_signal_ms < ")
         .bind(since)
-        .push(") < ")
-        .bind(since)
-        .push(" OR COALESCE(first_request_ms, ")
-        .bind(request_since)
-        .push(") < ")
+        .push(" OR first_request_ms < ")
         .bind(request_since)
         .push(&format!(
             ")), u AS ({} WHERE t.session_id = e.session_id AND t.agent || '' = ",

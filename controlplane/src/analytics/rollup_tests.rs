@@ -614,11 +614,16 @@ async fn print_plans() {
         .unwrap_or(T0);
     let since = now - 30 * DAY;
     let recent = now - 7 * DAY;
+    let backend = if std::env::var("PLAN_PG").is_ok() {
+        sea_orm::DatabaseBackend::Postgres
+    } else {
+        store.backend()
+    };
     for (name, stmt) in [
         (
             "agg",
             super::query::aggregates_statement(
-                store.backend(),
+                backend,
                 Source::Rollup,
                 "big-agent",
                 since,
@@ -630,7 +635,7 @@ async fn print_plans() {
         (
             "rates",
             super::query::outcome_rates_statement(
-                store.backend(),
+                backend,
                 Source::Rollup,
                 "big-agent",
                 &[Dimension::Model, Dimension::Env, Dimension::Week],
@@ -640,18 +645,26 @@ async fn print_plans() {
             ),
         ),
     ] {
-        let mut sql = String::new();
         let values = stmt.values.map(|v| v.0).unwrap_or_default();
-        let mut it = values.iter();
-        for c in stmt.sql.chars() {
-            if c == '?' {
-                match it.next().unwrap() {
-                    sea_orm::Value::String(Some(v)) => sql.push_str(&format!("'{v}'")),
-                    sea_orm::Value::BigInt(Some(v)) => sql.push_str(&v.to_string()),
-                    v => panic!("{v:?}"),
+        let show = |v: &sea_orm::Value| match v {
+            sea_orm::Value::String(Some(v)) => format!("'{v}'"),
+            sea_orm::Value::BigInt(Some(v)) => v.to_string(),
+            v => panic!("{v:?}"),
+        };
+        let mut sql = String::new();
+        if backend == sea_orm::DatabaseBackend::Postgres {
+            sql = stmt.sql.clone();
+            for (i, v) in values.iter().enumerate().rev() {
+                sql = sql.replace(&format!("${}", i + 1), &show(v));
+            }
+        } else {
+            let mut it = values.iter();
+            for c in stmt.sql.chars() {
+                if c == '?' {
+                    sql.push_str(&show(it.next().unwrap()));
+                } else {
+                    sql.push(c);
                 }
-            } else {
-                sql.push(c);
             }
         }
         std::fs::write(format!("/tmp/plan-{name}.sql"), sql + ";\n").unwrap();
