@@ -1,9 +1,9 @@
 //! The SQL of analytics: one statement per question, computed by the database (SQLite or
 //! PostgreSQL), never by loading signals into memory.
 //!
-//! Every statement starts from the same per-session table `s`, built in one aggregate over the
-//! agent's signals in the window and its requests (from a day before the window, for answers
-//! that came shortly before their signals), grouped by session:
+//! The answers are defined over a per-session table: the agent's signals in the window
+//! `[since, until)` and its requests from a day before it (for answers that came shortly before
+//! their signals), grouped by session:
 //!
 //! - the outcome model of [`super::outcome`] runs in SQL: each signal gets its class (1 success,
 //!   2 abandoned, 0 other failure) from the same rules as [`super::outcome::is_success`], and the
@@ -14,7 +14,21 @@
 //!   the same one), env, end user, known cost, slowest time to first byte, number of requests.
 //!   A session with exactly one request is that request's outcome: the signals tie to it.
 //!
-//! The groups asked for are then `GROUP BY`s over `s`, each one pass over a small table.
+//! Grouping every signal and request of a large agent by session is too slow (one agent with a
+//! million of each: ~10 s), so the statements read that table mostly from `session_rollups`
+//! ([`super::rollup`]), which holds each session's aggregates already, kept by the ingest:
+//!
+//! - a session whose rows all lie inside the window (signals in `[since, until)`, requests in
+//!   `[since − REQUEST_LOOKBACK_MS, until)`) is its rollup row as it is ([`push_inside`]);
+//! - the few sessions that straddle an edge of the window are grouped from their rows in the
+//!   window, found by session id, exactly as before the rollup ([`push_edge_sessions`], the CTE
+//!   `s`); the tests compare both against the statement that grouped every row.
+//!
+//! The groups asked for are `GROUP BY`s over both parts, whose measures are sums and add up.
+//! Over the rollup, SQLite (which has no hash aggregate: a `GROUP BY` is a sort) reads sessions
+//! through covering indexes already in the order of the groups and of the sessions' measures, so
+//! alike sessions fold into one group as they are read, and groups them again by key
+//! ([`VECTOR`]); PostgreSQL hashes the same statement.
 
 use std::collections::BTreeMap;
 
@@ -389,13 +403,15 @@ pub async fn aggregates(
     .await
 }
 
-/// The time-to-first-byte band of `ttfb` as text (`'0'`.., NULL without a TTFB).
-fn ttfb_band() -> String {
-    let mut band = String::from("CASE WHEN ttfb IS NULL THEN NULL");
+/// The time-to-first-byte band of the expression `ttfb` (`0`.., as text with `text`; NULL
+/// without a TTFB).
+pub(crate) fn ttfb_band(ttfb: &str, text: bool) -> String {
+    let quote = if text { "'" } else { "" };
+    let mut band = format!("CASE WHEN {ttfb} IS NULL THEN NULL");
     for (i, bound) in TTFB_BANDS_MS.iter().enumerate() {
-        band.push_str(&format!(" WHEN ttfb < {bound} THEN '{i}'"));
+        band.push_str(&format!(" WHEN {ttfb} < {bound} THEN {quote}{i}{quote}"));
     }
-    band.push_str(&format!(" ELSE '{}' END", TTFB_BANDS_MS.len()));
+    band.push_str(&format!(" ELSE {quote}{}{quote} END", TTFB_BANDS_MS.len()));
     band
 }
 
@@ -508,7 +524,7 @@ pub(crate) fn aggregates_statement(
         #[cfg(test)]
         Source::Rows(push) => push(&mut sql, agent, since, until),
     }
-    let band = ttfb_band();
+    let band = ttfb_band("ttfb", true);
     // Over `s`, two groupings: a small cube of model x provider x env x TTFB band x trend
     // period (a few hundred rows at most, rolled up below: every measure is a sum), and one row
     // per end user.

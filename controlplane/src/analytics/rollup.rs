@@ -29,7 +29,7 @@
 use sea_orm::{ConnectionTrait, DatabaseBackend, Statement, Value};
 
 use super::outcome::HEAVY_EDIT_CHARS;
-use super::query::class_case;
+use super::query::{class_case, ttfb_band};
 use crate::error::Result;
 use crate::records::RequestRecord;
 use crate::sql::{Sql, insert_chunks, push_placeholder};
@@ -58,11 +58,34 @@ pub(crate) const COLUMNS: [&str; 17] = [
 
 /// The rollup columns as aggregates over rows of the shape [`signal_rows`] and [`request_rows`]
 /// give, in [`COLUMNS`] order.
-pub(crate) const AGGREGATES: &str = "CAST(SUM(is_sig) AS BIGINT), MAX(sig_key), \
+const AGGREGATES: &str = "CAST(SUM(is_sig) AS BIGINT), MAX(sig_key), \
      CAST(SUM(regen) AS BIGINT), CAST(SUM(heavy) AS BIGINT), MIN(sig_ms), \
      CAST(SUM(1 - is_sig) AS BIGINT), MIN(model), MAX(model), MIN(provider), MAX(provider), \
      MAX(env), MAX(user_id), CAST(SUM(cost) AS BIGINT), MAX(ttfb), MIN(req_ms), MAX(req_ms), \
      MAX(COALESCE(sig_ms, req_ms))";
+
+/// Columns derived from others, stored so that indexes can order and cover them (SQLite
+/// reads a generated column from the table, never from an index): the outcome class, the TTFB
+/// band and the UTC week (from Monday) of the last signal.
+pub(crate) const DERIVED: [&str; 3] = ["cls", "ttfb_band", "week"];
+
+/// The [`DERIVED`] columns from the session's `sig_key` and `ttfb` expressions.
+fn derived(sig_key: &str, ttfb: &str) -> String {
+    format!(
+        "({sig_key}) % 4, {}, (({sig_key}) / 4 + 259200000) / 604800000",
+        ttfb_band(ttfb, false)
+    )
+}
+
+/// Every stored column after (agent, session_id): [`COLUMNS`] then [`DERIVED`].
+fn all_columns() -> String {
+    format!("{}, {}", COLUMNS.join(", "), DERIVED.join(", "))
+}
+
+/// [`AGGREGATES`] and the [`DERIVED`] columns, in [`all_columns`] order.
+fn aggregates() -> String {
+    format!("{AGGREGATES}, {}", derived("MAX(sig_key)", "MAX(ttfb)"))
+}
 
 /// How a stored row and a new one merge, in [`COLUMNS`] order: sums add (a NULL cost stays
 /// unknown until a known one arrives, like `SUM`), minimums and maximums keep the smaller or
@@ -113,16 +136,23 @@ pub(crate) fn request_rows(keys: &str, source: &str) -> String {
 /// The `INSERT INTO session_rollups` of the rows of `rows` (a subquery of the shape of
 /// [`signal_rows`] with `agent`) grouped by agent and session, merged into the stored rows.
 fn upsert(rows: &str) -> String {
-    let set: Vec<String> = COLUMNS
+    let mut set: Vec<String> = COLUMNS
         .iter()
         .map(|c| format!("{c} = {}", merge(c)))
         .collect();
+    let (sig_key, ttfb) = (merge("sig_key"), merge("ttfb"));
+    set.push(format!(
+        "({}) = ({})",
+        DERIVED.join(", "),
+        derived(&sig_key, &ttfb)
+    ));
     // `WHERE true`: SQLite needs it to read `ON CONFLICT` as the upsert, not as a join's `ON`.
     format!(
         "INSERT INTO session_rollups (agent, session_id, {}) \
-         SELECT agent, session_id, {AGGREGATES} FROM ({rows}) AS u WHERE true \
+         SELECT agent, session_id, {} FROM ({rows}) AS u WHERE true \
          GROUP BY agent, session_id ON CONFLICT (agent, session_id) DO UPDATE SET {}",
-        COLUMNS.join(", "),
+        all_columns(),
+        aggregates(),
         set.join(", ")
     )
 }
@@ -298,12 +328,12 @@ pub(crate) async fn rebuild_session<C: ConnectionTrait>(
     db.execute_raw(delete.build()).await?;
 
     let mut insert = Sql::new(backend, "");
-    let set: Vec<String> = COLUMNS.iter().map(|c| c.to_string()).collect();
     insert
         .push(&format!(
             "INSERT INTO session_rollups (agent, session_id, {}) SELECT agent, session_id, \
-             {AGGREGATES} FROM ({} WHERE session_id = ",
-            set.join(", "),
+             {} FROM ({} WHERE session_id = ",
+            all_columns(),
+            aggregates(),
             signal_rows("agent, session_id", "signals")
         ))
         .bind(session_id.to_owned())

@@ -638,12 +638,13 @@ mod m0006_session_rollups {
         }
     }
 
-    /// The table, in the one SQL text SQLite and PostgreSQL share (the query builder has no
-    /// generated columns). Signals: number, max(received_at_ms * 4 + class), regenerations, heavy
-    /// edits, first signal. Requests: number, model and provider range, env, end user, known
-    /// cost, slowest TTFB, first and last. Then the last signal or request, and three columns
-    /// the database derives: the outcome class, the TTFB band (`analytics::query::TTFB_BANDS_MS`
-    /// when this migration was written) and the UTC week (from Monday) of the last signal.
+    /// The table, in the one SQL text SQLite and PostgreSQL share. Signals: number,
+    /// max(received_at_ms * 4 + class), regenerations, heavy edits, first signal. Requests:
+    /// number, model and provider range, env, end user, known cost, slowest TTFB, first and
+    /// last. Then the last signal or request, and three columns derived from the others, written
+    /// with them (not generated columns: SQLite reads those from the table, never from a
+    /// covering index): the outcome class, the TTFB band and the UTC week (from Monday) of the
+    /// last signal.
     const TABLE: &str = "CREATE TABLE IF NOT EXISTS session_rollups (\
         agent TEXT NOT NULL, session_id TEXT NOT NULL, \
         signals BIGINT NOT NULL, sig_key BIGINT, regens BIGINT NOT NULL, heavy BIGINT NOT NULL, \
@@ -651,12 +652,7 @@ mod m0006_session_rollups {
         requests BIGINT NOT NULL, model_min TEXT, model_max TEXT, provider_min TEXT, \
         provider_max TEXT, env TEXT, user_id TEXT, cost BIGINT, ttfb BIGINT, \
         first_request_ms BIGINT, last_request_ms BIGINT, \
-        last_active_ms BIGINT NOT NULL, \
-        cls BIGINT GENERATED ALWAYS AS (sig_key % 4) STORED, \
-        ttfb_band BIGINT GENERATED ALWAYS AS (CASE WHEN ttfb IS NULL THEN NULL \
-        WHEN ttfb < 500 THEN 0 WHEN ttfb < 1000 THEN 1 WHEN ttfb < 2000 THEN 2 \
-        WHEN ttfb < 4000 THEN 3 WHEN ttfb < 8000 THEN 4 ELSE 5 END) STORED, \
-        week BIGINT GENERATED ALWAYS AS ((sig_key / 4 + 259200000) / 604800000) STORED, \
+        last_active_ms BIGINT NOT NULL, cls BIGINT, ttfb_band BIGINT, week BIGINT, \
         PRIMARY KEY (agent, session_id))";
 
     /// The rollup of every stored (agent, session). The class of a signal (1 success, 2
@@ -664,12 +660,16 @@ mod m0006_session_rollups {
     /// `analytics::outcome` when this migration was written.
     const BACKFILL: &str = "INSERT INTO session_rollups (agent, session_id, signals, sig_key, \
         regens, heavy, first_signal_ms, requests, model_min, model_max, provider_min, \
-        provider_max, env, user_id, cost, ttfb, first_request_ms, last_request_ms, last_active_ms) \
+        provider_max, env, user_id, cost, ttfb, first_request_ms, last_request_ms, last_active_ms, \
+        cls, ttfb_band, week) \
         SELECT agent, session_id, CAST(SUM(is_sig) AS BIGINT), MAX(sig_key), \
         CAST(SUM(regen) AS BIGINT), CAST(SUM(heavy) AS BIGINT), MIN(sig_ms), \
         CAST(SUM(1 - is_sig) AS BIGINT), MIN(model), MAX(model), MIN(provider), MAX(provider), \
         MAX(env), MAX(user_id), CAST(SUM(cost) AS BIGINT), MAX(ttfb), MIN(req_ms), MAX(req_ms), \
-        MAX(COALESCE(sig_ms, req_ms)) \
+        MAX(COALESCE(sig_ms, req_ms)), MAX(sig_key) % 4, \
+        CASE WHEN MAX(ttfb) IS NULL THEN NULL WHEN MAX(ttfb) < 500 THEN 0 \
+        WHEN MAX(ttfb) < 1000 THEN 1 WHEN MAX(ttfb) < 2000 THEN 2 WHEN MAX(ttfb) < 4000 THEN 3 \
+        WHEN MAX(ttfb) < 8000 THEN 4 ELSE 5 END, (MAX(sig_key) / 4 + 259200000) / 604800000 \
         FROM (SELECT agent, session_id, 1 AS is_sig, received_at_ms * 4 + \
         CASE WHEN action IN ('accepted', 'thumbs_up', 'published', 'sent') THEN 1 \
         WHEN action = 'edited' AND edit_distance < 200 THEN 1 \
@@ -745,18 +745,14 @@ mod m0006_session_rollups {
 
     #[cfg(test)]
     mod tests {
-        use super::TABLE;
-        use crate::analytics::query::TTFB_BANDS_MS;
+        use super::BACKFILL;
+        use crate::analytics::query::ttfb_band;
 
         /// The stored TTFB band is the analytics' band: changing the bands needs a migration.
         #[test]
         fn stored_band_follows_the_analytics_bands() {
-            let mut band = String::from("CASE WHEN ttfb IS NULL THEN NULL ");
-            for (i, bound) in TTFB_BANDS_MS.iter().enumerate() {
-                band.push_str(&format!("WHEN ttfb < {bound} THEN {i} "));
-            }
-            band.push_str(&format!("ELSE {} END", TTFB_BANDS_MS.len()));
-            assert!(TABLE.contains(&band), "{band}");
+            let band = ttfb_band("MAX(ttfb)", false);
+            assert!(BACKFILL.contains(&band), "{band}");
         }
     }
 }
