@@ -183,6 +183,48 @@ fn rollup_measures(backend: DatabaseBackend, signals_only: bool) -> String {
         .join(", ")
 }
 
+/// How [`push_grouped`] groups the rollup rows inside the window.
+struct Grouping<'a> {
+    /// The raw columns `select` and `by` read.
+    columns: &'a str,
+    /// SQLite's first grouping: an index's order, then the measures of [`VECTOR`].
+    order: &'a str,
+    /// The groups (raw columns; none: one group).
+    by: &'a str,
+    /// Which rows count, besides lying inside the window.
+    filter: &'a str,
+    /// Whether `filter` keeps only sessions with signals.
+    signals_only: bool,
+}
+
+/// Appends `SELECT {select}` and the measures of the rollup rows of `agent` inside the window
+/// that pass `g.filter`, grouped by `g.by`. SQLite groups twice: first in the order of an index
+/// and by the sessions' measures ([`VECTOR`], sessions read in order fold into a few thousand
+/// groups without a sort), then by `g.by`. PostgreSQL hashes the rows once.
+fn push_grouped(sql: &mut Sql, select: &str, g: Grouping<'_>, agent: &str, since: i64, until: i64) {
+    let by = if g.by.is_empty() {
+        String::new()
+    } else {
+        format!(" GROUP BY {}", g.by)
+    };
+    if sql.backend() == DatabaseBackend::Sqlite {
+        sql.push(&format!(
+            "SELECT {select}{} FROM (SELECT {}, {VECTOR} FROM session_rollups WHERE ",
+            vector_measures(),
+            g.columns
+        ));
+        push_inside(sql, Scan::Grouped, agent, since, until);
+        sql.push(&format!(" AND {} GROUP BY {}) AS v{by}", g.filter, g.order));
+    } else {
+        sql.push(&format!(
+            "SELECT {select}{} FROM session_rollups WHERE ",
+            rollup_measures(sql.backend(), g.signals_only)
+        ));
+        push_inside(sql, Scan::Grouped, agent, since, until);
+        sql.push(&format!(" AND {}{by}", g.filter));
+    }
+}
+
 /// What groups of alike sessions carry: the measures that tell sessions apart (grouped by)
 /// and their number and known cost.
 const VECTOR: &str = "signals, cls, regens, heavy, requests, COUNT(*) AS n, SUM(cost) AS cost";
@@ -549,19 +591,25 @@ pub(crate) fn aggregates_statement(
         // last signal, `sig_key / 4`, is never after it), and the end users. The cube and the
         // users are grouped twice: by the index's order and the sessions' measures
         // ([`VECTOR`]: a few thousand groups), then by their keys.
-        sql.push(&format!(
-            " UNION ALL SELECT 'cube', {}, {}, env, CAST(ttfb_band AS TEXT), CAST(NULL AS TEXT), \
-             {} FROM (SELECT model_min, model_max, provider_min, provider_max, env, ttfb_band, \
-             {VECTOR} FROM session_rollups WHERE ",
-            Dimension::Model.rollup_expr(),
-            Dimension::Provider.rollup_expr(),
-            vector_measures(),
-        ));
-        push_inside(&mut sql, Scan::Grouped, agent, since, until);
-        sql.push(&format!(
-            " AND signals > 0 GROUP BY {CUBE_ORDER}) AS c GROUP BY model_min, model_max, \
-             provider_min, provider_max, env, ttfb_band"
-        ));
+        sql.push(" UNION ALL ");
+        push_grouped(
+            &mut sql,
+            &format!(
+                "'cube', {}, {}, env, CAST(ttfb_band AS TEXT), CAST(NULL AS TEXT), ",
+                Dimension::Model.rollup_expr(),
+                Dimension::Provider.rollup_expr()
+            ),
+            Grouping {
+                columns: "model_min, model_max, provider_min, provider_max, env, ttfb_band",
+                order: CUBE_ORDER,
+                by: "model_min, model_max, provider_min, provider_max, env, ttfb_band",
+                filter: "signals > 0",
+                signals_only: true,
+            },
+            agent,
+            since,
+            until,
+        );
         let with_signals = rollup_measures(backend, true);
         for (name, from, to) in [
             ("recent", recent_since, until),
@@ -579,15 +627,21 @@ pub(crate) fn aggregates_statement(
                 .push(" AND sig_key < ")
                 .bind(to.saturating_mul(4));
         }
-        sql.push(&format!(
-            " UNION ALL SELECT 'user', user_id, NULL, NULL, NULL, NULL, {} \
-             FROM (SELECT user_id, {VECTOR} FROM session_rollups WHERE ",
-            vector_measures()
-        ));
-        push_inside(&mut sql, Scan::Grouped, agent, since, until);
-        sql.push(&format!(
-            " AND user_id IS NOT NULL GROUP BY {USER_ORDER}) AS v GROUP BY user_id"
-        ));
+        sql.push(" UNION ALL ");
+        push_grouped(
+            &mut sql,
+            "'user', user_id, NULL, NULL, NULL, NULL, ",
+            Grouping {
+                columns: "user_id",
+                order: USER_ORDER,
+                by: "user_id",
+                filter: "user_id IS NOT NULL",
+                signals_only: false,
+            },
+            agent,
+            since,
+            until,
+        );
     }
 
     sql.build()
@@ -688,26 +742,47 @@ pub(crate) fn outcome_rates_statement(
         measures("cls")
     ));
     if let Source::Rollup = source {
-        // Grouped twice, as in [`aggregates_statement`]: by an index's order and the sessions'
-        // measures (the end users' index when the groups are by end user), then by `dims`.
-        let (user, order) = if dims.contains(&Dimension::User) {
+        // On SQLite by the order of the end users' index when the groups are by end user, else
+        // of the cube's.
+        let (columns, order) = if dims.contains(&Dimension::User) {
             (
-                "user_id, ",
+                "user_id, model_min, model_max, provider_min, provider_max, env, week",
                 format!(
                     "{USER_ORDER}, model_min, model_max, provider_min, provider_max, env, week"
                 ),
             )
         } else {
-            ("", CUBE_ORDER.to_owned())
+            (
+                "model_min, model_max, provider_min, provider_max, env, week",
+                CUBE_ORDER.to_owned(),
+            )
         };
-        sql.push(&format!(
-            " UNION ALL SELECT {}{} FROM (SELECT {user}model_min, model_max, provider_min, \
-             provider_max, env, week, {VECTOR} FROM session_rollups WHERE ",
-            keys(Dimension::rollup_expr),
-            vector_measures()
-        ));
-        push_inside(&mut sql, Scan::Grouped, agent, since, until);
-        sql.push(&format!(" AND signals > 0 GROUP BY {order}) AS v{group}"));
+        let by: Vec<&str> = dims
+            .iter()
+            .map(|d| match d {
+                Dimension::Model => "model_min, model_max",
+                Dimension::Provider => "provider_min, provider_max",
+                Dimension::Env => "env",
+                Dimension::Week => "week",
+                Dimension::User => "user_id",
+            })
+            .collect();
+        let by = by.join(", ");
+        sql.push(" UNION ALL ");
+        push_grouped(
+            &mut sql,
+            &keys(Dimension::rollup_expr),
+            Grouping {
+                columns,
+                order: &order,
+                by: &by,
+                filter: "signals > 0",
+                signals_only: true,
+            },
+            agent,
+            since,
+            until,
+        );
     }
 
     let outer_keys: Vec<String> = (0..dims.len()).map(|i| format!("k{i}")).collect();
