@@ -303,7 +303,18 @@ pub(crate) enum Source {
     Rows(PushSessions),
 }
 
+impl Source {
+    fn uses_rollup(self) -> bool {
+        match self {
+            Source::Rollup => true,
+            #[cfg(test)]
+            Source::Rows(_) => false,
+        }
+    }
+}
+
 /// Appends the CTEs ending in `s`, a per-session table of `agent` over `[since, until)`.
+#[cfg(test)]
 pub(crate) type PushSessions = fn(&mut Sql, &str, i64, i64);
 
 /// Appends the condition that a `session_rollups` row of `agent` lies whole inside the
@@ -584,7 +595,7 @@ pub(crate) fn aggregates_statement(
         measures("cls"),
         measures("cls")
     ));
-    if let Source::Rollup = source {
+    if source.uses_rollup() {
         // The sessions inside the window, from their rollup rows, in four passes that read
         // sessions in the order of an index and never sort them (see m0006): the cube without
         // the trend period, the two trend periods (ranges of the last activity; a session's
@@ -741,7 +752,7 @@ pub(crate) fn outcome_rates_statement(
         keys(Dimension::expr),
         measures("cls")
     ));
-    if let Source::Rollup = source {
+    if source.uses_rollup() {
         // On SQLite by the order of the end users' index when the groups are by end user, else
         // of the cube's.
         let (columns, order) = if dims.contains(&Dimension::User) {

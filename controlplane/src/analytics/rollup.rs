@@ -104,9 +104,9 @@ fn merge(col: &str) -> String {
 
 /// `SELECT`s one row per signal of `source` (a table or subquery with the columns `agent`,
 /// `session_id`, `received_at_ms`, `action` and `edit_distance`), in the shape the aggregates
-/// read: the columns `keys` (`agent, session_id` or `session_id`), `is_sig`, `sig_key` (time · 4
-/// + class), `regen`, `heavy`, `sig_ms`, and the request columns as NULLs. The statement may
-/// continue with a `WHERE`.
+/// read: the columns `keys` (`agent, session_id` or `session_id`), `is_sig`, `sig_key` (the
+/// time times 4 plus the class), `regen`, `heavy`, `sig_ms`, and the request columns as NULLs.
+/// The statement may continue with a `WHERE`.
 pub(crate) fn signal_rows(keys: &str, source: &str) -> String {
     format!(
         "SELECT {keys}, 1 AS is_sig, received_at_ms * 4 + {} AS sig_key, \
