@@ -12,6 +12,7 @@ use sea_orm::{
 };
 use tracing::warn;
 
+use crate::analytics::rollup;
 use crate::budgets::{Budgets, SpendItem, add_to_rollup};
 use crate::error::Result;
 use crate::sql::{INSERT_CHUNK_SIZES, insert_chunks, push_placeholder};
@@ -104,9 +105,12 @@ impl Records {
             .collect();
         outcome.stored = u32::try_from(fresh.len()).unwrap_or(u32::MAX);
         outcome.duplicates = u32::try_from(valid.len() - fresh.len()).unwrap_or(u32::MAX);
+        rollup::add_requests(&txn, &fresh).await?;
         for (session_id, seen) in sessions_of(&fresh) {
             upsert_session(&txn, &session_id, &seen).await?;
-            attribute_signals(&txn, &session_id).await?;
+            if let Some(agent) = attribute_signals(&txn, &session_id).await? {
+                rollup::rebuild_session(&txn, &session_id, &agent).await?;
+            }
         }
         let spend: Vec<SpendItem> = fresh
             .iter()
@@ -205,28 +209,30 @@ async fn upsert_session<C: sea_orm::ConnectionTrait>(
 }
 
 /// Gives signals that arrived before their session was known the session's agent, env and user.
-async fn attribute_signals(db: &DatabaseTransaction, session_id: &str) -> Result<()> {
+/// Returns the session's agent when signals were re-attributed to it (their rollups then need
+/// rebuilding).
+async fn attribute_signals(db: &DatabaseTransaction, session_id: &str) -> Result<Option<String>> {
     let Some(s) = session::Entity::find_by_id(session_id.to_owned())
         .one(db)
         .await?
     else {
-        return Ok(());
+        return Ok(None);
     };
     if s.agent.is_none() && s.env.is_none() && s.user_id.is_none() {
-        return Ok(());
+        return Ok(None);
     }
     let mut update = signal::Entity::update_many()
         .col_expr(signal::Column::Env, Expr::value(s.env.clone()))
         .col_expr(signal::Column::UserId, Expr::value(s.user_id.clone()))
         .filter(signal::Column::SessionId.eq(session_id))
         .filter(signal::Column::AttributedBySession.eq(false));
-    if let Some(agent) = s.agent {
+    if let Some(agent) = &s.agent {
         update = update
-            .col_expr(signal::Column::Agent, Expr::value(agent))
+            .col_expr(signal::Column::Agent, Expr::value(agent.clone()))
             .col_expr(signal::Column::AttributedBySession, Expr::value(true));
     }
-    update.exec(db).await?;
-    Ok(())
+    let changed = update.exec(db).await?.rows_affected;
+    Ok(s.agent.filter(|_| changed > 0))
 }
 
 fn validate(r: &RequestRecord) -> Result<(), &'static str> {

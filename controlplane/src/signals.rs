@@ -24,6 +24,7 @@ use sea_orm::{
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
 
+use crate::analytics::rollup::{SignalFacts, add_signals};
 use crate::error::{Error, Result};
 use crate::sql::{Sql, count, insert_chunks};
 use crate::store::Store;
@@ -366,9 +367,14 @@ async fn write_loop(store: Store, mut rx: mpsc::Receiver<Pending>) {
 async fn write_group(store: &Store, group: &[Pending]) -> Result<Vec<Stored>> {
     let txn = store.begin_write().await?;
     let sessions = known_sessions(&txn, group.iter().map(|p| p.signal.session_id.as_str())).await?;
+    let agents: Vec<Option<String>> = group
+        .iter()
+        .map(|p| agent_of(&p.signal, sessions.get(&p.signal.session_id)))
+        .collect();
     let rows: Vec<signal::ActiveModel> = group
         .iter()
-        .map(|p| to_row(&p.signal, sessions.get(&p.signal.session_id)))
+        .zip(&agents)
+        .map(|(p, agent)| to_row(&p.signal, sessions.get(&p.signal.session_id), agent))
         .collect();
     // Multi-row inserts. ON CONFLICT without a target skips a row that breaks any unique index
     // (an idempotent replay); RETURNING names the rows that were new.
@@ -386,6 +392,23 @@ async fn write_group(store: &Store, group: &[Pending]) -> Result<Vec<Stored>> {
             new_ids.extend(ids);
         }
     }
+    // The new signals of known agents join their sessions' rollups (each id once).
+    let mut added: HashSet<&str> = HashSet::with_capacity(new_ids.len());
+    let facts: Vec<SignalFacts<'_>> = group
+        .iter()
+        .zip(&agents)
+        .filter(|(p, _)| new_ids.contains(&p.signal.id) && added.insert(&p.signal.id))
+        .filter_map(|(p, agent)| {
+            Some(SignalFacts {
+                agent: agent.as_deref()?,
+                session_id: &p.signal.session_id,
+                received_at_ms: p.signal.received_at_ms,
+                action: p.signal.action.as_str(),
+                edit_distance: edit_distance(&p.signal),
+            })
+        })
+        .collect();
+    add_signals(&txn, &facts).await?;
     txn.commit().await?;
     Ok(group
         .iter()
@@ -399,24 +422,39 @@ async fn write_group(store: &Store, group: &[Pending]) -> Result<Vec<Stored>> {
         .collect())
 }
 
+/// The agent a signal is stored with: its session's when the session is known, else its
+/// `NM-Agent` hint.
+fn agent_of(s: &NewSignal, known: Option<&session::Model>) -> Option<String> {
+    known
+        .and_then(|k| k.agent.clone())
+        .or_else(|| s.agent_hint.clone())
+}
+
+/// The stored edit distance of a signal.
+fn edit_distance(s: &NewSignal) -> Option<i64> {
+    s.edit_distance
+        .map(|d| i64::try_from(d).unwrap_or(i64::MAX))
+}
+
 /// The row for a signal: with its session's agent, env and user when the session is known,
-/// else with its `NM-Agent` hint.
-fn to_row(s: &NewSignal, known: Option<&session::Model>) -> signal::ActiveModel {
-    let session_agent = known.and_then(|k| k.agent.clone());
+/// else with its `NM-Agent` hint (`agent`, from [`agent_of`]).
+fn to_row(
+    s: &NewSignal,
+    known: Option<&session::Model>,
+    agent: &Option<String>,
+) -> signal::ActiveModel {
     signal::ActiveModel {
         id: Set(s.id.clone()),
         received_at_ms: Set(s.received_at_ms),
         session_id: Set(s.session_id.clone()),
         action: Set(s.action.as_str().to_owned()),
-        edit_distance: Set(s
-            .edit_distance
-            .map(|d| i64::try_from(d).unwrap_or(i64::MAX))),
+        edit_distance: Set(edit_distance(s)),
         custom_label: Set(s.custom_label.clone()),
         key_id: Set(s.key_id.clone()),
         idempotency_key: Set(s.idempotency_key.clone()),
         agent_hint: Set(s.agent_hint.clone()),
-        attributed_by_session: Set(session_agent.is_some()),
-        agent: Set(session_agent.or_else(|| s.agent_hint.clone())),
+        attributed_by_session: Set(known.and_then(|k| k.agent.as_ref()).is_some()),
+        agent: Set(agent.clone()),
         env: Set(known.and_then(|k| k.env.clone())),
         user_id: Set(known.and_then(|k| k.user_id.clone())),
     }

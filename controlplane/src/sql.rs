@@ -22,6 +22,10 @@ impl Sql {
         }
     }
 
+    pub fn backend(&self) -> DatabaseBackend {
+        self.backend
+    }
+
     /// Appends SQL text (never user input).
     pub fn push(&mut self, text: &str) -> &mut Self {
         self.text.push_str(text);

@@ -1,9 +1,9 @@
 //! The SQL of analytics: one statement per question, computed by the database (SQLite or
 //! PostgreSQL), never by loading signals into memory.
 //!
-//! Every statement starts from the same per-session table `s`, built in one aggregate over the
-//! agent's signals in the window and its requests (from a day before the window, for answers
-//! that came shortly before their signals), grouped by session:
+//! The answers are defined over a per-session table: the agent's signals in the window
+//! `[since, until)` and its requests from a day before it (for answers that came shortly before
+//! their signals), grouped by session:
 //!
 //! - the outcome model of [`super::outcome`] runs in SQL: each signal gets its class (1 success,
 //!   2 abandoned, 0 other failure) from the same rules as [`super::outcome::is_success`], and the
@@ -14,14 +14,29 @@
 //!   the same one), env, end user, known cost, slowest time to first byte, number of requests.
 //!   A session with exactly one request is that request's outcome: the signals tie to it.
 //!
-//! The groups asked for are then `GROUP BY`s over `s`, each one pass over a small table.
+//! Grouping every signal and request of a large agent by session is too slow (one agent with a
+//! million of each: ~10 s), so the statements read that table mostly from `session_rollups`
+//! ([`super::rollup`]), which holds each session's aggregates already, kept by the ingest:
+//!
+//! - a session whose rows all lie inside the window (signals in `[since, until)`, requests in
+//!   `[since − REQUEST_LOOKBACK_MS, until)`) is its rollup row as it is ([`push_inside`]);
+//! - the few sessions that straddle an edge of the window are grouped from their rows in the
+//!   window, found by session id, exactly as before the rollup ([`push_edge_sessions`], the CTE
+//!   `s`); the tests compare both against the statement that grouped every row.
+//!
+//! The groups asked for are `GROUP BY`s over both parts, whose measures are sums and add up.
+//! Over the rollup, SQLite (which has no hash aggregate: a `GROUP BY` is a sort) reads sessions
+//! through covering indexes already in the order of the groups and of the sessions' measures, so
+//! alike sessions fold into one group as they are read, and groups them again by key
+//! ([`VECTOR`]); PostgreSQL hashes the same statement.
 
 use std::collections::BTreeMap;
 
-use sea_orm::{ConnectionTrait, DatabaseBackend, QueryResult};
+use sea_orm::{ConnectionTrait, DatabaseBackend, QueryResult, Statement};
 
 use super::outcome::{HEAVY_EDIT_CHARS, is_success};
 use super::report::OutcomeRow;
+use super::rollup;
 use crate::error::Result;
 use crate::sql::{Sql, count};
 use crate::store::Store;
@@ -69,6 +84,17 @@ impl Dimension {
         }
     }
 
+    /// The same expression over a `session_rollups` row (or a group of them, [`VECTOR`]).
+    fn rollup_expr(self) -> &'static str {
+        match self {
+            Dimension::Model => "CASE WHEN model_min = model_max THEN model_min END",
+            Dimension::Provider => "CASE WHEN provider_min = provider_max THEN provider_min END",
+            Dimension::Env => "env",
+            Dimension::Week => "CAST(week AS TEXT)",
+            Dimension::User => "user_id",
+        }
+    }
+
     /// The stored key as shown: the Monday's date for a week.
     fn show(self, raw: Option<String>) -> Option<String> {
         match self {
@@ -83,7 +109,7 @@ impl Dimension {
 
 /// The class of one signal in SQL: 1 success, 2 abandoned, 0 other failure, from
 /// [`is_success`] (the one definition of success) and the heavy-edit threshold.
-fn class_case() -> String {
+pub(crate) fn class_case() -> String {
     let mut used = Vec::new();
     for a in Action::ALL {
         if a != Action::Edited && is_success(a, None) {
@@ -101,63 +127,274 @@ fn class_case() -> String {
 }
 
 /// Measures over the sessions of `s` that have signals (`s` also holds the agent's sessions
-/// without any, for their cost).
-const MEASURES: &str = "CAST(COALESCE(SUM(CASE WHEN signals > 0 THEN 1 ELSE 0 END), 0) AS BIGINT) AS sessions, \
-     CAST(COALESCE(SUM(signals), 0) AS BIGINT) AS signals, \
-     CAST(COALESCE(SUM(CASE WHEN cls = 1 THEN 1 ELSE 0 END), 0) AS BIGINT) AS successes, \
-     CAST(COALESCE(SUM(CASE WHEN cls = 2 THEN 1 ELSE 0 END), 0) AS BIGINT) AS abandoned, \
-     CAST(COALESCE(SUM(CASE WHEN regens > 0 THEN 1 ELSE 0 END), 0) AS BIGINT) AS regenerated, \
-     CAST(COALESCE(SUM(CASE WHEN heavy > 0 THEN 1 ELSE 0 END), 0) AS BIGINT) AS heavily_edited, \
-     CAST(COALESCE(SUM(regens), 0) AS BIGINT) AS regenerations, \
-     CAST(COALESCE(SUM(CASE WHEN signals > 0 THEN cost ELSE 0 END), 0) AS BIGINT) AS cost_micros, \
-     CAST(COALESCE(SUM(CASE WHEN signals > 0 THEN requests ELSE 0 END), 0) AS BIGINT) AS requests, \
-     CAST(COALESCE(SUM(cost), 0) AS BIGINT) AS all_cost";
-
-/// Appends the `u` and `s` CTEs for `agent` over `[since, until)`; the statement continues
-/// with a `SELECT` over `s`.
-///
-/// `u` is the agent's signals in the window and its requests (from a day before the window)
-/// as rows of one shape; `s` groups them by session in **one** aggregate (a hash aggregate on
-/// PostgreSQL, one sort on SQLite): no join, so no second pass and no sort of text keys for a
-/// merge. `s` keeps the sessions without a signal in the window too (`signals = 0`), for the
-/// cost per end user; outcome measures count only the sessions with signals.
-fn push_sessions(sql: &mut Sql, agent: &str, since: i64, until: i64) {
-    sql.push(&format!(
-        "WITH u AS (SELECT session_id, 1 AS is_sig, received_at_ms * 4 + {} AS sig_key, \
-         CASE WHEN action = '{}' THEN 1 ELSE 0 END AS regen, \
-         CASE WHEN action = '{}' AND edit_distance >= {HEAVY_EDIT_CHARS} THEN 1 ELSE 0 END AS heavy, \
-         CAST(NULL AS TEXT) AS model, CAST(NULL AS TEXT) AS provider, CAST(NULL AS TEXT) AS env, \
-         CAST(NULL AS TEXT) AS user_id, CAST(NULL AS BIGINT) AS cost, CAST(NULL AS BIGINT) AS ttfb \
-         FROM signals WHERE agent = ",
-        class_case(),
-        Action::Regenerated,
-        Action::Edited,
-    ))
-    .bind(agent.to_owned())
-    .push(" AND received_at_ms >= ")
-    .bind(since)
-    .push(" AND received_at_ms < ")
-    .bind(until)
-    .push(
-        " UNION ALL SELECT session_id, 0, NULL, 0, 0, COALESCE(answered_model, model), provider, \
-         env, user_id, cost_micros, ttfb_ms FROM requests WHERE agent = ",
+/// without any, for their cost); `cls` is the session's outcome class.
+fn measures(cls: &str) -> String {
+    format!(
+        "CAST(COALESCE(SUM(CASE WHEN signals > 0 THEN 1 ELSE 0 END), 0) AS BIGINT) AS sessions, \
+         CAST(COALESCE(SUM(signals), 0) AS BIGINT) AS signals, \
+         CAST(COALESCE(SUM(CASE WHEN {cls} = 1 THEN 1 ELSE 0 END), 0) AS BIGINT) AS successes, \
+         CAST(COALESCE(SUM(CASE WHEN {cls} = 2 THEN 1 ELSE 0 END), 0) AS BIGINT) AS abandoned, \
+         CAST(COALESCE(SUM(CASE WHEN regens > 0 THEN 1 ELSE 0 END), 0) AS BIGINT) AS regenerated, \
+         CAST(COALESCE(SUM(CASE WHEN heavy > 0 THEN 1 ELSE 0 END), 0) AS BIGINT) AS heavily_edited, \
+         CAST(COALESCE(SUM(regens), 0) AS BIGINT) AS regenerations, \
+         CAST(COALESCE(SUM(CASE WHEN signals > 0 THEN cost ELSE 0 END), 0) AS BIGINT) AS cost_micros, \
+         CAST(COALESCE(SUM(CASE WHEN signals > 0 THEN requests ELSE 0 END), 0) AS BIGINT) AS requests, \
+         CAST(COALESCE(SUM(cost), 0) AS BIGINT) AS all_cost"
     )
-    .bind(agent.to_owned())
-    .push(" AND started_at_ms >= ")
-    .bind(since - REQUEST_LOOKBACK_MS)
-    .push(" AND started_at_ms < ")
-    .bind(until)
-    .push(
-        " AND session_id IS NOT NULL), \
-         s AS MATERIALIZED (SELECT MAX(sig_key) % 4 AS cls, MAX(sig_key) / 4 AS last_ms, \
-         CAST(SUM(regen) AS BIGINT) AS regens, CAST(SUM(heavy) AS BIGINT) AS heavy, \
-         CAST(SUM(is_sig) AS BIGINT) AS signals, \
-         CASE WHEN MIN(model) = MAX(model) THEN MIN(model) END AS model, \
-         CASE WHEN MIN(provider) = MAX(provider) THEN MIN(provider) END AS provider, \
-         MAX(env) AS env, MAX(user_id) AS user_id, CAST(SUM(cost) AS BIGINT) AS cost, \
-         MAX(ttfb) AS ttfb, CAST(SUM(1 - is_sig) AS BIGINT) AS requests \
-         FROM u GROUP BY session_id) ",
-    );
+}
+
+/// [`measures`] over `session_rollups` rows, in fewer operations per row (SQLite reads every
+/// row in its VM: a comparison summed directly costs less than a `CASE`); with `signals_only`
+/// the rows are known to have signals (`WHERE signals > 0`).
+fn rollup_measures(backend: DatabaseBackend, signals_only: bool) -> String {
+    let flag = |cond: &str| match backend {
+        DatabaseBackend::Sqlite => format!("({cond})"),
+        _ => format!("CASE WHEN {cond} THEN 1 ELSE 0 END"),
+    };
+    let (sessions, cost, requests) = if signals_only {
+        (
+            "COUNT(*)".to_owned(),
+            "SUM(cost)".to_owned(),
+            "SUM(requests)".to_owned(),
+        )
+    } else {
+        (
+            format!("SUM({})", flag("signals > 0")),
+            "SUM(CASE WHEN signals > 0 THEN cost ELSE 0 END)".to_owned(),
+            "SUM(CASE WHEN signals > 0 THEN requests ELSE 0 END)".to_owned(),
+        )
+    };
+    let cols = [
+        sessions,
+        "SUM(signals)".to_owned(),
+        format!("SUM({})", flag("cls = 1")),
+        format!("SUM({})", flag("cls = 2")),
+        format!("SUM({})", flag("regens > 0")),
+        format!("SUM({})", flag("heavy > 0")),
+        "SUM(regens)".to_owned(),
+        cost,
+        requests,
+        "SUM(cost)".to_owned(),
+    ];
+    cols.iter()
+        .zip(MEASURE_NAMES)
+        .map(|(c, name)| format!("CAST(COALESCE({c}, 0) AS BIGINT) AS {name}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// How [`push_grouped`] groups the rollup rows inside the window.
+struct Grouping<'a> {
+    /// The raw columns `select` and `by` read.
+    columns: &'a str,
+    /// SQLite's first grouping: an index's order, then the measures of [`VECTOR`].
+    order: &'a str,
+    /// The groups (raw columns; none: one group).
+    by: &'a str,
+    /// Which rows count, besides lying inside the window.
+    filter: &'a str,
+    /// Whether `filter` keeps only sessions with signals.
+    signals_only: bool,
+}
+
+/// Appends `SELECT {select}` and the measures of the rollup rows of `agent` inside the window
+/// that pass `g.filter`, grouped by `g.by`. SQLite groups twice: first in the order of an index
+/// and by the sessions' measures ([`VECTOR`], sessions read in order fold into a few thousand
+/// groups without a sort), then by `g.by`. PostgreSQL hashes the rows once.
+fn push_grouped(sql: &mut Sql, select: &str, g: Grouping<'_>, agent: &str, since: i64, until: i64) {
+    let by = if g.by.is_empty() {
+        String::new()
+    } else {
+        format!(" GROUP BY {}", g.by)
+    };
+    if sql.backend() == DatabaseBackend::Sqlite {
+        sql.push(&format!(
+            "SELECT {select}{} FROM (SELECT {}, {VECTOR} FROM session_rollups WHERE ",
+            vector_measures(),
+            g.columns
+        ));
+        push_inside(sql, Scan::Grouped, agent, since, until);
+        sql.push(&format!(" AND {} GROUP BY {}) AS v{by}", g.filter, g.order));
+    } else {
+        sql.push(&format!(
+            "SELECT {select}{} FROM session_rollups WHERE ",
+            rollup_measures(sql.backend(), g.signals_only)
+        ));
+        push_inside(sql, Scan::Grouped, agent, since, until);
+        sql.push(&format!(" AND {}{by}", g.filter));
+    }
+}
+
+/// What groups of alike sessions carry: the measures that tell sessions apart (grouped by)
+/// and their number and known cost.
+const VECTOR: &str = "signals, cls, regens, heavy, requests, COUNT(*) AS n, SUM(cost) AS cost";
+
+/// The `GROUP BY` of the cube's first grouping: the order of `idx_session_rollups_cube`, then
+/// the measures of [`VECTOR`].
+const CUBE_ORDER: &str = "model_min, model_max, provider_min, provider_max, env, week, ttfb_band, \
+     signals, cls, regens, heavy, requests";
+
+/// The `GROUP BY` of the end users' first grouping: the order of `idx_session_rollups_user`.
+const USER_ORDER: &str = "user_id, signals, cls, regens, heavy, requests";
+
+/// [`measures`] over groups of alike sessions ([`VECTOR`]).
+fn vector_measures() -> String {
+    let cols = [
+        "SUM(CASE WHEN signals > 0 THEN n ELSE 0 END)",
+        "SUM(signals * n)",
+        "SUM(CASE WHEN cls = 1 THEN n ELSE 0 END)",
+        "SUM(CASE WHEN cls = 2 THEN n ELSE 0 END)",
+        "SUM(CASE WHEN regens > 0 THEN n ELSE 0 END)",
+        "SUM(CASE WHEN heavy > 0 THEN n ELSE 0 END)",
+        "SUM(regens * n)",
+        "SUM(CASE WHEN signals > 0 THEN cost ELSE 0 END)",
+        "SUM(CASE WHEN signals > 0 THEN requests * n ELSE 0 END)",
+        "SUM(cost)",
+    ];
+    cols.iter()
+        .zip(MEASURE_NAMES)
+        .map(|(c, name)| format!("CAST(COALESCE({c}, 0) AS BIGINT) AS {name}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The sums of the measure columns of grouped rows.
+fn sum_measures() -> String {
+    MEASURE_NAMES
+        .iter()
+        .map(|m| format!("CAST(COALESCE(SUM({m}), 0) AS BIGINT) AS {m}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The measure columns [`measures`] names, in order.
+const MEASURE_NAMES: [&str; 10] = [
+    "sessions",
+    "signals",
+    "successes",
+    "abandoned",
+    "regenerated",
+    "heavily_edited",
+    "regenerations",
+    "cost_micros",
+    "requests",
+    "all_cost",
+];
+
+/// A session of `s` from its rows (signals and requests in the shape of
+/// [`rollup::signal_rows`]), grouped by session.
+const SESSION_FROM_ROWS: &str = "MAX(sig_key) % 4 AS cls, MAX(sig_key) / 4 AS last_ms, \
+     CAST(SUM(regen) AS BIGINT) AS regens, CAST(SUM(heavy) AS BIGINT) AS heavy, \
+     CAST(SUM(is_sig) AS BIGINT) AS signals, \
+     CASE WHEN MIN(model) = MAX(model) THEN MIN(model) END AS model, \
+     CASE WHEN MIN(provider) = MAX(provider) THEN MIN(provider) END AS provider, \
+     MAX(env) AS env, MAX(user_id) AS user_id, CAST(SUM(cost) AS BIGINT) AS cost, \
+     MAX(ttfb) AS ttfb, CAST(SUM(1 - is_sig) AS BIGINT) AS requests";
+
+/// Where the per-session table comes from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Source {
+    /// `session_rollups` for the sessions whole inside the window, and the rows of the few
+    /// that straddle an edge of it ([`push_edge_sessions`]).
+    Rollup,
+    /// Every session from its rows, in the CTE `s` the function appends (the tests' reference:
+    /// the statement before the rollup).
+    #[cfg(test)]
+    Rows(PushSessions),
+}
+
+impl Source {
+    fn uses_rollup(self) -> bool {
+        match self {
+            Source::Rollup => true,
+            #[cfg(test)]
+            Source::Rows(_) => false,
+        }
+    }
+}
+
+/// Appends the CTEs ending in `s`, a per-session table of `agent` over `[since, until)`.
+#[cfg(test)]
+pub(crate) type PushSessions = fn(&mut Sql, &str, i64, i64);
+
+/// Appends the condition that a `session_rollups` row of `agent` lies whole inside the
+/// window: its signals in `[since, until)` and its requests in `[since - REQUEST_LOOKBACK_MS,
+/// until)`. Such a row is exactly what grouping the session's rows in the window gives.
+///
+/// `Scan::Range` lets the planner read the rows by their last activity (the index on
+/// `(agent, last_active_ms)`); `Scan::Grouped` keeps SQLite off that index (`+last_active_ms`),
+/// so it reads them through the index whose order is the `GROUP BY`'s instead of sorting them.
+fn push_inside(sql: &mut Sql, scan: Scan, agent: &str, since: i64, until: i64) {
+    let request_since = since - REQUEST_LOOKBACK_MS;
+    let active = match (scan, sql.backend()) {
+        (Scan::Grouped, DatabaseBackend::Sqlite) => "+last_active_ms",
+        // PostgreSQL hashes whatever the order; an expression would hide the column's
+        // statistics from its planner, which would then expect a handful of rows and sort.
+        _ => "last_active_ms",
+    };
+    sql.push("agent = ")
+        .bind(agent.to_owned())
+        .push(&format!(" AND {active} >= "))
+        .bind(request_since)
+        .push(&format!(" AND {active} < "))
+        .bind(until)
+        .push(" AND (first_signal_ms IS NULL OR first_signal_ms >= ")
+        .bind(since)
+        .push(") AND (first_request_ms IS NULL OR first_request_ms >= ")
+        .bind(request_since)
+        .push(")");
+}
+
+/// How [`push_inside`] lets the rollup be read.
+#[derive(Debug, Clone, Copy)]
+enum Scan {
+    Range,
+    Grouped,
+}
+
+/// Appends the CTEs ending in `s`: the sessions of `agent` that straddle an edge of the window
+/// (some of their rows lie outside it: exactly the rollup rows with activity in the window that
+/// [`push_inside`] rejects), grouped from their rows in the window as the analytics did before
+/// the rollup: the agent's signals in `[since, until)` and its requests from
+/// [`REQUEST_LOOKBACK_MS`] before, grouped by session. Few sessions, found by session id.
+///
+/// `s` keeps the sessions without a signal in the window too (`signals = 0`), for the cost per
+/// end user; outcome measures count only the sessions with signals.
+fn push_edge_sessions(sql: &mut Sql, agent: &str, since: i64, until: i64) {
+    let request_since = since - REQUEST_LOOKBACK_MS;
+    // `agent || ''` and `+ 0` keep SQLite off the agent and time indexes, so it looks the few
+    // sessions up by id instead of scanning every row of the agent.
+    sql.push("WITH e AS MATERIALIZED (SELECT session_id FROM session_rollups WHERE agent = ")
+        .bind(agent.to_owned())
+        .push(" AND last_active_ms >= ")
+        .bind(request_since)
+        .push(" AND (last_active_ms >= ")
+        .bind(until)
+        .push(" OR first_signal_ms < ")
+        .bind(since)
+        .push(" OR first_request_ms < ")
+        .bind(request_since)
+        .push(&format!(
+            ")), u AS ({} WHERE t.session_id = e.session_id AND t.agent || '' = ",
+            rollup::signal_rows("t.session_id AS session_id", "e CROSS JOIN signals AS t")
+        ))
+        .bind(agent.to_owned())
+        .push(" AND t.received_at_ms + 0 >= ")
+        .bind(since)
+        .push(" AND t.received_at_ms + 0 < ")
+        .bind(until)
+        .push(&format!(
+            " UNION ALL {} WHERE t.session_id = e.session_id AND t.agent || '' = ",
+            rollup::request_rows("t.session_id AS session_id", "e CROSS JOIN requests AS t")
+        ))
+        .bind(agent.to_owned())
+        .push(" AND t.started_at_ms + 0 >= ")
+        .bind(request_since)
+        .push(" AND t.started_at_ms + 0 < ")
+        .bind(until)
+        .push(&format!(
+            "), s AS MATERIALIZED (SELECT {SESSION_FROM_ROWS} FROM u GROUP BY session_id) "
+        ));
 }
 
 /// Runs one analytics statement. On PostgreSQL it runs in a read transaction with JIT off (the
@@ -207,49 +444,78 @@ pub async fn aggregates(
     recent_since: i64,
     previous_since: i64,
 ) -> Result<Aggregates> {
-    let db = store.conn();
-    let backend = db.get_database_backend();
-    let mut sql = Sql::new(backend, "");
-    push_sessions(&mut sql, agent, since, until);
-    let mut ttfb = String::from("CASE WHEN ttfb IS NULL THEN NULL");
-    for (i, bound) in TTFB_BANDS_MS.iter().enumerate() {
-        ttfb.push_str(&format!(" WHEN ttfb < {bound} THEN '{i}'"));
-    }
-    ttfb.push_str(&format!(" ELSE '{}' END", TTFB_BANDS_MS.len()));
-    // Two groupings, two passes over `s`: a small cube of model x provider x env x TTFB band x
-    // trend period (a few hundred rows at most, rolled up below: every measure is a sum), and
-    // one row per end user.
-    sql.push(&format!(
-        "SELECT 'cube' AS g, model AS k1, provider AS k2, env AS k3, {ttfb} AS k4, \
-         CASE WHEN last_ms >= "
-    ))
-    .bind(recent_since)
-    .push(" THEN 'recent' WHEN last_ms >= ")
-    .bind(previous_since)
-    .push(&format!(
-        " THEN 'previous' END AS k5, {MEASURES} FROM s WHERE signals > 0 GROUP BY 2, 3, 4, 5, 6 \
-         UNION ALL SELECT 'user', user_id, NULL, NULL, NULL, NULL, {MEASURES} FROM s \
-         WHERE user_id IS NOT NULL GROUP BY user_id"
-    ));
+    aggregates_from(
+        store,
+        Source::Rollup,
+        agent,
+        since,
+        until,
+        recent_since,
+        previous_since,
+    )
+    .await
+}
 
+/// The time-to-first-byte band of the expression `ttfb` (`0`.., as text with `text`; NULL
+/// without a TTFB).
+pub(crate) fn ttfb_band(ttfb: &str, text: bool) -> String {
+    let quote = if text { "'" } else { "" };
+    let mut band = format!("CASE WHEN {ttfb} IS NULL THEN NULL");
+    for (i, bound) in TTFB_BANDS_MS.iter().enumerate() {
+        band.push_str(&format!(" WHEN {ttfb} < {bound} THEN {quote}{i}{quote}"));
+    }
+    band.push_str(&format!(" ELSE {quote}{}{quote} END", TTFB_BANDS_MS.len()));
+    band
+}
+
+/// [`aggregates`] over the per-session table of `source`.
+pub(crate) async fn aggregates_from(
+    store: &Store,
+    source: Source,
+    agent: &str,
+    since: i64,
+    until: i64,
+    recent_since: i64,
+    previous_since: i64,
+) -> Result<Aggregates> {
+    let stmt = aggregates_statement(
+        store.backend(),
+        source,
+        agent,
+        since,
+        until,
+        recent_since,
+        previous_since,
+    );
     let mut out = Aggregates::default();
     let mut by_model: BTreeMap<Option<String>, OutcomeRow> = BTreeMap::new();
     let mut by_provider: BTreeMap<Option<String>, OutcomeRow> = BTreeMap::new();
     let mut by_env: BTreeMap<Option<String>, OutcomeRow> = BTreeMap::new();
     let mut by_ttfb: BTreeMap<usize, OutcomeRow> = BTreeMap::new();
-    for row in run(store, sql.build()).await? {
+    let mut by_user: BTreeMap<String, (OutcomeRow, u64)> = BTreeMap::new();
+    for row in run(store, stmt).await? {
         let group: String = row.try_get("", "g")?;
         let k = |i: usize| row.try_get::<Option<String>>("", &format!("k{i}"));
         let (k1, k2, k3, k4, k5) = (k(1)?, k(2)?, k(3)?, k(4)?, k(5)?);
-        let m = measures(&row, Vec::new())?;
-        if group == "user" {
-            if let Some(user) = k1.clone() {
-                out.user_costs.push((user, count(&row, "all_cost")?));
-                if m.sessions > 0 {
-                    out.by_user.push(OutcomeRow { key: vec![k1], ..m });
+        let m = measures_of(&row, Vec::new())?;
+        match group.as_str() {
+            "user" => {
+                if let Some(user) = k1 {
+                    let e = by_user.entry(user).or_default();
+                    add(&mut e.0, &m);
+                    e.1 += count(&row, "all_cost")?;
                 }
+                continue;
             }
-            continue;
+            "recent" => {
+                add(&mut out.recent, &m);
+                continue;
+            }
+            "previous" => {
+                add(&mut out.previous, &m);
+                continue;
+            }
+            _ => {}
         }
         add(&mut out.total, &m);
         add(by_model.entry(k1).or_default(), &m);
@@ -273,6 +539,15 @@ pub async fn aggregates(
     out.by_provider = keyed(by_provider);
     out.by_env = keyed(by_env);
     out.by_ttfb = by_ttfb.into_iter().collect();
+    for (user, (m, all_cost)) in by_user {
+        out.user_costs.push((user.clone(), all_cost));
+        if m.sessions > 0 {
+            out.by_user.push(OutcomeRow {
+                key: vec![Some(user)],
+                ..m
+            });
+        }
+    }
     for rows in [
         &mut out.by_model,
         &mut out.by_provider,
@@ -284,6 +559,103 @@ pub async fn aggregates(
     out.user_costs
         .sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     Ok(out)
+}
+
+/// The statement of [`aggregates_from`].
+pub(crate) fn aggregates_statement(
+    backend: DatabaseBackend,
+    source: Source,
+    agent: &str,
+    since: i64,
+    until: i64,
+    recent_since: i64,
+    previous_since: i64,
+) -> Statement {
+    let mut sql = Sql::new(backend, "");
+    match source {
+        Source::Rollup => push_edge_sessions(&mut sql, agent, since, until),
+        #[cfg(test)]
+        Source::Rows(push) => push(&mut sql, agent, since, until),
+    }
+    let band = ttfb_band("ttfb", true);
+    // Over `s`, two groupings: a small cube of model x provider x env x TTFB band x trend
+    // period (a few hundred rows at most, rolled up below: every measure is a sum), and one row
+    // per end user.
+    sql.push(&format!(
+        "SELECT 'cube' AS g, model AS k1, provider AS k2, env AS k3, {band} AS k4, \
+         CASE WHEN last_ms >= "
+    ))
+    .bind(recent_since)
+    .push(" THEN 'recent' WHEN last_ms >= ")
+    .bind(previous_since)
+    .push(&format!(
+        " THEN 'previous' END AS k5, {} FROM s WHERE signals > 0 GROUP BY 2, 3, 4, 5, 6 \
+         UNION ALL SELECT 'user', user_id, NULL, NULL, NULL, NULL, {} FROM s \
+         WHERE user_id IS NOT NULL GROUP BY user_id",
+        measures("cls"),
+        measures("cls")
+    ));
+    if source.uses_rollup() {
+        // The sessions inside the window, from their rollup rows, in four passes that read
+        // sessions in the order of an index and never sort them (see m0006): the cube without
+        // the trend period, the two trend periods (ranges of the last activity; a session's
+        // last signal, `sig_key / 4`, is never after it), and the end users. The cube and the
+        // users are grouped twice: by the index's order and the sessions' measures
+        // ([`VECTOR`]: a few thousand groups), then by their keys.
+        sql.push(" UNION ALL ");
+        push_grouped(
+            &mut sql,
+            &format!(
+                "'cube', {}, {}, env, CAST(ttfb_band AS TEXT), CAST(NULL AS TEXT), ",
+                Dimension::Model.rollup_expr(),
+                Dimension::Provider.rollup_expr()
+            ),
+            Grouping {
+                columns: "model_min, model_max, provider_min, provider_max, env, ttfb_band",
+                order: CUBE_ORDER,
+                by: "model_min, model_max, provider_min, provider_max, env, ttfb_band",
+                filter: "signals > 0",
+                signals_only: true,
+            },
+            agent,
+            since,
+            until,
+        );
+        let with_signals = rollup_measures(backend, true);
+        for (name, from, to) in [
+            ("recent", recent_since, until),
+            ("previous", previous_since, recent_since),
+        ] {
+            sql.push(&format!(
+                " UNION ALL SELECT '{name}', NULL, NULL, NULL, NULL, NULL, {with_signals} \
+                 FROM session_rollups WHERE "
+            ));
+            push_inside(&mut sql, Scan::Range, agent, since, until);
+            sql.push(" AND signals > 0 AND last_active_ms >= ")
+                .bind(from)
+                .push(" AND sig_key >= ")
+                .bind(from.saturating_mul(4))
+                .push(" AND sig_key < ")
+                .bind(to.saturating_mul(4));
+        }
+        sql.push(" UNION ALL ");
+        push_grouped(
+            &mut sql,
+            "'user', user_id, NULL, NULL, NULL, NULL, ",
+            Grouping {
+                columns: "user_id",
+                order: USER_ORDER,
+                by: "user_id",
+                filter: "user_id IS NOT NULL",
+                signals_only: false,
+            },
+            agent,
+            since,
+            until,
+        );
+    }
+
+    sql.build()
 }
 
 /// Adds `m`'s measures to `into` (every measure is a sum).
@@ -313,41 +685,28 @@ pub async fn outcome_rates(
     until: i64,
     limit: u32,
 ) -> Result<Vec<OutcomeRow>> {
-    let db = store.conn();
-    let backend: DatabaseBackend = db.get_database_backend();
-    let limit = match limit {
-        0 => MAX_RATE_ROWS,
-        n => n.min(MAX_RATE_ROWS),
-    };
-    let mut sql = Sql::new(backend, "");
-    push_sessions(&mut sql, agent, since, until);
-    let keys: Vec<String> = dims
-        .iter()
-        .enumerate()
-        .map(|(i, d)| format!("{} AS k{i}", d.expr()))
-        .collect();
-    let mut select = keys.join(", ");
-    if !select.is_empty() {
-        select.push_str(", ");
-    }
-    sql.push(&format!(
-        "SELECT {select}{MEASURES} FROM s WHERE signals > 0"
-    ));
-    if !dims.is_empty() {
-        let group: Vec<String> = (1..=dims.len()).map(|i| i.to_string()).collect();
-        sql.push(&format!(" GROUP BY {}", group.join(", ")));
-        let order: Vec<String> = (1..=dims.len()).map(|i| i.to_string()).collect();
-        sql.push(&format!(" ORDER BY sessions DESC, {}", order.join(", ")));
-    }
-    sql.push(" LIMIT ").bind(i64::from(limit));
+    outcome_rates_from(store, Source::Rollup, agent, dims, since, until, limit).await
+}
+
+/// [`outcome_rates`] over the per-session table of `source`.
+pub(crate) async fn outcome_rates_from(
+    store: &Store,
+    source: Source,
+    agent: &str,
+    dims: &[Dimension],
+    since: i64,
+    until: i64,
+    limit: u32,
+) -> Result<Vec<OutcomeRow>> {
+    let stmt = outcome_rates_statement(store.backend(), source, agent, dims, since, until, limit);
     let mut rows = Vec::new();
-    for row in run(store, sql.build()).await? {
+    for row in run(store, stmt).await? {
         let key = dims
             .iter()
             .enumerate()
             .map(|(i, d)| Ok(d.show(row.try_get::<Option<String>>("", &format!("k{i}"))?)))
             .collect::<Result<Vec<_>>>()?;
-        let m = measures(&row, key)?;
+        let m = measures_of(&row, key)?;
         if m.sessions > 0 {
             rows.push(m);
         }
@@ -355,7 +714,106 @@ pub async fn outcome_rates(
     Ok(rows)
 }
 
-fn measures(row: &QueryResult, key: Vec<Option<String>>) -> Result<OutcomeRow> {
+/// The statement of [`outcome_rates_from`].
+pub(crate) fn outcome_rates_statement(
+    backend: DatabaseBackend,
+    source: Source,
+    agent: &str,
+    dims: &[Dimension],
+    since: i64,
+    until: i64,
+    limit: u32,
+) -> Statement {
+    let limit = match limit {
+        0 => MAX_RATE_ROWS,
+        n => n.min(MAX_RATE_ROWS),
+    };
+    let mut sql = Sql::new(backend, "");
+    match source {
+        Source::Rollup => push_edge_sessions(&mut sql, agent, since, until),
+        #[cfg(test)]
+        Source::Rows(push) => push(&mut sql, agent, since, until),
+    }
+    let keys = |expr: fn(Dimension) -> &'static str| -> String {
+        dims.iter()
+            .enumerate()
+            .map(|(i, d)| format!("{} AS k{i}, ", expr(*d)))
+            .collect()
+    };
+    let numbers: Vec<String> = (1..=dims.len()).map(|i| i.to_string()).collect();
+    let group = if dims.is_empty() {
+        String::new()
+    } else {
+        format!(" GROUP BY {}", numbers.join(", "))
+    };
+    // The groups of `s` and, for the sessions inside the window, of their rollup rows, summed.
+    sql.push(&format!(
+        ", r AS (SELECT {}{} FROM s WHERE signals > 0{group}",
+        keys(Dimension::expr),
+        measures("cls")
+    ));
+    if source.uses_rollup() {
+        // On SQLite by the order of the end users' index when the groups are by end user, else
+        // of the cube's.
+        let (columns, order) = if dims.contains(&Dimension::User) {
+            (
+                "user_id, model_min, model_max, provider_min, provider_max, env, week",
+                format!(
+                    "{USER_ORDER}, model_min, model_max, provider_min, provider_max, env, week"
+                ),
+            )
+        } else {
+            (
+                "model_min, model_max, provider_min, provider_max, env, week",
+                CUBE_ORDER.to_owned(),
+            )
+        };
+        let by: Vec<&str> = dims
+            .iter()
+            .map(|d| match d {
+                Dimension::Model => "model_min, model_max",
+                Dimension::Provider => "provider_min, provider_max",
+                Dimension::Env => "env",
+                Dimension::Week => "week",
+                Dimension::User => "user_id",
+            })
+            .collect();
+        let by = by.join(", ");
+        sql.push(" UNION ALL ");
+        push_grouped(
+            &mut sql,
+            &keys(Dimension::rollup_expr),
+            Grouping {
+                columns,
+                order: &order,
+                by: &by,
+                filter: "signals > 0",
+                signals_only: true,
+            },
+            agent,
+            since,
+            until,
+        );
+    }
+
+    let outer_keys: Vec<String> = (0..dims.len()).map(|i| format!("k{i}")).collect();
+    let mut select = outer_keys.join(", ");
+    if !select.is_empty() {
+        select.push_str(", ");
+    }
+    sql.push(&format!(") SELECT {select}{} FROM r", sum_measures()));
+    if !dims.is_empty() {
+        sql.push(&format!(
+            " GROUP BY {} ORDER BY sessions DESC, {}",
+            numbers.join(", "),
+            numbers.join(", ")
+        ));
+    }
+    sql.push(" LIMIT ").bind(i64::from(limit));
+    sql.build()
+}
+
+fn measures_of(row: &QueryResult, key: Vec<Option<String>>) -> Result<OutcomeRow> {
     Ok(OutcomeRow {
         key,
         sessions: count(row, "sessions")?,

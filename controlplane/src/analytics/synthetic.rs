@@ -1,7 +1,8 @@
 //! Synthetic traffic with known ground truth, generated from a seed: sessions of an agent with
 //! their proxied requests (model, provider, env, end user, cost, time to first byte) and their
 //! signals, written through the controlplane's real ingest path ([`Records::ingest`]) and into
-//! the `signals` table as the signal writer stores them (attributed to the session's agent).
+//! the `signals` table (and the session rollups) as the signal writer stores them (attributed to
+//! the session's agent).
 //!
 //! Used by `nm-gateway demo`, the tests (model B truly better than A, equal models, a cheaper
 //! equal model) and the benchmark. Deterministic: the same specs and seed give the same rows.
@@ -13,7 +14,9 @@
 //! regenerations come first, each with its own request. Success actions are spread over
 //! accepted, light edit, sent, published and thumbs-up.
 
-use sea_orm::{EntityTrait, Set};
+use sea_orm::{ActiveValue, EntityTrait, Set};
+
+use super::rollup::{SignalFacts, add_requests, add_signals};
 
 use crate::error::Result;
 use crate::records::{RequestRecord, Usage, UsageStatus};
@@ -326,8 +329,8 @@ pub enum Path {
     /// Through [`Records::ingest`], as a dataplane ships them: the `sessions` table and the
     /// spend rollups are kept too.
     Ingest,
-    /// Plain multi-row inserts into `requests` only: much faster, for statistical tests and
-    /// benchmarks that read `requests` and `signals` only.
+    /// Plain multi-row inserts into `requests` (and the analytics' session rollups) only: much
+    /// faster, for statistical tests and benchmarks that read requests, signals and rollups only.
     Direct,
 }
 
@@ -394,6 +397,7 @@ pub async fn generate_with(
 async fn insert_requests(store: &Store, rows: Vec<RequestRecord>) -> Result<()> {
     let as_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
     let txn = store.begin_write().await?;
+    add_requests(&txn, &rows.iter().collect::<Vec<_>>()).await?;
     let mut rest = rows.into_iter().map(|r| request::ActiveModel {
         request_id: Set(r.request_id),
         started_at_ms: Set(r.started_at_ms),
@@ -434,6 +438,34 @@ async fn insert_requests(store: &Store, rows: Vec<RequestRecord>) -> Result<()> 
 
 async fn insert_signals(store: &Store, rows: Vec<signal::ActiveModel>) -> Result<()> {
     let txn = store.begin_write().await?;
+    let facts: Vec<SignalFacts<'_>> = rows
+        .iter()
+        .filter_map(|r| {
+            match (
+                &r.agent,
+                &r.session_id,
+                &r.received_at_ms,
+                &r.action,
+                &r.edit_distance,
+            ) {
+                (
+                    ActiveValue::Set(Some(agent)),
+                    ActiveValue::Set(session_id),
+                    ActiveValue::Set(received_at_ms),
+                    ActiveValue::Set(action),
+                    ActiveValue::Set(edit_distance),
+                ) => Some(SignalFacts {
+                    agent,
+                    session_id,
+                    received_at_ms: *received_at_ms,
+                    action,
+                    edit_distance: *edit_distance,
+                }),
+                _ => None,
+            }
+        })
+        .collect();
+    add_signals(&txn, &facts).await?;
     let mut rest = rows.into_iter();
     for size in insert_chunks(rest.len()) {
         let chunk: Vec<_> = rest.by_ref().take(size).collect();

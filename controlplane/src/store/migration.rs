@@ -18,6 +18,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0003_usage_budgets::Migration),
             Box::new(m0004_unpriced_index::Migration),
             Box::new(m0005_analytics::Migration),
+            Box::new(m0006_session_rollups::Migration),
         ]
     }
 }
@@ -617,6 +618,141 @@ mod m0005_analytics {
                 .await?;
             m.drop_table(Table::drop().table(AnalyticsResults::Table).to_owned())
                 .await
+        }
+    }
+}
+
+/// Per-session rollups for the analytics (`analytics::rollup`): one row per (agent, session) of
+/// mergeable aggregates of the session's signals and requests, kept by the ingest in the same
+/// transaction as the rows, so an agent's analytics read one row per session instead of
+/// grouping all its signals and requests. Filled here from the rows already stored, so an
+/// upgraded database answers exactly as before.
+mod m0006_session_rollups {
+    use super::*;
+
+    pub struct Migration;
+
+    impl MigrationName for Migration {
+        fn name(&self) -> &str {
+            "m0006_session_rollups"
+        }
+    }
+
+    /// The table, in the one SQL text SQLite and PostgreSQL share. Signals: number,
+    /// max(received_at_ms * 4 + class), regenerations, heavy edits, first signal. Requests:
+    /// number, model and provider range, env, end user, known cost, slowest TTFB, first and
+    /// last. Then the last signal or request, and three columns derived from the others, written
+    /// with them (not generated columns: SQLite reads those from the table, never from a
+    /// covering index): the outcome class, the TTFB band and the UTC week (from Monday) of the
+    /// last signal.
+    const TABLE: &str = "CREATE TABLE IF NOT EXISTS session_rollups (\
+        agent TEXT NOT NULL, session_id TEXT NOT NULL, \
+        signals BIGINT NOT NULL, sig_key BIGINT, regens BIGINT NOT NULL, heavy BIGINT NOT NULL, \
+        first_signal_ms BIGINT, \
+        requests BIGINT NOT NULL, model_min TEXT, model_max TEXT, provider_min TEXT, \
+        provider_max TEXT, env TEXT, user_id TEXT, cost BIGINT, ttfb BIGINT, \
+        first_request_ms BIGINT, last_request_ms BIGINT, \
+        last_active_ms BIGINT NOT NULL, cls BIGINT, ttfb_band BIGINT, week BIGINT, \
+        PRIMARY KEY (agent, session_id))";
+
+    /// The rollup of every stored (agent, session). The class of a signal (1 success, 2
+    /// abandoned, 0 other failure) and the heavy-edit threshold are those of
+    /// `analytics::outcome` when this migration was written.
+    const BACKFILL: &str = "INSERT INTO session_rollups (agent, session_id, signals, sig_key, \
+        regens, heavy, first_signal_ms, requests, model_min, model_max, provider_min, \
+        provider_max, env, user_id, cost, ttfb, first_request_ms, last_request_ms, last_active_ms, \
+        cls, ttfb_band, week) \
+        SELECT agent, session_id, CAST(SUM(is_sig) AS BIGINT), MAX(sig_key), \
+        CAST(SUM(regen) AS BIGINT), CAST(SUM(heavy) AS BIGINT), MIN(sig_ms), \
+        CAST(SUM(1 - is_sig) AS BIGINT), MIN(model), MAX(model), MIN(provider), MAX(provider), \
+        MAX(env), MAX(user_id), CAST(SUM(cost) AS BIGINT), MAX(ttfb), MIN(req_ms), MAX(req_ms), \
+        MAX(COALESCE(sig_ms, req_ms)), MAX(sig_key) % 4, \
+        CASE WHEN MAX(ttfb) IS NULL THEN NULL WHEN MAX(ttfb) < 500 THEN 0 \
+        WHEN MAX(ttfb) < 1000 THEN 1 WHEN MAX(ttfb) < 2000 THEN 2 WHEN MAX(ttfb) < 4000 THEN 3 \
+        WHEN MAX(ttfb) < 8000 THEN 4 ELSE 5 END, (MAX(sig_key) / 4 + 259200000) / 604800000 \
+        FROM (SELECT agent, session_id, 1 AS is_sig, received_at_ms * 4 + \
+        CASE WHEN action IN ('accepted', 'thumbs_up', 'published', 'sent') THEN 1 \
+        WHEN action = 'edited' AND edit_distance < 200 THEN 1 \
+        WHEN action = 'abandoned' THEN 2 ELSE 0 END AS sig_key, \
+        CASE WHEN action = 'regenerated' THEN 1 ELSE 0 END AS regen, \
+        CASE WHEN action = 'edited' AND edit_distance >= 200 THEN 1 ELSE 0 END AS heavy, \
+        received_at_ms AS sig_ms, CAST(NULL AS TEXT) AS model, CAST(NULL AS TEXT) AS provider, \
+        CAST(NULL AS TEXT) AS env, CAST(NULL AS TEXT) AS user_id, CAST(NULL AS BIGINT) AS cost, \
+        CAST(NULL AS BIGINT) AS ttfb, CAST(NULL AS BIGINT) AS req_ms \
+        FROM signals WHERE agent IS NOT NULL \
+        UNION ALL SELECT agent, session_id, 0, NULL, 0, 0, NULL, COALESCE(answered_model, model), \
+        provider, env, user_id, cost_micros, ttfb_ms, started_at_ms \
+        FROM requests WHERE agent IS NOT NULL AND session_id IS NOT NULL) AS u \
+        GROUP BY agent, session_id";
+
+    /// What the analytics read of a row besides its keys: the window test and the measures.
+    const READ: &str = "last_active_ms, first_signal_ms, first_request_ms, signals, cls, regens, \
+        heavy, requests, cost";
+
+    /// The indexes. An agent's sessions active since a time (the window, the trend weeks) on
+    /// both databases. SQLite has no hash aggregate: a `GROUP BY` over hundreds of thousands of
+    /// sessions is a sort, several times slower than reading them. So on SQLite the indexes
+    /// cover what the analytics read, and two more hand the sessions over already ordered by
+    /// their cube key and by end user, each followed by the session's measures, so that SQLite
+    /// groups sessions as it reads them, and sessions alike (same key, class, counts) fold into
+    /// one group: most of the work per session is then one comparison and one count.
+    /// PostgreSQL hashes; it gets the narrow index only.
+    fn indexes(sqlite: bool) -> Vec<String> {
+        if !sqlite {
+            return vec![
+                "CREATE INDEX IF NOT EXISTS idx_session_rollups_agent_active \
+                 ON session_rollups (agent, last_active_ms)"
+                    .to_owned(),
+            ];
+        }
+        vec![
+            format!(
+                "CREATE INDEX IF NOT EXISTS idx_session_rollups_agent_active \
+                 ON session_rollups (agent, last_active_ms, sig_key, {READ})"
+            ),
+            format!(
+                "CREATE INDEX IF NOT EXISTS idx_session_rollups_cube ON session_rollups \
+                 (agent, model_min, model_max, provider_min, provider_max, env, week, ttfb_band, \
+                 signals, cls, regens, heavy, requests, {READ})"
+            ),
+            format!(
+                "CREATE INDEX IF NOT EXISTS idx_session_rollups_user ON session_rollups \
+                 (agent, user_id, signals, cls, regens, heavy, requests, {READ})"
+            ),
+        ]
+    }
+
+    #[async_trait::async_trait]
+    impl MigrationTrait for Migration {
+        async fn up(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            let db = m.get_connection();
+            db.execute_unprepared(TABLE).await?;
+            let sqlite = m.get_database_backend() == sea_orm::DatabaseBackend::Sqlite;
+            for index in indexes(sqlite) {
+                db.execute_unprepared(&index).await?;
+            }
+            db.execute_unprepared(BACKFILL).await?;
+            Ok(())
+        }
+
+        async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            m.get_connection()
+                .execute_unprepared("DROP TABLE IF EXISTS session_rollups")
+                .await?;
+            Ok(())
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::BACKFILL;
+        use crate::analytics::query::ttfb_band;
+
+        /// The stored TTFB band is the analytics' band: changing the bands needs a migration.
+        #[test]
+        fn stored_band_follows_the_analytics_bands() {
+            let band = ttfb_band("MAX(ttfb)", false);
+            assert!(BACKFILL.contains(&band), "{band}");
         }
     }
 }

@@ -1,0 +1,353 @@
+//! `session_rollups`: one row per (agent, session) holding what the analytics need of the
+//! session's signals and requests, kept in the same transaction as the rows it summarises, so an
+//! agent's analytics read about one row per session instead of grouping every signal and request.
+//!
+//! Every column is *mergeable* (a count, a sum, a minimum or a maximum), so a row is the same
+//! whatever order the signals and requests arrive in, late records from a dataplane's spool
+//! included: the row of a set of rows merged with the row of another set is the row of their
+//! union. A row holds, for the signals of the session attributed to the agent: their number, the
+//! largest `received_at_ms · 4 + class` (the session's outcome and its last signal, see
+//! [`super::query`]), regenerations, heavy edits and the first signal's time; for the agent's
+//! requests of the session: their number, the smallest and largest model (as answered, else as
+//! requested) and provider, the largest env and end user, the known cost (NULL while no request
+//! has a known cost, exactly like `SUM`), the slowest time to first byte and the first and last
+//! request's time; and the session's last activity (`last_active_ms`).
+//!
+//! Only rows stored for the first time are added: duplicates of records (a resent batch) and of
+//! signals (a retried `Idempotency-Key`) are skipped by their inserts and never reach here. Rows
+//! without an agent (or a request without a session) are not in it; when signals that arrived
+//! before their session are re-attributed to its agent, the rows of the session's agents are
+//! rebuilt from the raw rows ([`rebuild_session`]).
+//!
+//! Each write groups its rows by (agent, session) **in the database**
+//! (`INSERT .. SELECT .. FROM (VALUES ..) GROUP BY .. ON CONFLICT DO UPDATE`), so text minimums
+//! and maximums follow the database's collation, exactly as a `MIN`/`MAX` over the raw rows
+//! does. The outcome class of a signal is baked into `sig_key`: a change of
+//! [`super::outcome::is_success`] or of the heavy-edit threshold needs a migration that rebuilds
+//! the table.
+
+use sea_orm::{ConnectionTrait, DatabaseBackend, Statement, Value};
+
+use super::outcome::HEAVY_EDIT_CHARS;
+use super::query::{class_case, ttfb_band};
+use crate::error::Result;
+use crate::records::RequestRecord;
+use crate::sql::{Sql, insert_chunks, push_placeholder};
+use nm_types::Action;
+
+/// The rollup's columns after (agent, session_id), in the order [`AGGREGATES`] computes them.
+pub(crate) const COLUMNS: [&str; 17] = [
+    "signals",
+    "sig_key",
+    "regens",
+    "heavy",
+    "first_signal_ms",
+    "requests",
+    "model_min",
+    "model_max",
+    "provider_min",
+    "provider_max",
+    "env",
+    "user_id",
+    "cost",
+    "ttfb",
+    "first_request_ms",
+    "last_request_ms",
+    "last_active_ms",
+];
+
+/// The rollup columns as aggregates over rows of the shape [`signal_rows`] and [`request_rows`]
+/// give, in [`COLUMNS`] order.
+const AGGREGATES: &str = "CAST(SUM(is_sig) AS BIGINT), MAX(sig_key), \
+     CAST(SUM(regen) AS BIGINT), CAST(SUM(heavy) AS BIGINT), MIN(sig_ms), \
+     CAST(SUM(1 - is_sig) AS BIGINT), MIN(model), MAX(model), MIN(provider), MAX(provider), \
+     MAX(env), MAX(user_id), CAST(SUM(cost) AS BIGINT), MAX(ttfb), MIN(req_ms), MAX(req_ms), \
+     MAX(COALESCE(sig_ms, req_ms))";
+
+/// Columns derived from others, stored so that indexes can order and cover them (SQLite
+/// reads a generated column from the table, never from an index): the outcome class, the TTFB
+/// band and the UTC week (from Monday) of the last signal.
+pub(crate) const DERIVED: [&str; 3] = ["cls", "ttfb_band", "week"];
+
+/// The [`DERIVED`] columns from the session's `sig_key` and `ttfb` expressions.
+fn derived(sig_key: &str, ttfb: &str) -> String {
+    format!(
+        "({sig_key}) % 4, {}, (({sig_key}) / 4 + 259200000) / 604800000",
+        ttfb_band(ttfb, false)
+    )
+}
+
+/// Every stored column after (agent, session_id): [`COLUMNS`] then [`DERIVED`].
+fn all_columns() -> String {
+    format!("{}, {}", COLUMNS.join(", "), DERIVED.join(", "))
+}
+
+/// [`AGGREGATES`] and the [`DERIVED`] columns, in [`all_columns`] order.
+fn aggregates() -> String {
+    format!("{AGGREGATES}, {}", derived("MAX(sig_key)", "MAX(ttfb)"))
+}
+
+/// How a stored row and a new one merge, in [`COLUMNS`] order: sums add (a NULL cost stays
+/// unknown until a known one arrives, like `SUM`), minimums and maximums keep the smaller or
+/// larger non-NULL value.
+fn merge(col: &str) -> String {
+    let (r, x) = (format!("session_rollups.{col}"), format!("excluded.{col}"));
+    match col {
+        "signals" | "regens" | "heavy" | "requests" => format!("{r} + {x}"),
+        "cost" => format!("COALESCE({r} + {x}, {r}, {x})"),
+        "first_signal_ms" | "model_min" | "provider_min" | "first_request_ms" => {
+            format!("CASE WHEN {r} IS NULL OR {x} < {r} THEN {x} ELSE {r} END")
+        }
+        _ => format!("CASE WHEN {r} IS NULL OR {x} > {r} THEN {x} ELSE {r} END"),
+    }
+}
+
+/// `SELECT`s one row per signal of `source` (a table or subquery with the columns `agent`,
+/// `session_id`, `received_at_ms`, `action` and `edit_distance`), in the shape the aggregates
+/// read: the columns `keys` (`agent, session_id` or `session_id`), `is_sig`, `sig_key` (the
+/// time times 4 plus the class), `regen`, `heavy`, `sig_ms`, and the request columns as NULLs.
+/// The statement may continue with a `WHERE`.
+pub(crate) fn signal_rows(keys: &str, source: &str) -> String {
+    format!(
+        "SELECT {keys}, 1 AS is_sig, received_at_ms * 4 + {} AS sig_key, \
+         CASE WHEN action = '{}' THEN 1 ELSE 0 END AS regen, \
+         CASE WHEN action = '{}' AND edit_distance >= {HEAVY_EDIT_CHARS} THEN 1 ELSE 0 END AS heavy, \
+         received_at_ms AS sig_ms, CAST(NULL AS TEXT) AS model, CAST(NULL AS TEXT) AS provider, \
+         CAST(NULL AS TEXT) AS env, CAST(NULL AS TEXT) AS user_id, CAST(NULL AS BIGINT) AS cost, \
+         CAST(NULL AS BIGINT) AS ttfb, CAST(NULL AS BIGINT) AS req_ms FROM {source}",
+        class_case(),
+        Action::Regenerated,
+        Action::Edited,
+    )
+}
+
+/// `SELECT`s one row per request of `source` (a table or subquery with the columns of
+/// `requests` the analytics read) in the shape of [`signal_rows`], alone or after it in a
+/// `UNION ALL`. The statement may continue with a `WHERE`.
+pub(crate) fn request_rows(keys: &str, source: &str) -> String {
+    format!(
+        "SELECT {keys}, 0 AS is_sig, CAST(NULL AS BIGINT) AS sig_key, 0 AS regen, \
+         0 AS heavy, CAST(NULL AS BIGINT) AS sig_ms, COALESCE(answered_model, model) AS model, \
+         provider, env, user_id, cost_micros AS cost, ttfb_ms AS ttfb, started_at_ms AS req_ms \
+         FROM {source}"
+    )
+}
+
+/// The `INSERT INTO session_rollups` of the rows of `rows` (a subquery of the shape of
+/// [`signal_rows`] with `agent`) grouped by agent and session, merged into the stored rows.
+fn upsert(rows: &str) -> String {
+    let mut set: Vec<String> = COLUMNS
+        .iter()
+        .map(|c| format!("{c} = {}", merge(c)))
+        .collect();
+    let (sig_key, ttfb) = (merge("sig_key"), merge("ttfb"));
+    set.push(format!(
+        "({}) = ({})",
+        DERIVED.join(", "),
+        derived(&sig_key, &ttfb)
+    ));
+    // `WHERE true`: SQLite needs it to read `ON CONFLICT` as the upsert, not as a join's `ON`.
+    format!(
+        "INSERT INTO session_rollups (agent, session_id, {}) \
+         SELECT agent, session_id, {} FROM ({rows}) AS u WHERE true \
+         GROUP BY agent, session_id ON CONFLICT (agent, session_id) DO UPDATE SET {}",
+        all_columns(),
+        aggregates(),
+        set.join(", ")
+    )
+}
+
+/// A `VALUES` list of `rows` rows of `cols` placeholders, as a subquery naming its columns.
+fn values(backend: DatabaseBackend, rows: usize, cols: &[&str]) -> String {
+    let mut sql = String::from("SELECT ");
+    for (i, c) in cols.iter().enumerate() {
+        if i > 0 {
+            sql.push_str(", ");
+        }
+        sql.push_str(&format!("column{} AS {c}", i + 1));
+    }
+    sql.push_str(" FROM (VALUES ");
+    let mut n = 0;
+    for row in 0..rows {
+        sql.push_str(if row > 0 { ", (" } else { "(" });
+        for col in 0..cols.len() {
+            if col > 0 {
+                sql.push_str(", ");
+            }
+            n += 1;
+            push_placeholder(backend, &mut sql, n);
+        }
+        sql.push(')');
+    }
+    sql.push_str(") AS v");
+    sql
+}
+
+const SIGNAL_VALUES: [&str; 5] = [
+    "agent",
+    "session_id",
+    "received_at_ms",
+    "action",
+    "edit_distance",
+];
+
+const REQUEST_VALUES: [&str; 10] = [
+    "agent",
+    "session_id",
+    "started_at_ms",
+    "answered_model",
+    "model",
+    "provider",
+    "env",
+    "user_id",
+    "cost_micros",
+    "ttfb_ms",
+];
+
+/// The upsert of `rows` signals (bound in [`SIGNAL_VALUES`] order).
+fn signals_sql(backend: DatabaseBackend, rows: usize) -> String {
+    upsert(&signal_rows(
+        "agent, session_id",
+        &format!("({}) AS r", values(backend, rows, &SIGNAL_VALUES)),
+    ))
+}
+
+/// The upsert of `rows` requests (bound in [`REQUEST_VALUES`] order).
+fn requests_sql(backend: DatabaseBackend, rows: usize) -> String {
+    upsert(&request_rows(
+        "agent, session_id",
+        &format!("({}) AS r", values(backend, rows, &REQUEST_VALUES)),
+    ))
+}
+
+/// One new signal, as the rollup sees it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SignalFacts<'a> {
+    pub agent: &'a str,
+    pub session_id: &'a str,
+    pub received_at_ms: i64,
+    pub action: &'a str,
+    pub edit_distance: Option<i64>,
+}
+
+/// Adds signals stored for the first time to their sessions' rollups.
+pub(crate) async fn add_signals<C: ConnectionTrait>(
+    db: &C,
+    signals: &[SignalFacts<'_>],
+) -> Result<()> {
+    let backend = db.get_database_backend();
+    let mut rest = signals;
+    for size in insert_chunks(signals.len()) {
+        let (chunk, tail) = rest.split_at(size);
+        rest = tail;
+        let mut values = Vec::with_capacity(size * SIGNAL_VALUES.len());
+        for s in chunk {
+            values.extend([
+                Value::String(Some(s.agent.to_owned())),
+                Value::String(Some(s.session_id.to_owned())),
+                Value::BigInt(Some(s.received_at_ms)),
+                Value::String(Some(s.action.to_owned())),
+                Value::BigInt(s.edit_distance),
+            ]);
+        }
+        db.execute_raw(Statement::from_sql_and_values(
+            backend,
+            signals_sql(backend, size),
+            values,
+        ))
+        .await?;
+    }
+    Ok(())
+}
+
+/// Adds request records stored for the first time to their sessions' rollups; records without
+/// an agent or a session are skipped (at no cost beyond looking at them).
+pub(crate) async fn add_requests<C: ConnectionTrait>(
+    db: &C,
+    records: &[&RequestRecord],
+) -> Result<()> {
+    let rows: Vec<&RequestRecord> = records
+        .iter()
+        .copied()
+        .filter(|r| r.agent.is_some() && r.session_id.is_some())
+        .collect();
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let backend = db.get_database_backend();
+    let count = |v: Option<u64>| Value::BigInt(v.map(|v| i64::try_from(v).unwrap_or(i64::MAX)));
+    let mut rest = rows.as_slice();
+    for size in insert_chunks(rows.len()) {
+        let (chunk, tail) = rest.split_at(size);
+        rest = tail;
+        let mut values = Vec::with_capacity(size * REQUEST_VALUES.len());
+        for r in chunk {
+            values.extend([
+                Value::String(r.agent.clone()),
+                Value::String(r.session_id.clone()),
+                Value::BigInt(Some(r.started_at_ms)),
+                Value::String(r.usage.model.clone()),
+                Value::String(r.model.clone()),
+                Value::String(Some(r.provider.clone())),
+                Value::String(r.env.clone()),
+                Value::String(r.user_id.clone()),
+                count(r.cost_micros),
+                count(r.ttfb_ms),
+            ]);
+        }
+        db.execute_raw(Statement::from_sql_and_values(
+            backend,
+            requests_sql(backend, size),
+            values,
+        ))
+        .await?;
+    }
+    Ok(())
+}
+
+/// Rebuilds the rows of `session_id` for `agent` and for every agent its signals were stored
+/// with before they were re-attributed (their `agent_hint`), from the raw rows. Called when the
+/// records ingest re-attributes signals: a maximum cannot be taken back, so the rows are
+/// recomputed rather than adjusted.
+pub(crate) async fn rebuild_session<C: ConnectionTrait>(
+    db: &C,
+    session_id: &str,
+    agent: &str,
+) -> Result<()> {
+    let backend = db.get_database_backend();
+    let agents = |sql: &mut Sql| {
+        sql.push(" IN (SELECT agent_hint FROM signals WHERE session_id = ")
+            .bind(session_id.to_owned())
+            .push(" AND agent_hint IS NOT NULL UNION SELECT ")
+            .bind(agent.to_owned())
+            .push(")");
+    };
+    let mut delete = Sql::new(backend, "DELETE FROM session_rollups WHERE session_id = ");
+    delete.bind(session_id.to_owned()).push(" AND agent");
+    agents(&mut delete);
+    db.execute_raw(delete.build()).await?;
+
+    let mut insert = Sql::new(backend, "");
+    insert
+        .push(&format!(
+            "INSERT INTO session_rollups (agent, session_id, {}) SELECT agent, session_id, \
+             {} FROM ({} WHERE session_id = ",
+            all_columns(),
+            aggregates(),
+            signal_rows("agent, session_id", "signals")
+        ))
+        .bind(session_id.to_owned())
+        .push(" AND agent");
+    agents(&mut insert);
+    insert
+        .push(&format!(
+            " UNION ALL {} WHERE session_id = ",
+            request_rows("agent, session_id", "requests")
+        ))
+        .bind(session_id.to_owned())
+        .push(" AND agent");
+    agents(&mut insert);
+    insert.push(") AS u GROUP BY agent, session_id");
+    db.execute_raw(insert.build()).await?;
+    Ok(())
+}
