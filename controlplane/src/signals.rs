@@ -403,7 +403,7 @@ async fn write_group(store: &Store, group: &[Pending]) -> Result<Vec<Stored>> {
                 agent: agent.as_deref()?,
                 session_id: &p.signal.session_id,
                 received_at_ms: p.signal.received_at_ms,
-                action: p.signal.action.as_str(),
+                action: p.signal.action,
                 edit_distance: edit_distance(&p.signal),
             })
         })

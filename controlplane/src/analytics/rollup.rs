@@ -19,16 +19,20 @@
 //! before their session are re-attributed to its agent, the rows of the session's agents are
 //! rebuilt from the raw rows ([`rebuild_session`]).
 //!
-//! Each write groups its rows by (agent, session) **in the database**
+//! A batch of records is grouped by (agent, session) **in the database**
 //! (`INSERT .. SELECT .. FROM (VALUES ..) GROUP BY .. ON CONFLICT DO UPDATE`), so text minimums
 //! and maximums follow the database's collation, exactly as a `MIN`/`MAX` over the raw rows
-//! does. The outcome class of a signal is baked into `sig_key`: a change of
+//! does. Signals carry only integers: a group of them is folded per session in Rust (the class
+//! from the same [`super::outcome::is_success`]) and upserted as a plain `VALUES` list, which
+//! costs the signal writer less. The outcome class of a signal is baked into `sig_key`: a change of
 //! [`super::outcome::is_success`] or of the heavy-edit threshold needs a migration that rebuilds
 //! the table.
 
 use sea_orm::{ConnectionTrait, DatabaseBackend, Statement, Value};
 
-use super::outcome::HEAVY_EDIT_CHARS;
+use std::collections::BTreeMap;
+
+use super::outcome::{HEAVY_EDIT_CHARS, is_heavy_edit, is_success};
 use super::query::{class_case, ttfb_band};
 use crate::error::Result;
 use crate::records::RequestRecord;
@@ -136,6 +140,19 @@ pub(crate) fn request_rows(keys: &str, source: &str) -> String {
 /// The `INSERT INTO session_rollups` of the rows of `rows` (a subquery of the shape of
 /// [`signal_rows`] with `agent`) grouped by agent and session, merged into the stored rows.
 fn upsert(rows: &str) -> String {
+    // `WHERE true`: SQLite needs it to read `ON CONFLICT` as the upsert, not as a join's `ON`.
+    format!(
+        "INSERT INTO session_rollups (agent, session_id, {}) \
+         SELECT agent, session_id, {} FROM ({rows}) AS u WHERE true \
+         GROUP BY agent, session_id {}",
+        all_columns(),
+        aggregates(),
+        on_conflict()
+    )
+}
+
+/// The `ON CONFLICT` clause that merges a new row into the stored one ([`merge`]).
+fn on_conflict() -> String {
     let mut set: Vec<String> = COLUMNS
         .iter()
         .map(|c| format!("{c} = {}", merge(c)))
@@ -146,13 +163,8 @@ fn upsert(rows: &str) -> String {
         DERIVED.join(", "),
         derived(&sig_key, &ttfb)
     ));
-    // `WHERE true`: SQLite needs it to read `ON CONFLICT` as the upsert, not as a join's `ON`.
     format!(
-        "INSERT INTO session_rollups (agent, session_id, {}) \
-         SELECT agent, session_id, {} FROM ({rows}) AS u WHERE true \
-         GROUP BY agent, session_id ON CONFLICT (agent, session_id) DO UPDATE SET {}",
-        all_columns(),
-        aggregates(),
+        "ON CONFLICT (agent, session_id) DO UPDATE SET {}",
         set.join(", ")
     )
 }
@@ -183,14 +195,6 @@ fn values(backend: DatabaseBackend, rows: usize, cols: &[&str]) -> String {
     sql
 }
 
-const SIGNAL_VALUES: [&str; 5] = [
-    "agent",
-    "session_id",
-    "received_at_ms",
-    "action",
-    "edit_distance",
-];
-
 const REQUEST_VALUES: [&str; 10] = [
     "agent",
     "session_id",
@@ -204,12 +208,43 @@ const REQUEST_VALUES: [&str; 10] = [
     "ttfb_ms",
 ];
 
-/// The upsert of `rows` signals (bound in [`SIGNAL_VALUES`] order).
+/// What signals add to a session's rollup, in the order [`signals_sql`] binds it.
+const SIGNAL_COLUMNS: [&str; 11] = [
+    "agent",
+    "session_id",
+    "signals",
+    "sig_key",
+    "regens",
+    "heavy",
+    "first_signal_ms",
+    "requests",
+    "last_active_ms",
+    "cls",
+    "week",
+];
+
+/// The upsert of `rows` sessions' new signals, folded beforehand ([`SignalSums`]): a plain
+/// `VALUES` list, no grouping in the database (signals carry only integers).
 fn signals_sql(backend: DatabaseBackend, rows: usize) -> String {
-    upsert(&signal_rows(
-        "agent, session_id",
-        &format!("({}) AS r", values(backend, rows, &SIGNAL_VALUES)),
-    ))
+    let mut sql = format!(
+        "INSERT INTO session_rollups ({}) VALUES ",
+        SIGNAL_COLUMNS.join(", ")
+    );
+    let mut n = 0;
+    for row in 0..rows {
+        sql.push_str(if row > 0 { ", (" } else { "(" });
+        for col in 0..SIGNAL_COLUMNS.len() {
+            if col > 0 {
+                sql.push_str(", ");
+            }
+            n += 1;
+            push_placeholder(backend, &mut sql, n);
+        }
+        sql.push(')');
+    }
+    sql.push(' ');
+    sql.push_str(&on_conflict());
+    sql
 }
 
 /// The upsert of `rows` requests (bound in [`REQUEST_VALUES`] order).
@@ -226,8 +261,32 @@ pub(crate) struct SignalFacts<'a> {
     pub agent: &'a str,
     pub session_id: &'a str,
     pub received_at_ms: i64,
-    pub action: &'a str,
+    pub action: Action,
     pub edit_distance: Option<i64>,
+}
+
+/// A session's new signals folded: the rollup's signal columns.
+#[derive(Debug, Clone, Copy)]
+struct SignalSums {
+    signals: i64,
+    sig_key: i64,
+    regens: i64,
+    heavy: i64,
+    first_ms: i64,
+    last_ms: i64,
+}
+
+/// The class of a signal (1 success, 2 abandoned, 0 other failure): [`class_case`] in Rust,
+/// from the same [`is_success`].
+fn class(action: Action, edit_distance: Option<i64>) -> i64 {
+    let distance = edit_distance.and_then(|d| u64::try_from(d).ok());
+    if is_success(action, distance) {
+        1
+    } else if action == Action::Abandoned {
+        2
+    } else {
+        0
+    }
 }
 
 /// Adds signals stored for the first time to their sessions' rollups.
@@ -235,19 +294,52 @@ pub(crate) async fn add_signals<C: ConnectionTrait>(
     db: &C,
     signals: &[SignalFacts<'_>],
 ) -> Result<()> {
+    let mut sessions: BTreeMap<(&str, &str), SignalSums> = BTreeMap::new();
+    for s in signals {
+        let distance = s.edit_distance.and_then(|d| u64::try_from(d).ok());
+        let sig_key = s.received_at_ms * 4 + class(s.action, s.edit_distance);
+        let regen = i64::from(s.action == Action::Regenerated);
+        let heavy = i64::from(s.action == Action::Edited && is_heavy_edit(distance));
+        sessions
+            .entry((s.agent, s.session_id))
+            .and_modify(|x| {
+                x.signals += 1;
+                x.sig_key = x.sig_key.max(sig_key);
+                x.regens += regen;
+                x.heavy += heavy;
+                x.first_ms = x.first_ms.min(s.received_at_ms);
+                x.last_ms = x.last_ms.max(s.received_at_ms);
+            })
+            .or_insert(SignalSums {
+                signals: 1,
+                sig_key,
+                regens: regen,
+                heavy,
+                first_ms: s.received_at_ms,
+                last_ms: s.received_at_ms,
+            });
+    }
     let backend = db.get_database_backend();
-    let mut rest = signals;
-    for size in insert_chunks(signals.len()) {
+    let rows: Vec<_> = sessions.into_iter().collect();
+    let mut rest = rows.as_slice();
+    for size in insert_chunks(rows.len()) {
         let (chunk, tail) = rest.split_at(size);
         rest = tail;
-        let mut values = Vec::with_capacity(size * SIGNAL_VALUES.len());
-        for s in chunk {
+        let mut values = Vec::with_capacity(size * SIGNAL_COLUMNS.len());
+        for ((agent, session_id), x) in chunk {
             values.extend([
-                Value::String(Some(s.agent.to_owned())),
-                Value::String(Some(s.session_id.to_owned())),
-                Value::BigInt(Some(s.received_at_ms)),
-                Value::String(Some(s.action.to_owned())),
-                Value::BigInt(s.edit_distance),
+                Value::String(Some((*agent).to_owned())),
+                Value::String(Some((*session_id).to_owned())),
+                Value::BigInt(Some(x.signals)),
+                Value::BigInt(Some(x.sig_key)),
+                Value::BigInt(Some(x.regens)),
+                Value::BigInt(Some(x.heavy)),
+                Value::BigInt(Some(x.first_ms)),
+                Value::BigInt(Some(0)),
+                Value::BigInt(Some(x.last_ms)),
+                // As [`derived`] computes them in SQL (the times are positive).
+                Value::BigInt(Some(x.sig_key % 4)),
+                Value::BigInt(Some((x.sig_key / 4 + 259_200_000) / 604_800_000)),
             ]);
         }
         db.execute_raw(Statement::from_sql_and_values(

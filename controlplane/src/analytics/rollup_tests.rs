@@ -521,7 +521,7 @@ async fn insert_rows(db: &DatabaseConnection, steps: &[Step], keep_rollup: bool)
                     agent: s.agent_hint.as_deref()?,
                     session_id: &s.session_id,
                     received_at_ms: s.received_at_ms,
-                    action: s.action.as_str(),
+                    action: s.action,
                     edit_distance: s.edit_distance.map(|d| d as i64),
                 })
             })

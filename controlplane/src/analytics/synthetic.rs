@@ -458,7 +458,8 @@ async fn insert_signals(store: &Store, rows: Vec<signal::ActiveModel>) -> Result
                     agent,
                     session_id,
                     received_at_ms: *received_at_ms,
-                    action,
+                    // The generator writes only valid actions.
+                    action: action.parse().ok()?,
                     edit_distance: *edit_distance,
                 }),
                 _ => None,
