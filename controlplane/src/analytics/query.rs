@@ -189,6 +189,9 @@ struct Grouping<'a> {
     columns: &'a str,
     /// SQLite's first grouping: an index's order, then the measures of [`VECTOR`].
     order: &'a str,
+    /// The index SQLite reads in that order (named: without statistics its planner may
+    /// otherwise take the primary key and sort).
+    index: &'a str,
     /// The groups (raw columns; none: one group).
     by: &'a str,
     /// Which rows count, besides lying inside the window.
@@ -209,9 +212,11 @@ fn push_grouped(sql: &mut Sql, select: &str, g: Grouping<'_>, agent: &str, since
     };
     if sql.backend() == DatabaseBackend::Sqlite {
         sql.push(&format!(
-            "SELECT {select}{} FROM (SELECT {}, {VECTOR} FROM session_rollups WHERE ",
+            "SELECT {select}{} FROM (SELECT {}, {VECTOR} FROM session_rollups INDEXED BY {} \
+             WHERE ",
             vector_measures(),
-            g.columns
+            g.columns,
+            g.index
         ));
         push_inside(sql, Scan::Grouped, agent, since, until);
         sql.push(&format!(" AND {} GROUP BY {}) AS v{by}", g.filter, g.order));
@@ -233,6 +238,11 @@ const VECTOR: &str = "signals, cls, regens, heavy, requests, COUNT(*) AS n, SUM(
 /// the measures of [`VECTOR`].
 const CUBE_ORDER: &str = "model_min, model_max, provider_min, provider_max, env, week, ttfb_band, \
      signals, cls, regens, heavy, requests";
+
+/// SQLite's indexes of the rollup (m0006): by cube key, by end user, by last activity.
+const CUBE_INDEX: &str = "idx_session_rollups_cube";
+const USER_INDEX: &str = "idx_session_rollups_user";
+const ACTIVE_INDEX: &str = "idx_session_rollups_agent_active";
 
 /// The `GROUP BY` of the end users' first grouping: the order of `idx_session_rollups_user`.
 const USER_ORDER: &str = "user_id, signals, cls, regens, heavy, requests";
@@ -613,6 +623,7 @@ pub(crate) fn aggregates_statement(
             Grouping {
                 columns: "model_min, model_max, provider_min, provider_max, env, ttfb_band",
                 order: CUBE_ORDER,
+                index: CUBE_INDEX,
                 by: "model_min, model_max, provider_min, provider_max, env, ttfb_band",
                 filter: "signals > 0",
                 signals_only: true,
@@ -626,9 +637,13 @@ pub(crate) fn aggregates_statement(
             ("recent", recent_since, until),
             ("previous", previous_since, recent_since),
         ] {
+            let indexed = match backend {
+                DatabaseBackend::Sqlite => format!(" INDEXED BY {ACTIVE_INDEX}"),
+                _ => String::new(),
+            };
             sql.push(&format!(
                 " UNION ALL SELECT '{name}', NULL, NULL, NULL, NULL, NULL, {with_signals} \
-                 FROM session_rollups WHERE "
+                 FROM session_rollups{indexed} WHERE "
             ));
             push_inside(&mut sql, Scan::Range, agent, since, until);
             sql.push(" AND signals > 0 AND last_active_ms >= ")
@@ -645,6 +660,7 @@ pub(crate) fn aggregates_statement(
             Grouping {
                 columns: "user_id",
                 order: USER_ORDER,
+                index: USER_INDEX,
                 by: "user_id",
                 filter: "user_id IS NOT NULL",
                 signals_only: false,
@@ -755,17 +771,19 @@ pub(crate) fn outcome_rates_statement(
     if source.uses_rollup() {
         // On SQLite by the order of the end users' index when the groups are by end user, else
         // of the cube's.
-        let (columns, order) = if dims.contains(&Dimension::User) {
+        let (columns, order, index) = if dims.contains(&Dimension::User) {
             (
                 "user_id, model_min, model_max, provider_min, provider_max, env, week",
                 format!(
                     "{USER_ORDER}, model_min, model_max, provider_min, provider_max, env, week"
                 ),
+                USER_INDEX,
             )
         } else {
             (
                 "model_min, model_max, provider_min, provider_max, env, week",
                 CUBE_ORDER.to_owned(),
+                CUBE_INDEX,
             )
         };
         let by: Vec<&str> = dims
@@ -786,6 +804,7 @@ pub(crate) fn outcome_rates_statement(
             Grouping {
                 columns,
                 order: &order,
+                index,
                 by: &by,
                 filter: "signals > 0",
                 signals_only: true,
