@@ -10,6 +10,7 @@ pub mod budgets;
 pub mod error;
 pub mod keys;
 pub mod records;
+pub mod scratch;
 pub mod signals;
 mod sql;
 pub mod store;

@@ -15,7 +15,7 @@ use tracing::warn;
 use crate::analytics::rollup;
 use crate::budgets::{Budgets, SpendItem, add_to_rollup};
 use crate::error::Result;
-use crate::sql::{INSERT_CHUNK_SIZES, insert_chunks, push_placeholder};
+use crate::sql::{INSERT_CHUNK_SIZES, insert_chunks, push_value_rows};
 use crate::store::Store;
 use crate::store::entity::{session, signal};
 
@@ -334,21 +334,7 @@ fn push_row(values: &mut Vec<Value>, r: &RequestRecord) {
 /// ([`INSERT_CHUNK_SIZES`]), so each connection caches a handful of prepared statements.
 fn insert_sql(backend: DatabaseBackend, rows: usize, returning: bool) -> String {
     let mut sql = format!("INSERT INTO requests ({}) VALUES ", COLUMNS.join(", "));
-    let mut n = 0;
-    for row in 0..rows {
-        if row > 0 {
-            sql.push_str(", ");
-        }
-        sql.push('(');
-        for col in 0..COLUMNS.len() {
-            if col > 0 {
-                sql.push_str(", ");
-            }
-            n += 1;
-            push_placeholder(backend, &mut sql, n);
-        }
-        sql.push(')');
-    }
+    push_value_rows(backend, &mut sql, rows, COLUMNS.len());
     sql.push_str(" ON CONFLICT (request_id) DO NOTHING");
     if returning {
         sql.push_str(" RETURNING request_id");

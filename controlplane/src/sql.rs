@@ -55,6 +55,23 @@ pub fn push_placeholder(backend: DatabaseBackend, text: &mut String, n: usize) {
     }
 }
 
+/// Appends `rows` parenthesised rows of `cols` placeholders each, comma-separated: the list of a
+/// multi-row `VALUES`, numbered from 1.
+pub fn push_value_rows(backend: DatabaseBackend, text: &mut String, rows: usize, cols: usize) {
+    let mut n = 0;
+    for row in 0..rows {
+        text.push_str(if row > 0 { ", (" } else { "(" });
+        for col in 0..cols {
+            if col > 0 {
+                text.push_str(", ");
+            }
+            n += 1;
+            push_placeholder(backend, text, n);
+        }
+        text.push(')');
+    }
+}
+
 /// A count column (`COUNT`, a `SUM` of integers) of a result row; a negative value reads as 0.
 pub fn count(row: &QueryResult, col: &str) -> Result<u64> {
     let v: i64 = row.try_get("", col)?;

@@ -237,7 +237,8 @@ async fn main() -> anyhow::Result<()> {
             Ok(pg) => Some(pg),
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);
-                return Err(e);
+                return Err(anyhow::Error::new(e)
+                    .context(format!("{} (--no-postgres to skip)", cli.db.postgres)));
             }
         }
     };

@@ -8,16 +8,15 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
+use nm_controlplane::scratch::ScratchPg;
 use nm_gateway::app::{self, Running};
 use nm_gateway::config::{self, FileSettings, Flags, Mode};
-use sea_orm::{ConnectionTrait, Database};
+use sea_orm::Database;
 
 use super::http::{Answer, TestClient, client, read, request, send};
 
 /// The bootstrap admin key every test gateway starts with.
 pub const ADMIN_KEY: &str = "nmk_test_admin_key_0123456789abcdef";
-/// Env var naming a PostgreSQL server for the PostgreSQL variants of the tests.
-pub const POSTGRES_ENV: &str = "NM_TEST_POSTGRES_URL";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Db {
@@ -180,25 +179,7 @@ pub fn admin<T>(msg: T) -> tonic::Request<T> {
 
 /// A fresh, empty PostgreSQL database, or `None` (with a notice) when no server is configured.
 pub async fn fresh_postgres_db() -> Option<String> {
-    let Ok(base) = std::env::var(POSTGRES_ENV) else {
-        eprintln!(
-            "SKIPPED PostgreSQL variant: set {POSTGRES_ENV}=postgres://USER@HOST:PORT/DB to run it"
-        );
-        return None;
-    };
-    let name = format!("nm_test_{}", uuid::Uuid::new_v4().simple());
-    let admin = Database::connect(&base)
-        .await
-        .unwrap_or_else(|e| panic!("{POSTGRES_ENV}={base}: {e}"));
-    admin
-        .execute_unprepared(&format!("CREATE DATABASE {name}"))
-        .await
-        .unwrap_or_else(|e| panic!("create database {name}: {e}"));
-    let _ = admin.close().await;
-    let (prefix, _) = base
-        .rsplit_once('/')
-        .unwrap_or_else(|| panic!("{POSTGRES_ENV} needs a /DATABASE part"));
-    Some(format!("{prefix}/{name}"))
+    Some(ScratchPg::for_tests().await?.url)
 }
 
 /// A started gateway. Call [`TestGateway::stop`] at the end of a test to drain it.
@@ -425,19 +406,7 @@ impl TestGateway {
     }
 }
 
-/// Drops a database made by [`fresh_postgres_db`] (best effort: a failed test leaves its
-/// database behind for inspection, and `.ci/run` clears leftovers).
+/// Drops a database made by [`fresh_postgres_db`] (best effort).
 pub async fn drop_postgres_db(url: &str) {
-    let (Ok(base), Some((_, name))) = (std::env::var(POSTGRES_ENV), url.rsplit_once('/')) else {
-        return;
-    };
-    if !name.starts_with("nm_test_") {
-        return;
-    }
-    if let Ok(admin) = Database::connect(&base).await {
-        let _ = admin
-            .execute_unprepared(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-            .await;
-        let _ = admin.close().await;
-    }
+    nm_controlplane::scratch::drop_test_db(url).await;
 }

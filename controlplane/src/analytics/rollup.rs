@@ -36,7 +36,7 @@ use super::outcome::{HEAVY_EDIT_CHARS, is_heavy_edit, is_success};
 use super::query::{class_case, ttfb_band};
 use crate::error::Result;
 use crate::records::RequestRecord;
-use crate::sql::{Sql, insert_chunks, push_placeholder};
+use crate::sql::{Sql, insert_chunks, push_value_rows};
 use nm_types::Action;
 
 /// The rollup's columns after (agent, session_id), in the order [`AGGREGATES`] computes them.
@@ -179,18 +179,7 @@ fn values(backend: DatabaseBackend, rows: usize, cols: &[&str]) -> String {
         sql.push_str(&format!("column{} AS {c}", i + 1));
     }
     sql.push_str(" FROM (VALUES ");
-    let mut n = 0;
-    for row in 0..rows {
-        sql.push_str(if row > 0 { ", (" } else { "(" });
-        for col in 0..cols.len() {
-            if col > 0 {
-                sql.push_str(", ");
-            }
-            n += 1;
-            push_placeholder(backend, &mut sql, n);
-        }
-        sql.push(')');
-    }
+    push_value_rows(backend, &mut sql, rows, cols.len());
     sql.push_str(") AS v");
     sql
 }
@@ -230,18 +219,7 @@ fn signals_sql(backend: DatabaseBackend, rows: usize) -> String {
         "INSERT INTO session_rollups ({}) VALUES ",
         SIGNAL_COLUMNS.join(", ")
     );
-    let mut n = 0;
-    for row in 0..rows {
-        sql.push_str(if row > 0 { ", (" } else { "(" });
-        for col in 0..SIGNAL_COLUMNS.len() {
-            if col > 0 {
-                sql.push_str(", ");
-            }
-            n += 1;
-            push_placeholder(backend, &mut sql, n);
-        }
-        sql.push(')');
-    }
+    push_value_rows(backend, &mut sql, rows, SIGNAL_COLUMNS.len());
     sql.push(' ');
     sql.push_str(&on_conflict());
     sql

@@ -29,7 +29,7 @@ use nm_types::Action;
 const HOUR: i64 = 3_600_000;
 const DAY: i64 = 24 * HOUR;
 const T0: i64 = 1_800_000_000_000;
-const POSTGRES_ENV: &str = "NM_TEST_POSTGRES_URL";
+use crate::scratch::{ScratchPg, drop_test_db};
 
 /// The per-session table as the analytics computed it before the rollup: every signal of the
 /// agent in the window and every request from a day before it, grouped by session.
@@ -81,38 +81,12 @@ fn sqlite_url(dir: &tempfile::TempDir, name: &str) -> String {
 
 /// A fresh PostgreSQL database, or `None` (with a notice) when no server is configured.
 async fn postgres_url() -> Option<String> {
-    let Ok(base) = std::env::var(POSTGRES_ENV) else {
-        eprintln!(
-            "SKIPPED PostgreSQL variant: set {POSTGRES_ENV}=postgres://USER@HOST:PORT/DB to run it"
-        );
-        return None;
-    };
-    let name = format!("nm_test_{}", uuid::Uuid::new_v4().simple());
-    let admin = Database::connect(&base)
-        .await
-        .unwrap_or_else(|e| panic!("{POSTGRES_ENV}={base}: {e}"));
-    admin
-        .execute_unprepared(&format!("CREATE DATABASE {name}"))
-        .await
-        .unwrap_or_else(|e| panic!("create database {name}: {e}"));
-    let _ = admin.close().await;
-    let (prefix, _) = base
-        .rsplit_once('/')
-        .unwrap_or_else(|| panic!("{POSTGRES_ENV} needs a /DATABASE part"));
-    Some(format!("{prefix}/{name}"))
+    Some(ScratchPg::for_tests().await?.url)
 }
 
 /// Drops a database made by [`postgres_url`] (best effort; `.ci/run` clears leftovers).
 async fn drop_postgres(url: &str) {
-    let (Ok(base), Some((_, name))) = (std::env::var(POSTGRES_ENV), url.rsplit_once('/')) else {
-        return;
-    };
-    if let Ok(admin) = Database::connect(&base).await {
-        let _ = admin
-            .execute_unprepared(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-            .await;
-        let _ = admin.close().await;
-    }
+    drop_test_db(url).await;
 }
 
 // === traffic ===
