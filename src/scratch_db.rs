@@ -1,6 +1,7 @@
 //! The benchmarks' database flags, and their throwaway PostgreSQL database
 //! ([`ScratchPg`], shared with the tests).
 
+use anyhow::Context;
 use clap::Args;
 
 /// Which databases a benchmark runs on.
@@ -18,3 +19,16 @@ pub struct DatabaseArgs {
 }
 
 pub use nm_controlplane::scratch::ScratchPg;
+
+impl DatabaseArgs {
+    /// A fresh `<prefix>_<random>` database on `--postgres`, or `None` with `--no-postgres`.
+    pub async fn scratch_pg(&self, prefix: &str) -> anyhow::Result<Option<ScratchPg>> {
+        if self.no_postgres {
+            return Ok(None);
+        }
+        let pg = ScratchPg::create(&self.postgres, prefix)
+            .await
+            .with_context(|| format!("{} (--no-postgres to skip)", self.postgres))?;
+        Ok(Some(pg))
+    }
+}

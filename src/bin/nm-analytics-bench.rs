@@ -227,21 +227,11 @@ async fn main() -> anyhow::Result<()> {
     if cli.signals < 1_000 {
         bail!("--signals must be at least 1000");
     }
+    // Before the temporary directory, so a failure leaves nothing behind.
+    let pg = cli.db.scratch_pg("nm_analytics_bench").await?;
     let dir: PathBuf =
         std::env::temp_dir().join(format!("nm-analytics-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let pg = if cli.db.no_postgres {
-        None
-    } else {
-        match ScratchPg::create(&cli.db.postgres, "nm_analytics_bench").await {
-            Ok(pg) => Some(pg),
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&dir);
-                return Err(anyhow::Error::new(e)
-                    .context(format!("{} (--no-postgres to skip)", cli.db.postgres)));
-            }
-        }
-    };
     let mut out = std::io::stdout().lock();
     writeln!(
         out,

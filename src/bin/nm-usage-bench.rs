@@ -896,20 +896,10 @@ async fn main() -> anyhow::Result<()> {
         bail!("--records must be at least 1");
     }
     let now_ms = nm_controlplane::now_ms();
+    // Before the temporary directory, so a failure leaves nothing behind.
+    let pg = cli.db.scratch_pg("nm_usage_bench").await?;
     let dir: PathBuf = std::env::temp_dir().join(format!("nm-usage-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let pg = if cli.db.no_postgres {
-        None
-    } else {
-        match ScratchPg::create(&cli.db.postgres, "nm_usage_bench").await {
-            Ok(pg) => Some(pg),
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&dir);
-                return Err(anyhow::Error::new(e)
-                    .context(format!("{} (--no-postgres to skip)", cli.db.postgres)));
-            }
-        }
-    };
 
     let result = tokio::select! {
         r = run_all(&cli, &dir, pg.as_ref(), now_ms) => r,
