@@ -85,11 +85,11 @@ impl Records {
     /// Stores a batch in one transaction. A record whose request id is already stored is skipped,
     /// so a dataplane may resend a batch it is unsure about.
     #[tracing::instrument(skip_all, fields(batch = batch.len()))]
-    pub async fn ingest(&self, batch: Vec<RequestRecord>) -> Result<IngestOutcome> {
+    pub async fn ingest(&self, batch: &[RequestRecord]) -> Result<IngestOutcome> {
         let mut outcome = IngestOutcome::default();
         let mut valid = Vec::with_capacity(batch.len());
         for record in batch {
-            match validate(&record) {
+            match validate(record) {
                 Ok(()) => valid.push(record),
                 Err(why) => {
                     warn!(request_id = %record.request_id, why, "request record rejected");
@@ -101,6 +101,7 @@ impl Records {
         let new_ids = insert_new(&txn, &self.insert_sql, &valid).await?;
         let fresh: Vec<&RequestRecord> = valid
             .iter()
+            .copied()
             .filter(|r| new_ids.contains(&r.request_id))
             .collect();
         outcome.stored = u32::try_from(fresh.len()).unwrap_or(u32::MAX);
@@ -360,7 +361,7 @@ impl InsertSql {
     }
 
     /// The statement inserting `chunk`.
-    fn statement(&self, chunk: &[RequestRecord], returning: bool) -> Statement {
+    fn statement(&self, chunk: &[&RequestRecord], returning: bool) -> Statement {
         let rows = chunk.len();
         let sql = self
             .by_size
@@ -404,7 +405,7 @@ impl Fresh {
 async fn insert_new(
     txn: &DatabaseTransaction,
     sql: &InsertSql,
-    records: &[RequestRecord],
+    records: &[&RequestRecord],
 ) -> Result<Fresh> {
     let chunks = || {
         let mut rest = records;
@@ -494,7 +495,7 @@ mod tests {
             cost_micros: Some(123_456_789),
             ..Default::default()
         };
-        let out = records.ingest(vec![r.clone()]).await.unwrap();
+        let out = records.ingest(std::slice::from_ref(&r)).await.unwrap();
         assert_eq!(out.stored, 1);
         let m = crate::store::entity::request::Entity::find_by_id(r.request_id.clone())
             .one(store.conn())
@@ -528,7 +529,7 @@ mod tests {
             .collect();
         batch.push(record("bad", Some("not-a-session"), 5));
         let first = records
-            .ingest(batch.clone())
+            .ingest(&batch)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
@@ -542,7 +543,7 @@ mod tests {
             }
         );
         let again = records
-            .ingest(batch)
+            .ingest(&batch)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(

@@ -506,9 +506,9 @@ mod tests {
                             agent: Some("a".into()),
                             ..Default::default()
                         })
-                        .collect();
+                        .collect::<Vec<_>>();
                     records
-                        .ingest(batch)
+                        .ingest(&batch)
                         .await
                         .map(|_| ())
                         .map_err(|e| e.to_string())?;

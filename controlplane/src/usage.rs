@@ -367,7 +367,7 @@ mod tests {
             Budgets::load(store.clone(), 0).await.unwrap(),
         );
         records
-            .ingest(vec![
+            .ingest(&[
                 rec("1", "a", "gpt-4o", Some(100), Some(500)),
                 rec("2", "a", "gpt-4o", Some(300), Some(1500)),
                 rec("3", "a", "mystery", Some(10), None),

@@ -37,10 +37,14 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 const X_GOOG_API_KEY: HeaderName = HeaderName::from_static("x-goog-api-key");
 
+type UpstreamClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
 /// The pooled HTTPS/HTTP client for all upstreams (HTTP/2 where the upstream offers it by ALPN).
+/// Each HTTP worker thread has a pool of its own ([`crate::workers`]), so a request and the
+/// upstream connection it uses run on the same thread.
 #[derive(Clone, Debug)]
 pub struct Upstream {
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    clients: std::sync::Arc<[UpstreamClient]>,
     header_timeout: Duration,
 }
 
@@ -73,19 +77,24 @@ impl Upstream {
             .https_or_http()
             .enable_all_versions()
             .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .pool_max_idle_per_host(256)
-            .build(https);
+        let clients = (0..crate::workers::default_count())
+            .map(|_| {
+                Client::builder(TokioExecutor::new())
+                    .pool_idle_timeout(Duration::from_secs(90))
+                    .pool_max_idle_per_host(256)
+                    .build(https.clone())
+            })
+            .collect();
         Ok(Self {
-            client,
+            clients,
             header_timeout,
         })
     }
 
     /// Sends the request and waits for the response head (not the body).
     pub async fn send(&self, req: Request<Full<Bytes>>) -> Result<Response<Incoming>, ProxyError> {
-        match tokio::time::timeout(self.header_timeout, self.client.request(req)).await {
+        let client = &self.clients[crate::workers::current() % self.clients.len()];
+        match tokio::time::timeout(self.header_timeout, client.request(req)).await {
             Err(_) => Err(ProxyError::UpstreamTimeout(self.header_timeout)),
             Ok(Ok(resp)) => Ok(resp),
             Ok(Err(e)) if e.is_connect() => Err(ProxyError::UpstreamUnreachable(source_chain(&e))),

@@ -24,6 +24,7 @@ pub mod signal;
 pub mod spool;
 pub mod stack;
 pub mod usage;
+pub mod workers;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -654,7 +654,7 @@ async fn fill(
             break;
         }
         let t = Instant::now();
-        let outcome = records.ingest(batch).await?;
+        let outcome = records.ingest(&batch).await?;
         ingesting += t.elapsed();
         if outcome.stored as usize != n {
             bail!(

@@ -42,8 +42,40 @@ pub fn api_key(m: nm_controlplane::store::entity::api_key::Model) -> pb::ApiKey 
     }
 }
 
-/// Dataplane record -> wire.
-pub fn record_to_pb(r: nm_dataplane::RequestRecord) -> pb::RequestRecord {
+/// Dataplane record -> controlplane record (what `serve` stores in process and what the
+/// shipper batches; [`record_to_pb`] puts it on the wire or in the spool).
+pub fn record_to_stored(r: nm_dataplane::RequestRecord) -> nm_controlplane::RequestRecord {
+    let started_at_ms = r
+        .started_at
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    nm_controlplane::RequestRecord {
+        request_id: r.request_id,
+        started_at_ms,
+        key_id: r.key_id.to_string(),
+        provider: r.provider.to_string(),
+        method: r.method,
+        path: r.path,
+        model: r.model,
+        agent: r.agent,
+        session_id: r.session_id,
+        env: r.env.map(|e| e.as_str().to_owned()),
+        user_id: r.user_id,
+        status: r.status,
+        latency_ms: millis(r.latency),
+        ttfb_ms: r.ttfb.map(millis),
+        streamed: r.streamed,
+        error_code: r.error_code.map(str::to_owned),
+        response_bytes: r.response_bytes,
+        usage: r.usage,
+        usage_status: r.usage_status,
+        cost_micros: r.cost_micros,
+        budget_micros: r.budget_micros,
+    }
+}
+
+/// Controlplane record -> wire.
+pub fn record_to_pb(r: nm_controlplane::RequestRecord) -> pb::RequestRecord {
     use nm_types::UsageStatus as S;
     let usage_status = match r.usage_status {
         S::Reported => pb::UsageStatus::Reported,
@@ -54,21 +86,21 @@ pub fn record_to_pb(r: nm_dataplane::RequestRecord) -> pb::RequestRecord {
     let u = r.usage;
     pb::RequestRecord {
         request_id: r.request_id,
-        started_at: Some(system_time_to_timestamp(r.started_at)),
-        key_id: r.key_id.to_string(),
-        provider: r.provider.to_string(),
+        started_at: Some(ms_to_timestamp(r.started_at_ms)),
+        key_id: r.key_id,
+        provider: r.provider,
         method: r.method,
         path: r.path,
         model: r.model,
         agent: r.agent,
         session_id: r.session_id,
-        env: r.env.map(|e| e.as_str().to_owned()),
+        env: r.env,
         user_id: r.user_id,
         status: u32::from(r.status),
-        latency_ms: millis(r.latency),
-        ttfb_ms: r.ttfb.map(millis),
+        latency_ms: r.latency_ms,
+        ttfb_ms: r.ttfb_ms,
         streamed: r.streamed,
-        error_code: r.error_code.map(str::to_owned),
+        error_code: r.error_code,
         response_bytes: r.response_bytes,
         answered_model: u.model,
         input_tokens: u.input_tokens,

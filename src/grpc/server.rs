@@ -298,9 +298,8 @@ impl Dataplane for DataplaneService {
     }
 }
 
-/// Stores one `IngestRequests` batch. The gRPC handler's work; a `serve` dataplane's shipper
-/// calls it in process, skipping the loopback gRPC round trip.
-pub async fn ingest_batch(
+/// Stores one `IngestRequests` batch.
+async fn ingest_batch(
     records: &Records,
     batch: Vec<pb::RequestRecord>,
 ) -> Result<pb::IngestRequestsResponse, Status> {
@@ -309,8 +308,8 @@ pub async fn ingest_batch(
             "at most {MAX_INGEST_BATCH} records per call"
         )));
     }
-    let batch = batch.into_iter().map(convert::record_from_pb).collect();
-    let outcome = records.ingest(batch).await.map_err(to_status)?;
+    let batch: Vec<_> = batch.into_iter().map(convert::record_from_pb).collect();
+    let outcome = records.ingest(&batch).await.map_err(to_status)?;
     Ok(pb::IngestRequestsResponse {
         stored: outcome.stored,
         epoch: outcome.epoch,

@@ -32,11 +32,11 @@ use tokio::time::Instant;
 use tonic::transport::Channel;
 use tracing::{debug, error, info, warn};
 
-use nm_controlplane::Records;
+use nm_controlplane::{Records, RequestRecord};
 
-use super::convert::record_to_pb;
+use super::convert::{record_from_pb, record_to_pb, record_to_stored};
 use super::pb::{self, dataplane_client::DataplaneClient};
-use super::server::ingest_batch;
+use super::status::to_status;
 
 /// Most records per `IngestRequests` call.
 pub const MAX_BATCH: usize = 1_000;
@@ -89,14 +89,27 @@ pub enum Destination {
     Local(Records),
 }
 
+/// The budget feed position a stored batch's spend is part of (epoch, seq).
+type FeedPosition = (u64, u64);
+
 impl Destination {
-    async fn ingest(
-        &mut self,
-        req: pb::IngestRequestsRequest,
-    ) -> Result<pb::IngestRequestsResponse, tonic::Status> {
+    /// Stores a batch. The records stay the caller's, so a batch that is not stored can be
+    /// spooled, and one that is can settle its budget reservations, without a copy: in process
+    /// they are stored as they are; to a remote controlplane they are encoded.
+    async fn ingest(&mut self, batch: &[RequestRecord]) -> Result<FeedPosition, tonic::Status> {
         match self {
-            Self::Remote(client) => client.ingest_requests(req).await.map(|r| r.into_inner()),
-            Self::Local(records) => ingest_batch(records, req.records).await,
+            Self::Remote(client) => {
+                let records = batch.iter().cloned().map(record_to_pb).collect();
+                let resp = client
+                    .ingest_requests(pb::IngestRequestsRequest { records })
+                    .await?
+                    .into_inner();
+                Ok((resp.epoch, resp.seq))
+            }
+            Self::Local(records) => {
+                let outcome = records.ingest(batch).await.map_err(to_status)?;
+                Ok((outcome.epoch, outcome.seq))
+            }
         }
     }
 }
@@ -125,7 +138,7 @@ pub async fn ship(
             "replaying spooled request records"
         );
     }
-    let mut batch: Vec<pb::RequestRecord> = Vec::new();
+    let mut batch: Vec<RequestRecord> = Vec::new();
     loop {
         // Retry the spool's head when due; a success may be followed by more at once.
         if !shipper.spool_empty() && Instant::now() >= shipper.retry_at {
@@ -137,7 +150,7 @@ pub async fn ship(
             let wake = (!shipper.spool_empty()).then_some(shipper.retry_at);
             tokio::select! {
                 received = queue.recv() => match received {
-                    Some(r) => batch.push(record_to_pb(r)),
+                    Some(r) => batch.push(record_to_stored(r)),
                     None => break,
                 },
                 () = sleep_until(wake) => continue,
@@ -159,7 +172,7 @@ pub async fn ship(
         }
         let records = std::mem::take(&mut batch);
         if shipper.spool_empty() {
-            if let Err(records) = shipper.send(&mut destination, records).await {
+            if !shipper.send(&mut destination, &records).await {
                 shipper.append(records).await;
             }
         } else {
@@ -171,7 +184,7 @@ pub async fn ship(
     // Shutting down: the server has drained, so the queue holds everything there will be.
     queue.close();
     while let Ok(r) = queue.try_recv() {
-        batch.push(record_to_pb(r));
+        batch.push(record_to_stored(r));
     }
     let deadline = Instant::now() + FLUSH_DEADLINE;
     while !shipper.spool_empty() && Instant::now() < deadline {
@@ -189,10 +202,9 @@ pub async fn ship(
         }
         // A send cut off by the deadline may still have been stored: spooling it too is
         // harmless (stored once per request id).
-        match tokio::time::timeout_at(deadline, shipper.send(&mut destination, chunk.clone())).await
-        {
-            Ok(Ok(())) => {}
-            Ok(Err(_)) | Err(_) => shipper.append(chunk).await,
+        match tokio::time::timeout_at(deadline, shipper.send(&mut destination, &chunk)).await {
+            Ok(true) => {}
+            Ok(false) | Err(_) => shipper.append(chunk).await,
         }
     }
     let spooled = shipper.spool.with(Spool::pending_records);
@@ -207,10 +219,10 @@ pub async fn ship(
 }
 
 /// Moves queued records into `batch`, up to [`MAX_BATCH`], without waiting.
-fn take_queued(queue: &mut RecordQueue, batch: &mut Vec<pb::RequestRecord>) {
+fn take_queued(queue: &mut RecordQueue, batch: &mut Vec<RequestRecord>) {
     while batch.len() < MAX_BATCH {
         match queue.try_recv() {
-            Ok(r) => batch.push(record_to_pb(r)),
+            Ok(r) => batch.push(record_to_stored(r)),
             Err(_) => break,
         }
     }
@@ -236,22 +248,17 @@ impl Shipper {
         self.spool.with(Spool::is_empty)
     }
 
-    /// Sends one batch; gives it back when the controlplane did not take it.
-    async fn send(
-        &mut self,
-        destination: &mut Destination,
-        records: Vec<pb::RequestRecord>,
-    ) -> Result<(), Vec<pb::RequestRecord>> {
-        let req = pb::IngestRequestsRequest { records };
-        match destination.ingest(req.clone()).await {
-            Ok(resp) => {
-                self.delivered(&req.records, &resp);
-                Ok(())
+    /// Sends one batch; false when the controlplane did not take it.
+    async fn send(&mut self, destination: &mut Destination, records: &[RequestRecord]) -> bool {
+        match destination.ingest(records).await {
+            Ok(position) => {
+                self.delivered(records, position);
+                true
             }
             Err(status) => {
-                debug!(code = ?status.code(), message = status.message(), records = req.records.len(), "record delivery failed; spooling");
+                debug!(code = ?status.code(), message = status.message(), records = records.len(), "record delivery failed; spooling");
                 self.failed();
-                Err(req.records)
+                false
             }
         }
     }
@@ -280,9 +287,10 @@ impl Shipper {
                 return true;
             }
         };
-        match destination.ingest(req.clone()).await {
-            Ok(resp) => {
-                self.delivered(&req.records, &resp);
+        let records: Vec<RequestRecord> = req.records.into_iter().map(record_from_pb).collect();
+        match destination.ingest(&records).await {
+            Ok(position) => {
+                self.delivered(&records, position);
                 self.pop().await;
                 true
             }
@@ -302,8 +310,9 @@ impl Shipper {
         self.publish_spool_gauges();
     }
 
-    async fn append(&mut self, records: Vec<pb::RequestRecord>) {
+    async fn append(&mut self, records: Vec<RequestRecord>) {
         let n = records.len();
+        let records = records.into_iter().map(record_to_pb).collect();
         let bytes = pb::IngestRequestsRequest { records }.encode_to_vec();
         let count = u32::try_from(n).unwrap_or(u32::MAX);
         let dropped_before = self.spool.with(Spool::dropped_records);
@@ -327,12 +336,12 @@ impl Shipper {
         self.publish_spool_gauges();
     }
 
-    fn delivered(&mut self, records: &[pb::RequestRecord], resp: &pb::IngestRequestsResponse) {
+    fn delivered(&mut self, records: &[RequestRecord], (epoch, seq): FeedPosition) {
         let budgeted = records.iter().filter_map(|r| {
             r.budget_micros?;
             Some((r.user_id.as_deref()?, r.request_id.as_str()))
         });
-        self.budgets.delivered(budgeted, resp.epoch, resp.seq);
+        self.budgets.delivered(budgeted, epoch, seq);
         self.backoff = MIN_BACKOFF;
         self.retry_at = Instant::now();
     }

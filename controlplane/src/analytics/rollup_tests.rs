@@ -252,7 +252,7 @@ async fn ingest(store: &Store, steps: Vec<Step>) {
     for step in steps {
         match step {
             Step::Records(batch) => {
-                records.ingest(batch).await.unwrap();
+                records.ingest(&batch).await.unwrap();
             }
             Step::Signals(chunk) => {
                 let tasks: Vec<_> = chunk

@@ -384,7 +384,7 @@ pub async fn generate_with(
             written.signals += signals.len() as u64;
             match path {
                 Path::Ingest => {
-                    records.ingest(requests).await?;
+                    records.ingest(&requests).await?;
                 }
                 Path::Direct => insert_requests(store, requests).await?,
             }
