@@ -1,10 +1,13 @@
 //! The in-memory set of valid service keys, and the dataplane's view of its controlplane.
 //!
-//! The proxy checks `NM-Key` here: one SHA-256 and one hash-map lookup under a read lock, no
-//! database and no network. The root keeps the set current from the controlplane's key stream;
+//! The proxy checks `NM-Key` here: one SHA-256 and one hash-map lookup under a read lock (or,
+//! for a key this thread checked against the current set already, one lookup in a small
+//! thread-local cache), no database and no network. The root keeps the set current from the controlplane's key stream;
 //! when the controlplane is unreachable the last known set stays in force and `/health` says so.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use nm_types::{KeyHash, hash_key};
@@ -19,20 +22,46 @@ pub struct Principal {
 /// Valid key hashes -> principal. Cheap to clone (shared).
 #[derive(Debug, Clone, Default)]
 pub struct KeySet {
-    inner: Arc<RwLock<Arc<HashMap<KeyHash, Principal>>>>,
+    inner: Arc<RwLock<Arc<Snapshot>>>,
+}
+
+/// One version of the set. Its generation is unique in the process (across every `KeySet`), so
+/// a cached check names exactly the snapshot it was made against.
+#[derive(Debug, Default)]
+struct Snapshot {
+    generation: u64,
+    keys: HashMap<KeyHash, Principal>,
+}
+
+/// Source of snapshot generations; 0 is the empty default set's.
+static GENERATIONS: AtomicU64 = AtomicU64::new(1);
+
+/// Secrets checked at most this many per thread are remembered; a full cache starts over.
+const CACHE_CAPACITY: usize = 1024;
+
+thread_local! {
+    /// This thread's recent successful checks: secret -> (generation, principal). A client sends
+    /// the same key on every request, and a SHA-256 per request was 2–3% of the proxy's
+    /// instructions. An entry counts only for the snapshot it was made against, so replacing
+    /// the set (a revocation) invalidates every entry at once.
+    static CHECKED: RefCell<HashMap<Box<str>, (u64, Principal), foldhash::fast::RandomState>> =
+        RefCell::new(HashMap::default());
 }
 
 impl KeySet {
     /// Replaces the whole set (a fresh snapshot from the controlplane).
     pub fn replace(&self, keys: HashMap<KeyHash, Principal>) {
-        let keys = Arc::new(keys);
+        let snapshot = Arc::new(Snapshot {
+            generation: GENERATIONS.fetch_add(1, Ordering::Relaxed),
+            keys,
+        });
         match self.inner.write() {
-            Ok(mut guard) => *guard = keys,
-            Err(poisoned) => *poisoned.into_inner() = keys,
+            Ok(mut guard) => *guard = snapshot,
+            Err(poisoned) => *poisoned.into_inner() = snapshot,
         }
     }
 
-    fn snapshot(&self) -> Arc<HashMap<KeyHash, Principal>> {
+    fn snapshot(&self) -> Arc<Snapshot> {
         match self.inner.read() {
             Ok(guard) => guard.clone(),
             Err(poisoned) => poisoned.into_inner().clone(),
@@ -41,11 +70,27 @@ impl KeySet {
 
     /// The principal for a presented secret, if the key is valid.
     pub fn check(&self, secret: &str) -> Option<Principal> {
-        self.snapshot().get(&hash_key(secret)).cloned()
+        let snapshot = self.snapshot();
+        let cached = CHECKED.with_borrow(|c| {
+            c.get(secret)
+                .filter(|(generation, _)| *generation == snapshot.generation)
+                .map(|(_, p)| p.clone())
+        });
+        if cached.is_some() {
+            return cached;
+        }
+        let principal = snapshot.keys.get(&hash_key(secret)).cloned()?;
+        CHECKED.with_borrow_mut(|c| {
+            if c.len() >= CACHE_CAPACITY {
+                c.clear();
+            }
+            c.insert(secret.into(), (snapshot.generation, principal.clone()));
+        });
+        Some(principal)
     }
 
     pub fn len(&self) -> usize {
-        self.snapshot().len()
+        self.snapshot().keys.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -142,6 +187,43 @@ mod tests {
         assert!(set.check("nmk_b").is_none());
         set.replace(HashMap::new());
         assert!(set.check("nmk_a").is_none());
+    }
+
+    /// Checks are cached per thread; the cache must never outlive the snapshot it was made
+    /// against, nor answer for another set.
+    #[test]
+    fn cached_checks_follow_replacements_and_sets() {
+        let p = |id: &str| Principal {
+            key_id: Arc::from(id),
+            admin: false,
+        };
+        let a = KeySet::default();
+        let b = KeySet::default();
+        a.replace(HashMap::from([(hash_key("nmk_a"), p("key_1"))]));
+        b.replace(HashMap::from([(hash_key("nmk_b"), p("key_2"))]));
+        for _ in 0..3 {
+            assert_eq!(a.check("nmk_a"), Some(p("key_1")));
+            assert_eq!(b.check("nmk_b"), Some(p("key_2")));
+            assert_eq!(b.check("nmk_a"), None, "a key of another set");
+        }
+        // Revoked: gone at once, though checked a moment ago.
+        a.replace(HashMap::new());
+        assert_eq!(a.check("nmk_a"), None);
+        // Re-issued under another id: the new principal, not the cached one.
+        a.replace(HashMap::from([(hash_key("nmk_a"), p("key_3"))]));
+        assert_eq!(a.check("nmk_a"), Some(p("key_3")));
+        // A full cache starts over without losing correctness.
+        for i in 0..(CACHE_CAPACITY + 10) {
+            assert_eq!(a.check(&format!("nmk_unknown_{i}")), None);
+        }
+        let keys = (0..CACHE_CAPACITY + 10)
+            .map(|i| (hash_key(&format!("nmk_{i}")), p(&format!("key_{i}"))))
+            .collect();
+        a.replace(keys);
+        for i in 0..(CACHE_CAPACITY + 10) {
+            assert_eq!(a.check(&format!("nmk_{i}")), Some(p(&format!("key_{i}"))));
+        }
+        assert_eq!(a.check("nmk_0"), Some(p("key_0")));
     }
 
     #[test]
