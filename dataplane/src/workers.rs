@@ -5,8 +5,8 @@
 //! upstream connection pool, see [`crate::forward::Upstream`]) and the streamed response body —
 //! runs on that one thread. Nothing is stolen by or woken across threads, and memory is freed on
 //! the thread that allocated it. Against the same service on tokio's shared multi-threaded
-//! runtime this served 10–14% more requests per second in the closed-loop benchmark, and
-//! per-worker upstream pools another 4–12% (bench/README.md).
+//! runtime this served 8–14% more requests per second (wrk, 50 connections, alternating runs),
+//! and per-worker upstream pools another 4–12%.
 //!
 //! The rest of the process (controlplane link, record shipper, gRPC) stays on the main
 //! runtime; the record queue and the in-memory key and budget state are shared across both.
