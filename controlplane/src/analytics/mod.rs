@@ -119,15 +119,12 @@ impl Analytics {
             });
         }
         let recent_since = now_ms - TREND_DAYS * DAY_MS;
-        let aggregates = query::aggregates(
-            &self.store,
-            &agent,
-            window.since_ms,
-            window.until_ms,
+        let periods = query::Periods {
+            window,
             recent_since,
-            recent_since - TREND_DAYS * DAY_MS,
-        )
-        .await?;
+            previous_since: recent_since - TREND_DAYS * DAY_MS,
+        };
+        let aggregates = query::aggregates(&self.store, &agent, periods).await?;
         let recommendations = recommend::recommend(&aggregates, window);
         span.record("status", "ready");
         span.record("recommendations", recommendations.len());

@@ -35,7 +35,7 @@ use std::collections::BTreeMap;
 use sea_orm::{ConnectionTrait, DatabaseBackend, QueryResult, Statement};
 
 use super::outcome::{HEAVY_EDIT_CHARS, is_success};
-use super::report::OutcomeRow;
+use super::report::{OutcomeRow, Window};
 use super::rollup;
 use crate::error::Result;
 use crate::sql::{Sql, count};
@@ -443,27 +443,19 @@ pub struct Aggregates {
     pub user_costs: Vec<(String, u64)>,
 }
 
-/// Runs the one recommendation statement for `agent` over `[since, until)`, with the trend
-/// windows `[recent_since, until)` and `[previous_since, recent_since)`.
+/// The time ranges of a recommendation: the analysis window `[since, until)` and, inside it,
+/// the trend periods `[recent_since, until)` and `[previous_since, recent_since)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Periods {
+    pub window: Window,
+    pub recent_since: i64,
+    pub previous_since: i64,
+}
+
+/// Runs the one recommendation statement for `agent` over `periods`.
 #[tracing::instrument(skip_all, fields(nm.agent = %agent))]
-pub async fn aggregates(
-    store: &Store,
-    agent: &str,
-    since: i64,
-    until: i64,
-    recent_since: i64,
-    previous_since: i64,
-) -> Result<Aggregates> {
-    aggregates_from(
-        store,
-        Source::Rollup,
-        agent,
-        since,
-        until,
-        recent_since,
-        previous_since,
-    )
-    .await
+pub async fn aggregates(store: &Store, agent: &str, periods: Periods) -> Result<Aggregates> {
+    aggregates_from(store, Source::Rollup, agent, periods).await
 }
 
 /// The time-to-first-byte band of the expression `ttfb` (`0`.., as text with `text`; NULL
@@ -483,20 +475,9 @@ pub(crate) async fn aggregates_from(
     store: &Store,
     source: Source,
     agent: &str,
-    since: i64,
-    until: i64,
-    recent_since: i64,
-    previous_since: i64,
+    periods: Periods,
 ) -> Result<Aggregates> {
-    let stmt = aggregates_statement(
-        store.backend(),
-        source,
-        agent,
-        since,
-        until,
-        recent_since,
-        previous_since,
-    );
+    let stmt = aggregates_statement(store.backend(), source, agent, periods);
     let mut out = Aggregates::default();
     let mut by_model: BTreeMap<Option<String>, OutcomeRow> = BTreeMap::new();
     let mut by_provider: BTreeMap<Option<String>, OutcomeRow> = BTreeMap::new();
@@ -576,11 +557,16 @@ pub(crate) fn aggregates_statement(
     backend: DatabaseBackend,
     source: Source,
     agent: &str,
-    since: i64,
-    until: i64,
-    recent_since: i64,
-    previous_since: i64,
+    periods: Periods,
 ) -> Statement {
+    let Periods {
+        window: Window {
+            since_ms: since,
+            until_ms: until,
+        },
+        recent_since,
+        previous_since,
+    } = periods;
     let mut sql = Sql::new(backend, "");
     match source {
         Source::Rollup => push_edge_sessions(&mut sql, agent, since, until),

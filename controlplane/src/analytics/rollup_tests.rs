@@ -14,9 +14,10 @@ use sea_orm_migration::MigratorTrait;
 
 use super::outcome::HEAVY_EDIT_CHARS;
 use super::query::{
-    Aggregates, Dimension, REQUEST_LOOKBACK_MS, Source, aggregates_from, class_case,
+    Aggregates, Dimension, Periods, REQUEST_LOOKBACK_MS, Source, aggregates_from, class_case,
     outcome_rates_from,
 };
+use super::report::Window;
 use super::rollup::{self, SignalFacts};
 use super::synthetic::Rng;
 use crate::records::{RequestRecord, Usage};
@@ -346,9 +347,25 @@ async fn aggregates_with(
     recent: i64,
     previous: i64,
 ) -> Aggregates {
-    aggregates_from(store, source, agent, since, until, recent, previous)
-        .await
-        .unwrap()
+    aggregates_from(
+        store,
+        source,
+        agent,
+        periods(since, until, recent, previous),
+    )
+    .await
+    .unwrap()
+}
+
+fn periods(since: i64, until: i64, recent_since: i64, previous_since: i64) -> Periods {
+    Periods {
+        window: Window {
+            since_ms: since,
+            until_ms: until,
+        },
+        recent_since,
+        previous_since,
+    }
 }
 
 /// Rollup rows with rows on both sides of a window edge: the edge path must be exercised.
@@ -612,10 +629,7 @@ async fn sqlite_groups_rollup_rows_in_index_order() {
         backend,
         Source::Rollup,
         "a",
-        T0,
-        T0 + DAY,
-        T0 + HOUR,
-        T0,
+        periods(T0, T0 + DAY, T0 + HOUR, T0),
     ))
     .await;
     let rates = plan(super::query::outcome_rates_statement(
