@@ -8,6 +8,13 @@
 //! the request record (usage, cost, the budget's settlement) and closes the request's span.
 //! Dropping it also drops the upstream body, which closes the upstream stream: a client that
 //! disconnects cancels the upstream request.
+//!
+//! That completion (and the metering of the last frame, which for a JSON answer is the whole
+//! answer) runs after the last bytes are written: it is handed to a task on the same runtime
+//! ([`Finish::later`]), which runs once the connection's task has flushed the response and
+//! yielded. So it adds nothing to the latency the client sees. The end time is taken when the
+//! last frame passes; a completion whose task never runs (the runtime is shutting down) is done
+//! when the task is dropped, so no record is lost.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -101,12 +108,13 @@ impl Completion {
     fn finish(
         mut self,
         ending: Ending,
+        ended: Instant,
         first_byte: Option<Instant>,
         bytes: u64,
         meter: Option<Meter>,
     ) {
         let r = &mut self.record;
-        r.latency = self.started.elapsed();
+        r.latency = ended.duration_since(self.started);
         r.ttfb = first_byte.map(|t| t.duration_since(self.started));
         r.response_bytes = bytes;
         r.error_code = match ending {
@@ -162,6 +170,63 @@ impl Completion {
     }
 }
 
+/// A body's end, waiting to complete its request record: the completion, how and when the body
+/// ended, and the last frame, not yet shown to the meter. Dropping it completes the record.
+struct Finish {
+    completion: Option<Completion>,
+    ending: Ending,
+    ended: Instant,
+    first_byte: Option<Instant>,
+    bytes: u64,
+    meter: Option<Meter>,
+    last: Option<Bytes>,
+}
+
+impl Finish {
+    /// The end of a body, now.
+    fn now(
+        completion: Completion,
+        ending: Ending,
+        first_byte: Option<Instant>,
+        bytes: u64,
+        meter: Option<Meter>,
+        last: Option<Bytes>,
+    ) -> Self {
+        Self {
+            completion: Some(completion),
+            ending,
+            ended: Instant::now(),
+            first_byte,
+            bytes,
+            meter,
+            last,
+        }
+    }
+
+    /// Completes the record in a task of its own on the current runtime, so that it runs after
+    /// the connection's task has written the response; without a runtime, at once.
+    fn later(self) {
+        match tokio::runtime::Handle::try_current() {
+            // Run or dropped unpolled at runtime shutdown: either way `drop` completes it.
+            Ok(runtime) => drop(runtime.spawn(async move { drop(self) })),
+            Err(_) => drop(self),
+        }
+    }
+}
+
+impl Drop for Finish {
+    fn drop(&mut self) {
+        let Some(completion) = self.completion.take() else {
+            return;
+        };
+        let mut meter = self.meter.take();
+        if let (Some(m), Some(last)) = (meter.as_mut(), &self.last) {
+            m.feed(last);
+        }
+        completion.finish(self.ending, self.ended, self.first_byte, self.bytes, meter);
+    }
+}
+
 pin_project! {
     /// An upstream body passed through untouched while its progress is observed.
     pub struct ObservedBody {
@@ -176,9 +241,10 @@ pin_project! {
     impl PinnedDrop for ObservedBody {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
-            if let Some(c) = this.completion.take() {
+            if let Some(completion) = this.completion.take() {
                 let ending = if this.inner.is_end_stream() { Ending::Complete } else { Ending::ClientGone };
-                c.finish(ending, *this.first_byte, *this.bytes, this.meter.take());
+                Finish::now(completion, ending, *this.first_byte, *this.bytes, this.meter.take(), None)
+                    .later();
             }
         }
     }
@@ -207,27 +273,40 @@ impl Body for ObservedBody {
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let mut this = self.project();
         let polled = this.inner.as_mut().poll_frame(cx);
+        let mut last = None;
         let ending = match &polled {
             Poll::Pending => return polled,
             Poll::Ready(Some(Ok(frame))) => {
+                let end = this.inner.is_end_stream();
                 if let Some(data) = frame.data_ref() {
                     if this.first_byte.is_none() && !data.is_empty() {
                         *this.first_byte = Some(Instant::now());
                     }
                     *this.bytes += data.len() as u64;
-                    if let Some(m) = this.meter.as_mut() {
+                    if this.meter.is_some() && end {
+                        // Metered once the response is written (a clone shares the bytes).
+                        last = Some(data.clone());
+                    } else if let Some(m) = this.meter.as_mut() {
                         m.feed(data);
                     }
                 }
-                this.inner.is_end_stream().then_some(Ending::Complete)
+                end.then_some(Ending::Complete)
             }
             Poll::Ready(Some(Err(_))) => Some(Ending::UpstreamError),
             Poll::Ready(None) => Some(Ending::Complete),
         };
         if let Some(ending) = ending
-            && let Some(c) = this.completion.take()
+            && let Some(completion) = this.completion.take()
         {
-            c.finish(ending, *this.first_byte, *this.bytes, this.meter.take());
+            Finish::now(
+                completion,
+                ending,
+                *this.first_byte,
+                *this.bytes,
+                this.meter.take(),
+                last,
+            )
+            .later();
         }
         polled
     }
@@ -238,5 +317,114 @@ impl Body for ObservedBody {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::{Duration, SystemTime};
+
+    use super::*;
+    use crate::metrics::Metrics;
+    use crate::records::{RecordQueue, record_queue};
+    use crate::usage::{Dialect, Framing};
+
+    const ANSWER: &[u8] = br#"{"id":"c1","object":"chat.completion","model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":3,"total_tokens":15}}"#;
+
+    /// A finished non-streamed answer whose one frame the meter has not seen yet.
+    fn finish(started: Instant) -> (Finish, RecordQueue) {
+        let (sink, queue) = record_queue(8, Metrics::default());
+        let record = RequestRecord {
+            request_id: "req-1".to_owned(),
+            started_at: SystemTime::now(),
+            key_id: Arc::from("key-1"),
+            provider: Arc::from("openai"),
+            method: "POST".to_owned(),
+            path: "/v1/chat/completions".to_owned(),
+            model: Some("gpt-4o-mini".to_owned()),
+            agent: None,
+            session_id: None,
+            env: None,
+            user_id: None,
+            status: 200,
+            latency: Duration::ZERO,
+            ttfb: None,
+            streamed: false,
+            error_code: None,
+            response_bytes: 0,
+            usage: Default::default(),
+            usage_status: Default::default(),
+            cost_micros: None,
+            budget_micros: None,
+        };
+        let completion = Completion {
+            record,
+            started,
+            sink,
+            span: Span::none(),
+            prices: Arc::new(PriceTable::builtin()),
+            reservation: None,
+        };
+        let ended = started + Duration::from_millis(7);
+        let finish = Finish {
+            completion: Some(completion),
+            ending: Ending::Complete,
+            ended,
+            first_byte: Some(started + Duration::from_millis(5)),
+            bytes: ANSWER.len() as u64,
+            meter: Some(Meter::new(Dialect::OpenAi, Framing::Json)),
+            last: Some(Bytes::from_static(ANSWER)),
+        };
+        (finish, queue)
+    }
+
+    #[test]
+    fn completion_runs_after_the_current_task_yields_and_meters_the_last_frame() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let started = Instant::now();
+        let (finish, mut queue) = finish(started);
+        let record = runtime.block_on(async move {
+            finish.later();
+            assert!(
+                queue.try_recv().is_err(),
+                "completed before the response's task yielded"
+            );
+            tokio::task::yield_now().await;
+            queue.try_recv().expect("completed once the task yielded")
+        });
+        assert_eq!(record.usage.input_tokens, Some(12));
+        assert_eq!(record.usage.output_tokens, Some(3));
+        assert_eq!(record.usage_status, UsageStatus::Reported);
+        assert!(record.cost_micros.is_some());
+        assert_eq!(record.response_bytes, ANSWER.len() as u64);
+        // Times are those of the body's end, not of the deferred completion.
+        assert_eq!(record.latency, Duration::from_millis(7));
+        assert_eq!(record.ttfb, Some(Duration::from_millis(5)));
+    }
+
+    #[test]
+    fn completion_whose_task_never_runs_is_done_when_the_runtime_drops_it() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let (finish, mut queue) = finish(Instant::now());
+        // The runtime returns from block_on without running the spawned task, then drops it.
+        runtime.block_on(async move { finish.later() });
+        assert!(queue.try_recv().is_err());
+        drop(runtime);
+        let record = queue
+            .try_recv()
+            .expect("completed when its task was dropped");
+        assert_eq!(record.usage.input_tokens, Some(12));
+    }
+
+    #[test]
+    fn completion_outside_a_runtime_is_done_at_once() {
+        let (finish, mut queue) = finish(Instant::now());
+        finish.later();
+        assert_eq!(queue.try_recv().unwrap().usage.output_tokens, Some(3));
     }
 }

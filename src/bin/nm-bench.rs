@@ -158,6 +158,21 @@ enum Helper {
         #[arg(long)]
         port_file: PathBuf,
     },
+    /// Loads one target that is already running with the bench's requests and prints the
+    /// figures: open loop at `--rate` for `--latency-duration`, or with `--closed` a closed loop
+    /// of `--connections` for `--duration` (to profile one process alone).
+    #[command(hide = true)]
+    Load {
+        #[arg(long)]
+        addr: SocketAddr,
+        /// direct, forwarder, gateway or gateway-unmetered: which path and headers to send.
+        #[arg(long, value_parser = Target::from_name)]
+        target: Target,
+        #[arg(long)]
+        stream: bool,
+        #[arg(long)]
+        closed: bool,
+    },
 }
 
 fn secs(s: &str) -> Result<Duration, String> {
@@ -184,6 +199,12 @@ fn main() -> anyhow::Result<()> {
             exit_with_parent();
             runtime.block_on(forwarder(*upstream, port_file))
         }
+        Some(Helper::Load {
+            addr,
+            target,
+            stream,
+            closed,
+        }) => runtime.block_on(load(&cli, *target, *addr, *stream, *closed)),
         None => runtime.block_on(async {
             tokio::select! {
                 r = bench(&cli) => r,
@@ -941,6 +962,15 @@ impl Target {
         }
     }
 
+    fn from_name(name: &str) -> Result<Self, String> {
+        TARGETS
+            .into_iter()
+            .find(|t| t.name() == name)
+            .ok_or_else(|| {
+                format!("{name:?} is not one of direct, forwarder, gateway, gateway-unmetered")
+            })
+    }
+
     fn is_gateway(self) -> bool {
         matches!(self, Self::Gateway | Self::GatewayUnmetered)
     }
@@ -960,6 +990,31 @@ impl Target {
             .map(|n| HeaderValue::try_from(user_name(n)))
             .collect::<Result<_, _>>()?;
         Ok((headers, users))
+    }
+
+    /// What this target's requests of one scenario send and must get back.
+    fn spec(self, addr: SocketAddr, stream: bool) -> anyhow::Result<Spec> {
+        let (headers, users) = self.headers()?;
+        let mut request = json!({
+            "model": "gpt-4o-mini",
+            "messages": [{"role": "user", "content": "Say hello."}],
+            "stream": stream,
+        });
+        if stream {
+            request["stream_options"] = json!({"include_usage": true});
+        }
+        Ok(Spec {
+            addr,
+            path: if self.is_gateway() {
+                "/openai/v1/chat/completions"
+            } else {
+                "/v1/chat/completions"
+            },
+            headers,
+            users,
+            body: Bytes::from(request.to_string()),
+            expected_len: Canned::new().len(stream),
+        })
     }
 
     /// Fails when a gateway's recorded usage shows its run did not measure what it is for.
@@ -1017,30 +1072,9 @@ async fn measure_target(
     pids: &[u32],
 ) -> anyhow::Result<Vec<Measured>> {
     let name = target.name();
-    let (headers, users) = target.headers()?;
-    let canned = Canned::new();
     let mut scenarios = Vec::new();
     for (scenario, stream) in SCENARIOS.into_iter().zip([false, true]) {
-        let mut request = json!({
-            "model": "gpt-4o-mini",
-            "messages": [{"role": "user", "content": "Say hello."}],
-            "stream": stream,
-        });
-        if stream {
-            request["stream_options"] = json!({"include_usage": true});
-        }
-        let spec = Arc::new(Spec {
-            addr,
-            path: if target.is_gateway() {
-                "/openai/v1/chat/completions"
-            } else {
-                "/v1/chat/completions"
-            },
-            headers: headers.clone(),
-            users: users.clone(),
-            body: Bytes::from(request.to_string()),
-            expected_len: canned.len(stream),
-        });
+        let spec = Arc::new(target.spec(addr, stream)?);
         settle(pids).await?;
         eprintln!("nm-bench: {name}, {scenario}: closed loop");
         let closed_loop = closed_loop(&spec, cli.connections, cli.warmup, cli.duration).await?;
@@ -1055,6 +1089,25 @@ async fn measure_target(
         });
     }
     Ok(scenarios)
+}
+
+/// `nm-bench load`: one scenario against one running target.
+async fn load(
+    cli: &Cli,
+    target: Target,
+    addr: SocketAddr,
+    stream: bool,
+    closed: bool,
+) -> anyhow::Result<()> {
+    let spec = Arc::new(target.spec(addr, stream)?);
+    let figures = if closed {
+        serde_json::to_value(closed_loop(&spec, cli.connections, cli.warmup, cli.duration).await?)?
+    } else {
+        serde_json::to_value(open_loop(&spec, cli.rate, cli.warmup, cli.latency_duration).await?)?
+    };
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{figures}")?;
+    Ok(out.flush()?)
 }
 
 async fn bench(cli: &Cli) -> anyhow::Result<()> {

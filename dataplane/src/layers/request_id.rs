@@ -45,9 +45,11 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        let id = uuid::Uuid::now_v7().to_string();
-        let header = HeaderValue::from_str(&id).ok();
-        req.extensions_mut().insert(RequestId(id));
+        // Encoded into a buffer on the stack, not through `Display`.
+        let mut buf = uuid::Uuid::encode_buffer();
+        let id: &str = uuid::Uuid::now_v7().hyphenated().encode_lower(&mut buf);
+        let header = HeaderValue::from_str(id).ok();
+        req.extensions_mut().insert(RequestId(id.to_owned()));
         ResponseFuture {
             inner: self.inner.call(req),
             header,
