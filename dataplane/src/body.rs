@@ -335,29 +335,16 @@ mod tests {
     /// A finished non-streamed answer whose one frame the meter has not seen yet.
     fn finish(started: Instant) -> (Finish, RecordQueue) {
         let (sink, queue) = record_queue(8, Metrics::default());
-        let record = RequestRecord {
-            request_id: "req-1".to_owned(),
-            started_at: SystemTime::now(),
-            key_id: Arc::from("key-1"),
-            provider: Arc::from("openai"),
-            method: "POST".to_owned(),
-            path: "/v1/chat/completions".to_owned(),
-            model: Some("gpt-4o-mini".to_owned()),
-            agent: None,
-            session_id: None,
-            env: None,
-            user_id: None,
-            status: 200,
-            latency: Duration::ZERO,
-            ttfb: None,
-            streamed: false,
-            error_code: None,
-            response_bytes: 0,
-            usage: Default::default(),
-            usage_status: Default::default(),
-            cost_micros: None,
-            budget_micros: None,
-        };
+        let mut record = RequestRecord::started(
+            "req-1".to_owned(),
+            SystemTime::now(),
+            Arc::from("key-1"),
+            Arc::from("openai"),
+            "POST".to_owned(),
+            "/v1/chat/completions".to_owned(),
+        );
+        record.model = Some("gpt-4o-mini".to_owned());
+        record.status = 200;
         let completion = Completion {
             record,
             started,

@@ -66,29 +66,14 @@ pub async fn handle(
         .map(|r| r.0.clone())
         .unwrap_or_default();
 
-    let mut record = RequestRecord {
+    let mut record = RequestRecord::started(
         request_id,
         started_at,
-        key_id: principal.key_id.clone(),
-        provider: provider.name.clone(),
-        method: req.method().to_string(),
-        path: native.clone(),
-        model: None,
-        agent: None,
-        session_id: None,
-        env: None,
-        user_id: None,
-        status: 0,
-        latency: Default::default(),
-        ttfb: None,
-        streamed: false,
-        error_code: None,
-        response_bytes: 0,
-        usage: Default::default(),
-        usage_status: Default::default(),
-        cost_micros: None,
-        budget_micros: None,
-    };
+        principal.key_id.clone(),
+        provider.name.clone(),
+        req.method().to_string(),
+        native.clone(),
+    );
 
     let mut reservation = None;
     let result = forward(

@@ -51,6 +51,43 @@ pub struct RequestRecord {
 
 pub use nm_types::UsageStatus;
 
+impl RequestRecord {
+    /// A record of a request that has just started: what is known before it is forwarded. The
+    /// rest is filled in as the request goes on.
+    pub fn started(
+        request_id: String,
+        started_at: SystemTime,
+        key_id: Arc<str>,
+        provider: Arc<str>,
+        method: String,
+        path: String,
+    ) -> Self {
+        Self {
+            request_id,
+            started_at,
+            key_id,
+            provider,
+            method,
+            path,
+            model: None,
+            agent: None,
+            session_id: None,
+            env: None,
+            user_id: None,
+            status: 0,
+            latency: Duration::ZERO,
+            ttfb: None,
+            streamed: false,
+            error_code: None,
+            response_bytes: 0,
+            usage: Usage::default(),
+            usage_status: UsageStatus::default(),
+            cost_micros: None,
+            budget_micros: None,
+        }
+    }
+}
+
 /// The producing side of the record queue. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct RecordSink {
