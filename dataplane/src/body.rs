@@ -340,7 +340,7 @@ mod tests {
             SystemTime::now(),
             Arc::from("key-1"),
             Arc::from("openai"),
-            "POST".to_owned(),
+            http::Method::POST,
             "/v1/chat/completions".to_owned(),
         );
         record.model = Some("gpt-4o-mini".to_owned());

@@ -71,8 +71,8 @@ pub async fn handle(
         started_at,
         principal.key_id.clone(),
         provider.name.clone(),
-        req.method().to_string(),
-        native.clone(),
+        req.method().clone(),
+        String::new(),
     );
 
     let mut reservation = None;
@@ -86,6 +86,8 @@ pub async fn handle(
         &span,
     )
     .await;
+    // Moved in only now: `forward` reads the path while it fills in the record.
+    record.path = native;
     match result {
         Ok(resp) => {
             let (parts, upstream_body) = resp.into_parts();

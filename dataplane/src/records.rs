@@ -25,7 +25,8 @@ pub struct RequestRecord {
     pub started_at: SystemTime,
     pub key_id: Arc<str>,
     pub provider: Arc<str>,
-    pub method: String,
+    /// A standard method is held without an allocation.
+    pub method: http::Method,
     /// Native path without the query string (queries may carry credentials).
     pub path: String,
     pub model: Option<String>,
@@ -59,7 +60,7 @@ impl RequestRecord {
         started_at: SystemTime,
         key_id: Arc<str>,
         provider: Arc<str>,
-        method: String,
+        method: http::Method,
         path: String,
     ) -> Self {
         Self {

@@ -54,7 +54,7 @@ pub fn record_to_stored(r: nm_dataplane::RequestRecord) -> nm_controlplane::Requ
         started_at_ms,
         key_id: r.key_id.to_string(),
         provider: r.provider.to_string(),
-        method: r.method,
+        method: r.method.as_str().to_owned(),
         path: r.path,
         model: r.model,
         agent: r.agent,
