@@ -34,10 +34,25 @@ use crate::usage::{Dialect, Framing, Meter};
 /// controlplane sees every request a key made.
 pub async fn handle(
     state: Arc<State>,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
 ) -> Result<Response<GatewayBody>, ProxyError> {
     let started = Instant::now();
     let started_at = SystemTime::now();
+    // What the layers above attached is taken, not cloned: nothing below reads it.
+    let span = req
+        .extensions_mut()
+        .remove::<RequestSpan>()
+        .map(|s| s.0)
+        .unwrap_or_else(tracing::Span::current);
+    let principal = req
+        .extensions_mut()
+        .remove::<Principal>()
+        .ok_or_else(|| ProxyError::Internal("proxy reached without a principal".to_owned()))?;
+    let request_id = req
+        .extensions_mut()
+        .remove::<RequestId>()
+        .map(|r| r.0)
+        .unwrap_or_default();
     let path = req.uri().path();
     let (prefix, native) =
         split_prefix(path).ok_or_else(|| ProxyError::UnknownProvider(String::new()))?;
@@ -46,30 +61,14 @@ pub async fn handle(
         .get(prefix)
         .cloned()
         .ok_or_else(|| ProxyError::UnknownProvider(prefix.to_owned()))?;
-    let span = req
-        .extensions()
-        .get::<RequestSpan>()
-        .map(|s| s.0.clone())
-        .unwrap_or_else(tracing::Span::current);
     span.record("gen_ai.provider.name", &*provider.name);
     span.record("http.route", "/{provider}/{*native_path}");
     let native = native.to_owned();
 
-    let principal = req
-        .extensions()
-        .get::<Principal>()
-        .cloned()
-        .ok_or_else(|| ProxyError::Internal("proxy reached without a principal".to_owned()))?;
-    let request_id = req
-        .extensions()
-        .get::<RequestId>()
-        .map(|r| r.0.clone())
-        .unwrap_or_default();
-
     let mut record = RequestRecord::started(
         request_id,
         started_at,
-        principal.key_id.clone(),
+        principal.key_id,
         provider.name.clone(),
         req.method().clone(),
         String::new(),
