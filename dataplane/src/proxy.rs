@@ -85,7 +85,7 @@ pub async fn handle(
         &span,
     )
     .await;
-    // Moved in only now: `forward` reads the path while it fills in the record.
+    // Moved in only now: `forward` borrows it.
     record.path = native;
     match result {
         Ok(resp) => {
