@@ -10,14 +10,16 @@
 //! disconnects cancels the upstream request.
 //!
 //! That completion (and the metering of the last frame, which for a JSON answer is the whole
-//! answer) runs after the last bytes are written: it is handed to a task on the same runtime
-//! ([`Finish::later`]), which runs once the connection's task has flushed the response and
-//! yielded. So it adds nothing to the latency the client sees. The end time is taken when the
+//! answer) runs after the last bytes are written ([`Finish::later`]): it is queued for a task
+//! on the same worker thread, which runs once the connection's task has flushed the response
+//! and yielded. So it adds nothing to the latency the client sees. The end time is taken when the
 //! last frame passes; a completion whose task never runs (the runtime is shutting down) is done
 //! when the task is dropped, so no record is lost.
 
+use std::cell::RefCell;
+use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -182,6 +184,65 @@ struct Finish {
     last: Option<Bytes>,
 }
 
+thread_local! {
+    /// On a worker thread: completions waiting for the running task to yield (see
+    /// [`Finish::later`]).
+    static PENDING: RefCell<Pending> = const {
+        RefCell::new(Pending {
+            queue: Vec::new(),
+            waker: None,
+            draining: false,
+        })
+    };
+}
+
+/// A worker thread's waiting completions and the task that runs them.
+struct Pending {
+    queue: Vec<Finish>,
+    /// The [`Drain`] task's waker, once it has run.
+    waker: Option<Waker>,
+    /// Whether this thread has a [`Drain`] task (spawned and not yet dropped).
+    draining: bool,
+}
+
+/// The task of a worker thread that completes its queued records, each time it is woken.
+/// Dropped (its runtime shutting down), it completes what is still queued and lets later
+/// completions on the thread run at once.
+#[derive(Default)]
+struct Drain {
+    /// The batch being completed; kept so its capacity is reused.
+    batch: Vec<Finish>,
+}
+
+impl Future for Drain {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let batch = &mut self.batch;
+        PENDING.with_borrow_mut(|p| {
+            if !p.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                p.waker = Some(cx.waker().clone());
+            }
+            std::mem::swap(&mut p.queue, batch);
+        });
+        // Completing runs no code that queues again, and runs outside the borrow.
+        batch.clear();
+        Poll::Pending
+    }
+}
+
+impl Drop for Drain {
+    fn drop(&mut self) {
+        let left = PENDING.try_with(|p| {
+            let mut p = p.borrow_mut();
+            p.draining = false;
+            p.waker = None;
+            std::mem::take(&mut p.queue)
+        });
+        drop(left);
+    }
+}
+
 impl Finish {
     /// The end of a body, now.
     fn now(
@@ -203,13 +264,30 @@ impl Finish {
         }
     }
 
-    /// Completes the record in a task of its own on the current runtime, so that it runs after
-    /// the connection's task has written the response; without a runtime, at once.
+    /// Completes the record once the running task has yielded, so after the connection's task has
+    /// written the response. On a worker thread it joins the thread's queue, which one
+    /// long-lived task ([`Drain`]) empties; elsewhere (tokio's multi-threaded runtime, where a
+    /// task may move between threads) it gets a task of its own; without a runtime it is done
+    /// at once.
     fn later(self) {
-        match tokio::runtime::Handle::try_current() {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return drop(self);
+        };
+        if !crate::workers::on_worker() {
             // Run or dropped unpolled at runtime shutdown: either way `drop` completes it.
-            Ok(runtime) => drop(runtime.spawn(async move { drop(self) })),
-            Err(_) => drop(self),
+            return drop(runtime.spawn(async move { drop(self) }));
+        }
+        let start = PENDING.with_borrow_mut(|p| {
+            p.queue.push(self);
+            if let Some(w) = &p.waker {
+                w.wake_by_ref();
+            }
+            !std::mem::replace(&mut p.draining, true)
+        });
+        if start {
+            // Queued first: a runtime that is shutting down drops the new task at once, and
+            // its drop completes the queue.
+            drop(runtime.spawn(Drain::default()));
         }
     }
 }
@@ -406,6 +484,63 @@ mod tests {
             .try_recv()
             .expect("completed when its task was dropped");
         assert_eq!(record.usage.input_tokens, Some(12));
+    }
+
+    #[tokio::test]
+    async fn on_a_worker_completions_queue_until_the_running_task_yields() {
+        let workers = crate::workers::Workers::start(1).unwrap();
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        workers.spawn(async move {
+            let started = Instant::now();
+            let (first, mut queue) = finish(started);
+            let (second, _) = finish(started);
+            // The second's record goes to its own (dropped) queue; only its order matters.
+            first.later();
+            second.later();
+            let queued = queue.try_recv().is_err();
+            tokio::task::yield_now().await;
+            let record = queue.try_recv();
+            // Again, once the drain task exists and waits.
+            let (third, mut queue3) = finish(started);
+            third.later();
+            let queued3 = queue3.try_recv().is_err();
+            tokio::task::yield_now().await;
+            let _ = done_tx.send((queued, record, queued3, queue3.try_recv()));
+        });
+        let (queued, record, queued3, record3) = done_rx.await.unwrap();
+        assert!(queued, "completed before the task yielded");
+        assert_eq!(record.unwrap().usage.input_tokens, Some(12));
+        assert!(queued3);
+        assert_eq!(record3.unwrap().usage.output_tokens, Some(3));
+        workers.stop().await;
+    }
+
+    #[tokio::test]
+    async fn records_queued_on_a_worker_survive_its_stop() {
+        let workers = crate::workers::Workers::start(1).unwrap();
+        let (finish, mut queue) = finish(Instant::now());
+        let (queued_tx, queued_rx) = tokio::sync::oneshot::channel();
+        workers.spawn(async move {
+            finish.later();
+            let _ = queued_tx.send(());
+            std::future::pending::<()>().await;
+        });
+        queued_rx.await.unwrap();
+        workers.stop().await;
+        assert!(queue.try_recv().is_ok(), "the record was lost");
+    }
+
+    #[test]
+    fn a_drain_task_dropped_unrun_completes_the_queue_and_stands_down() {
+        let (finish, mut queue) = finish(Instant::now());
+        PENDING.with_borrow_mut(|p| {
+            p.queue.push(finish);
+            p.draining = true;
+        });
+        // What a runtime shutting down does to the task.
+        drop(Drain::default());
+        assert!(queue.try_recv().is_ok(), "the queued record was lost");
+        assert!(PENDING.with_borrow(|p| !p.draining && p.queue.is_empty()));
     }
 
     #[test]
