@@ -277,14 +277,17 @@ impl Finish {
             // Run or dropped unpolled at runtime shutdown: either way `drop` completes it.
             return drop(runtime.spawn(async move { drop(self) }));
         }
-        let start = PENDING.with_borrow_mut(|p| {
+        // While the thread's locals are being torn down the closure is dropped unrun, and with
+        // it `self`, which completes the record.
+        let queued = PENDING.try_with(move |p| {
+            let mut p = p.borrow_mut();
             p.queue.push(self);
             if let Some(w) = &p.waker {
                 w.wake_by_ref();
             }
             !std::mem::replace(&mut p.draining, true)
         });
-        if start {
+        if queued == Ok(true) {
             // Queued first: a runtime that is shutting down drops the new task at once, and
             // its drop completes the queue.
             drop(runtime.spawn(Drain::default()));
