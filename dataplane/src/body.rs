@@ -185,8 +185,8 @@ struct Finish {
 }
 
 thread_local! {
-    /// On a worker thread: completions waiting for the running task to yield (see
-    /// [`Finish::later`]).
+    /// On a single-threaded runtime's thread: completions waiting for the running task to yield
+    /// (see [`Finish::later`]).
     static PENDING: RefCell<Pending> = const {
         RefCell::new(Pending {
             queue: Vec::new(),
@@ -196,7 +196,7 @@ thread_local! {
     };
 }
 
-/// A worker thread's waiting completions and the task that runs them.
+/// A thread's waiting completions and the task that runs them.
 struct Pending {
     queue: Vec<Finish>,
     /// The [`Drain`] task's waker, once it has run.
@@ -205,7 +205,7 @@ struct Pending {
     draining: bool,
 }
 
-/// The task of a worker thread that completes its queued records, each time it is woken.
+/// The task of a thread that completes its queued records, each time it is woken.
 /// Dropped (its runtime shutting down), it completes what is still queued and lets later
 /// completions on the thread run at once.
 #[derive(Default)]
@@ -265,15 +265,15 @@ impl Finish {
     }
 
     /// Completes the record once the running task has yielded, so after the connection's task has
-    /// written the response. On a worker thread it joins the thread's queue, which one
-    /// long-lived task ([`Drain`]) empties; elsewhere (tokio's multi-threaded runtime, where a
-    /// task may move between threads) it gets a task of its own; without a runtime it is done
-    /// at once.
+    /// written the response. On a single-threaded runtime (every HTTP worker's) it joins the
+    /// thread's queue, which one long-lived task ([`Drain`]) empties; on tokio's multi-threaded
+    /// runtime, where a task may move between threads, it gets a task of its own; without a
+    /// runtime it is done at once.
     fn later(self) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return drop(self);
         };
-        if !crate::workers::on_worker() {
+        if runtime.runtime_flavor() != tokio::runtime::RuntimeFlavor::CurrentThread {
             // Run or dropped unpolled at runtime shutdown: either way `drop` completes it.
             return drop(runtime.spawn(async move { drop(self) }));
         }

@@ -22,7 +22,6 @@ use tracing::warn;
 
 thread_local! {
     static INDEX: Cell<usize> = const { Cell::new(0) };
-    static ON_WORKER: Cell<bool> = const { Cell::new(false) };
 }
 
 /// How many workers a dataplane runs: one per CPU this process may use.
@@ -33,12 +32,6 @@ pub fn default_count() -> usize {
 /// The index of the worker running the caller (`0..count`), or 0 outside a worker thread.
 pub fn current() -> usize {
     INDEX.with(Cell::get)
-}
-
-/// Whether the caller runs on a worker thread (its runtime is single-threaded: a task spawned
-/// from here stays on this thread).
-pub fn on_worker() -> bool {
-    ON_WORKER.with(Cell::get)
 }
 
 /// Running worker threads. Dropping it stops them: their runtimes shut down, which drops the
@@ -70,7 +63,6 @@ impl Workers {
                 .name(format!("nm-http-{index}"))
                 .spawn(move || {
                     INDEX.with(|i| i.set(index));
-                    ON_WORKER.with(|w| w.set(true));
                     // A current-thread runtime runs its tasks only inside `block_on`: block until
                     // told to stop (or until the sender is dropped).
                     runtime.block_on(async move {
