@@ -2,20 +2,20 @@
 //! table (so the controlplane knows which agent, env and end user each session belongs to) and
 //! into the `user_spend` rollup that budgets read — all in the batch's one transaction.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use nm_types::{Env, SessionId, parse_agent, parse_user};
-use sea_orm::sea_query::{Expr, OnConflict};
+use sea_orm::sea_query::Expr;
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DatabaseBackend, DatabaseTransaction, EntityTrait, QueryFilter,
-    Set, Statement, TransactionTrait, Value,
+    Statement, TransactionTrait, Value,
 };
 use tracing::warn;
 
 use crate::analytics::rollup;
 use crate::budgets::{Budgets, SpendItem, add_to_rollup};
 use crate::error::Result;
-use crate::sql::{INSERT_CHUNK_SIZES, insert_chunks, push_value_rows};
+use crate::sql::{INSERT_CHUNK_SIZES, Sql, insert_chunks, push_value_rows};
 use crate::store::Store;
 use crate::store::entity::{session, signal};
 
@@ -107,8 +107,11 @@ impl Records {
         outcome.stored = u32::try_from(fresh.len()).unwrap_or(u32::MAX);
         outcome.duplicates = u32::try_from(valid.len() - fresh.len()).unwrap_or(u32::MAX);
         rollup::add_requests(&txn, &fresh).await?;
-        for (session_id, seen) in sessions_of(&fresh) {
-            upsert_session(&txn, &session_id, &seen).await?;
+        let sessions = sessions_of(&fresh);
+        upsert_sessions(&txn, &sessions).await?;
+        // Signals rarely arrive before their session's first request: one probe for the batch
+        // finds the sessions that have such signals, and only those are re-attributed.
+        for session_id in awaiting_attribution(&txn, &sessions).await? {
             if let Some(agent) = attribute_signals(&txn, &session_id).await? {
                 rollup::rebuild_session(&txn, &session_id, &agent).await?;
             }
@@ -144,20 +147,18 @@ struct SessionSeen {
 /// Folds new records into one [`SessionSeen`] per session, in first-seen order.
 fn sessions_of(records: &[&RequestRecord]) -> Vec<(String, SessionSeen)> {
     let mut out: Vec<(String, SessionSeen)> = Vec::new();
+    let mut index: HashMap<&str, usize> = HashMap::new();
     for r in records {
         let Some(id) = &r.session_id else { continue };
-        let i = match out.iter().position(|(s, _)| s == id) {
-            Some(i) => i,
-            None => {
-                let seen = SessionSeen {
-                    first_ms: r.started_at_ms,
-                    last_ms: r.started_at_ms,
-                    ..Default::default()
-                };
-                out.push((id.clone(), seen));
-                out.len() - 1
-            }
-        };
+        let i = *index.entry(id.as_str()).or_insert_with(|| {
+            let seen = SessionSeen {
+                first_ms: r.started_at_ms,
+                last_ms: r.started_at_ms,
+                ..Default::default()
+            };
+            out.push((id.clone(), seen));
+            out.len() - 1
+        });
         let seen = &mut out[i].1;
         seen.agent = seen.agent.take().or_else(|| r.agent.clone());
         seen.env = seen.env.take().or_else(|| r.env.clone());
@@ -169,50 +170,103 @@ fn sessions_of(records: &[&RequestRecord]) -> Vec<(String, SessionSeen)> {
     out
 }
 
-/// Adds a batch's requests to their session: the first agent, env and user seen stick, activity
-/// times widen, the request count grows.
-async fn upsert_session<C: sea_orm::ConnectionTrait>(
+/// `sessions` columns, in the order [`upsert_sessions`] binds them.
+const SESSION_COLUMNS: [&str; 7] = [
+    "session_id",
+    "agent",
+    "env",
+    "user_id",
+    "first_seen_ms",
+    "last_seen_ms",
+    "request_count",
+];
+
+/// What an upsert does to a session already stored: the first agent, env and user seen stick,
+/// activity times widen, the request count grows.
+const SESSION_MERGE: &str = " ON CONFLICT (session_id) DO UPDATE SET \
+    agent = COALESCE(sessions.agent, excluded.agent), \
+    env = COALESCE(sessions.env, excluded.env), \
+    user_id = COALESCE(sessions.user_id, excluded.user_id), \
+    first_seen_ms = CASE WHEN excluded.first_seen_ms < sessions.first_seen_ms \
+        THEN excluded.first_seen_ms ELSE sessions.first_seen_ms END, \
+    last_seen_ms = CASE WHEN excluded.last_seen_ms > sessions.last_seen_ms \
+        THEN excluded.last_seen_ms ELSE sessions.last_seen_ms END, \
+    request_count = sessions.request_count + excluded.request_count";
+
+/// Adds a batch's requests to their sessions, a few multi-row statements for the whole batch
+/// (each session appears once in `sessions`, as one statement may not update a row twice).
+async fn upsert_sessions<C: ConnectionTrait>(
     db: &C,
-    session_id: &str,
-    seen: &SessionSeen,
+    sessions: &[(String, SessionSeen)],
 ) -> Result<()> {
-    let row = session::ActiveModel {
-        session_id: Set(session_id.to_owned()),
-        agent: Set(seen.agent.clone()),
-        env: Set(seen.env.clone()),
-        user_id: Set(seen.user_id.clone()),
-        first_seen_ms: Set(seen.first_ms),
-        last_seen_ms: Set(seen.last_ms),
-        request_count: Set(seen.requests),
-    };
-    let on_conflict = OnConflict::column(session::Column::SessionId)
-        .value(session::Column::Agent, Expr::cust(r#"COALESCE("sessions"."agent", "excluded"."agent")"#))
-        .value(session::Column::Env, Expr::cust(r#"COALESCE("sessions"."env", "excluded"."env")"#))
-        .value(session::Column::UserId, Expr::cust(r#"COALESCE("sessions"."user_id", "excluded"."user_id")"#))
-        .value(
-            session::Column::FirstSeenMs,
-            Expr::cust(r#"CASE WHEN "excluded"."first_seen_ms" < "sessions"."first_seen_ms" THEN "excluded"."first_seen_ms" ELSE "sessions"."first_seen_ms" END"#),
-        )
-        .value(
-            session::Column::LastSeenMs,
-            Expr::cust(r#"CASE WHEN "excluded"."last_seen_ms" > "sessions"."last_seen_ms" THEN "excluded"."last_seen_ms" ELSE "sessions"."last_seen_ms" END"#),
-        )
-        .value(
-            session::Column::RequestCount,
-            Expr::cust(r#""sessions"."request_count" + "excluded"."request_count""#),
-        )
-        .to_owned();
-    session::Entity::insert(row)
-        .on_conflict(on_conflict)
-        .exec_without_returning(db)
-        .await?;
+    let backend = db.get_database_backend();
+    let mut rest = sessions;
+    for size in insert_chunks(sessions.len()) {
+        let (chunk, tail) = rest.split_at(size);
+        rest = tail;
+        let mut sql = format!(
+            "INSERT INTO sessions ({}) VALUES ",
+            SESSION_COLUMNS.join(", ")
+        );
+        push_value_rows(backend, &mut sql, size, SESSION_COLUMNS.len());
+        sql.push_str(SESSION_MERGE);
+        let mut values = Vec::with_capacity(size * SESSION_COLUMNS.len());
+        for (id, seen) in chunk {
+            values.extend([
+                Value::String(Some(id.clone())),
+                Value::String(seen.agent.clone()),
+                Value::String(seen.env.clone()),
+                Value::String(seen.user_id.clone()),
+                Value::BigInt(Some(seen.first_ms)),
+                Value::BigInt(Some(seen.last_ms)),
+                Value::BigInt(Some(seen.requests)),
+            ]);
+        }
+        db.execute_raw(Statement::from_sql_and_values(backend, sql, values))
+            .await?;
+    }
     Ok(())
+}
+
+/// The sessions among `sessions` with signals stored before the session was known (not yet
+/// attributed by it), in the order given.
+async fn awaiting_attribution<C: ConnectionTrait>(
+    db: &C,
+    sessions: &[(String, SessionSeen)],
+) -> Result<Vec<String>> {
+    let backend = db.get_database_backend();
+    let mut found = HashSet::new();
+    let mut rest = sessions;
+    for size in insert_chunks(sessions.len()) {
+        let (chunk, tail) = rest.split_at(size);
+        rest = tail;
+        let mut sql = Sql::new(
+            backend,
+            "SELECT DISTINCT session_id FROM signals WHERE attributed_by_session = ",
+        );
+        sql.bind(false).push(" AND session_id IN (");
+        for (i, (id, _)) in chunk.iter().enumerate() {
+            if i > 0 {
+                sql.push(", ");
+            }
+            sql.bind(id.clone());
+        }
+        sql.push(")");
+        for row in db.query_all_raw(sql.build()).await? {
+            found.insert(row.try_get::<String>("", "session_id")?);
+        }
+    }
+    Ok(sessions
+        .iter()
+        .filter(|(id, _)| found.contains(id))
+        .map(|(id, _)| id.clone())
+        .collect())
 }
 
 /// Gives signals that arrived before their session was known the session's agent, env and user.
 /// Returns the session's agent when signals were re-attributed to it (their rollups then need
 /// rebuilding).
-async fn attribute_signals(db: &DatabaseTransaction, session_id: &str) -> Result<Option<String>> {
+async fn attribute_signals<C: ConnectionTrait>(db: &C, session_id: &str) -> Result<Option<String>> {
     let Some(s) = session::Entity::find_by_id(session_id.to_owned())
         .one(db)
         .await?
@@ -571,5 +625,75 @@ mod tests {
             ),
             (400, 1000, 2197, Some("a"))
         );
+    }
+
+    /// A session's later batches merge into it: the first agent, env and user seen stick (a
+    /// missing one is filled), its times widen, its requests add up; a batch with more sessions
+    /// than one statement holds stores every one of them.
+    async fn sessions_merge_across_batches(url: &str) {
+        let store = Store::connect(url).await.unwrap();
+        let records = Records::new(
+            store.clone(),
+            Budgets::load(store.clone(), 0).await.unwrap(),
+        );
+        let with =
+            |id: &str, at: i64, agent: Option<&str>, env: Option<&str>, user: &str| RequestRecord {
+                agent: agent.map(str::to_owned),
+                env: env.map(str::to_owned),
+                user_id: Some(user.to_owned()),
+                ..record(id, Some("sess_a"), at)
+            };
+        records
+            .ingest(&[with("a1", 2000, None, None, "u1")])
+            .await
+            .unwrap();
+        let mut second = vec![
+            with("a2", 1000, Some("x"), Some("staging"), "u2"),
+            with("a3", 3000, Some("y"), Some("production"), "u3"),
+        ];
+        second.extend((0..300).map(|i| record(&format!("o{i}"), Some(&format!("sess_o{i}")), i)));
+        records.ingest(&second).await.unwrap();
+
+        let a = session::Entity::find_by_id("sess_a".to_owned())
+            .one(store.conn())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (a.agent.as_deref(), a.env.as_deref(), a.user_id.as_deref()),
+            (Some("x"), Some("staging"), Some("u1"))
+        );
+        assert_eq!(
+            (a.first_seen_ms, a.last_seen_ms, a.request_count),
+            (1000, 3000, 3)
+        );
+        let others = session::Entity::find()
+            .filter(session::Column::SessionId.starts_with("sess_o"))
+            .all(store.conn())
+            .await
+            .unwrap();
+        assert_eq!(others.len(), 300);
+        assert!(
+            others
+                .iter()
+                .all(|s| s.request_count == 1 && s.agent.as_deref() == Some("a"))
+        );
+        store.close().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn sessions_merge_across_batches_sqlite() {
+        let dir = tempfile::tempdir().unwrap();
+        sessions_merge_across_batches(&format!("sqlite://{}/s.db?mode=rwc", dir.path().display()))
+            .await;
+    }
+
+    #[tokio::test]
+    async fn sessions_merge_across_batches_postgres() {
+        let Some(db) = crate::scratch::ScratchPg::for_tests().await else {
+            return;
+        };
+        sessions_merge_across_batches(&db.url).await;
+        crate::scratch::drop_test_db(&db.url).await;
     }
 }
