@@ -202,6 +202,9 @@ async fn bodies_over_the_limit_are_413_in_native_shape() {
         (413, Some("payload_too_large"))
     );
     assert_eq!(a.json()["error"]["type"], "request_too_large");
+    // The unread rest of the body ends the connection; the answer says so, so a pooling client
+    // opens a new one for its next request.
+    assert_eq!(a.header("connection"), Some("close"));
     let a = gw
         .post("/anthropic/v1/messages", &[], vec![b'x'; 1024])
         .await;

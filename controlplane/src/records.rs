@@ -15,7 +15,7 @@ use tracing::warn;
 use crate::analytics::rollup;
 use crate::budgets::{Budgets, SpendItem, add_to_rollup};
 use crate::error::Result;
-use crate::sql::{INSERT_CHUNK_SIZES, Sql, insert_chunks, push_value_rows};
+use crate::sql::{INSERT_CHUNK_SIZES, Sql, chunks_of, push_value_rows};
 use crate::store::Store;
 use crate::store::entity::{session, signal};
 
@@ -200,10 +200,8 @@ async fn upsert_sessions<C: ConnectionTrait>(
     sessions: &[(String, SessionSeen)],
 ) -> Result<()> {
     let backend = db.get_database_backend();
-    let mut rest = sessions;
-    for size in insert_chunks(sessions.len()) {
-        let (chunk, tail) = rest.split_at(size);
-        rest = tail;
+    for chunk in chunks_of(sessions) {
+        let size = chunk.len();
         let mut sql = format!(
             "INSERT INTO sessions ({}) VALUES ",
             SESSION_COLUMNS.join(", ")
@@ -236,10 +234,7 @@ async fn awaiting_attribution<C: ConnectionTrait>(
 ) -> Result<Vec<String>> {
     let backend = db.get_database_backend();
     let mut found = HashSet::new();
-    let mut rest = sessions;
-    for size in insert_chunks(sessions.len()) {
-        let (chunk, tail) = rest.split_at(size);
-        rest = tail;
+    for chunk in chunks_of(sessions) {
         let mut sql = Sql::new(
             backend,
             "SELECT DISTINCT session_id FROM signals WHERE attributed_by_session = ",
@@ -397,7 +392,7 @@ fn insert_sql(backend: DatabaseBackend, rows: usize, returning: bool) -> String 
     sql
 }
 
-/// The INSERT texts for each row count [`insert_chunks`] uses, with and without `RETURNING`,
+/// The INSERT texts for each row count [`crate::sql::insert_chunks`] uses, with and without `RETURNING`,
 /// made once per [`Records`].
 #[derive(Debug)]
 struct InsertSql {
@@ -461,17 +456,9 @@ async fn insert_new(
     sql: &InsertSql,
     records: &[&RequestRecord],
 ) -> Result<Fresh> {
-    let chunks = || {
-        let mut rest = records;
-        insert_chunks(records.len()).map(move |size| {
-            let (chunk, tail) = rest.split_at(size);
-            rest = tail;
-            chunk
-        })
-    };
     let attempt = txn.begin().await?;
     let mut inserted = 0u64;
-    for chunk in chunks() {
+    for chunk in chunks_of(records) {
         inserted += attempt
             .execute_raw(sql.statement(chunk, false))
             .await?
@@ -483,7 +470,7 @@ async fn insert_new(
     }
     attempt.rollback().await?;
     let mut ids = HashSet::with_capacity(records.len());
-    for chunk in chunks() {
+    for chunk in chunks_of(records) {
         for row in txn.query_all_raw(sql.statement(chunk, true)).await? {
             ids.insert(row.try_get::<String>("", "request_id")?);
         }

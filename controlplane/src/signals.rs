@@ -26,7 +26,7 @@ use tracing::{debug, warn};
 
 use crate::analytics::rollup::{SignalFacts, add_signals};
 use crate::error::{Error, Result};
-use crate::sql::{Sql, count, insert_chunks};
+use crate::sql::{Sql, chunks_of, count};
 use crate::store::Store;
 use crate::store::entity::{session, signal};
 
@@ -379,10 +379,7 @@ async fn write_group(store: &Store, group: &[Pending]) -> Result<Vec<Stored>> {
     // Multi-row inserts. ON CONFLICT without a target skips a row that breaks any unique index
     // (an idempotent replay); RETURNING names the rows that were new.
     let mut new_ids: HashSet<String> = HashSet::with_capacity(rows.len());
-    let mut rest = rows.as_slice();
-    for size in insert_chunks(rows.len()) {
-        let (chunk, tail) = rest.split_at(size);
-        rest = tail;
+    for chunk in chunks_of(&rows) {
         let inserted = signal::Entity::insert_many(chunk.iter().cloned())
             .on_conflict(OnConflict::new().do_nothing().to_owned())
             .try_insert()

@@ -109,9 +109,20 @@ pub fn insert_chunks(mut n: usize) -> impl Iterator<Item = usize> {
     })
 }
 
+/// `items` cut into consecutive slices of the sizes [`insert_chunks`] draws, for one multi-row
+/// statement each.
+pub fn chunks_of<T>(items: &[T]) -> impl Iterator<Item = &[T]> {
+    let mut rest = items;
+    insert_chunks(items.len()).map(move |size| {
+        let (chunk, tail) = rest.split_at(size);
+        rest = tail;
+        chunk
+    })
+}
+
 #[cfg(test)]
 mod chunk_tests {
-    use super::insert_chunks;
+    use super::{chunks_of, insert_chunks};
 
     #[test]
     fn chunks_cover_every_row_with_few_shapes() {
@@ -124,5 +135,12 @@ mod chunk_tests {
             insert_chunks(300).collect::<Vec<_>>(),
             [256, 16, 16, 4, 4, 4]
         );
+        let items: Vec<usize> = (0..300).collect();
+        let chunks: Vec<&[usize]> = chunks_of(&items).collect();
+        assert_eq!(
+            chunks.iter().map(|c| c.len()).collect::<Vec<_>>(),
+            [256, 16, 16, 4, 4, 4]
+        );
+        assert_eq!(chunks.concat(), items);
     }
 }

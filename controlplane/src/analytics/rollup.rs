@@ -36,7 +36,7 @@ use super::outcome::{HEAVY_EDIT_CHARS, is_heavy_edit, is_success};
 use super::query::{class_case, ttfb_band};
 use crate::error::Result;
 use crate::records::RequestRecord;
-use crate::sql::{Sql, insert_chunks, push_value_rows};
+use crate::sql::{Sql, chunks_of, push_value_rows};
 use nm_types::Action;
 
 /// The rollup's columns after (agent, session_id), in the order [`AGGREGATES`] computes them.
@@ -299,10 +299,8 @@ pub(crate) async fn add_signals<C: ConnectionTrait>(
     }
     let backend = db.get_database_backend();
     let rows: Vec<_> = sessions.into_iter().collect();
-    let mut rest = rows.as_slice();
-    for size in insert_chunks(rows.len()) {
-        let (chunk, tail) = rest.split_at(size);
-        rest = tail;
+    for chunk in chunks_of(&rows) {
+        let size = chunk.len();
         let mut values = Vec::with_capacity(size * SIGNAL_COLUMNS.len());
         for ((agent, session_id), x) in chunk {
             values.extend([
@@ -346,10 +344,8 @@ pub(crate) async fn add_requests<C: ConnectionTrait>(
     }
     let backend = db.get_database_backend();
     let count = |v: Option<u64>| Value::BigInt(v.map(|v| i64::try_from(v).unwrap_or(i64::MAX)));
-    let mut rest = rows.as_slice();
-    for size in insert_chunks(rows.len()) {
-        let (chunk, tail) = rest.split_at(size);
-        rest = tail;
+    for chunk in chunks_of(&rows) {
+        let size = chunk.len();
         let mut values = Vec::with_capacity(size * REQUEST_VALUES.len());
         for r in chunk {
             values.extend([
