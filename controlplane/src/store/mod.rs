@@ -3,6 +3,7 @@
 
 pub mod entity;
 mod migration;
+mod nodelay;
 
 use std::path::Path;
 use std::time::Duration;
@@ -60,6 +61,17 @@ impl Store {
             });
         } else {
             opts.max_connections(16).min_connections(1);
+            if let Some(port) = postgres_tcp_port(url) {
+                // See `nodelay`: sqlx 0.9.0 leaves Nagle's algorithm on.
+                opts.map_sqlx_postgres_pool_opts(move |pool| {
+                    pool.after_connect(move |_conn, _meta| {
+                        Box::pin(async move {
+                            nodelay::set_on_sockets_to(port);
+                            Ok(())
+                        })
+                    })
+                });
+            }
         }
         let db = Database::connect(opts).await?;
         Migrator::up(&db, None).await?;
@@ -112,6 +124,13 @@ impl Store {
         self.db.close().await?;
         Ok(())
     }
+}
+
+/// The TCP port a PostgreSQL URL connects to; `None` for a Unix socket or a URL sqlx cannot
+/// read (connecting then reports the error).
+fn postgres_tcp_port(url: &str) -> Option<u16> {
+    let opts: sea_orm::sqlx::postgres::PgConnectOptions = url.parse().ok()?;
+    (!opts.get_host().starts_with('/')).then(|| opts.get_port())
 }
 
 /// Creates the directory that will hold a SQLite file named by `url`.
