@@ -14,7 +14,8 @@ use nm_controlplane::{Budgets, KeyInfo, Keys, Records, Signals, Store, Stored, n
 use nm_types::Env;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 use tonic_health::ServingStatus;
 use tracing::{debug, info, warn};
@@ -597,8 +598,11 @@ pub async fn serve(
     let refresher = cp.keys.spawn_refresher(KEY_REFRESH);
     let readiness = spawn_readiness(cp.store.clone(), Arc::new(reporter));
 
+    // `Server::tcp_nodelay` does not apply to an incoming stream of our own: the accepted
+    // sockets get the option from `TcpIncoming`. Without it an answer's last frame can wait for
+    // the client's delayed acknowledgement (40 ms).
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let result = tonic::transport::Server::builder()
-        .tcp_nodelay(true)
         .http2_keepalive_interval(Some(Duration::from_secs(20)))
         .add_service(health)
         .add_service(reflection)
@@ -612,7 +616,7 @@ pub async fn serve(
             analytics: nm_controlplane::analytics::Analytics::new(cp.store.clone()),
             cp: cp.clone(),
         }))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(incoming, shutdown)
         .await;
     refresher.abort();
     readiness.abort();
