@@ -15,7 +15,7 @@ use tracing::warn;
 use crate::analytics::rollup;
 use crate::budgets::{Budgets, SpendItem, add_to_rollup};
 use crate::error::Result;
-use crate::sql::{INSERT_CHUNK_SIZES, Sql, chunks_of, push_value_rows};
+use crate::sql::{INSERT_CHUNK_SIZES, Sql, chunks_of, insert_values};
 use crate::store::Store;
 use crate::store::entity::{session, signal};
 
@@ -202,11 +202,7 @@ async fn upsert_sessions<C: ConnectionTrait>(
     let backend = db.get_database_backend();
     for chunk in chunks_of(sessions) {
         let size = chunk.len();
-        let mut sql = format!(
-            "INSERT INTO sessions ({}) VALUES ",
-            SESSION_COLUMNS.join(", ")
-        );
-        push_value_rows(backend, &mut sql, size, SESSION_COLUMNS.len());
+        let mut sql = insert_values(backend, "sessions", &SESSION_COLUMNS, size);
         sql.push_str(SESSION_MERGE);
         let mut values = Vec::with_capacity(size * SESSION_COLUMNS.len());
         for (id, seen) in chunk {
@@ -383,8 +379,7 @@ fn push_row(values: &mut Vec<Value>, r: &RequestRecord) {
 /// the whole gateway's instructions under load. Batches are cut into a few fixed row counts
 /// ([`INSERT_CHUNK_SIZES`]), so each connection caches a handful of prepared statements.
 fn insert_sql(backend: DatabaseBackend, rows: usize, returning: bool) -> String {
-    let mut sql = format!("INSERT INTO requests ({}) VALUES ", COLUMNS.join(", "));
-    push_value_rows(backend, &mut sql, rows, COLUMNS.len());
+    let mut sql = insert_values(backend, "requests", &COLUMNS, rows);
     sql.push_str(" ON CONFLICT (request_id) DO NOTHING");
     if returning {
         sql.push_str(" RETURNING request_id");
@@ -392,7 +387,7 @@ fn insert_sql(backend: DatabaseBackend, rows: usize, returning: bool) -> String 
     sql
 }
 
-/// The INSERT texts for each row count [`crate::sql::insert_chunks`] uses, with and without `RETURNING`,
+/// The INSERT texts for each row count of [`INSERT_CHUNK_SIZES`], with and without `RETURNING`,
 /// made once per [`Records`].
 #[derive(Debug)]
 struct InsertSql {

@@ -72,6 +72,14 @@ pub fn push_value_rows(backend: DatabaseBackend, text: &mut String, rows: usize,
     }
 }
 
+/// `INSERT INTO table (cols...) VALUES` followed by `rows` rows of placeholders, one per column:
+/// the head of a multi-row insert or upsert, whatever follows it (`ON CONFLICT ...`).
+pub fn insert_values(backend: DatabaseBackend, table: &str, cols: &[&str], rows: usize) -> String {
+    let mut text = format!("INSERT INTO {table} ({}) VALUES ", cols.join(", "));
+    push_value_rows(backend, &mut text, rows, cols.len());
+    text
+}
+
 /// A count column (`COUNT`, a `SUM` of integers) of a result row; a negative value reads as 0.
 pub fn count(row: &QueryResult, col: &str) -> Result<u64> {
     let v: i64 = row.try_get("", col)?;
@@ -90,6 +98,10 @@ mod tests {
         let mut lite = Sql::new(DatabaseBackend::Sqlite, "SELECT 1 WHERE a = ");
         lite.bind(1).push(" AND b = ").bind("x");
         assert_eq!(lite.build().sql, "SELECT 1 WHERE a = ? AND b = ?");
+        assert_eq!(
+            insert_values(DatabaseBackend::Postgres, "t", &["a", "b"], 2),
+            "INSERT INTO t (a, b) VALUES ($1, $2), ($3, $4)"
+        );
     }
 }
 

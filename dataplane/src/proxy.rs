@@ -63,7 +63,6 @@ pub async fn handle(
         .ok_or_else(|| ProxyError::UnknownProvider(prefix.to_owned()))?;
     span.record("gen_ai.provider.name", &*provider.name);
     span.record("http.route", "/{provider}/{*native_path}");
-    let native = native.to_owned();
 
     let mut record = RequestRecord::started(
         request_id,
@@ -71,22 +70,11 @@ pub async fn handle(
         principal.key_id,
         provider.name.clone(),
         req.method().clone(),
-        String::new(),
+        native.to_owned(),
     );
 
     let mut reservation = None;
-    let result = forward(
-        &state,
-        &provider,
-        &native,
-        req,
-        &mut record,
-        &mut reservation,
-        &span,
-    )
-    .await;
-    // Moved in only now: `forward` borrows it.
-    record.path = native;
+    let result = forward(&state, &provider, req, &mut record, &mut reservation, &span).await;
     match result {
         Ok(resp) => {
             let (parts, upstream_body) = resp.into_parts();
@@ -225,13 +213,12 @@ fn refusal_error(refusal: Refusal) -> ProxyError {
 async fn forward(
     state: &State,
     provider: &Provider,
-    native: &str,
     req: Request<Incoming>,
     record: &mut RequestRecord,
     reservation: &mut Option<Reservation>,
     span: &tracing::Span,
 ) -> Result<Response<Incoming>, ProxyError> {
-    check_native_path(native)?;
+    check_native_path(&record.path)?;
     let attribution = Attribution::from_headers(req.headers())?;
     if let Some(a) = &attribution.agent {
         span.record("nm.agent", a.as_str());
@@ -266,7 +253,7 @@ async fn forward(
         }
     })?;
     let body = body.to_bytes();
-    let facts = request_facts(&body, native);
+    let facts = request_facts(&body, &record.path);
     record.model = facts.model.clone();
     if let Some(m) = &record.model {
         span.record("gen_ai.request.model", m.as_str());
@@ -283,7 +270,7 @@ async fn forward(
     }
 
     let query = parts.uri.query();
-    let uri = upstream_uri(provider, native, query)?;
+    let uri = upstream_uri(provider, &record.path, query)?;
     let headers = upstream_headers(&parts.headers, provider, query);
     let mut upstream_req = Request::builder()
         .method(parts.method)

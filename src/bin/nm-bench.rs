@@ -1099,6 +1099,7 @@ async fn load(
     stream: bool,
     closed: bool,
 ) -> anyhow::Result<()> {
+    check_load_options(cli)?;
     let spec = Arc::new(target.spec(addr, stream)?);
     let figures = if closed {
         serde_json::to_value(closed_loop(&spec, cli.connections, cli.warmup, cli.duration).await?)?
@@ -1110,12 +1111,18 @@ async fn load(
     Ok(out.flush()?)
 }
 
-async fn bench(cli: &Cli) -> anyhow::Result<()> {
+/// Refuses load options no loop can run with (the whole bench and `nm-bench load` alike).
+fn check_load_options(cli: &Cli) -> anyhow::Result<()> {
     ensure!(cli.connections > 0, "--connections must be at least 1");
     ensure!(
         cli.rate.is_finite() && cli.rate > 0.0,
         "--rate must be positive"
     );
+    Ok(())
+}
+
+async fn bench(cli: &Cli) -> anyhow::Result<()> {
+    check_load_options(cli)?;
     let gateway_bin = match &cli.gateway_bin {
         Some(p) => p.clone(),
         None => std::env::current_exe()?

@@ -36,7 +36,7 @@ use super::outcome::{HEAVY_EDIT_CHARS, is_heavy_edit, is_success};
 use super::query::{class_case, ttfb_band};
 use crate::error::Result;
 use crate::records::RequestRecord;
-use crate::sql::{Sql, chunks_of, push_value_rows};
+use crate::sql::{Sql, chunks_of, insert_values, push_value_rows};
 use nm_types::Action;
 
 /// The rollup's columns after (agent, session_id), in the order [`AGGREGATES`] computes them.
@@ -215,11 +215,7 @@ const SIGNAL_COLUMNS: [&str; 11] = [
 /// The upsert of `rows` sessions' new signals, folded beforehand ([`SignalSums`]): a plain
 /// `VALUES` list, no grouping in the database (signals carry only integers).
 fn signals_sql(backend: DatabaseBackend, rows: usize) -> String {
-    let mut sql = format!(
-        "INSERT INTO session_rollups ({}) VALUES ",
-        SIGNAL_COLUMNS.join(", ")
-    );
-    push_value_rows(backend, &mut sql, rows, SIGNAL_COLUMNS.len());
+    let mut sql = insert_values(backend, "session_rollups", &SIGNAL_COLUMNS, rows);
     sql.push(' ');
     sql.push_str(&on_conflict());
     sql
