@@ -7,6 +7,9 @@ pub enum Error {
     /// The database refused or failed a statement, or could not be reached.
     #[error("database error: {0}")]
     Database(#[from] DbErr),
+    /// A statement run through rusqlite on a SQLite write transaction failed.
+    #[error("database error: {0}")]
+    Sqlite(#[from] rusqlite::Error),
     /// The caller sent a value that breaks a rule; the message names the field and the rule.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

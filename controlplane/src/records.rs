@@ -5,6 +5,8 @@
 use std::collections::{HashMap, HashSet};
 
 use nm_types::{Env, SessionId, parse_agent, parse_user};
+use rusqlite::ToSql;
+use rusqlite::types::{ToSqlOutput, ValueRef};
 use sea_orm::sea_query::Expr;
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DatabaseBackend, DatabaseTransaction, EntityTrait, QueryFilter,
@@ -16,8 +18,8 @@ use crate::analytics::rollup;
 use crate::budgets::{Budgets, SpendItem, add_to_rollup};
 use crate::error::Result;
 use crate::sql::{INSERT_CHUNK_SIZES, Sql, chunks_of, insert_values};
-use crate::store::Store;
 use crate::store::entity::{session, signal};
+use crate::store::{Store, WriteTxn};
 
 /// One proxied request, as a dataplane reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -305,7 +307,7 @@ fn validate(r: &RequestRecord) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// `requests` columns, in the order [`push_row`] binds them.
+/// `requests` columns, in the order of [`row_cells`].
 const COLUMNS: [&str; 26] = [
     "request_id",
     "started_at_ms",
@@ -335,27 +337,39 @@ const COLUMNS: [&str; 26] = [
     "usage_status",
 ];
 
-/// Appends one record's values in [`COLUMNS`] order.
-fn push_row(values: &mut Vec<Value>, r: &RequestRecord) {
-    let text = |v: &Option<String>| Value::String(v.clone());
-    let count = |v: Option<u64>| Value::BigInt(v.map(saturating_i64));
+/// One value of a `requests` row, borrowed from its record: bound by rusqlite on SQLite, turned
+/// into sea-orm values on PostgreSQL.
+#[derive(Debug, Clone, Copy)]
+enum Cell<'a> {
+    Text(Option<&'a str>),
+    Int(Option<i64>),
+    Int32(i32),
+    Bool(bool),
+}
+
+/// One record's values in [`COLUMNS`] order.
+fn row_cells(r: &RequestRecord) -> [Cell<'_>; COLUMNS.len()] {
+    fn text(v: &Option<String>) -> Cell<'_> {
+        Cell::Text(v.as_deref())
+    }
+    let count = |v: Option<u64>| Cell::Int(v.map(saturating_i64));
     let u = &r.usage;
-    values.extend([
-        Value::String(Some(r.request_id.clone())),
-        Value::BigInt(Some(r.started_at_ms)),
-        Value::String(Some(r.key_id.clone())),
-        Value::String(Some(r.provider.clone())),
-        Value::String(Some(r.method.clone())),
-        Value::String(Some(r.path.clone())),
+    [
+        Cell::Text(Some(&r.request_id)),
+        Cell::Int(Some(r.started_at_ms)),
+        Cell::Text(Some(&r.key_id)),
+        Cell::Text(Some(&r.provider)),
+        Cell::Text(Some(&r.method)),
+        Cell::Text(Some(&r.path)),
         text(&r.model),
         text(&r.agent),
         text(&r.session_id),
         text(&r.env),
         text(&r.user_id),
-        Value::Int(Some(i32::from(r.status))),
+        Cell::Int32(i32::from(r.status)),
         count(Some(r.latency_ms)),
         count(r.ttfb_ms),
-        Value::Bool(Some(r.streamed)),
+        Cell::Bool(r.streamed),
         text(&r.error_code),
         count(Some(r.response_bytes)),
         text(&u.model),
@@ -366,8 +380,31 @@ fn push_row(values: &mut Vec<Value>, r: &RequestRecord) {
         count(u.reasoning_tokens),
         text(&u.finish_reason),
         count(r.cost_micros),
-        Value::String(Some(r.usage_status.as_str().to_owned())),
-    ]);
+        Cell::Text(Some(r.usage_status.as_str())),
+    ]
+}
+
+impl From<Cell<'_>> for Value {
+    fn from(cell: Cell<'_>) -> Value {
+        match cell {
+            Cell::Text(s) => Value::String(s.map(str::to_owned)),
+            Cell::Int(n) => Value::BigInt(n),
+            Cell::Int32(n) => Value::Int(Some(n)),
+            Cell::Bool(b) => Value::Bool(Some(b)),
+        }
+    }
+}
+
+impl ToSql for Cell<'_> {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(ToSqlOutput::Borrowed(match *self {
+            Cell::Text(Some(s)) => ValueRef::Text(s.as_bytes()),
+            Cell::Text(None) | Cell::Int(None) => ValueRef::Null,
+            Cell::Int(Some(n)) => ValueRef::Integer(n),
+            Cell::Int32(n) => ValueRef::Integer(n.into()),
+            Cell::Bool(b) => ValueRef::Integer(b.into()),
+        }))
+    }
 }
 
 /// The INSERT of `rows` records as one multi-row `VALUES` list of bound parameters. Resent
@@ -404,6 +441,14 @@ impl InsertSql {
         Self { backend, by_size }
     }
 
+    /// The one-row INSERT, without `RETURNING`.
+    fn one_row(&self) -> &str {
+        self.by_size
+            .iter()
+            .find(|(n, r, _)| *n == 1 && !*r)
+            .map_or("", |(_, _, sql)| sql)
+    }
+
     /// The statement inserting `chunk`.
     fn statement(&self, chunk: &[&RequestRecord], returning: bool) -> Statement {
         let rows = chunk.len();
@@ -415,10 +460,7 @@ impl InsertSql {
                 || insert_sql(self.backend, rows, returning),
                 |(_, _, sql)| sql.clone(),
             );
-        let mut values = Vec::with_capacity(rows * COLUMNS.len());
-        for r in chunk {
-            push_row(&mut values, r);
-        }
+        let values = chunk.iter().flat_map(|r| row_cells(r).map(Value::from));
         Statement::from_sql_and_values(self.backend, sql, values)
     }
 }
@@ -440,13 +482,51 @@ impl Fresh {
 }
 
 /// Inserts the records not stored yet and says which they were.
+async fn insert_new(txn: &WriteTxn, sql: &InsertSql, records: &[&RequestRecord]) -> Result<Fresh> {
+    match txn {
+        WriteTxn::Sqlite(txn) => {
+            txn.with_rusqlite(|conn| insert_rows(conn, sql.one_row(), records))
+                .await
+        }
+        WriteTxn::Pooled(txn) => insert_new_pooled(txn, sql, records).await,
+    }
+}
+
+/// SQLite: the records one by one through a prepared one-row statement, bound from the records
+/// themselves (see [`crate::store::SqliteWrite`]). A row that changed nothing was stored already.
+fn insert_rows(
+    conn: &rusqlite::Connection,
+    sql: &str,
+    records: &[&RequestRecord],
+) -> rusqlite::Result<Fresh> {
+    let mut stmt = conn.prepare(sql)?;
+    let mut stored = Vec::with_capacity(records.len());
+    for r in records {
+        for (i, cell) in row_cells(r).iter().enumerate() {
+            stmt.raw_bind_parameter(i + 1, cell)?;
+        }
+        stored.push(stmt.raw_execute()? == 1);
+    }
+    if stored.iter().all(|s| *s) {
+        return Ok(Fresh::All);
+    }
+    let ids = records
+        .iter()
+        .zip(stored)
+        .filter(|(_, s)| *s)
+        .map(|(r, _)| r.request_id.clone())
+        .collect();
+    Ok(Fresh::Only(ids))
+}
+
+/// PostgreSQL: multi-row statements of [`INSERT_CHUNK_SIZES`].
 ///
 /// A batch is almost always new, so it is first inserted without `RETURNING` inside a savepoint:
 /// when every row went in, that is the answer. When some were stored already (a resent batch),
 /// the savepoint is rolled back and the batch inserted again with `RETURNING`, which names the
 /// new ones. Skipping `RETURNING` in the common case saves the database and the driver a result
 /// row per record.
-async fn insert_new(
+async fn insert_new_pooled(
     txn: &DatabaseTransaction,
     sql: &InsertSql,
     records: &[&RequestRecord],
@@ -479,6 +559,10 @@ fn saturating_i64(v: u64) -> i64 {
 
 #[cfg(test)]
 mod tests {
+    use std::future::Future;
+
+    use sea_orm::PaginatorTrait;
+
     use super::*;
 
     fn record(id: &str, session: Option<&str>, at: i64) -> RequestRecord {
@@ -496,11 +580,25 @@ mod tests {
         }
     }
 
-    /// Values travel as JSON through the database's JSON functions: they must come out exactly.
-    #[tokio::test]
-    async fn every_value_round_trips_through_the_json_insert() {
+    /// Runs `test` on a fresh SQLite file and, when the test database is configured, on a fresh
+    /// PostgreSQL database.
+    async fn on_both<F: Future<Output = ()>>(test: impl Fn(String) -> F) {
         let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}/j.db?mode=rwc", dir.path().display());
+        test(format!("sqlite://{}/t.db?mode=rwc", dir.path().display())).await;
+        if let Some(db) = crate::scratch::ScratchPg::for_tests().await {
+            test(db.url.clone()).await;
+            crate::scratch::drop_test_db(&db.url).await;
+        }
+    }
+
+    /// Every value comes out of the database exactly as it went in: text with quotes, escapes and
+    /// non-ASCII, integers at the edges, nulls.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_value_round_trips() {
+        on_both(every_value_round_trips_on).await;
+    }
+
+    async fn every_value_round_trips_on(url: String) {
         let store = Store::connect(&url).await.unwrap();
         let records = Records::new(
             store.clone(),
@@ -551,6 +649,81 @@ mod tests {
         );
         assert_eq!(m.usage_status, "partial");
         assert_eq!(m.error_code, None);
+        store.close().await.unwrap();
+    }
+
+    /// A batch that repeats some stored records stores only the new ones, and says which.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_partly_resent_batch_stores_the_new_records() {
+        on_both(a_partly_resent_batch_stores_the_new_records_on).await;
+    }
+
+    async fn a_partly_resent_batch_stores_the_new_records_on(url: String) {
+        let store = Store::connect(&url).await.unwrap();
+        let records = Records::new(
+            store.clone(),
+            Budgets::load(store.clone(), 0).await.unwrap(),
+        );
+        let batch = |from: i64, to: i64| -> Vec<RequestRecord> {
+            (from..to)
+                .map(|i| record(&format!("p{i}"), Some("sess_p"), i))
+                .collect()
+        };
+        assert_eq!(records.ingest(&batch(0, 300)).await.unwrap().stored, 300);
+        let out = records.ingest(&batch(200, 700)).await.unwrap();
+        assert_eq!((out.stored, out.duplicates), (400, 100));
+        let stored = crate::store::entity::request::Entity::find()
+            .count(store.conn())
+            .await
+            .unwrap();
+        assert_eq!(stored, 700);
+        let s = session::Entity::find_by_id("sess_p".to_owned())
+            .one(store.conn())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (s.request_count, s.first_seen_ms, s.last_seen_ms),
+            (700, 0, 699)
+        );
+        store.close().await.unwrap();
+    }
+
+    /// Rows written through rusqlite belong to the SQLite write transaction: without a commit
+    /// they are gone, and the connection is usable afterwards.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn rows_inserted_on_sqlite_roll_back_with_their_transaction() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/t.db?mode=rwc", dir.path().display());
+        let store = Store::connect(&url).await.unwrap();
+        let sql = InsertSql::new(store.backend());
+        let batch: Vec<RequestRecord> =
+            (0..50).map(|i| record(&format!("x{i}"), None, i)).collect();
+        let refs: Vec<&RequestRecord> = batch.iter().collect();
+        let count = |store: Store| async move {
+            crate::store::entity::request::Entity::find()
+                .count(store.conn())
+                .await
+                .unwrap()
+        };
+
+        let txn = store.begin_write().await.unwrap();
+        assert!(matches!(txn, WriteTxn::Sqlite(_)));
+        assert!(matches!(
+            insert_new(&txn, &sql, &refs).await.unwrap(),
+            Fresh::All
+        ));
+        drop(txn);
+        assert_eq!(count(store.clone()).await, 0);
+
+        let txn = store.begin_write().await.unwrap();
+        assert!(matches!(
+            insert_new(&txn, &sql, &refs).await.unwrap(),
+            Fresh::All
+        ));
+        txn.commit().await.unwrap();
+        assert_eq!(count(store.clone()).await, 50);
+        store.close().await.unwrap();
     }
 
     #[tokio::test]

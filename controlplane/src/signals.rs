@@ -17,18 +17,15 @@ use std::time::Duration;
 
 use nm_types::{Action, Env, SessionId, parse_agent};
 use sea_orm::sea_query::OnConflict;
-use sea_orm::{
-    ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter, Set,
-    TryInsertResult,
-};
+use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, Set, TryInsertResult};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
 
 use crate::analytics::rollup::{SignalFacts, add_signals};
 use crate::error::{Error, Result};
 use crate::sql::{Sql, chunks_of, count};
-use crate::store::Store;
 use crate::store::entity::{session, signal};
+use crate::store::{Store, WriteTxn};
 
 /// Signals an agent needs before recommendations are produced.
 pub const RECOMMENDATION_THRESHOLD: u64 = 100;
@@ -458,7 +455,7 @@ fn to_row(
 }
 
 async fn known_sessions<'a>(
-    txn: &DatabaseTransaction,
+    txn: &WriteTxn,
     ids: impl Iterator<Item = &'a str>,
 ) -> Result<HashMap<String, session::Model>> {
     let ids: HashSet<&str> = ids.collect();

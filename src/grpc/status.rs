@@ -7,11 +7,14 @@ pub fn to_status(e: Error) -> Status {
     match e {
         Error::InvalidArgument(m) => Status::invalid_argument(m),
         Error::NotFound(m) => Status::not_found(m),
-        Error::Database(e) => {
-            tracing::error!(error = %e, "database error");
-            Status::unavailable(format!("database unavailable: {e}"))
-        }
+        Error::Database(db) => unavailable(&db),
+        Error::Sqlite(db) => unavailable(&db),
         Error::Unavailable(m) => Status::unavailable(m),
         Error::Config(m) => Status::failed_precondition(m),
     }
+}
+
+fn unavailable(e: &dyn std::fmt::Display) -> Status {
+    tracing::error!(error = %e, "database error");
+    Status::unavailable(format!("database unavailable: {e}"))
 }

@@ -4,14 +4,16 @@
 pub mod entity;
 mod migration;
 mod nodelay;
+mod sqlite_write;
 
 use std::path::Path;
 use std::time::Duration;
 
 use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
 use sea_orm::{
-    ConnectOptions, Database, DatabaseBackend, DatabaseConnection, DatabaseTransaction,
-    SqliteTransactionMode, TransactionOptions, TransactionTrait,
+    ConnectOptions, ConnectionTrait, Database, DatabaseBackend, DatabaseConnection,
+    DatabaseTransaction, DbErr, ExecResult, QueryResult, SqliteTransactionMode, Statement,
+    TransactionOptions, TransactionTrait,
 };
 use sea_orm_migration::MigratorTrait;
 use tracing::info;
@@ -19,6 +21,7 @@ use tracing::info;
 use crate::error::{Error, Result};
 
 pub use migration::Migrator;
+pub use sqlite_write::SqliteWrite;
 
 /// A handle on the controlplane database. Cheap to clone (a connection pool).
 #[derive(Clone, Debug)]
@@ -99,13 +102,18 @@ impl Store {
     /// Starts a transaction that will write. On SQLite it is `BEGIN IMMEDIATE`: it takes the write
     /// lock up front (waiting up to the busy timeout), so a transaction that reads before it
     /// writes cannot fail with "database is locked" when another writer committed in between
-    /// (SQLite refuses to upgrade a stale read snapshot and does not wait in that case).
-    pub async fn begin_write(&self) -> Result<DatabaseTransaction> {
+    /// (SQLite refuses to upgrade a stale read snapshot and does not wait in that case). On
+    /// SQLite it is a [`SqliteWrite`], whose bulk inserts can bypass sea-orm.
+    pub async fn begin_write(&self) -> Result<WriteTxn> {
+        if self.backend() == DatabaseBackend::Sqlite {
+            let pool = self.db.get_sqlite_connection_pool();
+            return Ok(WriteTxn::Sqlite(SqliteWrite::begin(pool).await?));
+        }
         let options = TransactionOptions {
             sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
             ..TransactionOptions::default()
         };
-        Ok(self.db.begin_with_options(options).await?)
+        Ok(WriteTxn::Pooled(self.db.begin_with_options(options).await?))
     }
 
     /// True when the database answers a trivial query.
@@ -123,6 +131,64 @@ impl Store {
     pub async fn close(self) -> Result<()> {
         self.db.close().await?;
         Ok(())
+    }
+}
+
+/// A write transaction from [`Store::begin_write`]. Dropped without [`WriteTxn::commit`], it
+/// rolls back.
+#[derive(Debug)]
+pub enum WriteTxn {
+    /// SQLite: sqlx's transaction on one connection, which rusqlite can also use.
+    Sqlite(SqliteWrite),
+    /// PostgreSQL: sea-orm's.
+    Pooled(DatabaseTransaction),
+}
+
+impl WriteTxn {
+    pub async fn commit(self) -> Result<()> {
+        match self {
+            WriteTxn::Sqlite(t) => t.commit().await?,
+            WriteTxn::Pooled(t) => t.commit().await?,
+        }
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl ConnectionTrait for WriteTxn {
+    fn get_database_backend(&self) -> DatabaseBackend {
+        match self {
+            WriteTxn::Sqlite(t) => t.get_database_backend(),
+            WriteTxn::Pooled(t) => t.get_database_backend(),
+        }
+    }
+
+    async fn execute_raw(&self, stmt: Statement) -> Result<ExecResult, DbErr> {
+        match self {
+            WriteTxn::Sqlite(t) => t.execute_raw(stmt).await,
+            WriteTxn::Pooled(t) => t.execute_raw(stmt).await,
+        }
+    }
+
+    async fn execute_unprepared(&self, sql: &str) -> Result<ExecResult, DbErr> {
+        match self {
+            WriteTxn::Sqlite(t) => t.execute_unprepared(sql).await,
+            WriteTxn::Pooled(t) => t.execute_unprepared(sql).await,
+        }
+    }
+
+    async fn query_one_raw(&self, stmt: Statement) -> Result<Option<QueryResult>, DbErr> {
+        match self {
+            WriteTxn::Sqlite(t) => t.query_one_raw(stmt).await,
+            WriteTxn::Pooled(t) => t.query_one_raw(stmt).await,
+        }
+    }
+
+    async fn query_all_raw(&self, stmt: Statement) -> Result<Vec<QueryResult>, DbErr> {
+        match self {
+            WriteTxn::Sqlite(t) => t.query_all_raw(stmt).await,
+            WriteTxn::Pooled(t) => t.query_all_raw(stmt).await,
+        }
     }
 }
 
