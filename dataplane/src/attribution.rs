@@ -2,15 +2,16 @@
 //! is present but malformed is a 400 `invalid_header`: silently dropping it would lose the
 //! attribution the client asked for.
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use nm_types::{Env, SessionId, parse_agent, parse_user};
 
 use crate::error::ProxyError;
 
-pub const NM_AGENT: &str = "nm-agent";
-pub const NM_SESSION: &str = "nm-session";
-pub const NM_ENV: &str = "nm-env";
-pub const NM_USER: &str = "nm-user";
+// Names, not strings: a look-up by `HeaderName` skips parsing the name on every request.
+pub const NM_AGENT: HeaderName = HeaderName::from_static("nm-agent");
+pub const NM_SESSION: HeaderName = HeaderName::from_static("nm-session");
+pub const NM_ENV: HeaderName = HeaderName::from_static("nm-env");
+pub const NM_USER: HeaderName = HeaderName::from_static("nm-user");
 
 /// Who a request is for, as the client declared it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -24,19 +25,19 @@ pub struct Attribution {
 impl Attribution {
     pub fn from_headers(headers: &HeaderMap) -> Result<Self, ProxyError> {
         Ok(Self {
-            agent: parse(headers, NM_AGENT, "NM-Agent", parse_agent)?,
-            session: parse(headers, NM_SESSION, "NM-Session", |s| {
+            agent: parse(headers, &NM_AGENT, "NM-Agent", parse_agent)?,
+            session: parse(headers, &NM_SESSION, "NM-Session", |s| {
                 s.parse::<SessionId>()
             })?,
-            env: parse(headers, NM_ENV, "NM-Env", |s| s.parse::<Env>())?,
-            user: parse(headers, NM_USER, "NM-User", parse_user)?,
+            env: parse(headers, &NM_ENV, "NM-Env", |s| s.parse::<Env>())?,
+            user: parse(headers, &NM_USER, "NM-User", parse_user)?,
         })
     }
 }
 
 fn parse<T>(
     headers: &HeaderMap,
-    name: &str,
+    name: &HeaderName,
     display: &'static str,
     f: impl FnOnce(&str) -> Result<T, nm_types::ParseError>,
 ) -> Result<Option<T>, ProxyError> {
@@ -78,7 +79,7 @@ mod tests {
 
         for (name, bad) in [(NM_SESSION, "42"), (NM_ENV, "prod"), (NM_AGENT, " ")] {
             let mut h = HeaderMap::new();
-            h.insert(name, HeaderValue::from_static(bad));
+            h.insert(name.clone(), HeaderValue::from_static(bad));
             assert!(
                 matches!(
                     Attribution::from_headers(&h),

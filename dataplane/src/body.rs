@@ -99,7 +99,7 @@ enum Ending {
 pub struct Completion {
     pub record: RequestRecord,
     pub started: Instant,
-    pub sink: RecordSink,
+    pub sink: std::sync::Arc<RecordSink>,
     pub span: Span,
     pub prices: std::sync::Arc<PriceTable>,
     /// The end user's budget hold, settled when the body ends.
@@ -429,7 +429,7 @@ mod tests {
         let completion = Completion {
             record,
             started,
-            sink,
+            sink: Arc::new(sink),
             span: Span::none(),
             prices: Arc::new(PriceTable::builtin()),
             reservation: None,

@@ -55,12 +55,6 @@ impl Upstream {
         header_timeout: Duration,
         extra_roots: &[rustls::pki_types::CertificateDer<'static>],
     ) -> Result<Self, rustls::Error> {
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(connect_timeout));
-        http.set_keepalive(Some(Duration::from_secs(60)));
-
         let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
         let mut roots = rustls::RootCertStore {
             roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
@@ -72,17 +66,25 @@ impl Upstream {
             .with_safe_default_protocol_versions()?
             .with_root_certificates(roots)
             .with_no_client_auth();
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_all_versions()
-            .wrap_connector(http);
+        // Each worker's client gets a connector of its own, not a clone: the client clones its
+        // connector on every request, and clones of one connector share their `Arc`s' counts
+        // across the workers' CPUs.
         let clients = (0..crate::workers::default_count())
             .map(|_| {
+                let mut http = HttpConnector::new();
+                http.enforce_http(false);
+                http.set_nodelay(true);
+                http.set_connect_timeout(Some(connect_timeout));
+                http.set_keepalive(Some(Duration::from_secs(60)));
+                let https = hyper_rustls::HttpsConnectorBuilder::new()
+                    .with_tls_config(tls.clone())
+                    .https_or_http()
+                    .enable_all_versions()
+                    .wrap_connector(http);
                 Client::builder(TokioExecutor::new())
                     .pool_idle_timeout(Duration::from_secs(90))
                     .pool_max_idle_per_host(256)
-                    .build(https.clone())
+                    .build(https)
             })
             .collect();
         Ok(Self {

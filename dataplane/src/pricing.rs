@@ -16,9 +16,10 @@
 //! reported as unknown rather than priced like a look-alike.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::fmt;
 
+use foldhash::fast::RandomState;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
 
@@ -152,11 +153,15 @@ fn to_micros(numerator: u128, rounding: Rounding) -> u64 {
 
 // === impl PriceTable ===
 
+/// One provider's prices by model id.
+type Models = HashMap<String, ModelPrice, RandomState>;
+
 /// Prices by provider and model. Names are matched case-insensitively and kept in lower case.
 #[derive(Debug, Clone, Default)]
 pub struct PriceTable {
-    /// provider -> model -> price.
-    providers: BTreeMap<String, BTreeMap<String, ModelPrice>>,
+    /// provider -> model -> price. Hash maps: two look-ups on every request (the budget's
+    /// estimate, the answer's cost).
+    providers: HashMap<String, Models, RandomState>,
 }
 
 impl PriceTable {
@@ -184,7 +189,7 @@ impl PriceTable {
 
     /// Number of `(provider, model)` prices.
     pub fn len(&self) -> usize {
-        self.providers.values().map(BTreeMap::len).sum()
+        self.providers.values().map(HashMap::len).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -193,11 +198,17 @@ impl PriceTable {
 
     /// Every `(provider, model, price)`, sorted by provider then model.
     pub fn rows(&self) -> impl Iterator<Item = (&str, &str, &ModelPrice)> {
-        self.providers.iter().flat_map(|(provider, models)| {
-            models
-                .iter()
-                .map(move |(model, price)| (provider.as_str(), model.as_str(), price))
-        })
+        let mut rows: Vec<_> = self
+            .providers
+            .iter()
+            .flat_map(|(provider, models)| {
+                models
+                    .iter()
+                    .map(move |(model, price)| (provider.as_str(), model.as_str(), price))
+            })
+            .collect();
+        rows.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        rows.into_iter()
     }
 
     /// The price of `model` at `provider`.
@@ -277,10 +288,7 @@ fn openrouter_vendor(vendor: &str) -> &str {
 }
 
 /// `model` or the first of its undecorated forms that has a row.
-fn find_undecorated<'t>(
-    models: &'t BTreeMap<String, ModelPrice>,
-    model: &str,
-) -> Option<&'t ModelPrice> {
+fn find_undecorated<'t>(models: &'t Models, model: &str) -> Option<&'t ModelPrice> {
     let mut candidate = model;
     loop {
         if let Some(price) = models.get(candidate) {

@@ -52,8 +52,8 @@ pub fn record_to_stored(r: nm_dataplane::RequestRecord) -> nm_controlplane::Requ
     nm_controlplane::RequestRecord {
         request_id: r.request_id,
         started_at_ms,
-        key_id: r.key_id.to_string(),
-        provider: r.provider.to_string(),
+        key_id: String::from(&*r.key_id),
+        provider: String::from(&*r.provider),
         method: r.method.as_str().to_owned(),
         path: r.path,
         model: r.model,

@@ -138,7 +138,7 @@ pub async fn ship(
             "replaying spooled request records"
         );
     }
-    let mut batch: Vec<RequestRecord> = Vec::new();
+    let mut batch: Vec<RequestRecord> = Vec::with_capacity(MAX_BATCH);
     loop {
         // Retry the spool's head when due; a success may be followed by more at once.
         if !shipper.spool_empty() && Instant::now() >= shipper.retry_at {
@@ -170,7 +170,7 @@ pub async fn ship(
             }
             take_queued(&mut queue, &mut batch);
         }
-        let records = std::mem::take(&mut batch);
+        let records = std::mem::replace(&mut batch, Vec::with_capacity(MAX_BATCH));
         if shipper.spool_empty() {
             if !shipper.send(&mut destination, &records).await {
                 shipper.append(records).await;

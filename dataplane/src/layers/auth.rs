@@ -13,7 +13,7 @@ use crate::body::GatewayBody;
 use crate::error::ProxyError;
 use crate::keys::KeySet;
 
-pub const NM_KEY: &str = "nm-key";
+pub const NM_KEY: http::HeaderName = http::HeaderName::from_static("nm-key");
 
 /// Paths served without a service key.
 pub const UNAUTHENTICATED_ROUTES: &[&str] = &["/health", "/metrics"];
@@ -63,7 +63,7 @@ where
                 inner: self.inner.call(req),
             };
         }
-        let principal = match req.headers().get(NM_KEY).map(|v| v.to_str()) {
+        let principal = match req.headers().get(&NM_KEY).map(|v| v.to_str()) {
             None => Err(ProxyError::MissingApiKey),
             Some(Err(_)) => Err(ProxyError::InvalidApiKey),
             Some(Ok(secret)) => self
