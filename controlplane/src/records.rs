@@ -580,6 +580,21 @@ mod tests {
         }
     }
 
+    /// A store on `url` and its records, with budgets loaded.
+    async fn records_on(url: &str) -> (Store, Records) {
+        let store = Store::connect(url).await.unwrap();
+        let budgets = Budgets::load(store.clone(), 0).await.unwrap();
+        (store.clone(), Records::new(store, budgets))
+    }
+
+    async fn stored_session(store: &Store, id: &str) -> session::Model {
+        session::Entity::find_by_id(id.to_owned())
+            .one(store.conn())
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("session {id} missing"))
+    }
+
     /// Runs `test` on a fresh SQLite file and, when the test database is configured, on a fresh
     /// PostgreSQL database.
     async fn on_both<F: Future<Output = ()>>(test: impl Fn(String) -> F) {
@@ -599,11 +614,7 @@ mod tests {
     }
 
     async fn every_value_round_trips_on(url: String) {
-        let store = Store::connect(&url).await.unwrap();
-        let records = Records::new(
-            store.clone(),
-            Budgets::load(store.clone(), 0).await.unwrap(),
-        );
+        let (store, records) = records_on(&url).await;
         let r = RequestRecord {
             request_id: "r-\"quoted\"-\\-é-🌍".to_owned(),
             started_at_ms: 1_763_800_000_123,
@@ -659,11 +670,7 @@ mod tests {
     }
 
     async fn a_partly_resent_batch_stores_the_new_records_on(url: String) {
-        let store = Store::connect(&url).await.unwrap();
-        let records = Records::new(
-            store.clone(),
-            Budgets::load(store.clone(), 0).await.unwrap(),
-        );
+        let (store, records) = records_on(&url).await;
         let batch = |from: i64, to: i64| -> Vec<RequestRecord> {
             (from..to)
                 .map(|i| record(&format!("p{i}"), Some("sess_p"), i))
@@ -677,11 +684,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(stored, 700);
-        let s = session::Entity::find_by_id("sess_p".to_owned())
-            .one(store.conn())
-            .await
-            .unwrap()
-            .unwrap();
+        let s = stored_session(&store, "sess_p").await;
         assert_eq!(
             (s.request_count, s.first_seen_ms, s.last_seen_ms),
             (700, 0, 699)
@@ -786,11 +789,7 @@ mod tests {
     /// missing one is filled), its times widen, its requests add up; a batch with more sessions
     /// than one statement holds stores every one of them.
     async fn sessions_merge_across_batches(url: &str) {
-        let store = Store::connect(url).await.unwrap();
-        let records = Records::new(
-            store.clone(),
-            Budgets::load(store.clone(), 0).await.unwrap(),
-        );
+        let (store, records) = records_on(url).await;
         let with =
             |id: &str, at: i64, agent: Option<&str>, env: Option<&str>, user: &str| RequestRecord {
                 agent: agent.map(str::to_owned),
@@ -809,11 +808,7 @@ mod tests {
         second.extend((0..300).map(|i| record(&format!("o{i}"), Some(&format!("sess_o{i}")), i)));
         records.ingest(&second).await.unwrap();
 
-        let a = session::Entity::find_by_id("sess_a".to_owned())
-            .one(store.conn())
-            .await
-            .unwrap()
-            .unwrap();
+        let a = stored_session(&store, "sess_a").await;
         assert_eq!(
             (a.agent.as_deref(), a.env.as_deref(), a.user_id.as_deref()),
             (Some("x"), Some("staging"), Some("u1"))
