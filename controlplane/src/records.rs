@@ -411,10 +411,11 @@ impl ToSql for Cell<'_> {
 /// records are skipped (`ON CONFLICT DO NOTHING`); with `returning`, the statement names the new
 /// ones.
 ///
-/// Binding every value costs the database nothing to decode: an earlier version sent the batch as
-/// one JSON parameter unpacked by `json_each`, and SQLite's JSON path lookups were then 16% of
-/// the whole gateway's instructions under load. Batches are cut into a few fixed row counts
-/// ([`INSERT_CHUNK_SIZES`]), so each connection caches a handful of prepared statements.
+/// On PostgreSQL a batch goes in as such statements, cut into a few fixed row counts
+/// ([`INSERT_CHUNK_SIZES`]) so each connection caches a handful of prepared statements (an
+/// earlier version sent the batch as one JSON parameter unpacked by `json_each`, and SQLite's JSON
+/// path lookups were then 16% of the whole gateway's instructions under load). On SQLite only the
+/// one-row statement is used, through rusqlite ([`insert_rows`]).
 fn insert_sql(backend: DatabaseBackend, rows: usize, returning: bool) -> String {
     let mut sql = insert_values(backend, "requests", &COLUMNS, rows);
     sql.push_str(" ON CONFLICT (request_id) DO NOTHING");
@@ -430,6 +431,8 @@ fn insert_sql(backend: DatabaseBackend, rows: usize, returning: bool) -> String 
 struct InsertSql {
     backend: DatabaseBackend,
     by_size: Vec<(usize, bool, String)>,
+    /// The one-row INSERT without `RETURNING` (SQLite's, see [`insert_rows`]).
+    one_row: String,
 }
 
 impl InsertSql {
@@ -438,15 +441,11 @@ impl InsertSql {
             .iter()
             .flat_map(|&n| [false, true].map(|r| (n, r, insert_sql(backend, n, r))))
             .collect();
-        Self { backend, by_size }
-    }
-
-    /// The one-row INSERT, without `RETURNING`.
-    fn one_row(&self) -> &str {
-        self.by_size
-            .iter()
-            .find(|(n, r, _)| *n == 1 && !*r)
-            .map_or("", |(_, _, sql)| sql)
+        Self {
+            backend,
+            by_size,
+            one_row: insert_sql(backend, 1, false),
+        }
     }
 
     /// The statement inserting `chunk`.
@@ -485,7 +484,7 @@ impl Fresh {
 async fn insert_new(txn: &WriteTxn, sql: &InsertSql, records: &[&RequestRecord]) -> Result<Fresh> {
     match txn {
         WriteTxn::Sqlite(txn) => {
-            txn.with_rusqlite(|conn| insert_rows(conn, sql.one_row(), records))
+            txn.with_rusqlite(|conn| insert_rows(conn, &sql.one_row, records))
                 .await
         }
         WriteTxn::Pooled(txn) => insert_new_pooled(txn, sql, records).await,

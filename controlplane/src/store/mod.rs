@@ -12,8 +12,7 @@ use std::time::Duration;
 use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
 use sea_orm::{
     ConnectOptions, ConnectionTrait, Database, DatabaseBackend, DatabaseConnection,
-    DatabaseTransaction, DbErr, ExecResult, QueryResult, SqliteTransactionMode, Statement,
-    TransactionOptions, TransactionTrait,
+    DatabaseTransaction, DbErr, ExecResult, QueryResult, Statement, TransactionTrait,
 };
 use sea_orm_migration::MigratorTrait;
 use tracing::info;
@@ -99,21 +98,17 @@ impl Store {
         }
     }
 
-    /// Starts a transaction that will write. On SQLite it is `BEGIN IMMEDIATE`: it takes the write
-    /// lock up front (waiting up to the busy timeout), so a transaction that reads before it
-    /// writes cannot fail with "database is locked" when another writer committed in between
-    /// (SQLite refuses to upgrade a stale read snapshot and does not wait in that case). On
-    /// SQLite it is a [`SqliteWrite`], whose bulk inserts can bypass sea-orm.
+    /// Starts a transaction that will write. On SQLite it is a [`SqliteWrite`] (whose bulk
+    /// inserts can bypass sea-orm) begun with `BEGIN IMMEDIATE`: it takes the write lock up front
+    /// (waiting up to the busy timeout), so a transaction that reads before it writes cannot fail
+    /// with "database is locked" when another writer committed in between (SQLite refuses to
+    /// upgrade a stale read snapshot and does not wait in that case).
     pub async fn begin_write(&self) -> Result<WriteTxn> {
         if self.backend() == DatabaseBackend::Sqlite {
             let pool = self.db.get_sqlite_connection_pool();
             return Ok(WriteTxn::Sqlite(SqliteWrite::begin(pool).await?));
         }
-        let options = TransactionOptions {
-            sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
-            ..TransactionOptions::default()
-        };
-        Ok(WriteTxn::Pooled(self.db.begin_with_options(options).await?))
+        Ok(WriteTxn::Pooled(self.db.begin().await?))
     }
 
     /// True when the database answers a trivial query.
