@@ -99,7 +99,7 @@ enum Ending {
 pub struct Completion {
     pub record: RequestRecord,
     pub started: Instant,
-    pub sink: std::sync::Arc<RecordSink>,
+    pub sink: RecordSink,
     pub span: Span,
     pub prices: std::sync::Arc<PriceTable>,
     /// The end user's budget hold, settled when the body ends.
@@ -429,7 +429,7 @@ mod tests {
         let completion = Completion {
             record,
             started,
-            sink: Arc::new(sink),
+            sink,
             span: Span::none(),
             prices: Arc::new(PriceTable::builtin()),
             reservation: None,

@@ -95,7 +95,7 @@ impl Dataplane {
                 config.header_timeout,
                 &config.extra_roots,
             )?,
-            records: Arc::new(records),
+            records,
             signals,
             max_body_bytes: config.max_body_bytes,
             version: config.version,

@@ -185,26 +185,6 @@ impl Registry {
         })
     }
 
-    /// A copy with providers of its own (names included), for one HTTP worker: the `Arc`s each
-    /// request clones then count on cache lines no other worker writes.
-    pub fn copy(&self) -> Self {
-        let mut copies: HashMap<*const Provider, Arc<Provider>> = HashMap::default();
-        let by_prefix = self
-            .by_prefix
-            .iter()
-            .map(|(prefix, p)| {
-                let copy = copies.entry(Arc::as_ptr(p)).or_insert_with(|| {
-                    Arc::new(Provider {
-                        name: Arc::from(&*p.name),
-                        ..Provider::clone(p)
-                    })
-                });
-                (prefix.clone(), copy.clone())
-            })
-            .collect();
-        Self { by_prefix }
-    }
-
     /// Every canonical provider name, sorted.
     pub fn names(&self) -> Vec<Arc<str>> {
         let mut names: Vec<_> = self.by_prefix.values().map(|p| p.name.clone()).collect();
@@ -262,28 +242,6 @@ mod tests {
 
     fn registry() -> Registry {
         Registry::build(builtin().into_iter().map(|(n, s)| (n.to_owned(), s))).unwrap_or_default()
-    }
-
-    /// A worker's copy resolves every prefix to an equal provider held in allocations of its
-    /// own, and an alias still shares its provider with the canonical name.
-    #[test]
-    fn a_copy_is_equal_and_shares_nothing() {
-        let r = registry();
-        let copy = r.copy();
-        assert_eq!(copy.names(), r.names());
-        for prefix in r.by_prefix.keys() {
-            let (a, b) = (&r.by_prefix[prefix], &copy.by_prefix[prefix]);
-            assert!(
-                !Arc::ptr_eq(a, b) && !Arc::ptr_eq(&a.name, &b.name),
-                "{prefix}"
-            );
-            assert_eq!(
-                (&a.name, &a.authority, &a.base_path, a.auth, a.errors),
-                (&b.name, &b.authority, &b.base_path, b.auth, b.errors)
-            );
-        }
-        let (gemini, google) = (copy.get("gemini"), copy.get("google"));
-        assert!(gemini.zip(google).is_some_and(|(a, b)| Arc::ptr_eq(a, b)));
     }
 
     #[test]

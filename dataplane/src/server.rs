@@ -44,17 +44,13 @@ pub async fn serve(
     let workers = Workers::start(workers::default_count())
         .map_err(|e| warn!(error = %e, "cannot start the HTTP worker threads; serving on the main runtime"))
         .ok();
-    // One state per worker (index `workers::current()`), see `State::for_worker`.
-    let states: Arc<[Arc<State>]> = (0..workers::default_count())
-        .map(|_| Arc::new(state.for_worker()))
-        .collect();
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
                     let _ = stream.set_nodelay(true);
-                    let states = states.clone();
+                    let svc = TowerToHyperService::new(service(state.clone()));
                     let builder = builder.clone();
                     let watcher = graceful.watcher();
                     // The socket moves to the worker's own I/O driver.
@@ -73,8 +69,6 @@ pub async fn serve(
                                 return;
                             }
                         };
-                        let state = states[workers::current() % states.len()].clone();
-                        let svc = TowerToHyperService::new(service(state));
                         let conn = builder.serve_connection(TokioIo::new(stream), svc);
                         if let Err(e) = watcher.watch(conn).await {
                             debug!(%peer, error = %e, "connection ended with an error");

@@ -30,13 +30,13 @@ use crate::records::RecordSink;
 use crate::signal::SignalSink;
 
 /// Everything a request handler needs. Shared, read-only apart from the key set and health.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct State {
     pub registry: Arc<Registry>,
     pub keys: KeySet,
     pub health: Health,
     pub upstream: Upstream,
-    pub records: Arc<RecordSink>,
+    pub records: RecordSink,
     pub signals: Arc<dyn SignalSink>,
     pub max_body_bytes: usize,
     pub version: &'static str,
@@ -45,21 +45,6 @@ pub struct State {
     pub metrics: crate::metrics::Metrics,
     /// Answer length assumed for a budget reservation when the request sets no cap.
     pub reserve_output_tokens: u64,
-}
-
-impl State {
-    /// A copy for one HTTP worker thread: the same key set, health, record queue, budgets and
-    /// metrics, with its own copies of the read-only tables and its own `Arc`s. A request clones
-    /// and drops several of them; on `Arc`s shared by every worker, those reference counts
-    /// bounced between the CPUs' caches on every request.
-    pub fn for_worker(&self) -> Self {
-        Self {
-            registry: Arc::new(self.registry.copy()),
-            records: Arc::new(RecordSink::clone(&self.records)),
-            prices: Arc::new(crate::pricing::PriceTable::clone(&self.prices)),
-            ..self.clone()
-        }
-    }
 }
 
 /// Builds the dataplane service for one connection (cheap: clones of `Arc`s).
