@@ -171,6 +171,8 @@ async fn a_spent_budget_holds_on_every_provider_route() {
     assert_eq!(a.status, 429);
     assert_eq!(a.json()["type"], "error");
     assert_eq!(a.json()["error"]["type"], "rate_limit_error");
+    // Refused after its body was read: the connection stays open for the next request.
+    assert_eq!(a.header("connection"), None);
     let g = gw
         .post(
             "/gemini/v1beta/models/gemini-2.5-flash:generateContent",

@@ -214,6 +214,49 @@ async fn bodies_over_the_limit_are_413_in_native_shape() {
 }
 
 #[tokio::test]
+async fn errors_answered_before_the_body_is_read_close_the_connection() {
+    let mock = MockProvider::json("{}").start().await;
+    let gw = TestGateway::builder()
+        .upstream("openai", &mock.url)
+        .run()
+        .await;
+    let big = vec![b' '; 256 * 1024];
+    // A bad key, a path leaving the API, an unknown provider: the body is never read, so the
+    // connection ends after the answer, and the answer says so.
+    let bad_key = gw
+        .raw(
+            "POST",
+            "/openai/v1/chat/completions",
+            &[("nm-key", "nmk_not_a_key")],
+            big.clone(),
+        )
+        .await;
+    let bad_path = gw
+        .post("/openai/v1/..%2F..%2Fadmin", &[], big.clone())
+        .await;
+    let unknown = gw.post("/nowhere/v1/chat", &[], big.clone()).await;
+    for (a, status) in [(&bad_key, 401), (&bad_path, 400), (&unknown, 404)] {
+        assert_eq!(a.status, status);
+        assert_eq!(a.header("connection"), Some("close"), "{status}");
+    }
+    // Without a body there is nothing left unread: the connection is kept.
+    let no_body = gw
+        .raw(
+            "POST",
+            "/openai/v1/chat/completions",
+            &[("nm-key", "nmk_not_a_key")],
+            "",
+        )
+        .await;
+    assert_eq!((no_body.status, no_body.header("connection")), (401, None));
+    // The same client goes on working on a new connection.
+    let a = gw.post("/openai/v1/chat/completions", &[], big).await;
+    assert_eq!((a.status, a.header("connection")), (200, None));
+    assert_eq!(mock.received().len(), 1);
+    gw.stop().await;
+}
+
+#[tokio::test]
 async fn unreachable_upstream_is_502() {
     // A port that was just free: nothing listens there.
     let port = std::net::TcpListener::bind("127.0.0.1:0")

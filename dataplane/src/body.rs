@@ -1,5 +1,6 @@
-//! Response bodies. [`GatewayBody`] is either a small body the gateway made (errors, health) or
-//! an upstream body passed through frame by frame ([`ObservedBody`]).
+//! Bodies. [`GatewayBody`], the body of every response, is either a small body the gateway
+//! made (errors, health) or an upstream body passed through frame by frame ([`ObservedBody`]).
+//! [`RequestBody`] is a client's request body as the handlers see it.
 //!
 //! `ObservedBody` never buffers or alters a frame: it forwards each one as it is polled (so
 //! backpressure reaches the upstream), counts bytes, notes the first byte's time, shows the
@@ -19,6 +20,8 @@
 use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
@@ -35,6 +38,72 @@ use crate::records::{RecordSink, RequestRecord, UsageStatus};
 use crate::usage::Meter;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Whether a request body has been read to its end, shared between the body and the layer that
+/// answers errors ([`crate::layers::rescue`]).
+#[derive(Debug, Clone, Default)]
+pub struct ReadToEnd(Arc<AtomicBool>);
+
+impl ReadToEnd {
+    pub fn get(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+pin_project! {
+    /// A client's request body, passed through unchanged, noting when it has been read to the
+    /// end. An error answered before that leaves bytes on the connection that hyper will not
+    /// read; the answer must then close the connection (see the rescue layer).
+    #[derive(Debug)]
+    pub struct RequestBody {
+        #[pin]
+        inner: Incoming,
+        // `None` for a body that was empty from the start (nothing to track).
+        read: Option<ReadToEnd>,
+    }
+}
+
+impl RequestBody {
+    /// Wraps `inner`; the second value tells, later, whether it was read to the end (`None` for
+    /// an empty body, which always is).
+    pub fn new(inner: Incoming) -> (Self, Option<ReadToEnd>) {
+        let read = (!inner.is_end_stream()).then(ReadToEnd::default);
+        (
+            Self {
+                inner,
+                read: read.clone(),
+            },
+            read,
+        )
+    }
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let mut this = self.project();
+        let polled = this.inner.as_mut().poll_frame(cx);
+        if let Some(read) = this.read
+            && (matches!(polled, Poll::Ready(None)) || this.inner.is_end_stream())
+        {
+            read.0.store(true, Ordering::Relaxed);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
 
 pin_project! {
     /// The body of every dataplane response.

@@ -182,13 +182,6 @@ impl ProxyError {
         if let Some(secs) = retry_after.and_then(|s| HeaderValue::from_str(&s).ok()) {
             headers.insert(header::RETRY_AFTER, secs);
         }
-        if status == StatusCode::PAYLOAD_TOO_LARGE {
-            // The rest of the body is never read, so the server closes the connection after
-            // this answer. Saying so keeps a pooling client from sending its next request on a
-            // connection about to close (it would fail as an incomplete message). HTTP/2 drops
-            // the header; its streams are unaffected.
-            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
-        }
         resp
     }
 }

@@ -15,7 +15,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 
 use crate::attribution::Attribution;
-use crate::body::{Completion, GatewayBody, ObservedBody};
+use crate::body::{Completion, GatewayBody, ObservedBody, RequestBody};
 use crate::budget::{Refusal, Reservation};
 use crate::error::ProxyError;
 use crate::forward::{
@@ -34,7 +34,7 @@ use crate::usage::{Dialect, Framing, Meter};
 /// controlplane sees every request a key made.
 pub async fn handle(
     state: Arc<State>,
-    mut req: Request<Incoming>,
+    mut req: Request<RequestBody>,
 ) -> Result<Response<GatewayBody>, ProxyError> {
     let started = Instant::now();
     let started_at = SystemTime::now();
@@ -213,7 +213,7 @@ fn refusal_error(refusal: Refusal) -> ProxyError {
 async fn forward(
     state: &State,
     provider: &Provider,
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     record: &mut RequestRecord,
     reservation: &mut Option<Reservation>,
     span: &tracing::Span,

@@ -20,12 +20,11 @@ use std::time::SystemTime;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, header};
 use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
 use nm_types::{Action, SessionId, parse_agent};
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
-use crate::body::GatewayBody;
+use crate::body::{GatewayBody, RequestBody};
 use crate::error::ProxyError;
 use crate::keys::Principal;
 use crate::layers::RequestId;
@@ -225,7 +224,7 @@ fn is_json(headers: &HeaderMap) -> bool {
 /// Handles `POST /v1/signal`.
 pub async fn handle(
     state: Arc<State>,
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
 ) -> Result<Response<GatewayBody>, ProxyError> {
     let received_at = SystemTime::now();
     tracing::Span::current().record("http.route", "/v1/signal");

@@ -20,7 +20,7 @@ use hyper::body::Incoming;
 use serde_json::json;
 use tower::{Service, ServiceBuilder};
 
-use crate::body::GatewayBody;
+use crate::body::{GatewayBody, RequestBody};
 use crate::error::ProxyError;
 use crate::forward::Upstream;
 use crate::keys::{Health, KeySet};
@@ -71,7 +71,7 @@ pub struct Router {
     state: Arc<State>,
 }
 
-impl Service<Request<Incoming>> for Router {
+impl Service<Request<RequestBody>> for Router {
     type Response = Response<GatewayBody>;
     type Error = ProxyError;
     type Future = Pin<Box<dyn Future<Output = Result<Response<GatewayBody>, ProxyError>> + Send>>;
@@ -80,7 +80,7 @@ impl Service<Request<Incoming>> for Router {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+    fn call(&mut self, req: Request<RequestBody>) -> Self::Future {
         let state = self.state.clone();
         match req.uri().path() {
             "/health" => {

@@ -1,6 +1,13 @@
 //! The one place where a [`ProxyError`] becomes an HTTP response: in the provider's native error
 //! shape on proxy routes, in the gateway envelope on `/v1/...` and `/health`. Also the one place
 //! errors are logged: client errors at debug, upstream and gateway errors at warn.
+//!
+//! It also hands the layers below the request body as a [`RequestBody`], which notes whether it
+//! was read to the end. An error answered before then (a bad key, path or header, a body over
+//! the limit) leaves the rest of the body unread on the connection, and hyper, which does not
+//! read it either, closes the connection after the answer. So the answer says `Connection:
+//! close`, and a pooling client does not send its next request on a connection about to end.
+//! Errors after the body was read (a budget refusal, an upstream failure) keep the connection.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -8,11 +15,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::{Request, Response};
+use http::{HeaderValue, Request, Response, header};
+use hyper::body::Incoming;
 use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
-use crate::body::GatewayBody;
+use crate::body::{GatewayBody, ReadToEnd, RequestBody};
 use crate::error::{ErrorFlavor, ProxyError, Side};
 use crate::path::split_prefix;
 use crate::providers::{ErrorStyle, Registry};
@@ -58,9 +66,9 @@ impl<S> Rescue<S> {
     }
 }
 
-impl<S, B> Service<Request<B>> for Rescue<S>
+impl<S> Service<Request<Incoming>> for Rescue<S>
 where
-    S: Service<Request<B>, Response = Response<GatewayBody>, Error = ProxyError>,
+    S: Service<Request<RequestBody>, Response = Response<GatewayBody>, Error = ProxyError>,
 {
     type Response = Response<GatewayBody>;
     type Error = Infallible;
@@ -79,11 +87,14 @@ where
         }
     }
 
-    fn call(&mut self, req: Request<B>) -> Self::Future {
+    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
         let flavor = self.flavor(req.uri().path());
+        let (parts, body) = req.into_parts();
+        let (body, read) = RequestBody::new(body);
         ResponseFuture {
-            inner: self.inner.call(req),
+            inner: self.inner.call(Request::from_parts(parts, body)),
             flavor,
+            read,
         }
     }
 }
@@ -93,6 +104,7 @@ pin_project! {
         #[pin]
         inner: F,
         flavor: ErrorFlavor,
+        read: Option<ReadToEnd>,
     }
 }
 
@@ -117,6 +129,12 @@ where
             Side::Upstream => tracing::warn!(nm.error = code, error = %err, "upstream failed"),
             Side::Gateway => tracing::error!(nm.error = code, error = %err, "gateway error"),
         }
-        Poll::Ready(Ok(err.into_response(*this.flavor)))
+        let mut resp = err.into_response(*this.flavor);
+        if this.read.as_ref().is_some_and(|r| !r.get()) {
+            // HTTP/2 drops the header; its streams are unaffected.
+            resp.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        Poll::Ready(Ok(resp))
     }
 }
