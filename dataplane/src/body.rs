@@ -244,13 +244,20 @@ impl Completion {
 /// A body's end, waiting to complete its request record: the completion, how and when the body
 /// ended, and the last frame, not yet shown to the meter. Dropping it completes the record.
 struct Finish {
-    completion: Option<Completion>,
+    tracked: Option<Box<Tracked>>,
     ending: Ending,
     ended: Instant,
+    last: Option<Bytes>,
+}
+
+/// What an [`ObservedBody`] tracks for its request's completion. Boxed: the response then
+/// moves through the layers and into hyper as a few words instead of a kilobyte, and so does
+/// its [`Finish`] into the completion queue.
+struct Tracked {
+    completion: Completion,
+    meter: Option<Meter>,
     first_byte: Option<Instant>,
     bytes: u64,
-    meter: Option<Meter>,
-    last: Option<Bytes>,
 }
 
 thread_local! {
@@ -314,21 +321,11 @@ impl Drop for Drain {
 
 impl Finish {
     /// The end of a body, now.
-    fn now(
-        completion: Completion,
-        ending: Ending,
-        first_byte: Option<Instant>,
-        bytes: u64,
-        meter: Option<Meter>,
-        last: Option<Bytes>,
-    ) -> Self {
+    fn now(tracked: Box<Tracked>, ending: Ending, last: Option<Bytes>) -> Self {
         Self {
-            completion: Some(completion),
+            tracked: Some(tracked),
             ending,
             ended: Instant::now(),
-            first_byte,
-            bytes,
-            meter,
             last,
         }
     }
@@ -366,14 +363,19 @@ impl Finish {
 
 impl Drop for Finish {
     fn drop(&mut self) {
-        let Some(completion) = self.completion.take() else {
+        let Some(tracked) = self.tracked.take() else {
             return;
         };
-        let mut meter = self.meter.take();
+        let Tracked {
+            completion,
+            mut meter,
+            first_byte,
+            bytes,
+        } = *tracked;
         if let (Some(m), Some(last)) = (meter.as_mut(), &self.last) {
             m.feed(last);
         }
-        completion.finish(self.ending, self.ended, self.first_byte, self.bytes, meter);
+        completion.finish(self.ending, self.ended, first_byte, bytes, meter);
     }
 }
 
@@ -382,19 +384,16 @@ pin_project! {
     pub struct ObservedBody {
         #[pin]
         inner: Incoming,
-        completion: Option<Completion>,
-        meter: Option<Meter>,
-        first_byte: Option<Instant>,
-        bytes: u64,
+        // Until the body ends (or is dropped).
+        tracked: Option<Box<Tracked>>,
     }
 
     impl PinnedDrop for ObservedBody {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
-            if let Some(completion) = this.completion.take() {
+            if let Some(tracked) = this.tracked.take() {
                 let ending = if this.inner.is_end_stream() { Ending::Complete } else { Ending::ClientGone };
-                Finish::now(completion, ending, *this.first_byte, *this.bytes, this.meter.take(), None)
-                    .later();
+                Finish::now(tracked, ending, None).later();
             }
         }
     }
@@ -405,10 +404,12 @@ impl ObservedBody {
     pub fn new(inner: Incoming, completion: Completion, meter: Option<Meter>) -> Self {
         Self {
             inner,
-            completion: Some(completion),
-            meter,
-            first_byte: None,
-            bytes: 0,
+            tracked: Some(Box::new(Tracked {
+                completion,
+                meter,
+                first_byte: None,
+                bytes: 0,
+            })),
         }
     }
 }
@@ -423,20 +424,23 @@ impl Body for ObservedBody {
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let mut this = self.project();
         let polled = this.inner.as_mut().poll_frame(cx);
+        let Some(t) = this.tracked.as_deref_mut() else {
+            return polled;
+        };
         let mut last = None;
         let ending = match &polled {
             Poll::Pending => return polled,
             Poll::Ready(Some(Ok(frame))) => {
                 let end = this.inner.is_end_stream();
                 if let Some(data) = frame.data_ref() {
-                    if this.first_byte.is_none() && !data.is_empty() {
-                        *this.first_byte = Some(Instant::now());
+                    if t.first_byte.is_none() && !data.is_empty() {
+                        t.first_byte = Some(Instant::now());
                     }
-                    *this.bytes += data.len() as u64;
-                    if this.meter.is_some() && end {
+                    t.bytes += data.len() as u64;
+                    if t.meter.is_some() && end {
                         // Metered once the response is written (a clone shares the bytes).
                         last = Some(data.clone());
-                    } else if let Some(m) = this.meter.as_mut() {
+                    } else if let Some(m) = t.meter.as_mut() {
                         m.feed(data);
                     }
                 }
@@ -446,17 +450,9 @@ impl Body for ObservedBody {
             Poll::Ready(None) => Some(Ending::Complete),
         };
         if let Some(ending) = ending
-            && let Some(completion) = this.completion.take()
+            && let Some(tracked) = this.tracked.take()
         {
-            Finish::now(
-                completion,
-                ending,
-                *this.first_byte,
-                *this.bytes,
-                this.meter.take(),
-                last,
-            )
-            .later();
+            Finish::now(tracked, ending, last).later();
         }
         polled
     }
@@ -505,12 +501,14 @@ mod tests {
         };
         let ended = started + Duration::from_millis(7);
         let finish = Finish {
-            completion: Some(completion),
+            tracked: Some(Box::new(Tracked {
+                completion,
+                meter: Some(Meter::new(Dialect::OpenAi, Framing::Json)),
+                first_byte: Some(started + Duration::from_millis(5)),
+                bytes: ANSWER.len() as u64,
+            })),
             ending: Ending::Complete,
             ended,
-            first_byte: Some(started + Duration::from_millis(5)),
-            bytes: ANSWER.len() as u64,
-            meter: Some(Meter::new(Dialect::OpenAi, Framing::Json)),
             last: Some(Bytes::from_static(ANSWER)),
         };
         (finish, queue)

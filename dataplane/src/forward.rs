@@ -21,6 +21,7 @@ use hyper_util::rt::TokioExecutor;
 
 use crate::error::ProxyError;
 use crate::providers::{AuthStyle, Provider};
+use crate::usage::{Scanner, Select, text};
 
 /// Hop-by-hop headers, never forwarded in either direction.
 const HOP_BY_HOP: [HeaderName; 8] = [
@@ -192,6 +193,13 @@ pub fn upstream_headers(
 
 /// Drops hop-by-hop headers from an upstream response; everything else goes back unchanged.
 pub fn strip_response_headers(headers: &mut HeaderMap) {
+    // Most answers have none: one pass over the names spares a hash look-up per name below.
+    if !headers
+        .keys()
+        .any(|n| HOP_BY_HOP.contains(n) || n == header::UPGRADE)
+    {
+        return;
+    }
     let named = connection_tokens(headers);
     for name in HOP_BY_HOP.iter().chain(std::iter::once(&header::UPGRADE)) {
         headers.remove(name);
@@ -232,53 +240,53 @@ pub struct RequestFacts {
     pub max_output_tokens: Option<u64>,
 }
 
-/// Reads [`RequestFacts`] in one pass over the body's top-level fields. Values of an unexpected
+/// What [`request_facts`] picks out of a request body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fact {
+    Model,
+    // The output caps, in the order they are preferred.
+    MaxCompletionTokens,
+    MaxTokens,
+    MaxOutputTokens,
+    GeminiMaxOutputTokens,
+}
+
+const GENERATION_CONFIG: Select<Fact> = Select::keys(&[(
+    "maxOutputTokens",
+    Select::capture(Fact::GeminiMaxOutputTokens),
+)]);
+static REQUEST: Select<Fact> = Select::keys(&[
+    ("model", Select::capture(Fact::Model)),
+    (
+        "max_completion_tokens",
+        Select::capture(Fact::MaxCompletionTokens),
+    ),
+    ("max_tokens", Select::capture(Fact::MaxTokens)),
+    ("max_output_tokens", Select::capture(Fact::MaxOutputTokens)),
+    ("generationConfig", GENERATION_CONFIG),
+]);
+
+/// Reads [`RequestFacts`] in one pass over the body's top-level fields, with the scanner that
+/// meters answers (values nobody asked for are crossed, not parsed). Values of an unexpected
 /// type are ignored (the provider will judge them), never an error.
 pub fn request_facts(body: &Bytes, native_path: &str) -> RequestFacts {
-    use serde_json::value::RawValue;
-    #[derive(serde::Deserialize)]
-    struct Peek<'a> {
-        #[serde(borrow, default)]
-        model: Option<&'a RawValue>,
-        #[serde(borrow, default)]
-        max_tokens: Option<&'a RawValue>,
-        #[serde(borrow, default)]
-        max_completion_tokens: Option<&'a RawValue>,
-        #[serde(borrow, default)]
-        max_output_tokens: Option<&'a RawValue>,
-        #[serde(borrow, default, rename = "generationConfig")]
-        generation_config: Option<&'a RawValue>,
-    }
-    #[derive(serde::Deserialize)]
-    struct GenerationConfig<'a> {
-        #[serde(borrow, default, rename = "maxOutputTokens")]
-        max_output_tokens: Option<&'a RawValue>,
-    }
-    let count = |v: Option<&RawValue>| v.and_then(|v| v.get().parse::<u64>().ok());
-    let peek = (!body.is_empty()
-        && body
-            .first()
-            .is_some_and(|b| *b == b'{' || b.is_ascii_whitespace()))
-    .then(|| serde_json::from_slice::<Peek<'_>>(body).ok())
-    .flatten();
-    let (model, max_output_tokens) = match peek {
-        Some(p) => (
-            p.model
-                .and_then(|m| serde_json::from_str::<String>(m.get()).ok()),
-            count(p.max_completion_tokens)
-                .or(count(p.max_tokens))
-                .or(count(p.max_output_tokens))
-                .or_else(|| {
-                    let g = p.generation_config?;
-                    count(
-                        serde_json::from_str::<GenerationConfig<'_>>(g.get())
-                            .ok()?
-                            .max_output_tokens,
-                    )
-                }),
-        ),
-        None => (None, None),
-    };
+    let mut model = None;
+    let mut caps = [None; 4];
+    Scanner::new(&REQUEST).feed(body, &mut |fact, raw| {
+        let cap = match fact {
+            Fact::Model => {
+                model = text(raw).map(std::borrow::Cow::into_owned);
+                return;
+            }
+            Fact::MaxCompletionTokens => &mut caps[0],
+            Fact::MaxTokens => &mut caps[1],
+            Fact::MaxOutputTokens => &mut caps[2],
+            Fact::GeminiMaxOutputTokens => &mut caps[3],
+        };
+        *cap = std::str::from_utf8(raw)
+            .ok()
+            .and_then(|n| n.parse::<u64>().ok());
+    });
     let model = model.or_else(|| {
         let after = native_path.split("/models/").nth(1)?;
         let model = after.split([':', '/']).next()?;
@@ -286,7 +294,7 @@ pub fn request_facts(body: &Bytes, native_path: &str) -> RequestFacts {
     });
     RequestFacts {
         model,
-        max_output_tokens,
+        max_output_tokens: caps.into_iter().flatten().next(),
     }
 }
 

@@ -16,14 +16,14 @@
 use memchr::memchr2;
 
 /// Most bytes one captured value may hold; a bigger one is dropped.
-pub(super) const MAX_CAPTURE: usize = 64 * 1024;
+pub(crate) const MAX_CAPTURE: usize = 64 * 1024;
 
 /// Longest key compared; a longer one selects nothing.
 const MAX_KEY: usize = 64;
 
 /// Which values of a document to capture, as a tree of the paths leading to them.
 #[derive(Debug)]
-pub(super) struct Select<T: 'static> {
+pub(crate) struct Select<T: 'static> {
     /// Capture this value whole, tagged.
     capture: Option<T>,
     /// If it is an object, the members to look into.
@@ -41,7 +41,7 @@ struct Items<T: 'static> {
 
 impl<T: Copy + 'static> Select<T> {
     /// Capture the value here.
-    pub(super) const fn capture(tag: T) -> Self {
+    pub(crate) const fn capture(tag: T) -> Self {
         Self {
             capture: Some(tag),
             keys: &[],
@@ -50,7 +50,7 @@ impl<T: Copy + 'static> Select<T> {
     }
 
     /// Look into these members of an object.
-    pub(super) const fn keys(keys: &'static [(&'static str, Select<T>)]) -> Self {
+    pub(crate) const fn keys(keys: &'static [(&'static str, Select<T>)]) -> Self {
         Self {
             capture: None,
             keys,
@@ -59,7 +59,7 @@ impl<T: Copy + 'static> Select<T> {
     }
 
     /// Look into the first element of an array.
-    pub(super) const fn first(element: &'static Select<T>) -> Self {
+    pub(crate) const fn first(element: &'static Select<T>) -> Self {
         Self {
             capture: None,
             keys: &[],
@@ -72,7 +72,7 @@ impl<T: Copy + 'static> Select<T> {
 
     /// A document: one object selected by `object`, or an array of such objects (how Gemini
     /// streams without SSE), each selected alike.
-    pub(super) const fn document(object: &'static Select<T>) -> Self {
+    pub(crate) const fn document(object: &'static Select<T>) -> Self {
         Self {
             capture: None,
             keys: object.keys,
@@ -93,7 +93,7 @@ impl<T: Copy + 'static> Select<T> {
 
 /// The scanner's state between frames.
 #[derive(Debug)]
-pub(super) struct Scanner<T: 'static> {
+pub(crate) struct Scanner<T: 'static> {
     root: &'static Select<T>,
     /// Containers being looked into, outermost first.
     stack: Vec<Frame<T>>,
@@ -150,7 +150,7 @@ struct Skip {
 }
 
 impl<T: Copy + 'static> Scanner<T> {
-    pub(super) fn new(root: &'static Select<T>) -> Self {
+    pub(crate) fn new(root: &'static Select<T>) -> Self {
         Self {
             root,
             stack: Vec::new(),
@@ -165,7 +165,7 @@ impl<T: Copy + 'static> Scanner<T> {
     }
 
     /// Reads one frame, calling `sink` with each selected value it completes.
-    pub(super) fn feed(&mut self, frame: &[u8], sink: &mut impl FnMut(T, &[u8])) {
+    pub(crate) fn feed(&mut self, frame: &[u8], sink: &mut impl FnMut(T, &[u8])) {
         self.capture_from = 0;
         let mut i = 0;
         while i < frame.len() {

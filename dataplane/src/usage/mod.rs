@@ -29,7 +29,7 @@ mod sse;
 #[cfg(test)]
 mod tests;
 
-use json_scan::{Scanner, Select};
+pub(crate) use json_scan::{Scanner, Select};
 
 /// Which family of wire formats a provider's answers use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -240,7 +240,17 @@ fn sum_known(parts: &[Option<u64>]) -> Option<u64> {
     })
 }
 
-/// A captured JSON string, unescaped (borrowed when it has no escapes).
-fn text(value: &[u8]) -> Option<std::borrow::Cow<'_, str>> {
+/// A captured JSON string, unescaped (borrowed when it has no escapes). Any other JSON value,
+/// or malformed input, is `None`.
+pub(crate) fn text(value: &[u8]) -> Option<std::borrow::Cow<'_, str>> {
+    // The common case without serde: a plain string of printable characters. What has escapes
+    // or control characters (invalid JSON) takes the full parse.
+    if let [b'"', inner @ .., b'"'] = value
+        && !inner.iter().any(|&b| b == b'\\' || b == b'"' || b < 0x20)
+    {
+        return std::str::from_utf8(inner)
+            .ok()
+            .map(std::borrow::Cow::Borrowed);
+    }
     serde_json::from_slice::<de::Text<'_>>(value).ok()?.0
 }
