@@ -6,13 +6,15 @@
 #   bench/callgrind.sh            # nm-gateway serve (metered, budget path on)
 #   bench/callgrind.sh forwarder  # the minimal hyper forwarder, for comparison
 #
-# KEEP=FILE keeps the callgrind profile (for callgrind_annotate).
+# KEEP=FILE keeps the callgrind profile (for callgrind_annotate). STREAM=1 asks for the streamed
+# answer (20 SSE content chunks + finish + usage + [DONE]) instead of the JSON one.
 # Needs valgrind and wrk (Debian: apt-get install valgrind wrk). Prints the requests served, the
 # user-space instructions per request, and the costliest functions (inclusive).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target=${1:-gateway}
 secs=${SECS:-15}
+stream=$([ "${STREAM:-0}" = 1 ] && echo ',"stream":true,"stream_options":{"include_usage":true}' || true)
 bin=target/release
 key=nmk_bench_bootstrap_key_0123456789
 for tool in valgrind callgrind_control callgrind_annotate wrk; do
@@ -25,7 +27,7 @@ trap cleanup EXIT
 
 cat > "$dir/req.lua" <<LUA
 wrk.method = "POST"
-wrk.body = '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hello to the benchmark."}],"max_tokens":64}'
+wrk.body = '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hello to the benchmark."}],"max_tokens":64$stream}'
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer sk-bench"
 wrk.headers["NM-Key"] = "$key"

@@ -20,7 +20,9 @@
 //!   `incomplete` answer the reason given (`max_output_tokens`, `content_filter`); a status that
 //!   is not final (`queued`, `in_progress`) is no finish reason.
 
-use memchr::memmem;
+use std::sync::LazyLock;
+
+use memchr::memmem::Finder;
 use serde::Deserialize;
 
 use super::de::{Count, First, Text};
@@ -61,16 +63,26 @@ pub(super) fn wants(event: &[u8]) -> bool {
 /// (A key's bytes `"usage"` cannot occur inside a JSON string, where quotes are escaped; a
 /// string *value* `"usage"` makes this answer false, which only costs a parse.)
 fn is_content_only(data: &[u8]) -> bool {
-    null_or_absent(data, b"\"finish_reason\"")
-        && null_or_absent(data, b"\"usage\"")
-        && memmem::find(data, b"\"x_groq\"").is_none()
-        && memmem::find(data, b"\"response\"").is_none()
+    // Searchers built once: building one costs more than a search through a chunk.
+    static KEYS: LazyLock<[Finder<'static>; 4]> = LazyLock::new(|| {
+        [
+            Finder::new(b"\"finish_reason\""),
+            Finder::new(b"\"usage\""),
+            Finder::new(b"\"x_groq\""),
+            Finder::new(b"\"response\""),
+        ]
+    });
+    let [finish_reason, usage, groq, response] = &*KEYS;
+    null_or_absent(data, finish_reason)
+        && null_or_absent(data, usage)
+        && groq.find(data).is_none()
+        && response.find(data).is_none()
 }
 
 /// Whether `key` is absent from `data`, or every occurrence is followed by `: null`.
-fn null_or_absent(data: &[u8], key: &[u8]) -> bool {
-    memmem::find_iter(data, key).all(|at| {
-        let rest = &data[at + key.len()..];
+fn null_or_absent(data: &[u8], key: &Finder<'_>) -> bool {
+    key.find_iter(data).all(|at| {
+        let rest = &data[at + key.needle().len()..];
         let rest = rest.trim_ascii_start();
         rest.strip_prefix(b":")
             .is_some_and(|v| v.trim_ascii_start().starts_with(b"null"))
