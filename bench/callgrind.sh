@@ -22,7 +22,7 @@ for tool in valgrind callgrind_control callgrind_annotate wrk; do
 done
 dir=$(mktemp -d)
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$dir"; }
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; pkill -P $$ -x sleep 2>/dev/null || true; rm -rf "$dir"; }
 trap cleanup EXIT
 
 cat > "$dir/req.lua" <<LUA

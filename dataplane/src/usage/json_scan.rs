@@ -98,8 +98,9 @@ pub(crate) struct Scanner<T: 'static> {
     /// Containers being looked into, outermost first.
     stack: Vec<Frame<T>>,
     mode: Mode,
-    /// The key being read (its first `MAX_KEY` bytes, escapes raw) and its full length.
-    key: Vec<u8>,
+    /// The key being read (its first `MAX_KEY` bytes, escapes raw; inline, as every object
+    /// member has one) and its full length.
+    key: [u8; MAX_KEY],
     key_len: usize,
     /// The tag of the value being captured.
     capture: Option<T>,
@@ -153,9 +154,10 @@ impl<T: Copy + 'static> Scanner<T> {
     pub(crate) fn new(root: &'static Select<T>) -> Self {
         Self {
             root,
-            stack: Vec::new(),
+            // Deep enough for every selection we make: one allocation, never grown.
+            stack: Vec::with_capacity(4),
             mode: Mode::Value,
-            key: Vec::new(),
+            key: [0; MAX_KEY],
             key_len: 0,
             capture: None,
             capture_from: 0,
@@ -176,7 +178,6 @@ impl<T: Copy + 'static> Scanner<T> {
                 Mode::Key => {
                     match frame[i] {
                         b'"' => {
-                            self.key.clear();
                             self.key_len = 0;
                             self.mode = Mode::KeyText { escaped: false };
                         }
@@ -372,7 +373,9 @@ impl<T: Copy + 'static> Scanner<T> {
             self.key_push(&frame[i..at]);
             if frame[at] == b'"' {
                 let member = match self.stack.last() {
-                    Some(frame) if self.key_len <= MAX_KEY => frame.select.member(&self.key),
+                    Some(frame) if self.key_len <= MAX_KEY => {
+                        frame.select.member(&self.key[..self.key_len])
+                    }
                     _ => None,
                 };
                 if let Some(frame) = self.stack.last_mut() {
@@ -390,10 +393,11 @@ impl<T: Copy + 'static> Scanner<T> {
     }
 
     fn key_push(&mut self, bytes: &[u8]) {
-        self.key_len = self.key_len.saturating_add(bytes.len());
-        if self.key_len <= MAX_KEY {
-            self.key.extend_from_slice(bytes);
+        let end = self.key_len.saturating_add(bytes.len());
+        if end <= MAX_KEY {
+            self.key[self.key_len..end].copy_from_slice(bytes);
         }
+        self.key_len = end;
     }
 
     /// A `,` after a value.
