@@ -605,3 +605,15 @@ fn throughput() {
         (json.len() * rounds) as f64 / 1e6 / secs
     );
 }
+
+proptest! {
+    /// The plain-string shortcut of `text` answers exactly as the full JSON parse does.
+    #[test]
+    fn text_matches_the_json_parse(raw in proptest::collection::vec(any::<u8>(), 0..40), s in "\\PC{0,20}") {
+        let parsed = |v: &[u8]| serde_json::from_slice::<super::de::Text<'_>>(v).ok().and_then(|t| t.0).map(|c| c.into_owned());
+        let quoted = [b"\"".as_slice(), &raw, b"\""].concat();
+        for v in [&raw[..], &quoted[..], serde_json::to_string(&s).unwrap().as_bytes()] {
+            prop_assert_eq!(super::text(v).map(|c| c.into_owned()), parsed(v));
+        }
+    }
+}
