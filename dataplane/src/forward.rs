@@ -24,7 +24,7 @@ use crate::providers::{AuthStyle, Provider};
 use crate::usage::{Scanner, Select, text};
 
 /// Hop-by-hop headers, never forwarded in either direction.
-const HOP_BY_HOP: [HeaderName; 8] = [
+const HOP_BY_HOP: [HeaderName; 9] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -33,6 +33,7 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::TE,
     header::TRAILER,
     header::TRANSFER_ENCODING,
+    header::UPGRADE,
 ];
 
 const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
@@ -159,7 +160,6 @@ pub fn upstream_headers(
             || name == header::HOST
             || name == header::CONTENT_LENGTH
             || HOP_BY_HOP.contains(name)
-            || name == header::UPGRADE
             || connection_named.iter().any(|c| c.eq_ignore_ascii_case(n))
         {
             continue;
@@ -194,14 +194,11 @@ pub fn upstream_headers(
 /// Drops hop-by-hop headers from an upstream response; everything else goes back unchanged.
 pub fn strip_response_headers(headers: &mut HeaderMap) {
     // Most answers have none: one pass over the names spares a hash look-up per name below.
-    if !headers
-        .keys()
-        .any(|n| HOP_BY_HOP.contains(n) || n == header::UPGRADE)
-    {
+    if !headers.keys().any(|n| HOP_BY_HOP.contains(n)) {
         return;
     }
     let named = connection_tokens(headers);
-    for name in HOP_BY_HOP.iter().chain(std::iter::once(&header::UPGRADE)) {
+    for name in &HOP_BY_HOP {
         headers.remove(name);
     }
     for n in named {
@@ -240,29 +237,21 @@ pub struct RequestFacts {
     pub max_output_tokens: Option<u64>,
 }
 
-/// What [`request_facts`] picks out of a request body.
+/// What [`request_facts`] picks out of a request body: the model, or an output cap ranked by
+/// preference (the first present wins).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fact {
     Model,
-    // The output caps, in the order they are preferred.
-    MaxCompletionTokens,
-    MaxTokens,
-    MaxOutputTokens,
-    GeminiMaxOutputTokens,
+    Cap(usize),
 }
 
-const GENERATION_CONFIG: Select<Fact> = Select::keys(&[(
-    "maxOutputTokens",
-    Select::capture(Fact::GeminiMaxOutputTokens),
-)]);
+const GENERATION_CONFIG: Select<Fact> =
+    Select::keys(&[("maxOutputTokens", Select::capture(Fact::Cap(3)))]);
 static REQUEST: Select<Fact> = Select::keys(&[
     ("model", Select::capture(Fact::Model)),
-    (
-        "max_completion_tokens",
-        Select::capture(Fact::MaxCompletionTokens),
-    ),
-    ("max_tokens", Select::capture(Fact::MaxTokens)),
-    ("max_output_tokens", Select::capture(Fact::MaxOutputTokens)),
+    ("max_completion_tokens", Select::capture(Fact::Cap(0))),
+    ("max_tokens", Select::capture(Fact::Cap(1))),
+    ("max_output_tokens", Select::capture(Fact::Cap(2))),
     ("generationConfig", GENERATION_CONFIG),
 ]);
 
@@ -272,20 +261,13 @@ static REQUEST: Select<Fact> = Select::keys(&[
 pub fn request_facts(body: &Bytes, native_path: &str) -> RequestFacts {
     let mut model = None;
     let mut caps = [None; 4];
-    Scanner::new(&REQUEST).feed(body, &mut |fact, raw| {
-        let cap = match fact {
-            Fact::Model => {
-                model = text(raw).map(std::borrow::Cow::into_owned);
-                return;
-            }
-            Fact::MaxCompletionTokens => &mut caps[0],
-            Fact::MaxTokens => &mut caps[1],
-            Fact::MaxOutputTokens => &mut caps[2],
-            Fact::GeminiMaxOutputTokens => &mut caps[3],
-        };
-        *cap = std::str::from_utf8(raw)
-            .ok()
-            .and_then(|n| n.parse::<u64>().ok());
+    Scanner::new(&REQUEST).feed(body, &mut |fact, raw| match fact {
+        Fact::Model => model = text(raw).map(std::borrow::Cow::into_owned),
+        Fact::Cap(rank) => {
+            caps[rank] = std::str::from_utf8(raw)
+                .ok()
+                .and_then(|n| n.parse::<u64>().ok());
+        }
     });
     let model = model.or_else(|| {
         let after = native_path.split("/models/").nth(1)?;

@@ -38,16 +38,15 @@ pub fn split_prefix(path: &str) -> Option<(&str, &str)> {
 
 /// Checks a native path (still percent-encoded, starting with `/`).
 pub fn check_native_path(native: &str) -> Result<(), PathError> {
-    // Most paths hold none of the bytes any rule below looks for: one pass clears them.
-    if !native.starts_with("//")
-        && !native
-            .bytes()
-            .any(|b| matches!(b, b'\\' | b'@' | b'%' | b'.' | b':'))
-    {
-        return Ok(());
-    }
     if native.starts_with("//") {
         return Err(PathError::AbsoluteUrl);
+    }
+    // Most paths hold none of the bytes the rules below look for: one pass clears them.
+    if !native
+        .bytes()
+        .any(|b| matches!(b, b'\\' | b'@' | b'%' | b'.' | b':'))
+    {
+        return Ok(());
     }
     if native.contains('\\') {
         return Err(PathError::Backslash);

@@ -16,7 +16,7 @@
 use memchr::memchr2;
 
 /// Most bytes one captured value may hold; a bigger one is dropped.
-pub(crate) const MAX_CAPTURE: usize = 64 * 1024;
+pub(super) const MAX_CAPTURE: usize = 64 * 1024;
 
 /// Longest key compared; a longer one selects nothing.
 const MAX_KEY: usize = 64;
