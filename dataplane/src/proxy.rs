@@ -78,7 +78,9 @@ pub async fn handle(
     match result {
         Ok(resp) => {
             let (parts, upstream_body) = resp.into_parts();
-            let meter = meter_for(&provider, &parts.headers);
+            let framing = answer_framing(&parts.headers);
+            record.streamed = framing == Some(Framing::Sse);
+            let meter = meter_for(&provider, &parts.headers, framing);
             let completion = Completion {
                 record,
                 started,
@@ -110,24 +112,33 @@ pub async fn handle(
     }
 }
 
-/// A meter for the answer, when its provider and content type are ones we read usage from.
-/// A compressed answer (the upstream ignored `Accept-Encoding: identity`) is not metered.
-fn meter_for(provider: &Provider, headers: &http::HeaderMap) -> Option<Meter> {
+/// How the answer's content type frames it: an SSE stream, JSON, or neither (None).
+fn answer_framing(headers: &http::HeaderMap) -> Option<Framing> {
+    let ct = headers.get(header::CONTENT_TYPE)?.to_str().ok()?;
+    let ct = ct.split(';').next()?.trim();
+    if ct.eq_ignore_ascii_case("text/event-stream") {
+        Some(Framing::Sse)
+    } else if ct.eq_ignore_ascii_case("application/json") || ct.ends_with("+json") {
+        Some(Framing::Json)
+    } else {
+        None
+    }
+}
+
+/// A meter for the answer, when its provider and framing are ones we read usage from. A
+/// compressed answer (the upstream ignored `Accept-Encoding: identity`) is not metered.
+fn meter_for(
+    provider: &Provider,
+    headers: &http::HeaderMap,
+    framing: Option<Framing>,
+) -> Option<Meter> {
     if headers
         .get(header::CONTENT_ENCODING)
         .is_some_and(|v| v.as_bytes() != b"identity")
     {
         return None;
     }
-    let ct = headers.get(header::CONTENT_TYPE)?.to_str().ok()?;
-    let ct = ct.split(';').next()?.trim();
-    let framing = if ct.eq_ignore_ascii_case("text/event-stream") {
-        Framing::Sse
-    } else if ct.eq_ignore_ascii_case("application/json") || ct.ends_with("+json") {
-        Framing::Json
-    } else {
-        return None;
-    };
+    let framing = framing?;
     let dialect = match provider.errors {
         ErrorStyle::Openai => Dialect::OpenAi,
         ErrorStyle::Anthropic => Dialect::Anthropic,
@@ -282,11 +293,39 @@ async fn forward(
     let mut resp = state.upstream.send(upstream_req).await?;
     strip_response_headers(resp.headers_mut());
     record.status = resp.status().as_u16();
-    record.streamed = resp
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|ct| ct.starts_with("text/event-stream"));
     span.record("http.response.status_code", record.status);
     Ok(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn framing_of(content_type: Option<&'static str>) -> Option<Framing> {
+        let mut headers = http::HeaderMap::new();
+        if let Some(ct) = content_type {
+            headers.insert(header::CONTENT_TYPE, http::HeaderValue::from_static(ct));
+        }
+        answer_framing(&headers)
+    }
+
+    #[test]
+    fn the_media_type_decides_the_framing_whatever_its_case_and_parameters() {
+        assert_eq!(framing_of(Some("text/event-stream")), Some(Framing::Sse));
+        assert_eq!(
+            framing_of(Some("Text/Event-Stream; charset=utf-8")),
+            Some(Framing::Sse)
+        );
+        assert_eq!(
+            framing_of(Some("application/json; charset=utf-8")),
+            Some(Framing::Json)
+        );
+        assert_eq!(
+            framing_of(Some("application/problem+json")),
+            Some(Framing::Json)
+        );
+        assert_eq!(framing_of(Some("text/plain")), None);
+        assert_eq!(framing_of(Some("text/event-streamish")), None);
+        assert_eq!(framing_of(None), None);
+    }
 }
