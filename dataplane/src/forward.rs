@@ -238,12 +238,15 @@ pub struct RequestFacts {
 }
 
 /// What [`request_facts`] picks out of a request body: the model, or an output cap ranked by
-/// preference (the first present wins).
+/// preference (the first present wins), `0..CAPS`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fact {
     Model,
     Cap(usize),
 }
+
+/// How many output-cap fields [`REQUEST`] ranks.
+const CAPS: usize = 4;
 
 const GENERATION_CONFIG: Select<Fact> =
     Select::keys(&[("maxOutputTokens", Select::capture(Fact::Cap(3)))]);
@@ -256,19 +259,23 @@ static REQUEST: Select<Fact> = Select::keys(&[
 ]);
 
 /// Reads [`RequestFacts`] in one pass over the body's top-level fields, with the scanner that
-/// meters answers (values nobody asked for are crossed, not parsed). Values of an unexpected
-/// type are ignored (the provider will judge them), never an error.
+/// meters answers (values nobody asked for are crossed, not parsed). Only a body that opens as
+/// a JSON object is read: an upload (multipart, audio) is neither scanned through nor mined for
+/// JSON-like bytes. Values of an unexpected type are ignored (the provider will judge them),
+/// never an error.
 pub fn request_facts(body: &Bytes, native_path: &str) -> RequestFacts {
     let mut model = None;
-    let mut caps = [None; 4];
-    Scanner::new(&REQUEST).feed(body, &mut |fact, raw| match fact {
-        Fact::Model => model = text(raw).map(std::borrow::Cow::into_owned),
-        Fact::Cap(rank) => {
-            caps[rank] = std::str::from_utf8(raw)
-                .ok()
-                .and_then(|n| n.parse::<u64>().ok());
-        }
-    });
+    let mut caps = [None; CAPS];
+    if body.trim_ascii_start().starts_with(b"{") {
+        Scanner::new(&REQUEST).feed(body, &mut |fact, raw| match fact {
+            Fact::Model => model = text(raw).map(std::borrow::Cow::into_owned),
+            Fact::Cap(rank) => {
+                caps[rank] = std::str::from_utf8(raw)
+                    .ok()
+                    .and_then(|n| n.parse::<u64>().ok());
+            }
+        });
+    }
     let model = model.or_else(|| {
         let after = native_path.split("/models/").nth(1)?;
         let model = after.split([':', '/']).next()?;
@@ -403,6 +410,31 @@ mod tests {
         assert_eq!(
             (odd.model.as_deref(), odd.max_output_tokens),
             (Some("m"), None)
+        );
+    }
+
+    #[test]
+    fn reads_facts_only_from_a_json_object() {
+        // A multipart upload (audio transcription) whose file happens to hold JSON-like bytes:
+        // not a JSON body, so nothing in it is read, and the model comes from the path or not
+        // at all.
+        let multipart = Bytes::from_static(
+            b"--b\r\nContent-Disposition: form-data; name=\"file\"\r\n\r\n\
+              {\"model\":\"inside-the-file\",\"max_tokens\":7}\r\n--b--\r\n",
+        );
+        let facts = request_facts(&multipart, "/v1/audio/transcriptions");
+        assert_eq!((facts.model, facts.max_output_tokens), (None, None));
+        let facts = request_facts(
+            &multipart,
+            "/v1beta/models/gemini-2.5-flash:generateContent",
+        );
+        assert_eq!(facts.model.as_deref(), Some("gemini-2.5-flash"));
+        // Leading whitespace before the object is still JSON.
+        let spaced = Bytes::from_static(b" \n\t{\"model\":\"m\",\"max_tokens\":3}");
+        let facts = request_facts(&spaced, "/");
+        assert_eq!(
+            (facts.model.as_deref(), facts.max_output_tokens),
+            (Some("m"), Some(3))
         );
     }
 

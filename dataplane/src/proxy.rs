@@ -80,7 +80,7 @@ pub async fn handle(
             let (parts, upstream_body) = resp.into_parts();
             let framing = answer_framing(&parts.headers);
             record.streamed = framing == Some(Framing::Sse);
-            let meter = meter_for(&provider, &parts.headers, framing);
+            let meter = framing.and_then(|f| meter_for(&provider, &parts.headers, f));
             let completion = Completion {
                 record,
                 started,
@@ -127,18 +127,13 @@ fn answer_framing(headers: &http::HeaderMap) -> Option<Framing> {
 
 /// A meter for the answer, when its provider and framing are ones we read usage from. A
 /// compressed answer (the upstream ignored `Accept-Encoding: identity`) is not metered.
-fn meter_for(
-    provider: &Provider,
-    headers: &http::HeaderMap,
-    framing: Option<Framing>,
-) -> Option<Meter> {
+fn meter_for(provider: &Provider, headers: &http::HeaderMap, framing: Framing) -> Option<Meter> {
     if headers
         .get(header::CONTENT_ENCODING)
         .is_some_and(|v| v.as_bytes() != b"identity")
     {
         return None;
     }
-    let framing = framing?;
     let dialect = match provider.errors {
         ErrorStyle::Openai => Dialect::OpenAi,
         ErrorStyle::Anthropic => Dialect::Anthropic,
