@@ -12,7 +12,7 @@
 //! `epoch` is random per process start: after a restart, the feed's full state (reloaded from
 //! the database) includes everything committed before, whatever the old sequence numbers were.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use nm_types::budget::{
@@ -324,7 +324,10 @@ impl Budgets {
         st.seq += 1;
         let (day, month) = (st.day, st.month);
         let now_minute = minute_of(now_ms);
-        let mut changed: Vec<String> = Vec::new();
+        // The users whose spend this batch changed, in first-seen order: a batch of a thousand
+        // records may name as many users, so membership is a set, not a scan of the list.
+        let mut changed: Vec<&str> = Vec::new();
+        let mut seen: HashSet<&str> = HashSet::new();
         for item in items {
             let item_day = day_of(item.started_at_ms);
             let item_month = month_of_day(item_day);
@@ -334,7 +337,12 @@ impl Budgets {
             if item_month != month && item_minute < now_minute - 1 {
                 continue;
             }
-            let s = st.spend.entry(item.user_id.clone()).or_default();
+            // Most items name a user already counted: look up before cloning the id for a new
+            // entry.
+            let s = match st.spend.get_mut(&item.user_id) {
+                Some(s) => s,
+                None => st.spend.entry(item.user_id.clone()).or_default(),
+            };
             if item_month == month {
                 s.month_micros = s.month_micros.saturating_add(item.micros);
                 if item_day == day {
@@ -348,8 +356,8 @@ impl Budgets {
             if item_minute == s.minute {
                 s.minute_requests = s.minute_requests.saturating_add(1);
             }
-            if !changed.contains(&item.user_id) {
-                changed.push(item.user_id.clone());
+            if seen.insert(&item.user_id) {
+                changed.push(&item.user_id);
             }
         }
         let delta = SpendDelta {
@@ -359,7 +367,7 @@ impl Budgets {
             month,
             spend: changed
                 .into_iter()
-                .filter_map(|u| st.spend.get(&u).map(|s| (u, *s)))
+                .filter_map(|u| st.spend.get(u).map(|s| (u.to_owned(), *s)))
                 .collect(),
         };
         let at = (st.epoch, st.seq);
@@ -537,6 +545,39 @@ mod tests {
         // Next day: the day resets, the month goes on.
         let s = reloaded.status("u1", now + DAY_MS).unwrap();
         assert_eq!((s.day_micros, s.month_micros), (0, 1000));
+    }
+
+    #[tokio::test]
+    async fn a_batch_delta_names_each_user_once_in_first_seen_order() {
+        let (_dir, store) = store().await;
+        let now = day_from_civil(2026, 11, 22) * DAY_MS + 3_600_000;
+        let b = Budgets::load(store, now).await.unwrap();
+        let (_full, mut rx) = b.subscribe(now);
+        // A thousand records over 300 users, each user three or four times, interleaved.
+        let users: Vec<String> = (0..300).map(|i| format!("user-{i}")).collect();
+        let items: Vec<SpendItem> = (0..1000)
+            .map(|i| item(&users[(i * 7) % 300], now, 1 + (i as u64 % 5)))
+            .collect();
+        b.apply(&items, now);
+        let FeedEvent::Delta(delta) = rx.recv().await.unwrap() else {
+            panic!("expected a delta");
+        };
+        let mut first_seen: Vec<&str> = Vec::new();
+        for it in &items {
+            if !first_seen.contains(&it.user_id.as_str()) {
+                first_seen.push(&it.user_id);
+            }
+        }
+        let named: Vec<&str> = delta.spend.iter().map(|(u, _)| u.as_str()).collect();
+        assert_eq!(named, first_seen);
+        for (user, spend) in &delta.spend {
+            let (micros, requests) = items
+                .iter()
+                .filter(|it| &it.user_id == user)
+                .fold((0, 0), |(m, n), it| (m + it.micros, n + 1));
+            assert_eq!((spend.day_micros, spend.month_micros), (micros, micros));
+            assert_eq!(spend.minute_requests, requests);
+        }
     }
 
     #[tokio::test]
