@@ -509,45 +509,33 @@ const SQLITE_MULTI_MIN: usize = 256;
 /// SQLite: the records through prepared statements bound from the records themselves (see
 /// [`crate::store::SqliteWrite`]).
 ///
-/// A large batch goes in as [`SQLITE_ROWS`]-row statements (the rest one by one). When every row
-/// went in, that is the answer. When fewer did (a resent batch), the new ones are those whose
-/// rowid is above the table's largest before the batch: SQLite gives a new row the largest rowid
-/// plus one, and the write transaction keeps anyone else from inserting meanwhile. (A savepoint to
-/// roll back to instead made SQLite copy every page the batch touched to a temporary file first:
-/// with rows landing all over the indexes, the fill rate fell by a quarter.) Smaller batches go
-/// one row at a time, where a row that changed nothing names a record stored already.
+/// A large batch goes in as [`SQLITE_ROWS`]-row statements (the rest one by one) inside a
+/// savepoint: when every row went in, that is the answer. When fewer did (a resent batch), the
+/// savepoint is rolled back and the batch inserted again one row at a time, where a row that
+/// changed nothing names a record stored already.
 fn insert_rows(
     conn: &rusqlite::Connection,
     sql: &InsertSql,
     records: &[&RequestRecord],
 ) -> rusqlite::Result<Fresh> {
     if records.len() >= SQLITE_MULTI_MIN {
-        let before: i64 =
-            conn.query_row("SELECT coalesce(max(rowid), 0) FROM requests", [], |row| {
-                row.get(0)
-            })?;
-        // At the largest rowid SQLite picks new ones at random: one row at a time then.
-        if before < i64::MAX {
-            let mut many = conn.prepare(&sql.many_rows)?;
-            let mut one = conn.prepare(&sql.one_row)?;
-            let chunks = records.chunks_exact(SQLITE_ROWS);
-            let rest = chunks.remainder();
-            let mut inserted = 0;
-            for chunk in chunks {
-                inserted += execute_rows(&mut many, chunk)?;
-            }
-            for r in rest {
-                inserted += execute_rows(&mut one, std::slice::from_ref(r))?;
-            }
-            if inserted == records.len() {
-                return Ok(Fresh::All);
-            }
-            let mut new = conn.prepare("SELECT request_id FROM requests WHERE rowid > ?1")?;
-            let ids = new
-                .query_map([before], |row| row.get(0))?
-                .collect::<rusqlite::Result<_>>()?;
-            return Ok(Fresh::Only(ids));
+        conn.execute_batch("SAVEPOINT insert_rows")?;
+        let mut many = conn.prepare(&sql.many_rows)?;
+        let mut one = conn.prepare(&sql.one_row)?;
+        let chunks = records.chunks_exact(SQLITE_ROWS);
+        let rest = chunks.remainder();
+        let mut inserted = 0;
+        for chunk in chunks {
+            inserted += execute_rows(&mut many, chunk)?;
         }
+        for r in rest {
+            inserted += execute_rows(&mut one, std::slice::from_ref(r))?;
+        }
+        if inserted == records.len() {
+            conn.execute_batch("RELEASE insert_rows")?;
+            return Ok(Fresh::All);
+        }
+        conn.execute_batch("ROLLBACK TO insert_rows; RELEASE insert_rows")?;
     }
     let mut stmt = conn.prepare(&sql.one_row)?;
     let mut stored = Vec::with_capacity(records.len());
