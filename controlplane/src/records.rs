@@ -414,9 +414,8 @@ impl ToSql for Cell<'_> {
 /// On PostgreSQL a batch goes in as such statements, cut into a few fixed row counts
 /// ([`INSERT_CHUNK_SIZES`]) so each connection caches a handful of prepared statements (an
 /// earlier version sent the batch as one JSON parameter unpacked by `json_each`, and SQLite's JSON
-/// path lookups were then 16% of the whole gateway's instructions under load). On SQLite the
-/// statements of [`SQLITE_ROWS`] rows and of one row are used, through rusqlite
-/// ([`insert_rows`]).
+/// path lookups were then 16% of the whole gateway's instructions under load). On SQLite only the
+/// one-row statement is used, through rusqlite ([`insert_rows`]).
 fn insert_sql(backend: DatabaseBackend, rows: usize, returning: bool) -> String {
     let mut sql = insert_values(backend, "requests", &COLUMNS, rows);
     sql.push_str(" ON CONFLICT (request_id) DO NOTHING");
@@ -434,8 +433,6 @@ struct InsertSql {
     by_size: Vec<(usize, bool, String)>,
     /// The one-row INSERT without `RETURNING` (SQLite's, see [`insert_rows`]).
     one_row: String,
-    /// The [`SQLITE_ROWS`]-row INSERT without `RETURNING` (SQLite's, see [`insert_rows`]).
-    many_rows: String,
 }
 
 impl InsertSql {
@@ -448,7 +445,6 @@ impl InsertSql {
             backend,
             by_size,
             one_row: insert_sql(backend, 1, false),
-            many_rows: insert_sql(backend, SQLITE_ROWS, false),
         }
     }
 
@@ -488,59 +484,27 @@ impl Fresh {
 async fn insert_new(txn: &WriteTxn, sql: &InsertSql, records: &[&RequestRecord]) -> Result<Fresh> {
     match txn {
         WriteTxn::Sqlite(txn) => {
-            txn.with_rusqlite(|conn| insert_rows(conn, sql, records))
+            txn.with_rusqlite(|conn| insert_rows(conn, &sql.one_row, records))
                 .await
         }
         WriteTxn::Pooled(txn) => insert_new_pooled(txn, sql, records).await,
     }
 }
 
-/// Rows per multi-row INSERT on SQLite.
-const SQLITE_ROWS: usize = 64;
-
-/// The smallest batch SQLite gets multi-row INSERTs for. Compiling the [`SQLITE_ROWS`]-row
-/// statement costs ~100 µs, once per batch (the rusqlite connection lives for one batch, so no
-/// statement outlives it); one execution of it instead of 64 of the one-row statement saves
-/// ~0.7 µs a row (the statement's start and end, five cursors opened and closed, each index
-/// sought from its root instead of from where the previous row left it). Below ~150 rows the
-/// compile costs more than it saves.
-const SQLITE_MULTI_MIN: usize = 256;
-
-/// SQLite: the records through prepared statements bound from the records themselves (see
-/// [`crate::store::SqliteWrite`]).
-///
-/// A large batch goes in as [`SQLITE_ROWS`]-row statements (the rest one by one) inside a
-/// savepoint: when every row went in, that is the answer. When fewer did (a resent batch), the
-/// savepoint is rolled back and the batch inserted again one row at a time, where a row that
-/// changed nothing names a record stored already.
+/// SQLite: the records one by one through a prepared one-row statement, bound from the records
+/// themselves (see [`crate::store::SqliteWrite`]). A row that changed nothing was stored already.
 fn insert_rows(
     conn: &rusqlite::Connection,
-    sql: &InsertSql,
+    sql: &str,
     records: &[&RequestRecord],
 ) -> rusqlite::Result<Fresh> {
-    if records.len() >= SQLITE_MULTI_MIN {
-        conn.execute_batch("SAVEPOINT insert_rows")?;
-        let mut many = conn.prepare(&sql.many_rows)?;
-        let mut one = conn.prepare(&sql.one_row)?;
-        let chunks = records.chunks_exact(SQLITE_ROWS);
-        let rest = chunks.remainder();
-        let mut inserted = 0;
-        for chunk in chunks {
-            inserted += execute_rows(&mut many, chunk)?;
-        }
-        for r in rest {
-            inserted += execute_rows(&mut one, std::slice::from_ref(r))?;
-        }
-        if inserted == records.len() {
-            conn.execute_batch("RELEASE insert_rows")?;
-            return Ok(Fresh::All);
-        }
-        conn.execute_batch("ROLLBACK TO insert_rows; RELEASE insert_rows")?;
-    }
-    let mut stmt = conn.prepare(&sql.one_row)?;
+    let mut stmt = conn.prepare(sql)?;
     let mut stored = Vec::with_capacity(records.len());
     for r in records {
-        stored.push(execute_rows(&mut stmt, std::slice::from_ref(r))? == 1);
+        for (i, cell) in row_cells(r).iter().enumerate() {
+            stmt.raw_bind_parameter(i + 1, cell)?;
+        }
+        stored.push(stmt.raw_execute()? == 1);
     }
     if stored.iter().all(|s| *s) {
         return Ok(Fresh::All);
@@ -552,19 +516,6 @@ fn insert_rows(
         .map(|(r, _)| r.request_id.clone())
         .collect();
     Ok(Fresh::Only(ids))
-}
-
-/// Binds `rows` (as many as `stmt` has rows) and runs `stmt`; the rows it inserted.
-fn execute_rows(
-    stmt: &mut rusqlite::Statement<'_>,
-    rows: &[&RequestRecord],
-) -> rusqlite::Result<usize> {
-    for (n, r) in rows.iter().enumerate() {
-        for (i, cell) in row_cells(r).iter().enumerate() {
-            stmt.raw_bind_parameter(n * COLUMNS.len() + i + 1, cell)?;
-        }
-    }
-    stmt.raw_execute()
 }
 
 /// PostgreSQL: multi-row statements of [`INSERT_CHUNK_SIZES`].
@@ -688,31 +639,13 @@ mod tests {
             cost_micros: Some(123_456_789),
             ..Default::default()
         };
-        // Alone, and inside a batch large enough for SQLite's multi-row statements (off a
-        // statement's first row, so its parameters are numbered from a later row's).
         let out = records.ingest(std::slice::from_ref(&r)).await.unwrap();
         assert_eq!(out.stored, 1);
-        let mut big: Vec<RequestRecord> = (0..300)
-            .map(|i| record(&format!("f{i}"), None, i))
-            .collect();
-        big[130] = RequestRecord {
-            request_id: format!("{}-again", r.request_id),
-            ..r.clone()
-        };
-        assert_eq!(records.ingest(&big).await.unwrap().stored, 300);
-        for id in [r.request_id.clone(), big[130].request_id.clone()] {
-            stored_matches(&store, &id, &r).await;
-        }
-        store.close().await.unwrap();
-    }
-
-    async fn stored_matches(store: &Store, id: &str, r: &RequestRecord) {
-        let m = crate::store::entity::request::Entity::find_by_id(id.to_owned())
+        let m = crate::store::entity::request::Entity::find_by_id(r.request_id.clone())
             .one(store.conn())
             .await
             .unwrap()
             .unwrap();
-        assert_eq!(m.started_at_ms, r.started_at_ms);
         assert_eq!(m.agent, r.agent);
         assert_eq!(m.user_id, r.user_id);
         assert_eq!(m.model, r.model);
@@ -726,6 +659,7 @@ mod tests {
         );
         assert_eq!(m.usage_status, "partial");
         assert_eq!(m.error_code, None);
+        store.close().await.unwrap();
     }
 
     /// A batch that repeats some stored records stores only the new ones, and says which.
