@@ -129,9 +129,10 @@ struct Cli {
     #[arg(long, default_value = "10", value_parser = secs)]
     latency_duration: Duration,
     /// Rounds of the whole sequence of targets; each figure reported is the median over the
-    /// rounds (memory: the highest), and each round's throughput ratios are printed as it ends.
-    /// Odd rounds run the targets in reverse order, so slow drift in the machine's speed does not
-    /// favour one target.
+    /// rounds (memory: the highest), and each round's ratios are printed as it ends. The checks
+    /// judge the median of the rounds' own ratios (gateway against the forwarder of the same
+    /// round), so drift in the machine's speed between rounds cancels out. Odd rounds run the
+    /// targets in reverse order, so slow drift within a round does not favour one target.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=9))]
     rounds: u32,
     /// Print the results as JSON instead of tables.
@@ -1138,27 +1139,28 @@ async fn bench(cli: &Cli) -> anyhow::Result<()> {
     let dir = TempDir::new()?;
     let mock = spawn_helper(&dir.0, &["mock".to_owned()]).await?;
     let mut rounds = Vec::new();
+    let mut paired = Vec::new();
     for round in 0..cli.rounds {
         let runs = run_round(cli, &gateway_bin, &dir, &mock, round).await?;
+        let ratios = RoundRatios::of(&runs);
         if cli.rounds > 1 {
-            let rps =
-                |t: Target, s: usize| runs[t as usize].scenarios[s].closed_loop.requests_per_s;
             for (s, scenario) in SCENARIOS.into_iter().enumerate() {
+                let added = ratios.added_p50[s].map_or("n/a".to_owned(), |r| format!("{r:.2}"));
                 eprintln!(
-                    "nm-bench: round {}: {scenario}: gateway/forwarder req/s {:.2}, gateway/gateway-unmetered {:.2}",
+                    "nm-bench: round {}: {scenario}: gateway/forwarder req/s {:.2}, gateway/gateway-unmetered {:.2}, added p50 gateway/forwarder {added}",
                     round + 1,
-                    rps(Target::Gateway, s) / rps(Target::Forwarder, s).max(f64::MIN_POSITIVE),
-                    rps(Target::Gateway, s)
-                        / rps(Target::GatewayUnmetered, s).max(f64::MIN_POSITIVE),
+                    ratios.throughput[s],
+                    ratios.metering[s],
                 );
             }
         }
         rounds.push(runs);
+        paired.push(ratios);
     }
     drop(mock);
     let runs = median_of_rounds(rounds);
 
-    let report = Report::new(cli, &gateway_bin, runs);
+    let report = Report::new(cli, &gateway_bin, runs, &paired);
     let mut out = std::io::stdout().lock();
     if cli.json {
         writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
@@ -1288,6 +1290,50 @@ fn median_of_rounds(rounds: Vec<Vec<TargetRun>>) -> Vec<TargetRun> {
         .collect()
 }
 
+/// One round's ratios, per scenario: the gateway against the other targets of the same round.
+struct RoundRatios {
+    /// Gateway req/s / forwarder req/s.
+    throughput: [f64; 2],
+    /// Gateway req/s / gateway-unmetered req/s.
+    metering: [f64; 2],
+    /// Gateway added p50 / forwarder added p50; None when the forwarder added under
+    /// [`MIN_ADDED_MS`] (the ratio is then noise).
+    added_p50: [Option<f64>; 2],
+}
+
+impl RoundRatios {
+    /// `runs` in [`TARGETS`] order.
+    fn of(runs: &[TargetRun]) -> Self {
+        let rps = |t: Target, s: usize| runs[t as usize].scenarios[s].closed_loop.requests_per_s;
+        let p50 = |t: Target, s: usize| runs[t as usize].scenarios[s].open_loop.p50_ms;
+        let per_scenario = |f: &dyn Fn(usize) -> f64| [f(0), f(1)];
+        Self {
+            throughput: per_scenario(&|s| {
+                rps(Target::Gateway, s) / rps(Target::Forwarder, s).max(f64::MIN_POSITIVE)
+            }),
+            metering: per_scenario(&|s| {
+                rps(Target::Gateway, s) / rps(Target::GatewayUnmetered, s).max(f64::MIN_POSITIVE)
+            }),
+            added_p50: [0, 1].map(|s| {
+                let direct = p50(Target::Direct, s);
+                let forwarder = p50(Target::Forwarder, s) - direct;
+                (forwarder >= MIN_ADDED_MS).then(|| (p50(Target::Gateway, s) - direct) / forwarder)
+            }),
+        }
+    }
+}
+
+/// The median of `values` (the mean of the middle two for an even count); None when empty.
+fn median(mut values: Vec<f64>) -> Option<f64> {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(values[n / 2]),
+        _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
+    }
+}
+
 /// Latency the forwarder and the gateways add over `direct`, in ms.
 #[derive(Serialize)]
 struct Added {
@@ -1318,6 +1364,13 @@ struct Check {
     target: String,
     /// None: the measurement cannot decide (see [`MIN_ADDED_MS`]).
     pass: Option<bool>,
+    /// With several rounds, a ratio check's value is the median of these, each round's own
+    /// ratio (None: undecided in that round).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    rounds: Vec<Option<f64>>,
+    /// With several rounds, the same ratio taken between the targets' median figures instead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    of_medians: Option<f64>,
 }
 
 impl Check {
@@ -1333,7 +1386,44 @@ impl Check {
             value,
             target,
             pass,
+            rounds: Vec::new(),
+            of_medians: None,
         }
+    }
+
+    /// A ratio check over several rounds: judged on the median of the rounds' own ratios
+    /// (`rounds`), the ratio of the median figures (`of_medians`) shown beside it. With one
+    /// round the two are the same figure. A round that cannot decide (None) counts against the
+    /// gateway, as an infinite ratio for a `<=` check and a zero one for a `>=` check, so
+    /// leaving it out never helps a pass. Undecided (N/A) when `of_medians` is None and there
+    /// is one round, or when no round decides.
+    fn paired(
+        check: String,
+        of_medians: Option<f64>,
+        rounds: Vec<Option<f64>>,
+        op: &str,
+        limit: f64,
+    ) -> Self {
+        if rounds.len() < 2 {
+            let mut c = Self::new(check, of_medians.unwrap_or(f64::NAN), op, limit);
+            if of_medians.is_none() {
+                c.pass = None;
+            }
+            return c;
+        }
+        let against = if op.starts_with('<') { f64::INFINITY } else { 0.0 };
+        let decided = rounds
+            .iter()
+            .any(Option::is_some)
+            .then(|| median(rounds.iter().map(|r| r.unwrap_or(against)).collect()))
+            .flatten();
+        let mut c = Self::new(check, decided.unwrap_or(f64::NAN), op, limit);
+        if decided.is_none() {
+            c.pass = None;
+        }
+        c.rounds = rounds;
+        c.of_medians = of_medians;
+        c
     }
 }
 
@@ -1347,7 +1437,7 @@ struct Report {
 }
 
 impl Report {
-    fn new(cli: &Cli, gateway_bin: &Path, targets: Vec<TargetRun>) -> Self {
+    fn new(cli: &Cli, gateway_bin: &Path, targets: Vec<TargetRun>, paired: &[RoundRatios]) -> Self {
         let mut added_latency = Vec::new();
         let mut metering_cost = Vec::new();
         let mut checks = Vec::new();
@@ -1363,16 +1453,27 @@ impl Report {
                 gateway_unmetered_p50_ms: unmetered.open_loop.p50_ms - direct.p50_ms,
                 gateway_unmetered_p99_ms: unmetered.open_loop.p99_ms - direct.p99_ms,
             };
-            let ratio = add.gateway_p50_ms / add.forwarder_p50_ms;
+            let ratio = (add.forwarder_p50_ms >= MIN_ADDED_MS)
+                .then(|| add.gateway_p50_ms / add.forwarder_p50_ms);
             let what = format!("{scenario}: gateway added p50 / forwarder added p50");
-            let mut check = Check::new(what, ratio, "<=", MAX_ADDED_P50_RATIO);
-            if add.forwarder_p50_ms < MIN_ADDED_MS {
-                check.pass = None;
-            }
-            checks.push(check);
+            let rounds = paired.iter().map(|r| r.added_p50[s]).collect();
+            checks.push(Check::paired(
+                what,
+                ratio,
+                rounds,
+                "<=",
+                MAX_ADDED_P50_RATIO,
+            ));
             let tput = gw.closed_loop.requests_per_s / fwd.closed_loop.requests_per_s;
             let what = format!("{scenario}: gateway req/s / forwarder req/s");
-            checks.push(Check::new(what, tput, ">=", MIN_THROUGHPUT_RATIO));
+            let rounds = paired.iter().map(|r| Some(r.throughput[s])).collect();
+            checks.push(Check::paired(
+                what,
+                Some(tput),
+                rounds,
+                ">=",
+                MIN_THROUGHPUT_RATIO,
+            ));
             let cost = MeteringCost {
                 scenario,
                 throughput_ratio: gw.closed_loop.requests_per_s
@@ -1381,9 +1482,11 @@ impl Report {
                 p99_ms: gw.open_loop.p99_ms - unmetered.open_loop.p99_ms,
             };
             let what = format!("{scenario}: gateway req/s / gateway-unmetered req/s");
-            checks.push(Check::new(
+            let rounds = paired.iter().map(|r| Some(r.metering[s])).collect();
+            checks.push(Check::paired(
                 what,
-                cost.throughput_ratio,
+                Some(cost.throughput_ratio),
+                rounds,
                 ">=",
                 MIN_METERED_THROUGHPUT_RATIO,
             ));
@@ -1542,11 +1645,23 @@ impl Report {
                 "  {verdict}  {:<54} {:>8.2}  (target {})",
                 c.check, c.value, c.target
             )?;
+            if !c.rounds.is_empty() {
+                let rounds: Vec<String> = (c.rounds.iter())
+                    .map(|r| r.map_or("n/a".to_owned(), |v| format!("{v:.2}")))
+                    .collect();
+                let of_medians = c.of_medians.map_or("n/a".to_owned(), |v| format!("{v:.2}"));
+                writeln!(
+                    out,
+                    "{:8}median of the rounds' ratios {}; between the median figures {of_medians}",
+                    "",
+                    rounds.join(", ")
+                )?;
+            }
         }
         if self.checks.iter().any(|c| c.pass.is_none()) {
             writeln!(
                 out,
-                "  N/A: the forwarder added under {MIN_ADDED_MS} ms over direct, so the ratio is noise; run again"
+                "  N/A: the forwarder added under {MIN_ADDED_MS} ms over direct (in every round), so the ratio is noise; run again"
             )?;
         }
         Ok(())
