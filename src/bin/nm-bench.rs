@@ -104,6 +104,8 @@ const MIN_METERED_THROUGHPUT_RATIO: f64 = 0.90;
 const MAX_PEAK_RSS_MIB: f64 = 64.0;
 /// A forwarder added p50 below this (ms) leaves the latency ratio to noise: the check is N/A.
 const MIN_ADDED_MS: f64 = 0.01;
+/// How long each target's turn lasts in the alternating open loops.
+const SLICE: Duration = Duration::from_millis(500);
 
 #[derive(Debug, Parser)]
 #[command(
@@ -828,6 +830,7 @@ async fn closed_loop(
 }
 
 /// Idle keep-alive connections for the open loop; a new one is opened whenever none is idle.
+#[derive(Default)]
 struct Pool {
     idle: Mutex<Vec<Sender>>,
     opened: AtomicUsize,
@@ -869,21 +872,67 @@ struct Open {
     settle_s: f64,
 }
 
+/// An open loop's latencies and errors, gathered over one or more slices.
+#[derive(Default)]
+struct Samples {
+    latencies: Vec<Duration>,
+    errors: u64,
+    first_error: Option<String>,
+}
+
+impl Samples {
+    fn summary(mut self, connections: usize) -> Open {
+        let latencies = &mut self.latencies;
+        latencies.sort_unstable();
+        let pct = |p: f64| -> f64 {
+            let n = latencies.len();
+            let rank = ((p * n as f64).ceil() as usize).clamp(1, n.max(1));
+            latencies.get(rank - 1).map_or(f64::NAN, |d| ms(*d))
+        };
+        Open {
+            p50_ms: pct(0.50),
+            p90_ms: pct(0.90),
+            p99_ms: pct(0.99),
+            max_ms: pct(1.0),
+            samples: latencies.len(),
+            errors: self.errors,
+            connections,
+            first_error: self.first_error,
+            settle_s: 0.0,
+        }
+    }
+}
+
+/// One target's open loop: `rate` requests per second for `warmup + duration`, latencies of
+/// those scheduled after the warmup.
 async fn open_loop(
     spec: &Arc<Spec>,
     rate: f64,
     warmup: Duration,
     duration: Duration,
 ) -> anyhow::Result<Open> {
-    let pool = Arc::new(Pool {
-        idle: Mutex::new(Vec::new()),
-        opened: AtomicUsize::new(0),
-    });
+    let pool = Arc::new(Pool::default());
+    let mut samples = Samples::default();
+    open_slice(spec, &pool, rate, warmup, duration, &mut samples).await?;
+    Ok(samples.summary(pool.opened.load(Ordering::Relaxed)))
+}
+
+/// Sends `rate` requests per second for `warmup + duration` through `pool`, adding to
+/// `samples` the latencies (from the scheduled send time to the end of the body) and errors of
+/// the requests scheduled after the warmup.
+async fn open_slice(
+    spec: &Arc<Spec>,
+    pool: &Arc<Pool>,
+    rate: f64,
+    warmup: Duration,
+    duration: Duration,
+    samples: &mut Samples,
+) -> anyhow::Result<()> {
     let start = Instant::now() + Duration::from_millis(20);
     let measure_from = start + warmup;
     let end = measure_from + duration;
     let runtime = tokio::runtime::Handle::current();
-    let (spec, pool2) = (spec.clone(), pool.clone());
+    let (spec, pool) = (spec.clone(), pool.clone());
     // A plain thread keeps the schedule (sub-millisecond sleeps, unlike tokio's timer wheel).
     let tasks = tokio::task::spawn_blocking(move || {
         let mut tasks = Vec::new();
@@ -895,7 +944,7 @@ async fn open_loop(
             if let Some(wait) = at.checked_duration_since(Instant::now()) {
                 std::thread::sleep(wait);
             }
-            let (spec, pool) = (spec.clone(), pool2.clone());
+            let (spec, pool) = (spec.clone(), pool.clone());
             tasks.push(runtime.spawn(async move {
                 let result = pool.exchange(&spec, i).await.map(|()| at.elapsed());
                 (at, result)
@@ -904,30 +953,71 @@ async fn open_loop(
         tasks
     })
     .await?;
-    let mut latencies = Vec::with_capacity(tasks.len());
-    let mut open = Open::default();
     for task in tasks {
         let (at, result) = task.await?;
         match result {
             _ if at < measure_from => {}
-            Ok(latency) => latencies.push(latency),
+            Ok(latency) => samples.latencies.push(latency),
             Err(e) => {
-                open.errors += 1;
-                open.first_error.get_or_insert(format!("{e:#}"));
+                samples.errors += 1;
+                samples.first_error.get_or_insert(format!("{e:#}"));
             }
         }
     }
-    latencies.sort_unstable();
-    let pct = |p: f64| -> f64 {
-        let n = latencies.len();
-        let rank = ((p * n as f64).ceil() as usize).clamp(1, n.max(1));
-        latencies.get(rank - 1).map_or(f64::NAN, |d| ms(*d))
-    };
-    (open.p50_ms, open.p90_ms) = (pct(0.50), pct(0.90));
-    (open.p99_ms, open.max_ms) = (pct(0.99), pct(1.0));
-    open.samples = latencies.len();
-    open.connections = pool.opened.load(Ordering::Relaxed);
-    Ok(open)
+    Ok(())
+}
+
+/// The open loops of all targets (in [`TARGETS`] order), taken in turns: each target is warmed
+/// up for `--warmup`, then they alternate in slices of about [`SLICE`] until each has had
+/// `--latency-duration`, the processes idle before every slice. The machine's speed on a
+/// shared VM drifts within seconds (the same binary's p50 moves by a third between runs a few
+/// seconds apart), so targets measured one after the other compare drift as much as proxies;
+/// in turns, every target meets the same drift.
+async fn open_loops_in_turns(
+    cli: &Cli,
+    specs: &[Arc<Spec>],
+    order: [Target; 4],
+    pids: &[u32],
+) -> anyhow::Result<Vec<Open>> {
+    let pools: Vec<Arc<Pool>> = specs.iter().map(|_| Arc::default()).collect();
+    let mut samples: Vec<Samples> = specs.iter().map(|_| Samples::default()).collect();
+    for t in order.map(|t| t as usize) {
+        let mut discarded = Samples::default();
+        open_slice(
+            &specs[t],
+            &pools[t],
+            cli.rate,
+            cli.warmup,
+            Duration::ZERO,
+            &mut discarded,
+        )
+        .await?;
+    }
+    let slices = (cli.latency_duration.as_secs_f64() / SLICE.as_secs_f64())
+        .ceil()
+        .max(1.0);
+    let slice = cli.latency_duration.div_f64(slices);
+    for k in 0..slices as usize {
+        for j in 0..order.len() {
+            // Each slice starts with another target, so none always follows the same one.
+            let t = order[(j + k) % order.len()] as usize;
+            settle(pids).await?;
+            open_slice(
+                &specs[t],
+                &pools[t],
+                cli.rate,
+                Duration::ZERO,
+                slice,
+                &mut samples[t],
+            )
+            .await?;
+        }
+    }
+    Ok(samples
+        .into_iter()
+        .zip(&pools)
+        .map(|(s, pool)| s.summary(pool.opened.load(Ordering::Relaxed)))
+        .collect())
 }
 
 fn ms(d: Duration) -> f64 {
@@ -1062,34 +1152,9 @@ struct TargetRun {
     memory: Option<Mem>,
     /// What a gateway recorded, read after its run.
     usage: Option<Usage>,
-    /// Share of the machine's CPU time the hypervisor took during the run: noise.
+    /// Share of the machine's CPU time the hypervisor took during the round (all targets
+    /// alike, since their open loops take turns): noise.
     cpu_steal_pct: f64,
-}
-
-async fn measure_target(
-    cli: &Cli,
-    target: Target,
-    addr: SocketAddr,
-    pids: &[u32],
-) -> anyhow::Result<Vec<Measured>> {
-    let name = target.name();
-    let mut scenarios = Vec::new();
-    for (scenario, stream) in SCENARIOS.into_iter().zip([false, true]) {
-        let spec = Arc::new(target.spec(addr, stream)?);
-        settle(pids).await?;
-        eprintln!("nm-bench: {name}, {scenario}: closed loop");
-        let closed_loop = closed_loop(&spec, cli.connections, cli.warmup, cli.duration).await?;
-        let settled = settle(pids).await?;
-        eprintln!("nm-bench: {name}, {scenario}: open loop (idle after {settled:.1} s)");
-        let mut open_loop = open_loop(&spec, cli.rate, cli.warmup, cli.latency_duration).await?;
-        open_loop.settle_s = settled;
-        scenarios.push(Measured {
-            scenario,
-            closed_loop,
-            open_loop,
-        });
-    }
-    Ok(scenarios)
 }
 
 /// `nm-bench load`: one scenario against one running target.
@@ -1170,8 +1235,9 @@ async fn bench(cli: &Cli) -> anyhow::Result<()> {
     Ok(out.flush()?)
 }
 
-/// One round: every target measured in turn (in reverse order on odd rounds); the runs come
-/// back in [`TARGETS`] order.
+/// One round: every target started at once, in a directory of its own; per scenario, the
+/// closed loops one target at a time (in reverse order on odd rounds) and the open loops in
+/// turns ([`open_loops_in_turns`]). The runs come back in [`TARGETS`] order.
 async fn run_round(
     cli: &Cli,
     gateway_bin: &Path,
@@ -1187,10 +1253,9 @@ async fn run_round(
     // spool carries over.
     let dir = dir.0.join(format!("round-{}", round + 1));
     std::fs::create_dir_all(&dir)?;
-    let mut runs = Vec::new();
-    for target in order {
-        let name = target.name();
-        // Each target runs alone; the previous one is killed when `proc` drops.
+    let mut procs: Vec<Option<Proc>> = Vec::new();
+    let mut admins: Vec<Option<Admin>> = Vec::new();
+    for target in TARGETS {
         let (proc, admin) = match target {
             Target::Direct => (None, None),
             Target::Forwarder => {
@@ -1198,25 +1263,65 @@ async fn run_round(
                 (Some(spawn_helper(&dir, &args).await?), None)
             }
             Target::Gateway | Target::GatewayUnmetered => {
-                let (proc, admin) = spawn_gateway(gateway_bin, &dir, name, mock.addr).await?;
+                let (proc, admin) =
+                    spawn_gateway(gateway_bin, &dir, target.name(), mock.addr).await?;
                 (Some(proc), Some(admin))
             }
         };
-        let addr = proc.as_ref().map_or(mock.addr, |p| p.addr);
-        let pids: Vec<u32> = [Some(mock), proc.as_ref()]
-            .into_iter()
-            .flatten()
-            .map(|p| p.child.id())
-            .collect();
-        let (steal, total) = cpu_steal()?;
-        let scenarios = measure_target(cli, target, addr, &pids).await?;
-        let (steal2, total2) = cpu_steal()?;
-        let cpu_steal_pct = (steal2 - steal) as f64 * 100.0 / (total2 - total).max(1) as f64;
+        procs.push(proc);
+        admins.push(admin);
+    }
+    let pids: Vec<u32> = std::iter::once(mock)
+        .chain(procs.iter().flatten())
+        .map(|p| p.child.id())
+        .collect();
+    let (steal, total) = cpu_steal()?;
+    let mut scenarios: Vec<Vec<Measured>> = TARGETS.iter().map(|_| Vec::new()).collect();
+    for (scenario, stream) in SCENARIOS.into_iter().zip([false, true]) {
+        let specs = TARGETS
+            .iter()
+            .zip(&procs)
+            .map(|(t, p)| {
+                Ok(Arc::new(
+                    t.spec(p.as_ref().map_or(mock.addr, |p| p.addr), stream)?,
+                ))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let mut closed: Vec<Closed> = TARGETS.iter().map(|_| Closed::default()).collect();
+        for target in order {
+            settle(&pids).await?;
+            eprintln!("nm-bench: {}, {scenario}: closed loop", target.name());
+            let spec = &specs[target as usize];
+            closed[target as usize] =
+                closed_loop(spec, cli.connections, cli.warmup, cli.duration).await?;
+        }
+        let settled = settle(&pids).await?;
+        eprintln!(
+            "nm-bench: {scenario}: open loops, the targets taking turns of {:.2} s (idle after {settled:.1} s)",
+            SLICE.as_secs_f64()
+        );
+        let open = open_loops_in_turns(cli, &specs, order, &pids).await?;
+        for ((measured, closed_loop), mut open_loop) in scenarios.iter_mut().zip(closed).zip(open) {
+            open_loop.settle_s = settled;
+            measured.push(Measured {
+                scenario,
+                closed_loop,
+                open_loop,
+            });
+        }
+    }
+    let (steal2, total2) = cpu_steal()?;
+    let cpu_steal_pct = (steal2 - steal) as f64 * 100.0 / (total2 - total).max(1) as f64;
+    // Idle: the last request records have reached the controlplanes.
+    settle(&pids).await?;
+    let mut runs = Vec::new();
+    for (((target, proc), admin), scenarios) in
+        TARGETS.into_iter().zip(&procs).zip(&admins).zip(scenarios)
+    {
+        let name = target.name();
         let memory = proc.as_ref().map(|p| memory(p.child.id())).transpose()?;
-        let usage = match &admin {
+        let usage = match admin {
             Some(admin) => {
-                // Idle: the last request records have reached the controlplane.
-                settle(&pids).await?;
                 let usage = admin.usage().await?;
                 eprintln!(
                     "nm-bench: {name}: recorded {} requests, {} input and {} output tokens ({} unmetered)",
@@ -1230,19 +1335,15 @@ async fn run_round(
             }
             None => None,
         };
-        runs.push((
-            target as usize,
-            TargetRun {
-                target: name,
-                scenarios,
-                memory,
-                usage,
-                cpu_steal_pct,
-            },
-        ));
+        runs.push(TargetRun {
+            target: name,
+            scenarios,
+            memory,
+            usage,
+            cpu_steal_pct,
+        });
     }
-    runs.sort_by_key(|(i, _)| *i);
-    Ok(runs.into_iter().map(|(_, run)| run).collect())
+    Ok(runs)
 }
 
 /// One run per target from several rounds: per scenario the closed loop of the median
@@ -1411,7 +1512,11 @@ impl Check {
             }
             return c;
         }
-        let against = if op.starts_with('<') { f64::INFINITY } else { 0.0 };
+        let against = if op.starts_with('<') {
+            f64::INFINITY
+        } else {
+            0.0
+        };
         let decided = rounds
             .iter()
             .any(Option::is_some)
