@@ -106,6 +106,12 @@ const MAX_PEAK_RSS_MIB: f64 = 64.0;
 const MIN_ADDED_MS: f64 = 0.01;
 /// How long each target's turn lasts in the alternating open loops.
 const SLICE: Duration = Duration::from_millis(500);
+/// How long each target's turn lasts, at most, in the alternating closed loops: long enough that
+/// the records a gateway stores after its turn ends (one linger and one batch, left out of every
+/// turn's figures) stay a small part of what it stores during the turn.
+const CLOSED_SLICE: Duration = Duration::from_secs(2);
+/// Warmup of a closed-loop turn after the first (its connections are new).
+const CLOSED_SLICE_WARMUP: Duration = Duration::from_millis(250);
 
 #[derive(Debug, Parser)]
 #[command(
@@ -967,6 +973,43 @@ async fn open_slice(
     Ok(())
 }
 
+/// The closed loops of all targets (in [`TARGETS`] order), taken in turns: in slices of at
+/// most [`CLOSED_SLICE`] until each target has had `--duration`, the first turn of each after
+/// `--warmup`, later ones after [`CLOSED_SLICE_WARMUP`] (new connections), the processes idle
+/// before every slice. Like [`open_loops_in_turns`], so that drift in the machine's speed
+/// meets every target alike.
+async fn closed_loops_in_turns(
+    cli: &Cli,
+    specs: &[Arc<Spec>],
+    order: [Target; 4],
+    pids: &[u32],
+) -> anyhow::Result<Vec<Closed>> {
+    let mut totals: Vec<Closed> = specs.iter().map(|_| Closed::default()).collect();
+    let slices = (cli.duration.as_secs_f64() / CLOSED_SLICE.as_secs_f64())
+        .ceil()
+        .max(1.0);
+    let slice = cli.duration.div_f64(slices);
+    for k in 0..slices as usize {
+        for j in 0..order.len() {
+            let t = order[(j + k) % order.len()] as usize;
+            let warmup = match k {
+                0 => cli.warmup,
+                _ => CLOSED_SLICE_WARMUP.min(cli.warmup),
+            };
+            settle(pids).await?;
+            let turn = closed_loop(&specs[t], cli.connections, warmup, slice).await?;
+            let total = &mut totals[t];
+            total.ok += turn.ok;
+            total.errors += turn.errors;
+            total.first_error = total.first_error.take().or(turn.first_error);
+        }
+    }
+    for total in &mut totals {
+        total.requests_per_s = total.ok as f64 / cli.duration.as_secs_f64();
+    }
+    Ok(totals)
+}
+
 /// The open loops of all targets (in [`TARGETS`] order), taken in turns: each target is warmed
 /// up for `--warmup`, then they alternate in slices of about [`SLICE`] until each has had
 /// `--latency-duration`, the processes idle before every slice. The machine's speed on a
@@ -1236,8 +1279,9 @@ async fn bench(cli: &Cli) -> anyhow::Result<()> {
 }
 
 /// One round: every target started at once, in a directory of its own; per scenario, the
-/// closed loops one target at a time (in reverse order on odd rounds) and the open loops in
-/// turns ([`open_loops_in_turns`]). The runs come back in [`TARGETS`] order.
+/// closed loops and then the open loops with the targets taking turns
+/// ([`closed_loops_in_turns`], [`open_loops_in_turns`]; in reverse order on odd rounds). The
+/// runs come back in [`TARGETS`] order.
 async fn run_round(
     cli: &Cli,
     gateway_bin: &Path,
@@ -1287,14 +1331,11 @@ async fn run_round(
                 ))
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
-        let mut closed: Vec<Closed> = TARGETS.iter().map(|_| Closed::default()).collect();
-        for target in order {
-            settle(&pids).await?;
-            eprintln!("nm-bench: {}, {scenario}: closed loop", target.name());
-            let spec = &specs[target as usize];
-            closed[target as usize] =
-                closed_loop(spec, cli.connections, cli.warmup, cli.duration).await?;
-        }
+        eprintln!(
+            "nm-bench: {scenario}: closed loops, the targets taking turns of up to {:.0} s",
+            CLOSED_SLICE.as_secs_f64()
+        );
+        let closed = closed_loops_in_turns(cli, &specs, order, &pids).await?;
         let settled = settle(&pids).await?;
         eprintln!(
             "nm-bench: {scenario}: open loops, the targets taking turns of {:.2} s (idle after {settled:.1} s)",
