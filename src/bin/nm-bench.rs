@@ -973,6 +973,24 @@ async fn open_slice(
     Ok(())
 }
 
+/// Targets taking turns for `total` each, in slices of at most `max_slice`: the slice length,
+/// and the turns in the order they run as (the target's turn number from 0, its index in
+/// [`TARGETS`]). Each round of turns is led by another target, so none always follows the same
+/// one.
+fn turns(
+    total: Duration,
+    max_slice: Duration,
+    order: [Target; 4],
+) -> (Duration, impl Iterator<Item = (usize, usize)>) {
+    let slices = (total.as_secs_f64() / max_slice.as_secs_f64())
+        .ceil()
+        .max(1.0);
+    let n = order.len();
+    let turns = (0..slices as usize)
+        .flat_map(move |k| (0..n).map(move |j| (k, order[(j + k) % n] as usize)));
+    (total.div_f64(slices), turns)
+}
+
 /// The closed loops of all targets (in [`TARGETS`] order), taken in turns: in slices of at
 /// most [`CLOSED_SLICE`] until each target has had `--duration`, the first turn of each after
 /// `--warmup`, later ones after [`CLOSED_SLICE_WARMUP`] (new connections), the processes idle
@@ -985,24 +1003,18 @@ async fn closed_loops_in_turns(
     pids: &[u32],
 ) -> anyhow::Result<Vec<Closed>> {
     let mut totals: Vec<Closed> = specs.iter().map(|_| Closed::default()).collect();
-    let slices = (cli.duration.as_secs_f64() / CLOSED_SLICE.as_secs_f64())
-        .ceil()
-        .max(1.0);
-    let slice = cli.duration.div_f64(slices);
-    for k in 0..slices as usize {
-        for j in 0..order.len() {
-            let t = order[(j + k) % order.len()] as usize;
-            let warmup = match k {
-                0 => cli.warmup,
-                _ => CLOSED_SLICE_WARMUP.min(cli.warmup),
-            };
-            settle(pids).await?;
-            let turn = closed_loop(&specs[t], cli.connections, warmup, slice).await?;
-            let total = &mut totals[t];
-            total.ok += turn.ok;
-            total.errors += turn.errors;
-            total.first_error = total.first_error.take().or(turn.first_error);
-        }
+    let (slice, turns) = turns(cli.duration, CLOSED_SLICE, order);
+    for (k, t) in turns {
+        let warmup = match k {
+            0 => cli.warmup,
+            _ => CLOSED_SLICE_WARMUP.min(cli.warmup),
+        };
+        settle(pids).await?;
+        let turn = closed_loop(&specs[t], cli.connections, warmup, slice).await?;
+        let total = &mut totals[t];
+        total.ok += turn.ok;
+        total.errors += turn.errors;
+        total.first_error = total.first_error.take().or(turn.first_error);
     }
     for total in &mut totals {
         total.requests_per_s = total.ok as f64 / cli.duration.as_secs_f64();
@@ -1036,25 +1048,18 @@ async fn open_loops_in_turns(
         )
         .await?;
     }
-    let slices = (cli.latency_duration.as_secs_f64() / SLICE.as_secs_f64())
-        .ceil()
-        .max(1.0);
-    let slice = cli.latency_duration.div_f64(slices);
-    for k in 0..slices as usize {
-        for j in 0..order.len() {
-            // Each slice starts with another target, so none always follows the same one.
-            let t = order[(j + k) % order.len()] as usize;
-            settle(pids).await?;
-            open_slice(
-                &specs[t],
-                &pools[t],
-                cli.rate,
-                Duration::ZERO,
-                slice,
-                &mut samples[t],
-            )
-            .await?;
-        }
+    let (slice, turns) = turns(cli.latency_duration, SLICE, order);
+    for (_, t) in turns {
+        settle(pids).await?;
+        open_slice(
+            &specs[t],
+            &pools[t],
+            cli.rate,
+            Duration::ZERO,
+            slice,
+            &mut samples[t],
+        )
+        .await?;
     }
     Ok(samples
         .into_iter()
@@ -1196,7 +1201,7 @@ struct TargetRun {
     /// What a gateway recorded, read after its run.
     usage: Option<Usage>,
     /// Share of the machine's CPU time the hypervisor took during the round (all targets
-    /// alike, since their open loops take turns): noise.
+    /// alike, since they take turns): noise.
     cpu_steal_pct: f64,
 }
 
