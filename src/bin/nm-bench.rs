@@ -121,11 +121,11 @@ const CLOSED_SLICE_WARMUP: Duration = Duration::from_millis(250);
 struct Cli {
     #[command(subcommand)]
     helper: Option<Helper>,
-    /// Closed-loop measurement time per scenario, in seconds.
-    #[arg(long, default_value = "10", value_parser = secs)]
+    /// Closed-loop measurement time per target and scenario in each round, in seconds.
+    #[arg(long, default_value = "3", value_parser = secs)]
     duration: Duration,
-    /// Warmup before each measurement (closed and open loop), in seconds.
-    #[arg(long, default_value = "2", value_parser = secs)]
+    /// Warmup of each target before its first closed-loop and open-loop turn, in seconds.
+    #[arg(long, default_value = "1", value_parser = secs)]
     warmup: Duration,
     /// Closed-loop keep-alive connections.
     #[arg(long, default_value_t = 50)]
@@ -133,15 +133,15 @@ struct Cli {
     /// Open-loop request rate, per second.
     #[arg(long, default_value_t = 500.0)]
     rate: f64,
-    /// Open-loop measurement time per scenario, in seconds.
-    #[arg(long, default_value = "10", value_parser = secs)]
+    /// Open-loop measurement time per target and scenario in each round, in seconds.
+    #[arg(long, default_value = "5", value_parser = secs)]
     latency_duration: Duration,
     /// Rounds of the whole sequence of targets; each figure reported is the median over the
     /// rounds (memory: the highest), and each round's ratios are printed as it ends. The checks
     /// judge the median of the rounds' own ratios (gateway against the forwarder of the same
     /// round), so drift in the machine's speed between rounds cancels out. Odd rounds run the
     /// targets in reverse order, so slow drift within a round does not favour one target.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=9))]
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=9))]
     rounds: u32,
     /// Print the results as JSON instead of tables.
     #[arg(long)]
