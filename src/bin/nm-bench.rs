@@ -973,22 +973,28 @@ async fn open_slice(
     Ok(())
 }
 
-/// Targets taking turns for `total` each, in slices of at most `max_slice`: the slice length,
-/// and the turns in the order they run as (the target's turn number from 0, its index in
-/// [`TARGETS`]). Each round of turns is led by another target, so none always follows the same
-/// one.
-fn turns(
+/// Targets taking turns for `total` each, in slices of at most `max_slice`, the processes idle
+/// before every turn: `turn(k, t, slice)` runs target `t` (its index in [`TARGETS`]) for its
+/// `k`-th turn, counted from 0. Each round of turns is led by another target, so none always
+/// follows the same one.
+async fn take_turns(
     total: Duration,
     max_slice: Duration,
     order: [Target; 4],
-) -> (Duration, impl Iterator<Item = (usize, usize)>) {
+    pids: &[u32],
+    mut turn: impl AsyncFnMut(usize, usize, Duration) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
     let slices = (total.as_secs_f64() / max_slice.as_secs_f64())
         .ceil()
         .max(1.0);
-    let n = order.len();
-    let turns = (0..slices as usize)
-        .flat_map(move |k| (0..n).map(move |j| (k, order[(j + k) % n] as usize)));
-    (total.div_f64(slices), turns)
+    let slice = total.div_f64(slices);
+    for k in 0..slices as usize {
+        for j in 0..order.len() {
+            settle(pids).await?;
+            turn(k, order[(j + k) % order.len()] as usize, slice).await?;
+        }
+    }
+    Ok(())
 }
 
 /// The closed loops of all targets (in [`TARGETS`] order), taken in turns: in slices of at
@@ -1003,19 +1009,25 @@ async fn closed_loops_in_turns(
     pids: &[u32],
 ) -> anyhow::Result<Vec<Closed>> {
     let mut totals: Vec<Closed> = specs.iter().map(|_| Closed::default()).collect();
-    let (slice, turns) = turns(cli.duration, CLOSED_SLICE, order);
-    for (k, t) in turns {
-        let warmup = match k {
-            0 => cli.warmup,
-            _ => CLOSED_SLICE_WARMUP.min(cli.warmup),
-        };
-        settle(pids).await?;
-        let turn = closed_loop(&specs[t], cli.connections, warmup, slice).await?;
-        let total = &mut totals[t];
-        total.ok += turn.ok;
-        total.errors += turn.errors;
-        total.first_error = total.first_error.take().or(turn.first_error);
-    }
+    take_turns(
+        cli.duration,
+        CLOSED_SLICE,
+        order,
+        pids,
+        async |k, t, slice| {
+            let warmup = match k {
+                0 => cli.warmup,
+                _ => CLOSED_SLICE_WARMUP.min(cli.warmup),
+            };
+            let turn = closed_loop(&specs[t], cli.connections, warmup, slice).await?;
+            let total = &mut totals[t];
+            total.ok += turn.ok;
+            total.errors += turn.errors;
+            total.first_error = total.first_error.take().or(turn.first_error);
+            Ok(())
+        },
+    )
+    .await?;
     for total in &mut totals {
         total.requests_per_s = total.ok as f64 / cli.duration.as_secs_f64();
     }
@@ -1048,19 +1060,17 @@ async fn open_loops_in_turns(
         )
         .await?;
     }
-    let (slice, turns) = turns(cli.latency_duration, SLICE, order);
-    for (_, t) in turns {
-        settle(pids).await?;
-        open_slice(
-            &specs[t],
-            &pools[t],
-            cli.rate,
-            Duration::ZERO,
-            slice,
-            &mut samples[t],
-        )
-        .await?;
-    }
+    take_turns(
+        cli.latency_duration,
+        SLICE,
+        order,
+        pids,
+        async |_, t, slice| {
+            let (spec, pool) = (&specs[t], &pools[t]);
+            open_slice(spec, pool, cli.rate, Duration::ZERO, slice, &mut samples[t]).await
+        },
+    )
+    .await?;
     Ok(samples
         .into_iter()
         .zip(&pools)
@@ -1453,14 +1463,11 @@ impl RoundRatios {
     fn of(runs: &[TargetRun]) -> Self {
         let rps = |t: Target, s: usize| runs[t as usize].scenarios[s].closed_loop.requests_per_s;
         let p50 = |t: Target, s: usize| runs[t as usize].scenarios[s].open_loop.p50_ms;
-        let per_scenario = |f: &dyn Fn(usize) -> f64| [f(0), f(1)];
+        let gateway_over =
+            |t: Target| [0, 1].map(|s| rps(Target::Gateway, s) / rps(t, s).max(f64::MIN_POSITIVE));
         Self {
-            throughput: per_scenario(&|s| {
-                rps(Target::Gateway, s) / rps(Target::Forwarder, s).max(f64::MIN_POSITIVE)
-            }),
-            metering: per_scenario(&|s| {
-                rps(Target::Gateway, s) / rps(Target::GatewayUnmetered, s).max(f64::MIN_POSITIVE)
-            }),
+            throughput: gateway_over(Target::Forwarder),
+            metering: gateway_over(Target::GatewayUnmetered),
             added_p50: [0, 1].map(|s| {
                 let direct = p50(Target::Direct, s);
                 let forwarder = p50(Target::Forwarder, s) - direct;
@@ -1538,26 +1545,19 @@ impl Check {
         }
     }
 
-    /// A ratio check over several rounds: judged on the median of the rounds' own ratios
-    /// (`rounds`), the ratio of the median figures (`of_medians`) shown beside it. With one
-    /// round the two are the same figure. A round that cannot decide (None) counts against the
-    /// gateway, as an infinite ratio for a `<=` check and a zero one for a `>=` check, so
-    /// leaving it out never helps a pass. Undecided (N/A) when `of_medians` is None and there
-    /// is one round, or when no round decides.
+    /// A ratio check judged on the median of the rounds' own ratios (`rounds`, one per round).
+    /// A round that cannot decide (None) counts against the gateway, as an infinite ratio for a
+    /// `<=` check and a zero one for a `>=` check, so leaving it out never helps a pass; when no
+    /// round decides, the check is N/A. With several rounds, the rounds and the ratio between
+    /// the median figures (`of_medians`) are kept for the report; with one, both are that
+    /// round's ratio.
     fn paired(
         check: String,
-        of_medians: Option<f64>,
         rounds: Vec<Option<f64>>,
+        of_medians: Option<f64>,
         op: &str,
         limit: f64,
     ) -> Self {
-        if rounds.len() < 2 {
-            let mut c = Self::new(check, of_medians.unwrap_or(f64::NAN), op, limit);
-            if of_medians.is_none() {
-                c.pass = None;
-            }
-            return c;
-        }
         let against = if op.starts_with('<') {
             f64::INFINITY
         } else {
@@ -1572,8 +1572,10 @@ impl Check {
         if decided.is_none() {
             c.pass = None;
         }
-        c.rounds = rounds;
-        c.of_medians = of_medians;
+        if rounds.len() > 1 {
+            c.rounds = rounds;
+            c.of_medians = of_medians;
+        }
         c
     }
 }
@@ -1592,6 +1594,8 @@ impl Report {
         let mut added_latency = Vec::new();
         let mut metering_cost = Vec::new();
         let mut checks = Vec::new();
+        // The same ratios as each round's, between the targets' median figures.
+        let medians = RoundRatios::of(&targets);
         for (s, scenario) in SCENARIOS.into_iter().enumerate() {
             let [direct, fwd, gw, unmetered] = TARGETS.map(|t| &targets[t as usize].scenarios[s]);
             let direct = &direct.open_loop;
@@ -1604,43 +1608,39 @@ impl Report {
                 gateway_unmetered_p50_ms: unmetered.open_loop.p50_ms - direct.p50_ms,
                 gateway_unmetered_p99_ms: unmetered.open_loop.p99_ms - direct.p99_ms,
             };
-            let ratio = (add.forwarder_p50_ms >= MIN_ADDED_MS)
-                .then(|| add.gateway_p50_ms / add.forwarder_p50_ms);
-            let what = format!("{scenario}: gateway added p50 / forwarder added p50");
-            let rounds = paired.iter().map(|r| r.added_p50[s]).collect();
-            checks.push(Check::paired(
-                what,
-                ratio,
-                rounds,
-                "<=",
-                MAX_ADDED_P50_RATIO,
-            ));
-            let tput = gw.closed_loop.requests_per_s / fwd.closed_loop.requests_per_s;
-            let what = format!("{scenario}: gateway req/s / forwarder req/s");
-            let rounds = paired.iter().map(|r| Some(r.throughput[s])).collect();
-            checks.push(Check::paired(
-                what,
-                Some(tput),
-                rounds,
-                ">=",
-                MIN_THROUGHPUT_RATIO,
-            ));
+            let checked = [
+                (
+                    "gateway added p50 / forwarder added p50",
+                    paired.iter().map(|r| r.added_p50[s]).collect(),
+                    medians.added_p50[s],
+                    "<=",
+                    MAX_ADDED_P50_RATIO,
+                ),
+                (
+                    "gateway req/s / forwarder req/s",
+                    paired.iter().map(|r| Some(r.throughput[s])).collect(),
+                    Some(medians.throughput[s]),
+                    ">=",
+                    MIN_THROUGHPUT_RATIO,
+                ),
+                (
+                    "gateway req/s / gateway-unmetered req/s",
+                    paired.iter().map(|r| Some(r.metering[s])).collect(),
+                    Some(medians.metering[s]),
+                    ">=",
+                    MIN_METERED_THROUGHPUT_RATIO,
+                ),
+            ];
+            for (what, rounds, of_medians, op, limit) in checked {
+                let what = format!("{scenario}: {what}");
+                checks.push(Check::paired(what, rounds, of_medians, op, limit));
+            }
             let cost = MeteringCost {
                 scenario,
-                throughput_ratio: gw.closed_loop.requests_per_s
-                    / unmetered.closed_loop.requests_per_s,
+                throughput_ratio: medians.metering[s],
                 p50_ms: gw.open_loop.p50_ms - unmetered.open_loop.p50_ms,
                 p99_ms: gw.open_loop.p99_ms - unmetered.open_loop.p99_ms,
             };
-            let what = format!("{scenario}: gateway req/s / gateway-unmetered req/s");
-            let rounds = paired.iter().map(|r| Some(r.metering[s])).collect();
-            checks.push(Check::paired(
-                what,
-                Some(cost.throughput_ratio),
-                rounds,
-                ">=",
-                MIN_METERED_THROUGHPUT_RATIO,
-            ));
             added_latency.push(add);
             metering_cost.push(cost);
         }
