@@ -2,7 +2,7 @@
 //! system `protoc`: `protox` parses the .proto files in pure Rust.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let protos = ["proto/nm/v1/controlplane.proto"];
+    let protos = ["proto/nm/v1/admin.proto", "proto/nm/link/v1/link.proto"];
     println!("cargo:rerun-if-changed=proto");
     let fds = protox::compile(protos, ["proto"])?;
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);

@@ -2,28 +2,39 @@
 //! `controlplane`. Each `start_*` binds its listeners first (so port 0 works and the address is
 //! known), then runs in the background; the returned [`Running`] stops it gracefully.
 //!
-//! In `serve` the dataplane talks to its controlplane over gRPC on loopback, exactly as a
-//! separate dataplane would: one code path for both shapes.
+//! One rule for the link between the halves (see [`crate::link`]): in `serve` all four flows
+//! (key snapshots, budget feed, records, signals) go to the controlplane of the same process
+//! in process ([`InProcess`]); a separate dataplane uses gRPC for all four ([`Grpc`], with the
+//! link secret, over TLS for an `https://` URL). The dataplane's side of each flow is the same
+//! code either way. `serve`'s gRPC port still serves the admin API, and the link to extra
+//! dataplanes when `NM_LINK_SECRET` is set.
 //!
 //! Shutdown order: the dataplane drains (listener closed, in-flight requests and streams finish
 //! within the grace period), its last request records are delivered, then the controlplane ends
 //! its streams and stops.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::SocketAddr;
+
+use std::sync::Arc;
 
 use anyhow::Context;
-use nm_controlplane::Store;
+use nm_controlplane::{Controlplane, Store};
 use nm_dataplane::spool::Spool;
 use nm_dataplane::{Dataplane, DataplaneConfig};
+use nm_types::VerifierKey;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::info;
 
 use crate::config::{Mode, Settings};
-use crate::grpc::link::{self, Link};
-use crate::grpc::server::{self, Controlplane};
-use crate::grpc::shipper::SharedSpool;
+use crate::grpc::server;
+use crate::link::dead_letter::DeadLetters;
+use crate::link::local::InProcess;
+use crate::link::remote::Grpc;
+use crate::link::shipper::SharedSpool;
+use crate::link::watch::PortSignals;
+use crate::link::{Link, LinkTargets, Port};
 
 /// The version reported by `/health` and `--version`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -86,7 +97,15 @@ pub async fn start_controlplane(settings: &Settings) -> anyhow::Result<Running> 
 
 pub async fn start_dataplane(settings: &Settings) -> anyhow::Result<Running> {
     let (shutdown, rx) = watch::channel(false);
-    let (http_addr, task) = dataplane(settings, &settings.controlplane_url, None, rx).await?;
+    let secret = settings
+        .link_secret
+        .as_ref()
+        .context("NM_LINK_SECRET is required for a dataplane")?;
+    let channel = crate::grpc::channel(&settings.controlplane_url, &settings.controlplane_tls)?;
+    let port: Arc<dyn Port> = Arc::new(Grpc::new(channel, secret.expose())?);
+    info!(controlplane = %settings.controlplane_url, "dataplane linked to its controlplane over gRPC");
+    let verifier = VerifierKey::from_link_secret(secret.expose());
+    let (http_addr, task) = dataplane(settings, port, verifier, rx).await?;
     Ok(Running {
         http_addr: Some(http_addr),
         grpc_addr: None,
@@ -100,10 +119,13 @@ pub async fn start_serve(settings: &Settings) -> anyhow::Result<Running> {
     let (shutdown, rx) = watch::channel(false);
     let (cp_stop, cp_rx) = watch::channel(false);
     let (cp, grpc_addr, generated_admin_key, cp_task) = controlplane(settings, cp_rx).await?;
-    let url = format!("http://{}", loopback(grpc_addr));
-    // Request records go straight to this process's controlplane; the rest of the link (key
-    // and budget feeds, signals) uses gRPC over loopback like any dataplane.
-    let (http_addr, dp_task) = dataplane(settings, &url, Some(cp), rx).await?;
+    // Verifiers made in process never leave it; with a link secret they are the same ones
+    // extra dataplanes get.
+    let verifier = VerifierKey::from_link_secret(
+        settings.link_secret.as_ref().map_or("", |s| s.expose()),
+    );
+    let port: Arc<dyn Port> = Arc::new(InProcess::new(cp, verifier.clone()));
+    let (http_addr, dp_task) = dataplane(settings, port, verifier, rx).await?;
     let task = tokio::spawn(async move {
         let dp = dp_task.await.context("dataplane task panicked")?;
         let _ = cp_stop.send(true);
@@ -135,15 +157,23 @@ async fn controlplane(
         .await
         .with_context(|| format!("cannot listen on NM_GRPC_ADDR {}", settings.grpc_addr))?;
     let addr = listener.local_addr()?;
-    info!(%addr, "controlplane gRPC listening on {addr}");
+    let tls = if settings.grpc_tls.is_some() { "TLS" } else { "plaintext" };
+    info!(%addr, tls, link = settings.link_secret.is_some(), "controlplane gRPC listening on {addr}");
+    if settings.link_secret.is_none() && settings.mode == Mode::Controlplane {
+        tracing::warn!("no NM_LINK_SECRET: this controlplane serves the admin API only; dataplanes cannot connect");
+    }
     // Recommendations are recomputed on a schedule (and on demand over gRPC).
     let scheduler = settings.analytics_interval.map(|every| {
         nm_controlplane::analytics::Analytics::new(store.clone())
             .spawn_scheduler(every, stop.clone())
     });
     let served_cp = cp.clone();
+    let options = server::Options {
+        link_secret: settings.link_secret.clone(),
+        tls: settings.grpc_tls.clone(),
+    };
     let task = tokio::spawn(async move {
-        let served = server::serve(served_cp, listener, signalled(stop)).await;
+        let served = server::serve(served_cp, options, listener, signalled(stop)).await;
         if let Some(scheduler) = scheduler {
             scheduler.abort();
             let _ = scheduler.await;
@@ -157,8 +187,8 @@ async fn controlplane(
 
 async fn dataplane(
     settings: &Settings,
-    controlplane_url: &str,
-    local: Option<Controlplane>,
+    port: Arc<dyn Port>,
+    key_verifier: VerifierKey,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<(SocketAddr, Task)> {
     let config = DataplaneConfig {
@@ -172,9 +202,9 @@ async fn dataplane(
         version: VERSION,
         prices: settings.prices.clone(),
         reserve_output_tokens: settings.reserve_output_tokens,
+        key_verifier,
     };
-    let channel = link::channel(controlplane_url)?;
-    let signals = std::sync::Arc::new(link::GrpcSignalSink::new(channel.clone()));
+    let signals = Arc::new(PortSignals(port.clone()));
     let (dp, queue) = Dataplane::new(config, signals)?;
     let name = format!("dataplane-{}", std::process::id());
     let spool_dir = settings.spool_dir.clone();
@@ -187,19 +217,20 @@ async fn dataplane(
                 settings.spool_dir.display()
             )
         })?;
-    let targets = link::LinkTargets {
+    let targets = LinkTargets {
         keys: dp.keys().clone(),
         health: dp.health().clone(),
         budgets: dp.budgets().clone(),
         metrics: dp.metrics().clone(),
         spool: SharedSpool::new(spool),
+        dead_letters: DeadLetters::in_dir(&settings.spool_dir),
     };
-    let link = Link::spawn(channel, local, targets, queue, name);
+    let link = Link::spawn(port, targets, queue, name);
     let listener = TcpListener::bind(settings.http_addr)
         .await
         .with_context(|| format!("cannot listen on NM_HTTP_ADDR {}", settings.http_addr))?;
     let addr = listener.local_addr()?;
-    info!(%addr, controlplane = %controlplane_url, "dataplane HTTP listening on {addr}");
+    info!(%addr, "dataplane HTTP listening on {addr}");
     let task = tokio::spawn(async move {
         let drained = dp.serve(listener, signalled(stop)).await;
         link.stop().await;
@@ -207,17 +238,4 @@ async fn dataplane(
         Ok(())
     });
     Ok((addr, task))
-}
-
-/// An address to reach a listener bound to `addr` from this host.
-fn loopback(addr: SocketAddr) -> SocketAddr {
-    match addr.ip() {
-        IpAddr::V4(ip) if ip.is_unspecified() => {
-            SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), addr.port())
-        }
-        IpAddr::V6(ip) if ip.is_unspecified() => {
-            SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), addr.port())
-        }
-        _ => addr,
-    }
 }

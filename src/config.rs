@@ -29,6 +29,19 @@ pub const ENV_UPSTREAM_PREFIX: &str = "NM_UPSTREAM_";
 pub const ENV_PROVIDER_KEY_PREFIX: &str = "NM_PROVIDER_KEY_";
 pub const ENV_BOOTSTRAP_KEY: &str = "NM_BOOTSTRAP_KEY";
 pub const ENV_ADMIN_KEY: &str = "NM_ADMIN_KEY";
+pub const ENV_LINK_SECRET: &str = "NM_LINK_SECRET";
+/// Shortest accepted link secret or bootstrap key.
+pub const MIN_SECRET_LEN: usize = 32;
+/// The guesses a secret must need at least, as log10, by [`guesses_log10`]. Measured: random
+/// strings of 32 characters (hex, base64, alphanumeric) estimate at 29 to 33; phrases of four
+/// to six common words at 19 to 26; repeats, sequences and keyboard walks below 10.
+pub const MIN_SECRET_GUESSES_LOG10: f64 = 27.0;
+pub const ENV_GRPC_TLS_CERT: &str = "NM_GRPC_TLS_CERT";
+pub const ENV_GRPC_TLS_KEY: &str = "NM_GRPC_TLS_KEY";
+pub const ENV_GRPC_TLS_CLIENT_CA: &str = "NM_GRPC_TLS_CLIENT_CA";
+pub const ENV_CONTROLPLANE_CA: &str = "NM_CONTROLPLANE_CA";
+pub const ENV_CONTROLPLANE_CLIENT_CERT: &str = "NM_CONTROLPLANE_CLIENT_CERT";
+pub const ENV_CONTROLPLANE_CLIENT_KEY: &str = "NM_CONTROLPLANE_CLIENT_KEY";
 pub const ENV_LOG: &str = "NM_LOG";
 pub const DEFAULT_LOG: &str = "info";
 pub const ENV_LOG_FORMAT: &str = "NM_LOG_FORMAT";
@@ -79,6 +92,7 @@ pub struct Flags {
     pub controlplane_url: Option<String>,
     pub database_url: Option<String>,
     pub admin_key: Option<String>,
+    pub link_secret: Option<String>,
     pub log_format: Option<String>,
 }
 
@@ -93,6 +107,13 @@ pub struct FileSettings {
     pub database_url: Option<String>,
     pub bootstrap_key: Option<String>,
     pub admin_key: Option<String>,
+    pub link_secret: Option<String>,
+    pub grpc_tls_cert: Option<PathBuf>,
+    pub grpc_tls_key: Option<PathBuf>,
+    pub grpc_tls_client_ca: Option<PathBuf>,
+    pub controlplane_ca: Option<PathBuf>,
+    pub controlplane_client_cert: Option<PathBuf>,
+    pub controlplane_client_key: Option<PathBuf>,
     pub log: Option<String>,
     pub log_format: Option<LogFormat>,
     pub max_body_bytes: Option<usize>,
@@ -135,6 +156,12 @@ pub struct Settings {
     pub database_url: String,
     pub bootstrap_key: Option<String>,
     pub admin_key: Option<String>,
+    /// The shared secret of the internal link (`NM_LINK_SECRET`).
+    pub link_secret: Option<Secret>,
+    /// TLS of the controlplane's gRPC port (server side).
+    pub grpc_tls: Option<ServerTls>,
+    /// TLS toward the controlplane (dataplane and CLI side).
+    pub controlplane_tls: ClientTls,
     pub log: String,
     pub log_format: LogFormat,
     pub registry: Registry,
@@ -153,6 +180,61 @@ pub struct Settings {
     pub prices: nm_dataplane::pricing::PriceTable,
     /// Interval of the scheduled analytics recomputation (controlplane); `None`: off.
     pub analytics_interval: Option<Duration>,
+}
+
+/// A secret setting: never printed by `Debug`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+/// PEM material for the controlplane's gRPC TLS, read at start.
+#[derive(Clone)]
+pub struct ServerTls {
+    pub cert_pem: Vec<u8>,
+    pub key_pem: Vec<u8>,
+    /// With a client CA, clients must present a certificate it signed (mTLS).
+    pub client_ca_pem: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for ServerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerTls")
+            .field("mtls", &self.client_ca_pem.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// PEM material for connecting to an `https://` controlplane, read at start.
+#[derive(Clone, Default)]
+pub struct ClientTls {
+    /// CA certificates trusted for the controlplane (else the web PKI roots).
+    pub ca_pem: Option<Vec<u8>>,
+    /// Client certificate and key presented to the controlplane (mTLS).
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientTls")
+            .field("ca", &self.ca_pem.is_some())
+            .field("client_cert", &self.identity.is_some())
+            .finish()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -342,13 +424,65 @@ pub fn resolve(
         None => Vec::new(),
     };
 
+    let bootstrap_key = env_get(ENV_BOOTSTRAP_KEY).or(file.bootstrap_key);
+    if let Some(key) = &bootstrap_key {
+        strong_secret(ENV_BOOTSTRAP_KEY, key)?;
+    }
+    let link_secret = pick(&flags.link_secret, ENV_LINK_SECRET, file.link_secret);
+    if let Some(secret) = &link_secret {
+        strong_secret(ENV_LINK_SECRET, secret)?;
+        if secret.chars().any(|c| !c.is_ascii_graphic()) {
+            return Err(invalid(
+                ENV_LINK_SECRET,
+                "must be printable ASCII without spaces (it travels in gRPC metadata)",
+            ));
+        }
+    }
+    let link_secret = link_secret.map(Secret);
+    match mode {
+        Mode::Controlplane if link_secret.is_none() && !grpc_addr.ip().is_loopback() => {
+            return Err(invalid(
+                ENV_LINK_SECRET,
+                format!(
+                    "required: the controlplane listens on {grpc_addr}, beyond this host, and \
+                     dataplanes must prove they are ours; set the same random secret of at least \
+                     {MIN_SECRET_LEN} characters on the controlplane and every dataplane (e.g. \
+                     `openssl rand -hex 32`), or listen on 127.0.0.1"
+                ),
+            ));
+        }
+        Mode::Dataplane if link_secret.is_none() => {
+            return Err(invalid(
+                ENV_LINK_SECRET,
+                "required: a dataplane presents the controlplane's link secret; set the same \
+                 value as on the controlplane",
+            ));
+        }
+        _ => {}
+    }
+    let path_of = |key: &str, file: Option<PathBuf>| env_get(key).map(PathBuf::from).or(file);
+    let grpc_tls = server_tls(
+        path_of(ENV_GRPC_TLS_CERT, file.grpc_tls_cert),
+        path_of(ENV_GRPC_TLS_KEY, file.grpc_tls_key),
+        path_of(ENV_GRPC_TLS_CLIENT_CA, file.grpc_tls_client_ca),
+    )?;
+    let controlplane_tls = client_tls(
+        cp_uri.scheme_str() == Some("https"),
+        path_of(ENV_CONTROLPLANE_CA, file.controlplane_ca),
+        path_of(ENV_CONTROLPLANE_CLIENT_CERT, file.controlplane_client_cert),
+        path_of(ENV_CONTROLPLANE_CLIENT_KEY, file.controlplane_client_key),
+    )?;
+
     Ok(Settings {
         mode,
         http_addr,
         grpc_addr,
         controlplane_url,
         database_url,
-        bootstrap_key: env_get(ENV_BOOTSTRAP_KEY).or(file.bootstrap_key),
+        bootstrap_key,
+        link_secret,
+        grpc_tls,
+        controlplane_tls,
         admin_key: pick(&flags.admin_key, ENV_ADMIN_KEY, file.admin_key),
         log: env_get(ENV_LOG)
             .or(file.log)
@@ -369,9 +503,166 @@ pub fn resolve(
     })
 }
 
+/// Refuses a secret an attacker could guess: shorter than [`MIN_SECRET_LEN`], or estimated by
+/// zxcvbn (dictionary words, names, keyboard walks, repeats, sequences, dates) to fall in fewer
+/// than 10^[`MIN_SECRET_GUESSES_LOG10`] guesses.
+pub fn strong_secret(key: &str, secret: &str) -> Result<(), ConfigError> {
+    let advice = format!(
+        "use at least {MIN_SECRET_LEN} random characters, e.g. `nmk_$(openssl rand -hex 24)`"
+    );
+    if secret.chars().count() < MIN_SECRET_LEN {
+        return Err(invalid(key, format!("too short: {advice}")));
+    }
+    if guesses_log10(secret) < MIN_SECRET_GUESSES_LOG10 {
+        return Err(invalid(
+            key,
+            format!("too easy to guess (words, repeats or sequences): {advice}"),
+        ));
+    }
+    Ok(())
+}
+
+/// An estimate of the guesses a secret needs (log10): zxcvbn's (dictionary words, names,
+/// keyboard walks, repeats, sequences, dates), summed over the secret's runs of letters, digits
+/// and other characters of at most 16 characters each. zxcvbn itself caps its estimate near
+/// 10^19, which any string of 20 characters reaches, words or not; on short runs it is exact
+/// enough, and the runs of a random string add up far beyond what words do.
+pub fn guesses_log10(secret: &str) -> f64 {
+    fn class(c: char) -> u8 {
+        if c.is_alphabetic() {
+            0
+        } else if c.is_numeric() {
+            1
+        } else {
+            2
+        }
+    }
+    let mut runs: Vec<String> = Vec::new();
+    let mut last = None;
+    for c in secret.chars() {
+        let full = runs.last().is_some_and(|r| r.chars().count() >= 16);
+        if last != Some(class(c)) || full {
+            runs.push(String::new());
+        }
+        if let Some(run) = runs.last_mut() {
+            run.push(c);
+        }
+        last = Some(class(c));
+    }
+    runs.iter()
+        .map(|run| zxcvbn::zxcvbn(run, &[]).guesses_log10())
+        .sum()
+}
+
+/// Reads a PEM file named by setting `key`.
+fn read_pem(key: &str, path: &Path) -> Result<Vec<u8>, ConfigError> {
+    std::fs::read(path).map_err(|e| invalid(key, format!("{}: {e}", path.display())))
+}
+
+/// The controlplane's TLS settings: certificate and key together, a client CA only with them.
+fn server_tls(
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    client_ca: Option<PathBuf>,
+) -> Result<Option<ServerTls>, ConfigError> {
+    let (cert, key) = match (cert, key) {
+        (None, None) if client_ca.is_some() => {
+            return Err(invalid(
+                ENV_GRPC_TLS_CLIENT_CA,
+                format!("needs {ENV_GRPC_TLS_CERT} and {ENV_GRPC_TLS_KEY} (mTLS is TLS first)"),
+            ));
+        }
+        (None, None) => return Ok(None),
+        (Some(_), None) => {
+            return Err(invalid(ENV_GRPC_TLS_KEY, format!("required with {ENV_GRPC_TLS_CERT}")));
+        }
+        (None, Some(_)) => {
+            return Err(invalid(ENV_GRPC_TLS_CERT, format!("required with {ENV_GRPC_TLS_KEY}")));
+        }
+        (Some(c), Some(k)) => (c, k),
+    };
+    load_certs_for(ENV_GRPC_TLS_CERT, &cert)?;
+    let client_ca_pem = match client_ca {
+        Some(path) => {
+            load_certs_for(ENV_GRPC_TLS_CLIENT_CA, &path)?;
+            Some(read_pem(ENV_GRPC_TLS_CLIENT_CA, &path)?)
+        }
+        None => None,
+    };
+    let key_pem = read_pem(ENV_GRPC_TLS_KEY, &key)?;
+    rustls::pki_types::PrivateKeyDer::from_pem_slice(&key_pem)
+        .map_err(|e| invalid(ENV_GRPC_TLS_KEY, format!("{}: {e}", key.display())))?;
+    Ok(Some(ServerTls {
+        cert_pem: read_pem(ENV_GRPC_TLS_CERT, &cert)?,
+        key_pem,
+        client_ca_pem,
+    }))
+}
+
+/// TLS toward the controlplane; only for an `https://` URL.
+fn client_tls(
+    https: bool,
+    ca: Option<PathBuf>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+) -> Result<ClientTls, ConfigError> {
+    if !https {
+        let set = [
+            (ENV_CONTROLPLANE_CA, &ca),
+            (ENV_CONTROLPLANE_CLIENT_CERT, &cert),
+            (ENV_CONTROLPLANE_CLIENT_KEY, &key),
+        ]
+        .into_iter()
+        .find(|(_, v)| v.is_some());
+        if let Some((name, _)) = set {
+            return Err(invalid(
+                name,
+                format!("set, but {ENV_CONTROLPLANE_URL} is not https://: TLS would not be used"),
+            ));
+        }
+        return Ok(ClientTls::default());
+    }
+    let ca_pem = match ca {
+        Some(path) => {
+            load_certs_for(ENV_CONTROLPLANE_CA, &path)?;
+            Some(read_pem(ENV_CONTROLPLANE_CA, &path)?)
+        }
+        None => None,
+    };
+    let identity = match (cert, key) {
+        (None, None) => None,
+        (Some(_), None) => {
+            return Err(invalid(
+                ENV_CONTROLPLANE_CLIENT_KEY,
+                format!("required with {ENV_CONTROLPLANE_CLIENT_CERT}"),
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(invalid(
+                ENV_CONTROLPLANE_CLIENT_CERT,
+                format!("required with {ENV_CONTROLPLANE_CLIENT_KEY}"),
+            ));
+        }
+        (Some(c), Some(k)) => {
+            load_certs_for(ENV_CONTROLPLANE_CLIENT_CERT, &c)?;
+            let key_pem = read_pem(ENV_CONTROLPLANE_CLIENT_KEY, &k)?;
+            rustls::pki_types::PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| {
+                invalid(ENV_CONTROLPLANE_CLIENT_KEY, format!("{}: {e}", k.display()))
+            })?;
+            Some((read_pem(ENV_CONTROLPLANE_CLIENT_CERT, &c)?, key_pem))
+        }
+    };
+    Ok(ClientTls { ca_pem, identity })
+}
+
 /// Every certificate in a PEM file; at least one.
 fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, ConfigError> {
-    let bad = |problem: String| invalid(ENV_TLS_CA_FILE, format!("{}: {problem}", path.display()));
+    load_certs_for(ENV_TLS_CA_FILE, path)
+}
+
+/// Every certificate in a PEM file named by setting `key`; at least one.
+fn load_certs_for(key: &str, path: &Path) -> Result<Vec<CertificateDer<'static>>, ConfigError> {
+    let bad = |problem: String| invalid(key, format!("{}: {problem}", path.display()));
     let certs = CertificateDer::pem_file_iter(path)
         .map_err(|e| bad(e.to_string()))?
         .collect::<Result<Vec<_>, _>>()
@@ -503,10 +794,12 @@ mod tests {
             s.as_ref().map(|s| s.database_url.as_str()),
             Some(DEFAULT_DATABASE_URL)
         );
+        // A controlplane listens beyond loopback by default, so it needs its link secret.
+        let secret = env(&[(ENV_LINK_SECRET, STRONG)]);
         let c = resolve(
             Mode::Controlplane,
             &Flags::default(),
-            &HashMap::new(),
+            &secret,
             FileSettings::default(),
         )
         .ok();
@@ -514,6 +807,95 @@ mod tests {
             c.map(|s| s.grpc_addr.to_string()).as_deref(),
             Some("0.0.0.0:50051")
         );
+    }
+
+    const STRONG: &str = "lnk_9f3e7a1c5b2d8e4f6a0c3b7d1e5f9a2c4b6d8e0f";
+
+    #[test]
+    fn the_link_secret_is_required_where_the_link_leaves_the_host() {
+        let resolve_with = |mode, pairs: &[(&str, &str)]| {
+            resolve(mode, &Flags::default(), &env(pairs), FileSettings::default())
+        };
+        let err = |r: Result<Settings, ConfigError>| r.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err(resolve_with(Mode::Controlplane, &[])).starts_with("NM_LINK_SECRET: required"));
+        assert!(resolve_with(Mode::Controlplane, &[(ENV_GRPC_ADDR, "127.0.0.1:50051")]).is_ok());
+        assert!(err(resolve_with(Mode::Dataplane, &[])).starts_with("NM_LINK_SECRET: required"));
+        assert!(resolve_with(Mode::Dataplane, &[(ENV_LINK_SECRET, STRONG)]).is_ok());
+        assert!(resolve_with(Mode::Serve, &[]).is_ok_and(|s| s.link_secret.is_none()));
+        // A secret must be strong and fit in metadata.
+        assert!(err(resolve_with(Mode::Serve, &[(ENV_LINK_SECRET, "short")])).contains("too short"));
+        let spaced = "lnk 9f3e7a1c5b2d8e4f6a0c3b7d1e5f9a2c4b6d8e0f";
+        assert!(err(resolve_with(Mode::Serve, &[(ENV_LINK_SECRET, spaced)])).contains("printable ASCII"));
+        // Never printed by Debug.
+        let s = resolve_with(Mode::Dataplane, &[(ENV_LINK_SECRET, STRONG)]).ok();
+        assert!(!format!("{s:?}").contains(STRONG));
+    }
+
+    #[test]
+    fn guessable_secrets_are_refused_and_random_ones_accepted() {
+        for weak in [
+            "correct-horse-battery-staple-2024",
+            "nmk_correct-horse-battery-staple-2024",
+            "correcthorsebatterystaplemorewords",
+            "iloveyoumorethananythingintheworld",
+            "Summer2024!Summer2024!Summer2024!x",
+            "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+            "abcdefghijklmnopqrstuvwxyz0123456789",
+            "qwertyuiopasdfghjklzxcvbnm1234567890",
+            "nmk_test_admin_key_0123456789abcdef",
+        ] {
+            assert!(strong_secret(ENV_BOOTSTRAP_KEY, weak).is_err(), "{weak}: {}", guesses_log10(weak));
+        }
+        for random in [
+            "c9eb13071a530560a7836487eee33da9",
+            "u5/NEoouTVe3cdNiplT2LhwbQv6HsmIn",
+            "9d2b1a91d0f90c7ee30dfed20a30417e",
+            "GUqJSHpwUewzQsO/2BNOe3XGtYq1pLRE",
+            "169be921aebb95b6f7f3a92e9376440f",
+            "BhTN4SeX2sW4GCqBWaSHHmKMdCZiyEVL",
+            "nmk_3f9c2a71d4e85b60a1c7e93d2f4b8a06c5e1d7f92b3a4c68",
+            STRONG,
+        ] {
+            assert!(strong_secret(ENV_BOOTSTRAP_KEY, random).is_ok(), "{random}: {}", guesses_log10(random));
+        }
+    }
+
+    #[test]
+    fn tls_settings_come_whole_and_only_where_they_apply() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let cert_path = dir.path().join("c.pem");
+        let key_path = dir.path().join("k.pem");
+        std::fs::write(&cert_path, cert.cert.pem()).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&key_path, cert.signing_key.serialize_pem()).unwrap_or_else(|e| panic!("{e}"));
+        let (c, k) = (cert_path.display().to_string(), key_path.display().to_string());
+        let run = |mode, pairs: &[(&str, &str)]| {
+            resolve(mode, &Flags::default(), &env(pairs), FileSettings::default())
+                .map_err(|e| e.to_string())
+        };
+        let cp = |pairs: &[(&str, &str)]| {
+            let mut all = vec![(ENV_GRPC_ADDR, "127.0.0.1:1")];
+            all.extend_from_slice(pairs);
+            run(Mode::Controlplane, &all)
+        };
+        assert!(cp(&[(ENV_GRPC_TLS_CERT, &c), (ENV_GRPC_TLS_KEY, &k)]).is_ok_and(|s| s.grpc_tls.is_some()));
+        assert!(cp(&[(ENV_GRPC_TLS_CERT, &c)]).is_err_and(|e| e.starts_with(ENV_GRPC_TLS_KEY)));
+        assert!(cp(&[(ENV_GRPC_TLS_CLIENT_CA, &c)]).is_err_and(|e| e.starts_with(ENV_GRPC_TLS_CLIENT_CA)));
+        assert!(cp(&[(ENV_GRPC_TLS_CERT, &k), (ENV_GRPC_TLS_KEY, &k)]).is_err_and(|e| e.starts_with(ENV_GRPC_TLS_CERT)));
+        assert!(cp(&[(ENV_GRPC_TLS_CERT, "/nonexistent.pem"), (ENV_GRPC_TLS_KEY, &k)]).is_err_and(|e| e.contains("nonexistent")));
+        let dp = |pairs: &[(&str, &str)]| {
+            let mut all = vec![(ENV_LINK_SECRET, STRONG)];
+            all.extend_from_slice(pairs);
+            run(Mode::Dataplane, &all)
+        };
+        let https = (ENV_CONTROLPLANE_URL, "https://cp.internal:50051");
+        assert!(dp(&[https, (ENV_CONTROLPLANE_CA, &c)]).is_ok_and(|s| s.controlplane_tls.ca_pem.is_some()));
+        assert!(dp(&[https]).is_ok_and(|s| s.controlplane_tls.ca_pem.is_none()));
+        assert!(dp(&[https, (ENV_CONTROLPLANE_CLIENT_CERT, &c), (ENV_CONTROLPLANE_CLIENT_KEY, &k)])
+            .is_ok_and(|s| s.controlplane_tls.identity.is_some()));
+        assert!(dp(&[https, (ENV_CONTROLPLANE_CLIENT_CERT, &c)]).is_err_and(|e| e.starts_with(ENV_CONTROLPLANE_CLIENT_KEY)));
+        assert!(dp(&[(ENV_CONTROLPLANE_CA, &c)]).is_err_and(|e| e.contains("not https")));
     }
 
     #[test]

@@ -9,5 +9,6 @@ pub mod cli;
 pub mod config;
 pub mod demo;
 pub mod grpc;
+pub mod link;
 pub mod scratch_db;
 pub mod telemetry;

@@ -98,6 +98,10 @@ struct ServerArgs {
     /// Database URL (env NM_DATABASE_URL).
     #[arg(long)]
     database_url: Option<String>,
+    /// Shared secret of the link between dataplanes and the controlplane (env NM_LINK_SECRET;
+    /// prefer the environment or the config file: a command line is visible to other users).
+    #[arg(long, value_name = "SECRET")]
+    link_secret: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Args)]
@@ -260,6 +264,7 @@ fn server_flags(a: ServerArgs) -> Flags {
         grpc_addr: a.grpc_addr,
         controlplane_url: a.controlplane_url,
         database_url: a.database_url,
+        link_secret: a.link_secret,
         ..Flags::default()
     }
 }

@@ -7,6 +7,7 @@ mod analytics;
 mod budgets;
 mod errors;
 mod keys;
+mod link;
 mod process;
 mod proxy;
 mod records;

@@ -17,7 +17,8 @@ use crate::common::http::{client, read, request, send};
 use crate::common::mock::MockProvider;
 
 const BIN: &str = env!("CARGO_BIN_EXE_nm-gateway");
-const KEY: &str = "nmk_process_test_key_0123456789";
+const KEY: &str = "nmk_7b1e9d3c5a2f4e6d8c0b1a3f5e7d9c2b4a6f8e0d1c3b5a79";
+const LINK: &str = "lnk_c4a8e2f6b0d3917a5e8c2b4f6d0a3e7c9b1d5f8a2e4c6b0d";
 
 /// A spawned `nm-gateway` whose stdout and stderr are collected line by line.
 struct Proc {
@@ -153,6 +154,47 @@ async fn bad_settings_exit_64_naming_the_setting() {
             "{k}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+    }
+    // The link and the bootstrap key: each refusal names the setting and says what is needed.
+    let cases: [(&[&str], &[(&str, &str)], &str, &str); 7] = [
+        // A controlplane beyond loopback without a link secret.
+        (&["controlplane", "--grpc-addr", "0.0.0.0:0"], &[], "NM_LINK_SECRET", "required"),
+        // A dataplane without one.
+        (&["dataplane", "--http-addr", "127.0.0.1:0"], &[], "NM_LINK_SECRET", "required"),
+        // Too short, or guessable.
+        (&["serve"], &[("NM_LINK_SECRET", "short-secret")], "NM_LINK_SECRET", "too short"),
+        (
+            &["serve"],
+            &[("NM_BOOTSTRAP_KEY", "nmk_correct-horse-battery-staple-2024")],
+            "NM_BOOTSTRAP_KEY",
+            "too easy to guess",
+        ),
+        (
+            &["serve"],
+            &[("NM_BOOTSTRAP_KEY", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa")],
+            "NM_BOOTSTRAP_KEY",
+            "too easy to guess",
+        ),
+        // TLS half-configured, or TLS settings on a plaintext URL.
+        (&["controlplane"], &[("NM_LINK_SECRET", LINK), ("NM_GRPC_TLS_CERT", "/x.pem")], "NM_GRPC_TLS_KEY", "required"),
+        (
+            &["dataplane"],
+            &[("NM_LINK_SECRET", LINK), ("NM_CONTROLPLANE_CA", "/ca.pem")],
+            "NM_CONTROLPLANE_CA",
+            "not https",
+        ),
+    ];
+    for (args, env, key, says) in cases {
+        let out = Command::new(BIN)
+            .args(args)
+            .envs(env.iter().copied())
+            .env("NM_DATABASE_URL", format!("sqlite://{}/x.db?mode=rwc", dir.path().display()))
+            .current_dir(dir.path())
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{args:?} {env:?}: {stderr}");
+        assert!(stderr.contains(key) && stderr.contains(says), "{args:?} {env:?}: {stderr}");
     }
     let out = Command::new(BIN)
         .args(["serve", "--config", "/nonexistent.toml"])
@@ -467,6 +509,7 @@ async fn split_processes_with_json_logs_never_log_secrets() {
         &[
             ("NM_DATABASE_URL", &db),
             ("NM_BOOTSTRAP_KEY", KEY),
+            ("NM_LINK_SECRET", LINK),
             ("NM_LOG_FORMAT", "json"),
             ("NM_LOG", "trace"),
         ],
@@ -477,6 +520,7 @@ async fn split_processes_with_json_logs_never_log_secrets() {
         &["dataplane", "--http-addr", "127.0.0.1:0"],
         &[
             ("NM_CONTROLPLANE_URL", &format!("http://{grpc}")),
+            ("NM_LINK_SECRET", LINK),
             ("NM_UPSTREAM_OPENAI", &mock.url),
             ("NM_PROVIDER_KEY_OPENAI", "sk-operator-secret-1"),
             ("NM_LOG_FORMAT", "json"),
@@ -534,7 +578,7 @@ async fn split_processes_with_json_logs_never_log_secrets() {
                 "{name}: not JSON: {line}"
             );
         }
-        for secret in [KEY, "sk-operator-secret-1", "sk-client-secret-2"] {
+        for secret in [KEY, LINK, "sk-operator-secret-1", "sk-client-secret-2"] {
             assert!(!logs.contains(secret), "{name} logged a secret");
         }
     }

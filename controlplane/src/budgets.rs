@@ -40,15 +40,7 @@ pub struct StoredBudget {
     pub updated_at_ms: i64,
 }
 
-/// One end user's spend in the current periods, and their admitted requests in the current
-/// minute.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Spend {
-    pub day_micros: u64,
-    pub month_micros: u64,
-    pub minute: i64,
-    pub minute_requests: u32,
-}
+pub use nm_types::budget::Spend;
 
 /// One freshly stored record that counts toward a budget.
 #[derive(Debug, Clone)]

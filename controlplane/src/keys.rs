@@ -112,6 +112,43 @@ impl Keys {
         self.cache.current().keys.get(&hash_key(secret)).cloned()
     }
 
+    /// For each (key id, time): whether that key was valid then, i.e. it is live now or was
+    /// revoked after that time. A dataplane may deliver a record long after its request (from
+    /// its spool), when the key has been revoked since; a key id never issued is never valid.
+    /// Live keys are answered from memory; others with one query for the batch.
+    pub async fn valid_at(&self, uses: &[(&str, i64)]) -> Result<Vec<bool>> {
+        let current = self.cache.current();
+        let live: std::collections::HashSet<&str> =
+            current.keys.values().map(|k| k.id.as_str()).collect();
+        let mut others: Vec<String> = uses
+            .iter()
+            .filter(|(id, _)| !live.contains(id))
+            .map(|(id, _)| (*id).to_owned())
+            .collect();
+        others.sort_unstable();
+        others.dedup();
+        let revoked: HashMap<String, Option<i64>> = if others.is_empty() {
+            HashMap::new()
+        } else {
+            api_key::Entity::find()
+                .filter(api_key::Column::Id.is_in(others))
+                .all(self.store.conn())
+                .await?
+                .into_iter()
+                .map(|k| (k.id, k.revoked_at_ms))
+                .collect()
+        };
+        Ok(uses
+            .iter()
+            .map(|(id, at)| {
+                live.contains(id)
+                    || revoked
+                        .get(*id)
+                        .is_some_and(|r| r.is_none_or(|revoked_at| revoked_at >= *at))
+            })
+            .collect())
+    }
+
     /// Re-reads the valid keys from the database.
     pub async fn refresh(&self) -> Result<()> {
         let rows = api_key::Entity::find()

@@ -6,8 +6,10 @@
 //! root crate adapts these calls to tonic, mapping [`Error`] to a gRPC status in one place.
 
 pub mod analytics;
+mod app;
 pub mod budgets;
 pub mod error;
+pub mod feeds;
 pub mod keys;
 pub mod records;
 pub mod scratch;
@@ -16,6 +18,7 @@ mod sql;
 pub mod store;
 pub mod usage;
 
+pub use app::Controlplane;
 pub use budgets::Budgets;
 pub use error::Error;
 pub use keys::{CreatedKey, KeyCache, KeyInfo, KeySnapshot, Keys};

@@ -53,14 +53,15 @@ pub struct RequestRecord {
 pub use nm_types::{Usage, UsageStatus};
 
 /// What [`Records::ingest`] did with a batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct IngestOutcome {
     /// Records stored for the first time.
     pub stored: u32,
     /// Records already stored (a resent batch).
     pub duplicates: u32,
-    /// Records refused for breaking a rule (logged); a retry would not help them.
-    pub rejected: u32,
+    /// Records refused for breaking a rule: (index in the batch, the rule). A retry would not
+    /// help them; the dataplane sets them aside.
+    pub rejected: Vec<(usize, String)>,
     /// The budget feed position that includes this batch's spend.
     pub epoch: u64,
     pub seq: u64,
@@ -90,12 +91,12 @@ impl Records {
     pub async fn ingest(&self, batch: &[RequestRecord]) -> Result<IngestOutcome> {
         let mut outcome = IngestOutcome::default();
         let mut valid = Vec::with_capacity(batch.len());
-        for record in batch {
+        for (i, record) in batch.iter().enumerate() {
             match validate(record) {
                 Ok(()) => valid.push(record),
                 Err(why) => {
-                    warn!(request_id = %record.request_id, why, "request record rejected");
-                    outcome.rejected += 1;
+                    warn!(index = i, why, "request record rejected");
+                    outcome.rejected.push((i, why.to_owned()));
                 }
             }
         }
@@ -283,12 +284,87 @@ async fn attribute_signals<C: ConnectionTrait>(db: &C, session_id: &str) -> Resu
     Ok(s.agent.filter(|_| changed > 0))
 }
 
-fn validate(r: &RequestRecord) -> Result<(), &'static str> {
-    if r.request_id.is_empty() || r.request_id.len() > 64 {
-        return Err("request_id must be 1 to 64 characters");
+// === what a record may hold ===
+//
+// Every field of a record is checked here, whoever sent it: a dataplane is trusted to be ours,
+// not to be bug-free or uncompromised. The caps keep one record small (a batch is cut by size
+// below the gRPC message limit) and keep the sums the usage reports take far from overflowing
+// a 64-bit integer: 9 million records at the cost cap, 9 billion at the token cap.
+
+/// Longest request id (a UUIDv7 is 36).
+pub const MAX_REQUEST_ID_LEN: usize = 64;
+/// Longest key id, provider name, error code or finish reason.
+pub const MAX_NAME_LEN: usize = 64;
+/// Longest HTTP method.
+pub const MAX_METHOD_LEN: usize = 16;
+/// Longest native path kept in a record; the dataplane shortens longer ones.
+pub const MAX_PATH_LEN: usize = 2048;
+/// Longest model name (requested or answered).
+pub const MAX_MODEL_LEN: usize = 256;
+/// Most tokens of any kind one request may report.
+pub const MAX_TOKENS: u64 = 1_000_000_000;
+/// Largest cost or budget charge of one request, in micro-dollars ($1,000,000).
+pub const MAX_MICROS: u64 = 1_000_000_000_000;
+/// Longest latency or time to first byte (a week, in milliseconds).
+pub const MAX_DURATION_MS: u64 = 7 * 24 * 3_600_000;
+/// Most response bytes one request may report (1 PiB).
+pub const MAX_RESPONSE_BYTES: u64 = 1 << 50;
+/// Times (Unix milliseconds) a record or signal may carry: from 1970 to the start of 2100. A
+/// tighter window around the controlplane's clock would refuse spooled records of a dataplane
+/// whose clock was wrong, for no gain: a time only places a record in reports.
+pub const TIME_RANGE_MS: std::ops::Range<i64> = 0..4_102_444_800_000;
+
+/// Shortens a path longer than [`MAX_PATH_LEN`] on a character boundary, ending it with `...`,
+/// so the record of a request with a huge path still fits the rules (and a batch of them the
+/// message limit).
+pub fn shorten_path(path: &mut String) {
+    const MARK: &str = "...";
+    if path.len() <= MAX_PATH_LEN {
+        return;
     }
-    if r.provider.is_empty() || r.method.is_empty() {
-        return Err("provider and method are required");
+    let mut end = MAX_PATH_LEN - MARK.len();
+    while !path.is_char_boundary(end) {
+        end -= 1;
+    }
+    path.truncate(end);
+    path.push_str(MARK);
+}
+
+fn text_ok(s: &str, max: usize) -> bool {
+    !s.is_empty() && s.len() <= max && !s.chars().any(char::is_control)
+}
+
+fn validate(r: &RequestRecord) -> Result<(), &'static str> {
+    if !text_ok(&r.request_id, MAX_REQUEST_ID_LEN) {
+        return Err("request_id must be 1 to 64 printable characters");
+    }
+    if !TIME_RANGE_MS.contains(&r.started_at_ms) {
+        return Err("started_at must be between 1970 and 2100");
+    }
+    if !text_ok(&r.key_id, MAX_NAME_LEN) {
+        return Err("key_id must be 1 to 64 printable characters");
+    }
+    if !text_ok(&r.provider, MAX_NAME_LEN) {
+        return Err("provider must be 1 to 64 printable characters");
+    }
+    if r.method.is_empty()
+        || r.method.len() > MAX_METHOD_LEN
+        || !r.method.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    {
+        return Err("method must be an HTTP method of at most 16 characters");
+    }
+    if r.path.len() > MAX_PATH_LEN || r.path.chars().any(char::is_control) {
+        return Err("path must be at most 2048 bytes, without control characters");
+    }
+    for model in [&r.model, &r.usage.model].into_iter().flatten() {
+        if !text_ok(model, MAX_MODEL_LEN) {
+            return Err("model must be 1 to 256 printable characters");
+        }
+    }
+    for name in [&r.error_code, &r.usage.finish_reason].into_iter().flatten() {
+        if !text_ok(name, MAX_NAME_LEN) {
+            return Err("error_code and finish_reason must be 1 to 64 printable characters");
+        }
     }
     if let Some(s) = &r.session_id {
         s.parse::<SessionId>()
@@ -303,6 +379,33 @@ fn validate(r: &RequestRecord) -> Result<(), &'static str> {
     }
     if let Some(u) = &r.user_id {
         parse_user(u).map_err(|_| "user_id must be 1 to 256 printable characters")?;
+    }
+    if r.status > 999 {
+        return Err("status must be at most 999");
+    }
+    if r.latency_ms > MAX_DURATION_MS || r.ttfb_ms.is_some_and(|t| t > MAX_DURATION_MS) {
+        return Err("latency_ms and ttfb_ms must be at most a week");
+    }
+    if r.response_bytes > MAX_RESPONSE_BYTES {
+        return Err("response_bytes must be at most 2^50");
+    }
+    let u = &r.usage;
+    let tokens = [
+        u.input_tokens,
+        u.output_tokens,
+        u.cached_input_tokens,
+        u.cache_write_tokens,
+        u.reasoning_tokens,
+    ];
+    if tokens.into_iter().flatten().any(|t| t > MAX_TOKENS) {
+        return Err("token counts must be at most 10^9");
+    }
+    if [r.cost_micros, r.budget_micros]
+        .into_iter()
+        .flatten()
+        .any(|m| m > MAX_MICROS)
+    {
+        return Err("cost_micros and budget_micros must be at most 10^12");
     }
     Ok(())
 }
@@ -625,7 +728,7 @@ mod tests {
             agent: Some("a 'b' \"c\"".to_owned()),
             user_id: Some("ユーザー".to_owned()),
             status: 429,
-            latency_ms: u64::MAX,
+            latency_ms: MAX_DURATION_MS,
             ttfb_ms: Some(7),
             streamed: true,
             error_code: None,
@@ -651,7 +754,7 @@ mod tests {
         assert_eq!(m.model, r.model);
         assert_eq!(
             (m.status, m.latency_ms, m.ttfb_ms, m.streamed),
-            (429, i64::MAX, Some(7), true)
+            (429, MAX_DURATION_MS as i64, Some(7), true)
         );
         assert_eq!(
             (m.input_tokens, m.output_tokens, m.cost_micros),
@@ -748,7 +851,7 @@ mod tests {
             IngestOutcome {
                 stored: 1200,
                 duplicates: 0,
-                rejected: 1,
+                rejected: vec![(1200, "session_id must look like sess_<id>".to_owned())],
                 epoch: first.epoch,
                 seq: 1,
             }
@@ -762,7 +865,7 @@ mod tests {
             IngestOutcome {
                 stored: 0,
                 duplicates: 1200,
-                rejected: 1,
+                rejected: vec![(1200, "session_id must look like sess_<id>".to_owned())],
                 epoch: first.epoch,
                 seq: 2,
             }
@@ -782,6 +885,81 @@ mod tests {
             ),
             (400, 1000, 2197, Some("a"))
         );
+    }
+
+    #[test]
+    fn long_paths_are_shortened_on_a_character_boundary() {
+        let mut short = "/v1/chat".to_owned();
+        shorten_path(&mut short);
+        assert_eq!(short, "/v1/chat");
+        for filler in ["a", "é", "🌍"] {
+            let mut long = format!("/{}", filler.repeat(MAX_PATH_LEN));
+            shorten_path(&mut long);
+            assert!(long.len() <= MAX_PATH_LEN && long.ends_with("..."), "{filler}");
+            assert!(validate(&RequestRecord { path: long, ..record("p", None, 1) }).is_ok());
+        }
+    }
+
+    /// Each out-of-range value is refused alone, by its index, with the rule; the rest of the
+    /// batch is stored, and nothing refused reaches the sums (a forged `cost_micros` of 2^64-1
+    /// once made every usage query fail).
+    #[tokio::test]
+    async fn out_of_range_values_are_refused_one_by_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, records) =
+            records_on(&format!("sqlite://{}/v.db?mode=rwc", dir.path().display())).await;
+        let ok = |id: &str| record(id, Some("sess_v"), 1_000);
+        let forged: Vec<(RequestRecord, &str)> = vec![
+            (RequestRecord { cost_micros: Some(u64::MAX), ..ok("f1") }, "cost_micros"),
+            (RequestRecord { budget_micros: Some(MAX_MICROS + 1), ..ok("f2") }, "budget_micros"),
+            (
+                RequestRecord {
+                    usage: Usage { input_tokens: Some(MAX_TOKENS + 1), ..Default::default() },
+                    ..ok("f3")
+                },
+                "token",
+            ),
+            (RequestRecord { path: format!("/{}", "a".repeat(MAX_PATH_LEN)), ..ok("f4") }, "path"),
+            (RequestRecord { model: Some("m".repeat(MAX_MODEL_LEN + 1)), ..ok("f5") }, "model"),
+            (RequestRecord { agent: Some("x".repeat(500)), ..ok("f6") }, "agent"),
+            (RequestRecord { latency_ms: u64::MAX, ..ok("f7") }, "latency"),
+            (RequestRecord { started_at_ms: i64::MAX, ..ok("f8") }, "started_at"),
+            (RequestRecord { started_at_ms: -1, ..ok("f9") }, "started_at"),
+            (RequestRecord { status: 60_000, ..ok("f10") }, "status"),
+            (RequestRecord { method: "GET /x".to_owned(), ..ok("f11") }, "method"),
+            (RequestRecord { key_id: String::new(), ..ok("f12") }, "key_id"),
+            (RequestRecord { request_id: "r".repeat(65), ..ok("f13") }, "request_id"),
+            (RequestRecord { response_bytes: u64::MAX, ..ok("f14") }, "response_bytes"),
+            (RequestRecord { error_code: Some("e\n".to_owned()), ..ok("f15") }, "error_code"),
+        ];
+        let mut batch = vec![ok("good1")];
+        batch.extend(forged.iter().map(|(r, _)| r.clone()));
+        batch.push(ok("good2"));
+        let out = records.ingest(&batch).await.unwrap();
+        assert_eq!(out.stored, 2);
+        assert_eq!(out.rejected.len(), forged.len());
+        for ((index, why), (_, field)) in out.rejected.iter().zip(&forged) {
+            assert!(why.contains(field), "record {index}: {why:?} should name {field}");
+        }
+        assert_eq!(
+            out.rejected.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
+            (1..=forged.len()).collect::<Vec<_>>()
+        );
+        // The caps at their limits are accepted, and the usage sums over them still work.
+        let at_caps = RequestRecord {
+            cost_micros: Some(MAX_MICROS),
+            budget_micros: Some(MAX_MICROS),
+            usage: Usage { input_tokens: Some(MAX_TOKENS), ..Default::default() },
+            ..ok("caps")
+        };
+        assert_eq!(records.ingest(&[at_caps]).await.unwrap().stored, 1);
+        let report = crate::usage::UsageReports::new(store.clone())
+            .report(&[], &crate::usage::UsageFilter::default(), 0)
+            .await
+            .unwrap();
+        assert_eq!(report.total.cost_micros, MAX_MICROS);
+        assert_eq!(report.total.requests, 3);
+        store.close().await.unwrap();
     }
 
     /// A session's later batches merge into it: the first agent, env and user seen stick (a

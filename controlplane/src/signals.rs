@@ -302,6 +302,9 @@ fn push_range(
     }
 }
 
+/// Largest edit distance accepted (characters).
+pub const MAX_EDIT_DISTANCE: u64 = 1_000_000_000;
+
 fn validate(s: &NewSignal) -> Result<()> {
     let bad = |m: &str| Err(Error::InvalidArgument(m.to_owned()));
     if s.id.is_empty() || s.id.len() > 64 {
@@ -310,8 +313,17 @@ fn validate(s: &NewSignal) -> Result<()> {
     if s.session_id.parse::<SessionId>().is_err() {
         return bad("session_id must look like sess_<id>");
     }
+    if s.key_id.is_empty() || s.key_id.len() > 64 || s.key_id.chars().any(char::is_control) {
+        return bad("key_id must be 1 to 64 printable characters");
+    }
+    if !crate::records::TIME_RANGE_MS.contains(&s.received_at_ms) {
+        return bad("received_at must be between 1970 and 2100");
+    }
     if s.action == Action::Edited && s.edit_distance.is_none() {
         return bad("edit_distance is required when action is edited");
+    }
+    if s.edit_distance.is_some_and(|d| d > MAX_EDIT_DISTANCE) {
+        return bad("edit_distance must be at most 10^9");
     }
     if let Some(label) = &s.custom_label
         && (label.len() > MAX_CUSTOM_LABEL_BYTES

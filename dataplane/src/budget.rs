@@ -24,6 +24,7 @@ use foldhash::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+pub use nm_types::budget::{Feed, Spend};
 use nm_types::budget::{BudgetRule, MINUTE_MS, Period, day_of, minute_of, month_of_day};
 
 /// Why a request was refused.
@@ -39,31 +40,6 @@ pub enum Refusal {
     Rate { rpm: u32, retry_after: Duration },
     /// No budget state has arrived from the controlplane yet.
     NotLoaded,
-}
-
-/// One end user's spend as the controlplane last reported it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RemoteSpend {
-    pub day_micros: u64,
-    pub month_micros: u64,
-    pub minute: i64,
-    pub minute_requests: u32,
-}
-
-/// One message of the controlplane's budget feed.
-#[derive(Debug, Clone, Default)]
-pub struct Feed {
-    pub epoch: u64,
-    pub seq: u64,
-    /// Replaces everything known (rules and spend).
-    pub full: bool,
-    /// With `full`: the default rule and the per-user overrides.
-    pub default: Option<BudgetRule>,
-    pub overrides: Vec<(String, BudgetRule)>,
-    pub spend: Vec<(String, RemoteSpend)>,
-    /// The controlplane's current day and month the spend counts toward.
-    pub day: i64,
-    pub month: i64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -181,7 +157,7 @@ impl UserLedger {
 
 #[derive(Debug, Clone, Copy, Default)]
 struct Remote {
-    spend: RemoteSpend,
+    spend: Spend,
     day: i64,
     month: i64,
 }
@@ -492,7 +468,7 @@ mod tests {
             seq: 3,
             spend: vec![(
                 "u".to_owned(),
-                RemoteSpend {
+                Spend {
                     day_micros: 1_000,
                     month_micros: 1_000,
                     ..Default::default()

@@ -1,16 +1,19 @@
 //! The in-memory set of valid service keys, and the dataplane's view of its controlplane.
 //!
-//! The proxy checks `NM-Key` here: one SHA-256 and one hash-map lookup under a read lock (or,
-//! for a key this thread checked against the current set already, one lookup in a small
-//! thread-local cache), no database and no network. The root keeps the set current from the controlplane's key stream;
-//! when the controlplane is unreachable the last known set stays in force and `/health` says so.
+//! The proxy checks `NM-Key` here: one SHA-256, one HMAC (the key's verifier, see
+//! [`VerifierKey`]) and one hash-map lookup under a read lock (or, for a key this thread checked
+//! against the current set already, one lookup in a small thread-local cache), no database and
+//! no network. The root keeps the set current from the controlplane's key stream; when the
+//! controlplane is unreachable the last known set stays in force and `/health` says so. Until the
+//! first snapshot arrives the set is *not loaded*: requests are answered 503, not 401, since no
+//! key can be judged yet.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use nm_types::{KeyHash, hash_key};
+use nm_types::{KeyHash, VerifierKey};
 
 /// Who made a request: the service key that authenticated it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,14 +22,15 @@ pub struct Principal {
     pub admin: bool,
 }
 
-/// Valid key hashes -> principal. Cheap to clone (shared).
-#[derive(Debug, Clone, Default)]
+/// Valid key verifiers -> principal. Cheap to clone (shared).
+#[derive(Debug, Clone)]
 pub struct KeySet {
     inner: Arc<Shared>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Shared {
+    verifier: VerifierKey,
     snapshot: RwLock<Arc<Snapshot>>,
     /// The snapshot's generation, readable without the lock: a check answered from the
     /// thread's cache reads only this, which every thread can keep in its own CPU cache (it
@@ -59,7 +63,23 @@ thread_local! {
 }
 
 impl KeySet {
-    /// Replaces the whole set (a fresh snapshot from the controlplane).
+    /// An empty, not yet loaded set whose snapshots hold verifiers made with `verifier`.
+    pub fn new(verifier: VerifierKey) -> Self {
+        Self {
+            inner: Arc::new(Shared {
+                verifier,
+                snapshot: RwLock::default(),
+                generation: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// Whether a snapshot has arrived (before that no key can be judged).
+    pub fn is_loaded(&self) -> bool {
+        self.inner.generation.load(Ordering::Acquire) != 0
+    }
+
+    /// Replaces the whole set (a fresh snapshot from the controlplane): verifier -> principal.
     pub fn replace(&self, keys: HashMap<KeyHash, Principal>) {
         let snapshot = Arc::new(Snapshot {
             generation: GENERATIONS.fetch_add(1, Ordering::Relaxed),
@@ -93,7 +113,7 @@ impl KeySet {
             return cached;
         }
         let snapshot = self.snapshot();
-        let found = snapshot.keys.get(&hash_key(secret))?;
+        let found = snapshot.keys.get(&self.inner.verifier.of_secret(secret))?;
         // This thread's own copy of the key id: the requests that clone and drop it then count
         // on an `Arc` no other worker touches.
         let principal = Principal {
@@ -194,16 +214,31 @@ impl Health {
 mod tests {
     use super::*;
 
+    fn verifier() -> VerifierKey {
+        VerifierKey::from_link_secret("test link secret")
+    }
+
+    fn entry(secret: &str, p: Principal) -> (KeyHash, Principal) {
+        (verifier().of_secret(secret), p)
+    }
+
     #[test]
-    fn keys_check_by_hash() {
-        let set = KeySet::default();
+    fn keys_check_by_verifier() {
+        let set = KeySet::new(verifier());
+        assert!(!set.is_loaded());
         assert!(set.check("nmk_a").is_none());
         let p = Principal {
             key_id: Arc::from("key_1"),
             admin: false,
         };
-        set.replace(HashMap::from([(hash_key("nmk_a"), p.clone())]));
-        assert_eq!(set.check("nmk_a"), Some(p));
+        set.replace(HashMap::from([entry("nmk_a", p.clone())]));
+        assert!(set.is_loaded());
+        assert_eq!(set.check("nmk_a"), Some(p.clone()));
+        // A verifier made under another link secret matches nothing.
+        let other = VerifierKey::from_link_secret("another link secret");
+        set.replace(HashMap::from([(other.of_secret("nmk_a"), p)]));
+        assert!(set.check("nmk_a").is_none());
+        set.replace(HashMap::from([entry("nmk_a", Principal { key_id: Arc::from("key_1"), admin: false })]));
         assert!(set.check("nmk_b").is_none());
         set.replace(HashMap::new());
         assert!(set.check("nmk_a").is_none());
@@ -217,10 +252,10 @@ mod tests {
             key_id: Arc::from(id),
             admin: false,
         };
-        let a = KeySet::default();
-        let b = KeySet::default();
-        a.replace(HashMap::from([(hash_key("nmk_a"), p("key_1"))]));
-        b.replace(HashMap::from([(hash_key("nmk_b"), p("key_2"))]));
+        let a = KeySet::new(verifier());
+        let b = KeySet::new(verifier());
+        a.replace(HashMap::from([entry("nmk_a", p("key_1"))]));
+        b.replace(HashMap::from([entry("nmk_b", p("key_2"))]));
         for _ in 0..3 {
             assert_eq!(a.check("nmk_a"), Some(p("key_1")));
             assert_eq!(b.check("nmk_b"), Some(p("key_2")));
@@ -230,14 +265,14 @@ mod tests {
         a.replace(HashMap::new());
         assert_eq!(a.check("nmk_a"), None);
         // Re-issued under another id: the new principal, not the cached one.
-        a.replace(HashMap::from([(hash_key("nmk_a"), p("key_3"))]));
+        a.replace(HashMap::from([entry("nmk_a", p("key_3"))]));
         assert_eq!(a.check("nmk_a"), Some(p("key_3")));
         // A full cache starts over without losing correctness.
         for i in 0..(CACHE_CAPACITY + 10) {
             assert_eq!(a.check(&format!("nmk_unknown_{i}")), None);
         }
         let keys = (0..CACHE_CAPACITY + 10)
-            .map(|i| (hash_key(&format!("nmk_{i}")), p(&format!("key_{i}"))))
+            .map(|i| entry(&format!("nmk_{i}"), p(&format!("key_{i}"))))
             .collect();
         a.replace(keys);
         for i in 0..(CACHE_CAPACITY + 10) {

@@ -60,6 +60,8 @@ pub struct DataplaneConfig {
     pub prices: pricing::PriceTable,
     /// Answer length (tokens) assumed for a budget reservation when a request sets no cap.
     pub reserve_output_tokens: u64,
+    /// Makes the verifiers the controlplane's key snapshots hold (from the link secret).
+    pub key_verifier: nm_types::VerifierKey,
 }
 
 /// Answer length assumed for a budget reservation when a request sets no `max_tokens`.
@@ -88,7 +90,7 @@ impl Dataplane {
         let (records, queue) = records::record_queue(config.record_queue_capacity, metrics.clone());
         let state = stack::State {
             registry: Arc::new(config.registry),
-            keys: KeySet::default(),
+            keys: KeySet::new(config.key_verifier),
             health: Health::default(),
             upstream: forward::Upstream::new(
                 config.connect_timeout,

@@ -25,6 +25,7 @@ pub struct Metrics {
 struct Inner {
     registry: Registry,
     records_dropped: Family<Reason, Counter>,
+    records_dead_lettered: Counter,
     budget_refusals: Family<Reason, Counter>,
     spool_records: Gauge,
     spool_bytes: Gauge,
@@ -39,6 +40,12 @@ impl Default for Metrics {
             "records_dropped",
             "Request records lost before reaching the controlplane, by reason (queue_full, spool_full, spool_error, spool_undecodable)",
             records_dropped.clone(),
+        );
+        let records_dead_lettered = Counter::default();
+        registry.register(
+            "records_dead_lettered",
+            "Request records the controlplane refused for good (invalid data), set aside in the dead-letter file beside the spool",
+            records_dead_lettered.clone(),
         );
         let budget_refusals = Family::<Reason, Counter>::default();
         registry.register(
@@ -68,6 +75,7 @@ impl Default for Metrics {
             inner: Arc::new(Inner {
                 registry,
                 records_dropped,
+                records_dead_lettered,
                 budget_refusals,
                 spool_records,
                 spool_bytes,
@@ -83,6 +91,10 @@ impl Metrics {
             .records_dropped
             .get_or_create(&Reason { reason })
             .inc_by(n);
+    }
+
+    pub fn records_dead_lettered(&self, n: u64) {
+        self.inner.records_dead_lettered.inc_by(n);
     }
 
     pub fn budget_refused(&self, reason: &'static str) {

@@ -36,6 +36,9 @@ pub const MAX_SIGNAL_BYTES: usize = 64 * 1024;
 pub const MAX_CUSTOM_LABEL_BYTES: usize = 1024;
 /// Longest `Idempotency-Key`.
 pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
+/// Largest `edit_distance` accepted (the controlplane's cap too).
+pub const MAX_EDIT_DISTANCE: u64 = 1_000_000_000;
+
 const FIELDS: [&str; 4] = ["session_id", "action", "edit_distance", "custom_label"];
 
 /// A signal ready for the controlplane.
@@ -137,12 +140,16 @@ pub fn parse_body(body: &[u8]) -> Result<SignalBody, Invalid> {
 
     let edit_distance = match get("edit_distance") {
         None => None,
-        Some(raw) => Some(non_negative_integer(raw.get()).ok_or_else(|| {
-            invalid(
-                "invalid_edit_distance",
-                "edit_distance must be a non-negative integer (characters changed)",
-            )
-        })?),
+        Some(raw) => Some(
+            non_negative_integer(raw.get())
+                .filter(|d| *d <= MAX_EDIT_DISTANCE)
+                .ok_or_else(|| {
+                    invalid(
+                        "invalid_edit_distance",
+                        "edit_distance must be a non-negative integer of at most 10^9 (characters changed)",
+                    )
+                })?,
+        ),
     };
     if action == Action::Edited && edit_distance.is_none() {
         return Err(invalid(

@@ -85,7 +85,11 @@ impl Service<Request<RequestBody>> for Router {
         match req.uri().path() {
             "/health" => {
                 let method = req.method().clone();
-                Box::pin(async move { health(&state, &method) })
+                Box::pin(async move { health(&state, &method, Probe::Ready) })
+            }
+            "/health/live" => {
+                let method = req.method().clone();
+                Box::pin(async move { health(&state, &method, Probe::Live) })
             }
             "/metrics" => {
                 let method = req.method().clone();
@@ -118,14 +122,29 @@ fn metrics(state: &State, method: &Method) -> Result<Response<GatewayBody>, Prox
     Ok(resp)
 }
 
+/// Which health question is asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Probe {
+    /// `/health`: ready to serve (keys received, controlplane reachable, not draining).
+    Ready,
+    /// `/health/live`: the process serves HTTP. Never fails for the controlplane's sake, or an
+    /// orchestrator would restart every dataplane during a controlplane outage.
+    Live,
+}
+
 /// `GET /health`: 200 `{"status": "ok", "version"}`, or 503 with a status and a reason while the
-/// controlplane is unreachable or the process is draining.
-fn health(state: &State, method: &Method) -> Result<Response<GatewayBody>, ProxyError> {
+/// controlplane is unreachable or the process is draining. `GET /health/live`: 200 whenever this
+/// answer can be given at all.
+fn health(state: &State, method: &Method, probe: Probe) -> Result<Response<GatewayBody>, ProxyError> {
     if method != Method::GET && method != Method::HEAD {
         return Err(ProxyError::MethodNotAllowed(method.clone()));
     }
-    tracing::Span::current().record("http.route", "/health");
-    let (status, body) = match state.health.status() {
+    let (route, verdict) = match probe {
+        Probe::Ready => ("/health", state.health.status()),
+        Probe::Live => ("/health/live", Ok(())),
+    };
+    tracing::Span::current().record("http.route", route);
+    let (status, body) = match verdict {
         Ok(()) => (
             StatusCode::OK,
             json!({"status": "ok", "version": state.version}),

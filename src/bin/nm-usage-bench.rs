@@ -661,7 +661,7 @@ async fn fill(
                 "{database}: a batch of {n} stored {}, {} duplicates, {} rejected",
                 outcome.stored,
                 outcome.duplicates,
-                outcome.rejected
+                outcome.rejected.len()
             );
         }
         if (stored + n) / progress_every > stored / progress_every {

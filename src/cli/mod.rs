@@ -18,7 +18,7 @@ use tonic::metadata::MetadataValue;
 
 use crate::config::Settings;
 use crate::grpc::pb::{self, agents_client::AgentsClient, keys_client::KeysClient};
-use crate::grpc::{NM_KEY_METADATA, convert, link};
+use crate::grpc::{NM_KEY_METADATA, convert};
 
 /// `nm-gateway keys <command>`.
 #[derive(Debug, Clone, clap::Subcommand)]
@@ -178,7 +178,7 @@ pub(crate) fn admin_channel(settings: &Settings) -> anyhow::Result<AdminChannel>
     let value = admin_key
         .parse()
         .map_err(|_| UsageError("NM_ADMIN_KEY is not a valid header value".to_owned()))?;
-    let channel = link::channel(&settings.controlplane_url)?;
+    let channel = crate::grpc::channel(&settings.controlplane_url, &settings.controlplane_tls)?;
     Ok(tonic::service::interceptor::InterceptedService::new(
         channel,
         AdminKey(value),

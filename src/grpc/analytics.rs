@@ -14,7 +14,9 @@ use tracing::info;
 use super::convert::{ms_to_timestamp, range_ms, timestamp_to_ms};
 use super::pb;
 use super::pb::analytics_server::Analytics as AnalyticsApi;
-use super::server::Controlplane;
+use nm_controlplane::Controlplane;
+
+use super::server::require_admin;
 use super::status::to_status;
 
 #[derive(Debug, Clone)]
@@ -30,7 +32,7 @@ impl AnalyticsApi for AnalyticsService {
         &self,
         req: Request<pb::GetRecommendationsRequest>,
     ) -> Result<Response<pb::AgentAnalytics>, Status> {
-        self.cp.require_admin(&req)?;
+        require_admin(&self.cp.keys, &req)?;
         let r = req.into_inner();
         tracing::Span::current().record("nm.agent", r.agent.as_str());
         let answer = if r.refresh {
@@ -46,7 +48,7 @@ impl AnalyticsApi for AnalyticsService {
         &self,
         req: Request<pb::RecomputeRequest>,
     ) -> Result<Response<pb::RecomputeResponse>, Status> {
-        let admin = self.cp.require_admin(&req)?;
+        let admin = require_admin(&self.cp.keys, &req)?;
         let agent = req.into_inner().agent;
         let results = if agent.trim().is_empty() {
             self.analytics.recompute_all().await
@@ -64,7 +66,7 @@ impl AnalyticsApi for AnalyticsService {
         &self,
         req: Request<pb::GetOutcomeRatesRequest>,
     ) -> Result<Response<pb::OutcomeRates>, Status> {
-        self.cp.require_admin(&req)?;
+        require_admin(&self.cp.keys, &req)?;
         let r = req.into_inner();
         let dims = r
             .group_by()

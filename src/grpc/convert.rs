@@ -4,7 +4,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use prost_types::Timestamp;
 
-use super::pb;
+use super::{link_pb, pb};
 
 pub fn ms_to_timestamp(ms: i64) -> Timestamp {
     Timestamp {
@@ -55,7 +55,11 @@ pub fn record_to_stored(r: nm_dataplane::RequestRecord) -> nm_controlplane::Requ
         key_id: String::from(&*r.key_id),
         provider: String::from(&*r.provider),
         method: r.method.as_str().to_owned(),
-        path: r.path,
+        path: {
+            let mut path = r.path;
+            nm_controlplane::records::shorten_path(&mut path);
+            path
+        },
         model: r.model,
         agent: r.agent,
         session_id: r.session_id,
@@ -75,16 +79,16 @@ pub fn record_to_stored(r: nm_dataplane::RequestRecord) -> nm_controlplane::Requ
 }
 
 /// Controlplane record -> wire.
-pub fn record_to_pb(r: nm_controlplane::RequestRecord) -> pb::RequestRecord {
+pub fn record_to_pb(r: nm_controlplane::RequestRecord) -> link_pb::RequestRecord {
     use nm_types::UsageStatus as S;
     let usage_status = match r.usage_status {
-        S::Reported => pb::UsageStatus::Reported,
-        S::Partial => pb::UsageStatus::Partial,
-        S::Missing => pb::UsageStatus::Missing,
-        S::NotApplicable => pb::UsageStatus::NotApplicable,
+        S::Reported => link_pb::UsageStatus::Reported,
+        S::Partial => link_pb::UsageStatus::Partial,
+        S::Missing => link_pb::UsageStatus::Missing,
+        S::NotApplicable => link_pb::UsageStatus::NotApplicable,
     };
     let u = r.usage;
-    pb::RequestRecord {
+    link_pb::RequestRecord {
         request_id: r.request_id,
         started_at: Some(ms_to_timestamp(r.started_at_ms)),
         key_id: r.key_id,
@@ -115,14 +119,17 @@ pub fn record_to_pb(r: nm_controlplane::RequestRecord) -> pb::RequestRecord {
     }
 }
 
-/// Wire -> controlplane record.
-pub fn record_from_pb(r: pb::RequestRecord) -> nm_controlplane::RequestRecord {
+/// Wire -> controlplane record. A status beyond `u16` becomes one the ingest refuses (its
+/// range check names the rule), never a wrapped-around valid one.
+pub fn record_from_pb(r: link_pb::RequestRecord) -> nm_controlplane::RequestRecord {
     use nm_types::UsageStatus as S;
     let status = match r.usage_status() {
-        pb::UsageStatus::Reported => S::Reported,
-        pb::UsageStatus::Partial => S::Partial,
-        pb::UsageStatus::Missing => S::Missing,
-        pb::UsageStatus::NotApplicable | pb::UsageStatus::Unspecified => S::NotApplicable,
+        link_pb::UsageStatus::Reported => S::Reported,
+        link_pb::UsageStatus::Partial => S::Partial,
+        link_pb::UsageStatus::Missing => S::Missing,
+        link_pb::UsageStatus::NotApplicable | link_pb::UsageStatus::Unspecified => {
+            S::NotApplicable
+        }
     };
     nm_controlplane::RequestRecord {
         request_id: r.request_id,
@@ -136,7 +143,7 @@ pub fn record_from_pb(r: pb::RequestRecord) -> nm_controlplane::RequestRecord {
         session_id: r.session_id,
         env: r.env,
         user_id: r.user_id,
-        status: u16::try_from(r.status).unwrap_or(0),
+        status: u16::try_from(r.status).unwrap_or(u16::MAX),
         latency_ms: r.latency_ms,
         ttfb_ms: r.ttfb_ms,
         streamed: r.streamed,
@@ -157,23 +164,43 @@ pub fn record_from_pb(r: pb::RequestRecord) -> nm_controlplane::RequestRecord {
     }
 }
 
-/// Dataplane signal -> wire.
-pub fn signal_to_pb(s: nm_dataplane::SignalSubmission) -> pb::Signal {
-    pb::Signal {
+/// Dataplane signal -> controlplane signal (the link's signal type).
+pub fn signal_to_stored(s: nm_dataplane::SignalSubmission) -> nm_controlplane::NewSignal {
+    nm_controlplane::NewSignal {
+        id: s.id,
+        received_at_ms: s
+            .received_at
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
         session_id: s.session_id.to_string(),
+        action: s.action,
+        edit_distance: s.edit_distance,
+        custom_label: s.custom_label,
+        key_id: s.key_id.to_string(),
+        idempotency_key: s.idempotency_key,
+        agent_hint: s.agent_hint,
+    }
+}
+
+/// Controlplane signal -> wire.
+pub fn signal_to_pb(s: nm_controlplane::NewSignal) -> link_pb::Signal {
+    link_pb::Signal {
+        session_id: s.session_id,
         action: s.action.as_str().to_owned(),
         edit_distance: s.edit_distance,
         custom_label_json: s.custom_label,
         agent_hint: s.agent_hint,
         idempotency_key: s.idempotency_key,
-        key_id: s.key_id.to_string(),
+        key_id: s.key_id,
         request_id: s.id,
-        received_at: Some(system_time_to_timestamp(s.received_at)),
+        received_at: Some(ms_to_timestamp(s.received_at_ms)),
     }
 }
 
 /// Wire -> controlplane signal; a bad action is an invalid argument.
-pub fn signal_from_pb(s: pb::Signal) -> Result<nm_controlplane::NewSignal, nm_controlplane::Error> {
+pub fn signal_from_pb(
+    s: link_pb::Signal,
+) -> Result<nm_controlplane::NewSignal, nm_controlplane::Error> {
     let action = s
         .action
         .parse::<nm_types::Action>()
@@ -192,6 +219,123 @@ pub fn signal_from_pb(s: pb::Signal) -> Result<nm_controlplane::NewSignal, nm_co
         idempotency_key: s.idempotency_key,
         agent_hint: s.agent_hint,
     })
+}
+
+// === key snapshots and the budget feed ===
+
+pub fn key_verifiers_to_pb(k: nm_types::KeyVerifiers) -> link_pb::KeySnapshot {
+    link_pb::KeySnapshot {
+        version: k.version,
+        keys: k
+            .keys
+            .into_iter()
+            .map(|k| link_pb::KeyEntry {
+                id: k.id,
+                verifier: k.verifier.to_vec(),
+                admin: k.admin,
+            })
+            .collect(),
+    }
+}
+
+/// Wire -> key verifiers; an entry whose verifier is not 32 bytes is left out (it could match
+/// nothing).
+pub fn key_verifiers_from_pb(k: link_pb::KeySnapshot) -> nm_types::KeyVerifiers {
+    nm_types::KeyVerifiers {
+        version: k.version,
+        keys: k
+            .keys
+            .into_iter()
+            .filter_map(|e| {
+                Some(nm_types::VerifiedKey {
+                    verifier: e.verifier.as_slice().try_into().ok()?,
+                    id: e.id,
+                    admin: e.admin,
+                })
+            })
+            .collect(),
+    }
+}
+
+fn rule_to_pb(user_id: Option<String>, r: &nm_types::budget::BudgetRule) -> link_pb::BudgetRule {
+    link_pb::BudgetRule {
+        user_id,
+        limit_micros: r.limit_micros,
+        monthly: r.period == nm_types::budget::Period::Month,
+        requests_per_minute: r.requests_per_minute,
+    }
+}
+
+fn rule_from_link_pb(r: &link_pb::BudgetRule) -> nm_types::budget::BudgetRule {
+    nm_types::budget::BudgetRule {
+        limit_micros: r.limit_micros,
+        period: if r.monthly {
+            nm_types::budget::Period::Month
+        } else {
+            nm_types::budget::Period::Day
+        },
+        requests_per_minute: r.requests_per_minute,
+    }
+}
+
+pub fn feed_to_pb(f: nm_types::budget::Feed) -> link_pb::BudgetFeed {
+    let mut rules: Vec<_> = f.default.iter().map(|r| rule_to_pb(None, r)).collect();
+    rules.extend(f.overrides.iter().map(|(u, r)| rule_to_pb(Some(u.clone()), r)));
+    link_pb::BudgetFeed {
+        epoch: f.epoch,
+        seq: f.seq,
+        full: f.full,
+        rules,
+        spend: f
+            .spend
+            .into_iter()
+            .map(|(user_id, s)| link_pb::UserSpend {
+                user_id,
+                day_micros: s.day_micros,
+                month_micros: s.month_micros,
+                minute: s.minute,
+                minute_requests: s.minute_requests,
+            })
+            .collect(),
+        day: f.day,
+        month: f.month,
+    }
+}
+
+pub fn feed_from_pb(msg: link_pb::BudgetFeed) -> nm_types::budget::Feed {
+    let mut default = None;
+    let mut overrides = Vec::new();
+    for r in &msg.rules {
+        let rule = rule_from_link_pb(r);
+        match &r.user_id {
+            None => default = Some(rule),
+            Some(u) => overrides.push((u.clone(), rule)),
+        }
+    }
+    nm_types::budget::Feed {
+        epoch: msg.epoch,
+        seq: msg.seq,
+        full: msg.full,
+        default,
+        overrides,
+        spend: msg
+            .spend
+            .into_iter()
+            .map(|s| {
+                (
+                    s.user_id,
+                    nm_types::budget::Spend {
+                        day_micros: s.day_micros,
+                        month_micros: s.month_micros,
+                        minute: s.minute,
+                        minute_requests: s.minute_requests,
+                    },
+                )
+            })
+            .collect(),
+        day: msg.day,
+        month: msg.month,
+    }
 }
 
 pub fn action_counts(c: &nm_controlplane::signals::ActionCounts) -> pb::ActionCounts {
@@ -242,56 +386,6 @@ pub fn period_from_pb(p: pb::BudgetPeriod) -> nm_types::budget::Period {
     match p {
         pb::BudgetPeriod::Month => nm_types::budget::Period::Month,
         pb::BudgetPeriod::Day | pb::BudgetPeriod::Unspecified => nm_types::budget::Period::Day,
-    }
-}
-
-pub fn rule_from_pb(b: &pb::Budget) -> nm_types::budget::BudgetRule {
-    nm_types::budget::BudgetRule {
-        limit_micros: b.limit_micros,
-        period: period_from_pb(b.period()),
-        requests_per_minute: b.requests_per_minute,
-    }
-}
-
-fn spend_to_pb(user_id: String, s: nm_controlplane::budgets::Spend) -> pb::UserSpend {
-    pb::UserSpend {
-        user_id,
-        day_micros: s.day_micros,
-        month_micros: s.month_micros,
-        minute: s.minute,
-        minute_requests: s.minute_requests,
-    }
-}
-
-pub fn full_feed(f: nm_controlplane::budgets::FullState) -> pb::BudgetFeed {
-    pb::BudgetFeed {
-        epoch: f.epoch,
-        seq: f.seq,
-        full: true,
-        budgets: f.budgets.iter().map(budget_to_pb).collect(),
-        spend: f
-            .spend
-            .into_iter()
-            .map(|(u, s)| spend_to_pb(u, s))
-            .collect(),
-        day: f.day,
-        month: f.month,
-    }
-}
-
-pub fn delta_feed(d: &nm_controlplane::budgets::SpendDelta) -> pb::BudgetFeed {
-    pb::BudgetFeed {
-        epoch: d.epoch,
-        seq: d.seq,
-        full: false,
-        budgets: Vec::new(),
-        spend: d
-            .spend
-            .iter()
-            .map(|(u, s)| spend_to_pb(u.clone(), *s))
-            .collect(),
-        day: d.day,
-        month: d.month,
     }
 }
 

@@ -1,15 +1,21 @@
-//! gRPC: the generated code for proto/, the controlplane's services ([`server`]), the
-//! dataplane's link to its controlplane ([`link`], with the record [`shipper`]), and the one mapping from controlplane errors
-//! to gRPC status ([`status`]).
+//! gRPC: the generated code for proto/ (the admin API [`pb`] and the internal link
+//! [`link_pb`]), the controlplane's services ([`server`], [`analytics`], [`link_server`]), the
+//! mappings between protobuf and domain types ([`convert`]), the one mapping from controlplane
+//! errors to gRPC status ([`status`]), and the client channel with its TLS ([`channel`]).
 
 pub mod analytics;
 pub mod convert;
-pub mod link;
+pub mod link_server;
 pub mod server;
-pub mod shipper;
 pub mod status;
 
-/// Code generated from `proto/nm/v1/*.proto` by build.rs.
+use std::time::Duration;
+
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+use crate::config::ClientTls;
+
+/// Code generated from `proto/nm/v1/*.proto` by build.rs: the public admin API.
 pub mod pb {
     #![allow(
         clippy::allow_attributes_without_reason,
@@ -18,8 +24,46 @@ pub mod pb {
     tonic::include_proto!("nm.v1");
 }
 
+/// Code generated from `proto/nm/link/v1/link.proto`: the internal link.
+pub mod link_pb {
+    #![allow(
+        clippy::allow_attributes_without_reason,
+        reason = "tonic-generated code"
+    )]
+    tonic::include_proto!("nm.link.v1");
+}
+
 /// Encoded file descriptor set of proto/, for server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("nm_descriptor");
 
 /// Metadata key carrying a service key on admin calls.
 pub const NM_KEY_METADATA: &str = "nm-key";
+/// Metadata key carrying the link secret on link calls.
+pub const LINK_SECRET_METADATA: &str = "nm-link-secret";
+/// Largest message either side of the link sends or accepts, set explicitly on both: record
+/// batches are cut well below it (see `link::shipper::MAX_BATCH_BYTES`).
+pub const MAX_LINK_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+
+/// A lazily connected channel to the controlplane (reconnects by itself), over TLS for an
+/// `https://` URL: trusting `tls.ca_pem` (else the web PKI roots) and presenting
+/// `tls.identity` when set (mTLS).
+pub fn channel(url: &str, tls: &ClientTls) -> anyhow::Result<Channel> {
+    let mut endpoint = Endpoint::from_shared(url.to_owned())?
+        .connect_timeout(Duration::from_secs(2))
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(5))
+        .keep_alive_while_idle(true);
+    if url.starts_with("https://") {
+        let mut config = ClientTlsConfig::new();
+        config = match &tls.ca_pem {
+            Some(ca) => config.ca_certificate(Certificate::from_pem(ca)),
+            None => config.with_webpki_roots(),
+        };
+        if let Some((cert, key)) = &tls.identity {
+            config = config.identity(Identity::from_pem(cert, key));
+        }
+        endpoint = endpoint.tls_config(config)?;
+    }
+    Ok(endpoint.connect_lazy())
+}

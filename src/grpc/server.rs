@@ -1,95 +1,64 @@
-//! The controlplane's gRPC services: `nm.v1.Keys`, `nm.v1.Agents` and `nm.v1.Analytics` (admin; the
-//! last in [`super::analytics`]), `nm.v1.Dataplane`
-//! (for dataplanes), `nm.v1.Status` (readiness), plus `grpc.health.v1.Health` (NOT_SERVING while the database does not answer) and server
-//! reflection.
+//! The controlplane's gRPC server: the admin API (`nm.v1.Keys`, `Agents`, `Budgets`, `Usage`,
+//! `Analytics` — the last in [`super::analytics`] — and `Status`, readiness without a key), the
+//! internal link `nm.link.v1.Link` ([`super::link_server`], for dataplanes, behind the link
+//! secret), `grpc.health.v1.Health` (NOT_SERVING while the database does not answer) and server
+//! reflection; over TLS (and mTLS) when configured.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use nm_controlplane::budgets::FeedEvent;
 use nm_controlplane::signals::SignalFilter;
-use nm_controlplane::{Budgets, KeyInfo, Keys, Records, Signals, Store, Stored, now_ms};
+use nm_controlplane::{Controlplane, KeyInfo, Keys, Store, now_ms};
 use nm_types::Env;
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use tonic::{Request, Response, Status};
 use tonic_health::ServingStatus;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
+
+use crate::config::{Secret, ServerTls};
 
 use super::analytics::AnalyticsService;
 use super::pb::agents_server::{Agents, AgentsServer};
 use super::pb::analytics_server::AnalyticsServer;
 use super::pb::budgets_server::{Budgets as BudgetsApi, BudgetsServer};
-use super::pb::dataplane_server::{Dataplane, DataplaneServer};
+use super::link_pb::link_server::LinkServer;
 use super::pb::keys_server::{Keys as KeysApi, KeysServer};
 use super::pb::status_server::{Status as StatusApi, StatusServer};
 use super::pb::usage_server::{Usage as UsageApi, UsageServer};
 use super::{FILE_DESCRIPTOR_SET, NM_KEY_METADATA, convert, pb, status::to_status};
 
-/// How often a key watcher hears the current snapshot even when nothing changed.
-pub const KEY_HEARTBEAT: Duration = Duration::from_secs(2);
 /// How often the key set is re-read from the database (changes by other replicas).
 pub const KEY_REFRESH: Duration = Duration::from_secs(2);
-/// Largest batch of request records accepted in one call.
-pub const MAX_INGEST_BATCH: usize = 10_000;
 
-/// The controlplane's state, shared by its services.
-#[derive(Debug, Clone)]
-pub struct Controlplane {
-    pub store: Store,
-    pub keys: Keys,
-    pub records: Records,
-    pub signals: Signals,
-    pub budgets: Budgets,
-    pub usage: nm_controlplane::usage::UsageReports,
-    /// Becomes `true` when the process shuts down; long-lived streams end then.
-    shutdown: watch::Receiver<bool>,
+/// How the server is exposed.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// The link secret dataplanes must present; without it the link refuses every call.
+    pub link_secret: Option<Secret>,
+    /// TLS (and client CA for mTLS) of the gRPC port.
+    pub tls: Option<ServerTls>,
 }
 
-impl Controlplane {
-    pub async fn open(
-        store: Store,
-        shutdown: watch::Receiver<bool>,
-    ) -> Result<Self, nm_controlplane::Error> {
-        let keys = Keys::load(store.clone()).await?;
-        let budgets = Budgets::load(store.clone(), now_ms()).await?;
-        let records = Records::new(store.clone(), budgets.clone());
-        let signals = Signals::start(store.clone());
-        Ok(Self {
-            usage: nm_controlplane::usage::UsageReports::new(store.clone()),
-            store,
-            keys,
-            records,
-            signals,
-            budgets,
-            shutdown,
-        })
+/// The admin key of an admin call, checked against the in-memory key set.
+pub(crate) fn require_admin<T>(keys: &Keys, req: &Request<T>) -> Result<KeyInfo, Status> {
+    let secret = req
+        .metadata()
+        .get(NM_KEY_METADATA)
+        .ok_or_else(|| {
+            Status::unauthenticated("missing nm-key metadata: admin calls need an admin service key")
+        })?
+        .to_str()
+        .map_err(|_| Status::unauthenticated("invalid nm-key"))?;
+    let key = keys
+        .authenticate(secret.trim())
+        .ok_or_else(|| Status::unauthenticated("invalid nm-key: unknown or revoked"))?;
+    if !key.admin {
+        return Err(Status::permission_denied("this call needs an admin key"));
     }
-
-    pub(crate) fn require_admin<T>(&self, req: &Request<T>) -> Result<KeyInfo, Status> {
-        let secret = req
-            .metadata()
-            .get(NM_KEY_METADATA)
-            .ok_or_else(|| {
-                Status::unauthenticated(
-                    "missing nm-key metadata: admin calls need an admin service key",
-                )
-            })?
-            .to_str()
-            .map_err(|_| Status::unauthenticated("invalid nm-key"))?;
-        let key = self
-            .keys
-            .authenticate(secret.trim())
-            .ok_or_else(|| Status::unauthenticated("invalid nm-key: unknown or revoked"))?;
-        if !key.admin {
-            return Err(Status::permission_denied("this call needs an admin key"));
-        }
-        Ok(key)
-    }
+    Ok(key)
 }
 
 // === impl Keys ===
@@ -103,7 +72,7 @@ impl KeysApi for KeysService {
         &self,
         req: Request<pb::CreateKeyRequest>,
     ) -> Result<Response<pb::CreateKeyResponse>, Status> {
-        let admin = self.0.require_admin(&req)?;
+        let admin = require_admin(&self.0.keys, &req)?;
         let r = req.into_inner();
         let created = self
             .0
@@ -122,7 +91,7 @@ impl KeysApi for KeysService {
         &self,
         req: Request<pb::ListKeysRequest>,
     ) -> Result<Response<pb::ListKeysResponse>, Status> {
-        self.0.require_admin(&req)?;
+        require_admin(&self.0.keys, &req)?;
         let keys = self
             .0
             .keys
@@ -138,7 +107,7 @@ impl KeysApi for KeysService {
         &self,
         req: Request<pb::RevokeKeyRequest>,
     ) -> Result<Response<pb::RevokeKeyResponse>, Status> {
-        let admin = self.0.require_admin(&req)?;
+        let admin = require_admin(&self.0.keys, &req)?;
         let id = req.into_inner().id;
         let key = self.0.keys.revoke(&id).await.map_err(to_status)?;
         info!(by = %admin.id, key.id = %id, "key revoked over gRPC");
@@ -146,176 +115,6 @@ impl KeysApi for KeysService {
             key: Some(convert::api_key(key)),
         }))
     }
-}
-
-/// The budget feed for the dataplane `name`: a full state, then a delta after each ingested batch,
-/// a full state again on a rule change or when the watcher falls behind, and a heartbeat every
-/// [`KEY_HEARTBEAT`]; it ends when the process shuts down. Served over `WatchBudgets`, and read
-/// directly by the dataplane of the same process (`serve`).
-pub fn budget_feed(cp: &Controlplane, name: String) -> BudgetFeedStream {
-    let budgets = cp.budgets.clone();
-    let mut shutdown = cp.shutdown.clone();
-    let (tx, rx) = mpsc::channel(16);
-    tokio::spawn(async move {
-        debug!(dataplane = %name, "budget watcher connected");
-        let (full, mut events) = budgets.subscribe(now_ms());
-        let mut last_seq = full.seq;
-        let mut next = Some(convert::full_feed(full));
-        let mut heartbeat = tokio::time::interval(KEY_HEARTBEAT);
-        loop {
-            if let Some(msg) = next.take()
-                && tx.send(Ok(msg)).await.is_err()
-            {
-                break;
-            }
-            tokio::select! {
-                event = events.recv() => {
-                    next = Some(match event {
-                        Ok(FeedEvent::Delta(d)) => {
-                            last_seq = d.seq;
-                            convert::delta_feed(&d)
-                        }
-                        // A reset, or this watcher fell behind: start over from a full state.
-                        Ok(FeedEvent::Reset) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                            let full = budgets.full_state(now_ms());
-                            last_seq = full.seq;
-                            convert::full_feed(full)
-                        }
-                        Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
-                    });
-                }
-                _ = heartbeat.tick() => {
-                    // An empty delta at the last position: "still here, nothing new".
-                    budgets.tick(now_ms());
-                    let (epoch, seq, day, month) = budgets.position();
-                    if seq == last_seq {
-                        next = Some(pb::BudgetFeed {
-                            epoch,
-                            seq,
-                            full: false,
-                            day,
-                            month,
-                            ..Default::default()
-                        });
-                    }
-                }
-                _ = shutdown.wait_for(|stop| *stop) => break,
-            }
-        }
-        debug!(dataplane = %name, "budget watcher gone");
-    });
-    Box::pin(ReceiverStream::new(rx))
-}
-
-// === impl Dataplane ===
-
-#[derive(Debug, Clone)]
-pub struct DataplaneService(pub Controlplane);
-
-type SnapshotStream =
-    Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::KeySnapshot, Status>> + Send>>;
-pub type BudgetFeedStream =
-    Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::BudgetFeed, Status>> + Send>>;
-
-fn snapshot_to_pb(s: &nm_controlplane::KeySnapshot) -> pb::KeySnapshot {
-    pb::KeySnapshot {
-        version: s.version,
-        keys: s
-            .keys
-            .iter()
-            .map(|(hash, info)| pb::KeyEntry {
-                id: info.id.clone(),
-                hash: hash.to_vec(),
-                admin: info.admin,
-            })
-            .collect(),
-    }
-}
-
-#[tonic::async_trait]
-impl Dataplane for DataplaneService {
-    type WatchKeysStream = SnapshotStream;
-    type WatchBudgetsStream = BudgetFeedStream;
-
-    async fn watch_budgets(
-        &self,
-        req: Request<pb::WatchBudgetsRequest>,
-    ) -> Result<Response<BudgetFeedStream>, Status> {
-        Ok(Response::new(budget_feed(
-            &self.0,
-            req.into_inner().dataplane,
-        )))
-    }
-
-    async fn watch_keys(
-        &self,
-        req: Request<pb::WatchKeysRequest>,
-    ) -> Result<Response<SnapshotStream>, Status> {
-        let name = req.into_inner().dataplane;
-        let mut keys = self.0.keys.cache().subscribe();
-        let mut shutdown = self.0.shutdown.clone();
-        let (tx, rx) = mpsc::channel(4);
-        tokio::spawn(async move {
-            debug!(dataplane = %name, "key watcher connected");
-            let mut heartbeat = tokio::time::interval(KEY_HEARTBEAT);
-            loop {
-                let snapshot = snapshot_to_pb(&keys.borrow_and_update());
-                if tx.send(Ok(snapshot)).await.is_err() {
-                    break;
-                }
-                tokio::select! {
-                    changed = keys.changed() => if changed.is_err() { break },
-                    _ = heartbeat.tick() => {}
-                    _ = shutdown.wait_for(|stop| *stop) => break,
-                }
-            }
-            debug!(dataplane = %name, "key watcher gone");
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
-    }
-
-    async fn ingest_requests(
-        &self,
-        req: Request<pb::IngestRequestsRequest>,
-    ) -> Result<Response<pb::IngestRequestsResponse>, Status> {
-        ingest_batch(&self.0.records, req.into_inner().records)
-            .await
-            .map(Response::new)
-    }
-
-    async fn record_signal(
-        &self,
-        req: Request<pb::RecordSignalRequest>,
-    ) -> Result<Response<pb::RecordSignalResponse>, Status> {
-        let signal = req
-            .into_inner()
-            .signal
-            .ok_or_else(|| Status::invalid_argument("signal is required"))?;
-        let signal = convert::signal_from_pb(signal).map_err(to_status)?;
-        let stored = self.0.signals.record(signal).await.map_err(to_status)?;
-        Ok(Response::new(pb::RecordSignalResponse {
-            duplicate: stored == Stored::Duplicate,
-        }))
-    }
-}
-
-/// Stores one `IngestRequests` batch.
-async fn ingest_batch(
-    records: &Records,
-    batch: Vec<pb::RequestRecord>,
-) -> Result<pb::IngestRequestsResponse, Status> {
-    if batch.len() > MAX_INGEST_BATCH {
-        return Err(Status::invalid_argument(format!(
-            "at most {MAX_INGEST_BATCH} records per call"
-        )));
-    }
-    let batch: Vec<_> = batch.into_iter().map(convert::record_from_pb).collect();
-    let outcome = records.ingest(&batch).await.map_err(to_status)?;
-    Ok(pb::IngestRequestsResponse {
-        stored: outcome.stored,
-        epoch: outcome.epoch,
-        seq: outcome.seq,
-    })
 }
 
 // === impl Budgets ===
@@ -329,7 +128,7 @@ impl BudgetsApi for BudgetsService {
         &self,
         req: Request<pb::SetBudgetRequest>,
     ) -> Result<Response<pb::Budget>, Status> {
-        let admin = self.0.require_admin(&req)?;
+        let admin = require_admin(&self.0.keys, &req)?;
         let r = req.into_inner();
         let rule = nm_types::budget::BudgetRule {
             limit_micros: r.limit_micros,
@@ -350,7 +149,7 @@ impl BudgetsApi for BudgetsService {
         &self,
         req: Request<pb::GetBudgetRequest>,
     ) -> Result<Response<pb::BudgetStatus>, Status> {
-        self.0.require_admin(&req)?;
+        require_admin(&self.0.keys, &req)?;
         let user = req.into_inner().user_id;
         let s = self.0.budgets.status(&user, now_ms()).map_err(to_status)?;
         Ok(Response::new(pb::BudgetStatus {
@@ -368,7 +167,7 @@ impl BudgetsApi for BudgetsService {
         &self,
         req: Request<pb::ListBudgetsRequest>,
     ) -> Result<Response<pb::ListBudgetsResponse>, Status> {
-        self.0.require_admin(&req)?;
+        require_admin(&self.0.keys, &req)?;
         let (default, overrides) = self.0.budgets.list();
         Ok(Response::new(pb::ListBudgetsResponse {
             default_budget: default.as_ref().map(convert::budget_to_pb),
@@ -380,7 +179,7 @@ impl BudgetsApi for BudgetsService {
         &self,
         req: Request<pb::DeleteBudgetRequest>,
     ) -> Result<Response<pb::DeleteBudgetResponse>, Status> {
-        let admin = self.0.require_admin(&req)?;
+        let admin = require_admin(&self.0.keys, &req)?;
         let user = req.into_inner().user_id;
         let deleted = self
             .0
@@ -404,7 +203,7 @@ impl UsageApi for UsageService {
         &self,
         req: Request<pb::GetUsageRequest>,
     ) -> Result<Response<pb::UsageReport>, Status> {
-        self.0.require_admin(&req)?;
+        require_admin(&self.0.keys, &req)?;
         let r = req.into_inner();
         let dims = r
             .group_by()
@@ -452,7 +251,7 @@ impl Agents for AgentsService {
         &self,
         req: Request<pb::ListAgentsRequest>,
     ) -> Result<Response<pb::ListAgentsResponse>, Status> {
-        self.0.require_admin(&req)?;
+        require_admin(&self.0.keys, &req)?;
         let r = req.into_inner();
         let env = parse_env(r.env.as_deref())?;
         let (since, until) = convert::range_ms(r.range.as_ref());
@@ -481,7 +280,7 @@ impl Agents for AgentsService {
         &self,
         req: Request<pb::GetAgentSignalsRequest>,
     ) -> Result<Response<pb::AgentSignals>, Status> {
-        self.0.require_admin(&req)?;
+        require_admin(&self.0.keys, &req)?;
         let r = req.into_inner();
         if !r.unattributed && r.agent.trim().is_empty() {
             return Err(Status::invalid_argument(
@@ -516,7 +315,7 @@ impl Agents for AgentsService {
         &self,
         req: Request<pb::GetSessionRequest>,
     ) -> Result<Response<pb::SessionRecord>, Status> {
-        self.0.require_admin(&req)?;
+        require_admin(&self.0.keys, &req)?;
         let id = req.into_inner().session_id;
         let d = self.0.signals.session(&id).await.map_err(to_status)?;
         let s = d.session;
@@ -577,6 +376,7 @@ impl StatusApi for StatusService {
 /// Serves the controlplane on `listener` until `shutdown` completes.
 pub async fn serve(
     cp: Controlplane,
+    options: Options,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
@@ -588,7 +388,7 @@ pub async fn serve(
         .await;
     reporter.set_serving::<StatusServer<StatusService>>().await;
     reporter
-        .set_serving::<DataplaneServer<DataplaneService>>()
+        .set_serving::<LinkServer<super::link_server::LinkService>>()
         .await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
@@ -602,12 +402,20 @@ pub async fn serve(
     // sockets get the option from `TcpIncoming`. Without it an answer's last frame can wait for
     // the client's delayed acknowledgement (40 ms).
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    let result = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = &options.tls {
+        let mut config = ServerTlsConfig::new().identity(Identity::from_pem(&tls.cert_pem, &tls.key_pem));
+        if let Some(ca) = &tls.client_ca_pem {
+            config = config.client_ca_root(Certificate::from_pem(ca));
+        }
+        builder = builder.tls_config(config)?;
+    }
+    let result = builder
         .http2_keepalive_interval(Some(Duration::from_secs(20)))
         .add_service(health)
         .add_service(reflection)
         .add_service(KeysServer::new(KeysService(cp.clone())))
-        .add_service(DataplaneServer::new(DataplaneService(cp.clone())))
+        .add_service(super::link_server::service(cp.clone(), options.link_secret))
         .add_service(AgentsServer::new(AgentsService(cp.clone())))
         .add_service(StatusServer::new(StatusService(cp.clone())))
         .add_service(BudgetsServer::new(BudgetsService(cp.clone())))

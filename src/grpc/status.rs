@@ -14,7 +14,8 @@ pub fn to_status(e: Error) -> Status {
     }
 }
 
+/// The database's own text stays in the log: it can name tables, values and hosts.
 fn unavailable(e: &dyn std::fmt::Display) -> Status {
     tracing::error!(error = %e, "database error");
-    Status::unavailable(format!("database unavailable: {e}"))
+    Status::unavailable("the controlplane's database is unavailable; nothing was stored")
 }

@@ -15,8 +15,12 @@ use sea_orm::Database;
 
 use super::http::{Answer, TestClient, client, read, request, send};
 
-/// The bootstrap admin key every test gateway starts with.
-pub const ADMIN_KEY: &str = "nmk_test_admin_key_0123456789abcdef";
+/// The bootstrap admin key every test gateway starts with (of generated strength, as a
+/// bootstrap key must be).
+pub const ADMIN_KEY: &str = "nmk_3f9c2a71d4e85b60a1c7e93d2f4b8a06c5e1d7f92b3a4c68";
+
+/// The link secret of every test gateway's halves.
+pub const LINK_SECRET: &str = "lnk_8e2d4f6a1b3c5d7e9f0a2b4c6d8e0f1a3b5c7d9e";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Db {
@@ -28,6 +32,15 @@ pub enum Db {
 pub enum Shape {
     Serve,
     Split,
+    /// Split, with the link over mutual TLS (certificates made for the test).
+    SplitTls,
+}
+
+impl Shape {
+    /// Whether the controlplane is a process of its own.
+    pub fn is_split(self) -> bool {
+        self != Shape::Serve
+    }
 }
 
 #[derive(Debug)]
@@ -108,21 +121,38 @@ impl Builder {
         self.env
             .entry("NM_SPOOL_DIR".into())
             .or_insert(dir.path().join("spool").display().to_string());
+        // Serve needs none for itself; with it, further dataplanes can join (add_dataplane).
+        self.env
+            .entry("NM_LINK_SECRET".into())
+            .or_insert(LINK_SECRET.into());
+        let pki = (self.shape == Shape::SplitTls).then(|| super::pki::Pki::create(dir.path()));
+        if let Some(pki) = &pki {
+            // What a test set itself wins (e.g. an empty NM_GRPC_TLS_CLIENT_CA: TLS, no mTLS).
+            for (k, v) in pki.server_env(true).into_iter().chain(pki.client_env()) {
+                self.env.entry(k.to_owned()).or_insert(v);
+            }
+        }
+        let scheme = if pki.is_some() { "https" } else { "http" };
         let file = self.file.clone();
         let settings = |mode, env: &HashMap<String, String>| {
             config::resolve(mode, &Flags::default(), env, file.clone())
                 .unwrap_or_else(|e| panic!("test settings: {e}"))
         };
         let cp_settings = settings(Mode::Controlplane, &self.env);
+        let cp_url = |grpc: SocketAddr| match pki {
+            // The certificate names localhost.
+            Some(_) => format!("https://localhost:{}", grpc.port()),
+            None => format!("{scheme}://{grpc}"),
+        };
         let started = match self.shape {
             Shape::Serve => vec![app::start_serve(&settings(Mode::Serve, &self.env)).await],
-            Shape::Split => {
+            Shape::Split | Shape::SplitTls => {
                 let cp = app::start_controlplane(&cp_settings).await;
                 let grpc = cp.as_ref().ok().and_then(|r| r.grpc_addr);
                 let mut env = self.env.clone();
                 env.insert(
                     "NM_CONTROLPLANE_URL".into(),
-                    format!("http://{}", grpc.map(|a| a.to_string()).unwrap_or_default()),
+                    grpc.map(cp_url).unwrap_or_default(),
                 );
                 let dp = app::start_dataplane(&settings(Mode::Dataplane, &env)).await;
                 vec![cp, dp]
@@ -140,11 +170,12 @@ impl Builder {
             .iter()
             .find_map(|r| r.grpc_addr)
             .unwrap_or_else(|| panic!("no controlplane"));
-        let dp_settings = {
-            let mut env = self.env.clone();
-            env.insert("NM_CONTROLPLANE_URL".into(), format!("http://{grpc}"));
-            settings(Mode::Dataplane, &env)
-        };
+        let mut dp_env = self.env.clone();
+        dp_env.insert("NM_CONTROLPLANE_URL".into(), cp_url(grpc));
+        dp_env
+            .entry("NM_LINK_SECRET".into())
+            .or_insert(LINK_SECRET.into());
+        let dp_settings = settings(Mode::Dataplane, &dp_env);
         let gw = TestGateway {
             http,
             grpc,
@@ -214,17 +245,30 @@ impl TestGateway {
         format!("http://{}{path}", self.http)
     }
 
+    /// The controlplane's URL, as its dataplanes and the CLI use it.
     pub fn grpc_url(&self) -> String {
-        format!("http://{}", self.grpc)
+        self.dp_settings.controlplane_url.clone()
     }
 
-    /// A connected gRPC channel to the controlplane.
+    /// Settings a dataplane of this gateway starts with (its link secret, its TLS).
+    pub fn dataplane_settings(&self) -> &nm_gateway::config::Settings {
+        &self.dp_settings
+    }
+
+    /// A connected gRPC channel to the controlplane (over TLS, with the dataplane's client
+    /// certificate, in the TLS shape).
     pub async fn grpc_channel(&self) -> tonic::transport::Channel {
-        tonic::transport::Channel::from_shared(self.grpc_url())
-            .unwrap_or_else(|e| panic!("{e}"))
-            .connect()
+        let url = self.grpc_url();
+        let channel = nm_gateway::grpc::channel(&url, &self.dp_settings.controlplane_tls)
+            .unwrap_or_else(|e| panic!("{e}"));
+        // A lazy channel: make one call's worth of connection now, so a test fails here when
+        // the controlplane cannot be reached.
+        let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+        health
+            .check(tonic_health::pb::HealthCheckRequest::default())
             .await
-            .unwrap_or_else(|e| panic!("controlplane connect: {e}"))
+            .unwrap_or_else(|e| panic!("controlplane connect {url}: {e}"));
+        channel
     }
 
     pub async fn wait_healthy(&self) {
@@ -303,9 +347,8 @@ impl TestGateway {
 
     /// Split shape: stops the controlplane only.
     pub async fn stop_controlplane(&mut self) {
-        assert_eq!(
-            self.shape,
-            Shape::Split,
+        assert!(
+            self.shape.is_split(),
             "only a split gateway has a separate controlplane"
         );
         let cp = self.running.remove(0);
@@ -316,9 +359,8 @@ impl TestGateway {
 
     /// Split shape: starts a controlplane again on the same address and database.
     pub async fn restart_controlplane(&mut self) {
-        assert_eq!(
-            self.shape,
-            Shape::Split,
+        assert!(
+            self.shape.is_split(),
             "only a split gateway has a separate controlplane"
         );
         let mut settings = self.cp_settings.clone();
@@ -358,15 +400,29 @@ impl TestGateway {
     /// it could not deliver) and starts a new one with the same settings and spool directory.
     /// Returns once the new one is listening (not necessarily healthy).
     pub async fn restart_dataplane(&mut self) {
-        assert_eq!(
-            self.shape,
-            Shape::Split,
+        assert!(
+            self.shape.is_split(),
+            "only a split gateway has a separate dataplane"
+        );
+        self.stop_dataplane().await;
+        self.start_dataplane().await;
+    }
+
+    /// Split shape: stops the dataplane (it drains, and spools what it could not deliver).
+    pub async fn stop_dataplane(&mut self) {
+        assert!(
+            self.shape.is_split(),
             "only a split gateway has a separate dataplane"
         );
         let dp = self.running.pop().unwrap_or_else(|| panic!("no dataplane"));
         dp.stop()
             .await
             .unwrap_or_else(|e| panic!("dataplane stop: {e:#}"));
+    }
+
+    /// Split shape: starts the dataplane again with the same settings, address and spool.
+    /// Returns once it is listening (not necessarily healthy).
+    pub async fn start_dataplane(&mut self) {
         let mut settings = self.dp_settings.clone();
         settings.http_addr = self.http;
         let dp = app::start_dataplane(&settings)

@@ -9,6 +9,7 @@
 pub mod gateway;
 pub mod http;
 pub mod mock;
+pub mod pki;
 
 use std::future::Future;
 use std::time::Duration;

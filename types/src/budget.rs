@@ -169,3 +169,34 @@ mod tests {
         }
     }
 }
+
+// === the budget feed ===
+
+/// One end user's spend in the current periods, and their admitted requests in the current
+/// minute, as the controlplane counts them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Spend {
+    pub day_micros: u64,
+    pub month_micros: u64,
+    /// UTC minute (Unix minutes) that `minute_requests` counts.
+    pub minute: i64,
+    pub minute_requests: u32,
+}
+
+/// One message of the controlplane's budget feed to its dataplanes: a full state (rules and
+/// every user's spend), or the users whose spend changed, or (empty) a heartbeat.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Feed {
+    /// Changes whenever the controlplane restarts; `seq` counts ingested batches within it.
+    pub epoch: u64,
+    pub seq: u64,
+    /// Replaces everything known (rules and spend).
+    pub full: bool,
+    /// With `full`: the default rule and the per-user overrides.
+    pub default: Option<BudgetRule>,
+    pub overrides: Vec<(String, BudgetRule)>,
+    pub spend: Vec<(String, Spend)>,
+    /// The controlplane's current day and month the spend counts toward.
+    pub day: i64,
+    pub month: i64,
+}

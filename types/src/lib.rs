@@ -11,6 +11,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
+use hmac::{Hmac, KeyInit, Mac};
 use sha2::{Digest, Sha256};
 
 /// Longest accepted `NM-Agent` value, in bytes.
@@ -208,6 +209,67 @@ pub type KeyHash = [u8; 32];
 
 pub fn hash_key(secret: &str) -> KeyHash {
     Sha256::digest(secret.as_bytes()).into()
+}
+
+/// What a dataplane holds to check keys: an HMAC-SHA-256 of each key's [`KeyHash`] under a key
+/// derived from the deployment's link secret. The key stream between the halves carries these
+/// verifiers, never the plain hashes, so a reader of that stream (a log, a capture, a proxy)
+/// has nothing to test guesses against without the link secret as well.
+#[derive(Clone)]
+pub struct VerifierKey(Hmac<Sha256>);
+
+impl VerifierKey {
+    /// Domain separation: the link secret also authenticates the dataplane; the verifier key is
+    /// a different value derived from it.
+    const CONTEXT: &'static [u8] = b"nm-gateway key verifier v1\0";
+
+    pub fn from_link_secret(secret: &str) -> Self {
+        let mut derive = Sha256::new();
+        derive.update(Self::CONTEXT);
+        derive.update(secret.as_bytes());
+        let key: [u8; 32] = derive.finalize().into();
+        Self(<Hmac<Sha256> as KeyInit>::new_from_slice(&key).unwrap_or_else(|_| unreachable!()))
+    }
+
+    /// The verifier of a stored key hash (the controlplane's side).
+    pub fn of_hash(&self, hash: &KeyHash) -> KeyHash {
+        let mut mac = self.0.clone();
+        mac.update(hash);
+        mac.finalize().into_bytes().into()
+    }
+
+    /// The verifier of a presented secret (the dataplane's side).
+    pub fn of_secret(&self, secret: &str) -> KeyHash {
+        self.of_hash(&hash_key(secret))
+    }
+}
+
+impl fmt::Debug for VerifierKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("VerifierKey(..)")
+    }
+}
+
+/// One version of the valid keys, as a dataplane needs them: by verifier (see [`VerifierKey`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyVerifiers {
+    /// Grows whenever the key set changes.
+    pub version: u64,
+    pub keys: Vec<VerifiedKey>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifiedKey {
+    pub id: String,
+    pub verifier: KeyHash,
+    pub admin: bool,
+}
+
+/// Compares two secrets without an early exit at the first differing byte: both are hashed, and
+/// the digests compared in constant time.
+pub fn secrets_equal(a: &str, b: &str) -> bool {
+    use subtle::ConstantTimeEq;
+    hash_key(a).ct_eq(&hash_key(b)).into()
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use crate::keys::KeySet;
 pub const NM_KEY: http::HeaderName = http::HeaderName::from_static("nm-key");
 
 /// Paths served without a service key.
-pub const UNAUTHENTICATED_ROUTES: &[&str] = &["/health", "/metrics"];
+pub const UNAUTHENTICATED_ROUTES: &[&str] = &["/health", "/health/live", "/metrics"];
 
 #[derive(Debug, Clone)]
 pub struct AuthLayer {
@@ -65,6 +65,11 @@ where
         }
         let principal = match req.headers().get(&NM_KEY).map(|v| v.to_str()) {
             None => Err(ProxyError::MissingApiKey),
+            // Before the first key snapshot no key can be judged: "try again", not "wrong key"
+            // (SDKs give up on a 401 for good).
+            Some(_) if !self.keys.is_loaded() => Err(ProxyError::Unavailable(
+                "the gateway has not received its keys from the controlplane yet".to_owned(),
+            )),
             Some(Err(_)) => Err(ProxyError::InvalidApiKey),
             Some(Ok(secret)) => self
                 .keys

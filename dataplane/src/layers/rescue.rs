@@ -56,7 +56,7 @@ impl<S> Rescue<S> {
     /// The error shape for a path: its provider's, or the gateway envelope for our own routes.
     /// Unknown prefixes get the OpenAI shape, the one most clients parse.
     fn flavor(&self, path: &str) -> ErrorFlavor {
-        if path == "/health" || path.starts_with("/v1/") {
+        if path == "/health" || path.starts_with("/health/") || path.starts_with("/v1/") {
             return ErrorFlavor::Gateway;
         }
         let style = split_prefix(path)

@@ -1,23 +1,25 @@
-//! The record shipper: drains the dataplane's record queue into `IngestRequests` batches, and
-//! never loses what it accepted.
+//! The record shipper: drains the dataplane's record queue into batches for the controlplane,
+//! and never loses what it accepted without counting it.
 //!
-//! - Normally a batch (up to [`MAX_BATCH`] records, lingering up to [`LINGER`] to fill) goes
-//!   straight to the controlplane.
-//! - When a send fails, the batch is appended to the on-disk [`Spool`] (fsynced), and from then
-//!   on every new batch is appended behind it, so order is kept. The oldest spooled batch is
-//!   retried with backoff; when it is stored, it is popped and the next one follows at once.
+//! - Normally a batch (up to [`MAX_BATCH`] records and [`MAX_BATCH_BYTES`], lingering up to
+//!   [`LINGER`] to fill) goes straight to the controlplane through the link's [`Port`].
+//! - When a send fails for a reason that may pass (the controlplane is unreachable, its
+//!   database is down, the link secret is wrong), the batch is appended to the on-disk
+//!   [`Spool`] (fsynced), and from then on every new batch is appended behind it, so order is
+//!   kept. The oldest spooled batch is retried with backoff; when it is stored, it is popped and
+//!   the next one follows at once.
+//! - What the controlplane refuses for good (invalid data: a record alone, or a whole batch) is
+//!   set aside in the [`DeadLetters`] file and counted, and never blocks what follows it.
 //! - At shutdown, what is queued is sent if the controlplane answers within
 //!   [`FLUSH_DEADLINE`], else spooled: the next start replays it.
 //! - A batch sent twice (a crash between the send and the pop) is stored once: records are keyed
 //!   by request id.
 //! - When the spool reaches its cap, it drops its oldest batches; the dropped records are counted
 //!   in the dataplane's metrics and logged.
+//! - Delivery problems are logged at WARN at most once per [`WARN_EVERY`] (the rest at debug).
 //!
-//! Spool operations are blocking file I/O with fsync, so they run on the blocking pool.
-//!
-//! Batches go to a [`Destination`]: the controlplane's `IngestRequests` over gRPC, or, when
-//! `nm-gateway serve` runs both halves in one process, the same ingest called in process (no
-//! protobuf encoding, HTTP/2 or loopback socket per batch; the spool works the same either way).
+//! Spool and dead-letter operations are blocking file I/O with fsync, so they run on the
+//! blocking pool.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -29,17 +31,23 @@ use nm_dataplane::spool::{Spool, SpoolError, SpooledBatch};
 use prost::Message;
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tonic::transport::Channel;
+use std::sync::Arc as Shared;
 use tracing::{debug, error, info, warn};
 
-use nm_controlplane::{Records, RequestRecord};
+use nm_controlplane::RequestRecord;
 
-use super::convert::{record_from_pb, record_to_pb, record_to_stored};
-use super::pb::{self, dataplane_client::DataplaneClient};
-use super::status::to_status;
+use super::dead_letter::DeadLetters;
+use super::{Ingested, LinkError, Port};
+use crate::grpc::convert::{record_from_pb, record_to_pb, record_to_stored};
+use crate::grpc::link_pb;
 
-/// Most records per `IngestRequests` call.
+/// Most records per batch.
 pub const MAX_BATCH: usize = 1_000;
+/// Most bytes per batch, by [`size_bound`]: well below the link's message limit
+/// (`grpc::MAX_LINK_MESSAGE_BYTES`), so no batch can be too large to send.
+pub const MAX_BATCH_BYTES: usize = 4 * 1024 * 1024;
+/// How often a delivery problem is logged at WARN; the rest go to debug.
+pub const WARN_EVERY: Duration = Duration::from_secs(30);
 /// How long the shipper waits for more records before sending a batch.
 pub const LINGER: Duration = Duration::from_millis(50);
 /// How long shutdown tries to deliver the last records before spooling them.
@@ -80,55 +88,63 @@ impl SharedSpool {
     }
 }
 
-/// Where record batches are delivered.
-#[derive(Debug, Clone)]
-pub enum Destination {
-    /// A controlplane in another process, over gRPC.
-    Remote(DataplaneClient<Channel>),
-    /// The controlplane of this process (`nm-gateway serve`).
-    Local(Records),
+/// An upper bound of a record's encoded size: the text it holds plus a fixed allowance for
+/// the numbers and field tags (27 fields of at most 11 bytes of overhead each).
+pub fn size_bound(r: &RequestRecord) -> usize {
+    let opt = |s: &Option<String>| s.as_ref().map_or(0, String::len);
+    300 + r.request_id.len()
+        + r.key_id.len()
+        + r.provider.len()
+        + r.method.len()
+        + r.path.len()
+        + opt(&r.model)
+        + opt(&r.agent)
+        + opt(&r.session_id)
+        + opt(&r.env)
+        + opt(&r.user_id)
+        + opt(&r.error_code)
+        + opt(&r.usage.model)
+        + opt(&r.usage.finish_reason)
 }
 
-/// The budget feed position a stored batch's spend is part of (epoch, seq).
-type FeedPosition = (u64, u64);
-
-impl Destination {
-    /// Stores a batch. The records stay the caller's, so a batch that is not stored can be
-    /// spooled, and one that is can settle its budget reservations, without a copy: in process
-    /// they are stored as they are; to a remote controlplane they are encoded.
-    async fn ingest(&mut self, batch: &[RequestRecord]) -> Result<FeedPosition, tonic::Status> {
-        match self {
-            Self::Remote(client) => {
-                let records = batch.iter().cloned().map(record_to_pb).collect();
-                let resp = client
-                    .ingest_requests(pb::IngestRequestsRequest { records })
-                    .await?
-                    .into_inner();
-                Ok((resp.epoch, resp.seq))
-            }
-            Self::Local(records) => {
-                let outcome = records.ingest(batch).await.map_err(to_status)?;
-                Ok((outcome.epoch, outcome.seq))
-            }
+/// Cuts `records` into runs of at most [`MAX_BATCH`] records and [`MAX_BATCH_BYTES`].
+fn chunks(records: &[RequestRecord]) -> Vec<&[RequestRecord]> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, r) in records.iter().enumerate() {
+        let size = size_bound(r);
+        if i > start && (i - start == MAX_BATCH || bytes + size > MAX_BATCH_BYTES) {
+            out.push(&records[start..i]);
+            (start, bytes) = (i, 0);
         }
+        bytes += size;
     }
+    if start < records.len() {
+        out.push(&records[start..]);
+    }
+    out
 }
 
 /// Drains `queue` until `stop` turns true and the queue is empty.
 pub async fn ship(
-    mut destination: Destination,
+    port: Shared<dyn Port>,
     mut queue: RecordQueue,
     budgets: Budgets,
     spool: SharedSpool,
+    dead_letters: DeadLetters,
     metrics: Metrics,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut shipper = Shipper {
+        port,
         budgets,
         spool,
+        dead_letters,
         metrics,
         backoff: MIN_BACKOFF,
         retry_at: Instant::now(),
+        warned_at: None,
+        quiet_failures: 0,
     };
     shipper.publish_spool_gauges();
     if !shipper.spool_empty() {
@@ -142,7 +158,7 @@ pub async fn ship(
     loop {
         // Retry the spool's head when due; a success may be followed by more at once.
         if !shipper.spool_empty() && Instant::now() >= shipper.retry_at {
-            shipper.send_spooled(&mut destination).await;
+            shipper.send_spooled().await;
             continue;
         }
         // Wait for the first record of a batch, or until the spool's next retry.
@@ -172,7 +188,7 @@ pub async fn ship(
         }
         let records = std::mem::replace(&mut batch, Vec::with_capacity(MAX_BATCH));
         if shipper.spool_empty() {
-            if !shipper.send(&mut destination, &records).await {
+            if !shipper.send(&records).await {
                 shipper.append(records).await;
             }
         } else {
@@ -188,7 +204,7 @@ pub async fn ship(
     }
     let deadline = Instant::now() + FLUSH_DEADLINE;
     while !shipper.spool_empty() && Instant::now() < deadline {
-        if !shipper.send_spooled(&mut destination).await {
+        if !shipper.send_spooled().await {
             break;
         }
     }
@@ -202,7 +218,7 @@ pub async fn ship(
         }
         // A send cut off by the deadline may still have been stored: spooling it too is
         // harmless (stored once per request id).
-        match tokio::time::timeout_at(deadline, shipper.send(&mut destination, &chunk)).await {
+        match tokio::time::timeout_at(deadline, shipper.send(&chunk)).await {
             Ok(true) => {}
             Ok(false) | Err(_) => shipper.append(chunk).await,
         }
@@ -218,7 +234,8 @@ pub async fn ship(
     }
 }
 
-/// Moves queued records into `batch`, up to [`MAX_BATCH`], without waiting.
+/// Moves queued records into `batch`, up to [`MAX_BATCH`] records (its bytes are bounded when
+/// it is sent, see [`chunks`]), without waiting.
 fn take_queued(queue: &mut RecordQueue, batch: &mut Vec<RequestRecord>) {
     while batch.len() < MAX_BATCH {
         match queue.try_recv() {
@@ -236,11 +253,17 @@ async fn sleep_until(at: Option<Instant>) {
 }
 
 struct Shipper {
+    port: Shared<dyn Port>,
     budgets: Budgets,
     spool: SharedSpool,
+    dead_letters: DeadLetters,
     metrics: Metrics,
     backoff: Duration,
     retry_at: Instant,
+    /// When a delivery problem was last logged at WARN, and how many failures since then went
+    /// unreported at that level.
+    warned_at: Option<Instant>,
+    quiet_failures: u64,
 }
 
 impl Shipper {
@@ -248,34 +271,39 @@ impl Shipper {
         self.spool.with(Spool::is_empty)
     }
 
-    /// Sends one batch; false when the controlplane did not take it.
-    async fn send(&mut self, destination: &mut Destination, records: &[RequestRecord]) -> bool {
-        match destination.ingest(records).await {
-            Ok(position) => {
-                self.delivered(records, position);
-                true
-            }
-            Err(status) => {
-                debug!(code = ?status.code(), message = status.message(), records = records.len(), "record delivery failed; spooling");
-                self.failed();
-                false
+    /// Delivers `records` in chunks of bounded size; false when the controlplane did not take
+    /// them all for a reason that may pass (the caller keeps them to retry). What it refuses for
+    /// good is dead-lettered: those records are settled.
+    async fn send(&mut self, records: &[RequestRecord]) -> bool {
+        for chunk in chunks(records) {
+            match self.port.ingest(chunk).await {
+                Ok(ingested) => self.delivered(chunk, &ingested).await,
+                Err(LinkError::Rejected(why)) => {
+                    let refused: Vec<_> = chunk.iter().map(|r| (r, why.as_str())).collect();
+                    self.dead_letter(&refused).await;
+                }
+                Err(e) => {
+                    self.failed(&e, records.len());
+                    return false;
+                }
             }
         }
+        true
     }
 
     /// Tries the oldest spooled batch; true when it was delivered (or unreadable and skipped).
-    async fn send_spooled(&mut self, destination: &mut Destination) -> bool {
+    async fn send_spooled(&mut self) -> bool {
         let head = match self.spool.run(Spool::peek).await {
             Ok(Some(head)) => head,
             Ok(None) => return true,
             Err(e) => {
                 error!(error = %e, "cannot read the record spool");
-                self.failed();
+                self.retry_later();
                 return false;
             }
         };
         let SpooledBatch { bytes, records } = head;
-        let req = match pb::IngestRequestsRequest::decode(bytes.as_slice()) {
+        let req = match link_pb::IngestRequestsRequest::decode(bytes.as_slice()) {
             Ok(req) => req,
             Err(e) => {
                 // Frames are CRC-checked, so this is a batch of another version; it cannot be
@@ -287,18 +315,20 @@ impl Shipper {
                 return true;
             }
         };
-        let records: Vec<RequestRecord> = req.records.into_iter().map(record_from_pb).collect();
-        match destination.ingest(&records).await {
-            Ok(position) => {
-                self.delivered(&records, position);
-                self.pop().await;
-                true
-            }
-            Err(status) => {
-                debug!(code = ?status.code(), "spooled batch not delivered yet");
-                self.failed();
-                false
-            }
+        let records: Vec<RequestRecord> = req
+            .records
+            .into_iter()
+            .map(|r| {
+                let mut r = record_from_pb(r);
+                nm_controlplane::records::shorten_path(&mut r.path);
+                r
+            })
+            .collect();
+        if self.send(&records).await {
+            self.pop().await;
+            true
+        } else {
+            false
         }
     }
 
@@ -313,7 +343,7 @@ impl Shipper {
     async fn append(&mut self, records: Vec<RequestRecord>) {
         let n = records.len();
         let records = records.into_iter().map(record_to_pb).collect();
-        let bytes = pb::IngestRequestsRequest { records }.encode_to_vec();
+        let bytes = link_pb::IngestRequestsRequest { records }.encode_to_vec();
         let count = u32::try_from(n).unwrap_or(u32::MAX);
         let dropped_before = self.spool.with(Spool::dropped_records);
         match self.spool.run(move |s| s.append(&bytes, count)).await {
@@ -336,17 +366,87 @@ impl Shipper {
         self.publish_spool_gauges();
     }
 
-    fn delivered(&mut self, records: &[RequestRecord], (epoch, seq): FeedPosition) {
+    async fn delivered(&mut self, records: &[RequestRecord], ingested: &Ingested) {
+        if !ingested.rejected.is_empty() {
+            let refused: Vec<_> = ingested
+                .rejected
+                .iter()
+                .filter_map(|(i, why)| Some((records.get(*i)?, why.as_str())))
+                .collect();
+            self.dead_letter(&refused).await;
+        }
         let budgeted = records.iter().filter_map(|r| {
             r.budget_micros?;
             Some((r.user_id.as_deref()?, r.request_id.as_str()))
         });
-        self.budgets.delivered(budgeted, epoch, seq);
+        self.budgets
+            .delivered(budgeted, ingested.epoch, ingested.seq);
         self.backoff = MIN_BACKOFF;
         self.retry_at = Instant::now();
     }
 
-    fn failed(&mut self) {
+    /// Sets aside records the controlplane refused for good, and counts them.
+    async fn dead_letter(&mut self, refused: &[(&RequestRecord, &str)]) {
+        let n = refused.len() as u64;
+        self.metrics.records_dead_lettered(n);
+        let owned: Vec<(RequestRecord, String)> = refused
+            .iter()
+            .map(|(r, why)| ((*r).clone(), (*why).to_owned()))
+            .collect();
+        let first_reason = owned.first().map(|(_, why)| why.clone()).unwrap_or_default();
+        let file = self.dead_letters.clone();
+        let at_ms = nm_controlplane::now_ms();
+        let written = tokio::task::spawn_blocking(move || {
+            let refs: Vec<_> = owned.iter().map(|(r, why)| (r, why.as_str())).collect();
+            file.append(&refs, at_ms)
+        })
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+        if self.warn_due() {
+            match written {
+                Ok(()) => warn!(
+                    records = n,
+                    reason = %first_reason,
+                    file = %self.dead_letters.path().display(),
+                    "the controlplane refused request records for good; set aside in the dead-letter file"
+                ),
+                Err(e) => warn!(
+                    records = n,
+                    reason = %first_reason,
+                    error = %e,
+                    "the controlplane refused request records for good; the dead-letter file could not take them"
+                ),
+            }
+        }
+    }
+
+    fn failed(&mut self, e: &LinkError, records: usize) {
+        if self.warn_due() {
+            warn!(
+                error = %e,
+                records,
+                failures_since_last_report = self.quiet_failures,
+                "request records not delivered; spooled, retrying with backoff"
+            );
+            self.quiet_failures = 0;
+        } else {
+            self.quiet_failures += 1;
+            debug!(error = %e, records, "request records not delivered");
+        }
+        self.retry_later();
+    }
+
+    /// Whether a WARN line may be logged now (at most one per [`WARN_EVERY`]).
+    fn warn_due(&mut self) -> bool {
+        let now = Instant::now();
+        if self.warned_at.is_some_and(|at| now < at + WARN_EVERY) {
+            return false;
+        }
+        self.warned_at = Some(now);
+        true
+    }
+
+    fn retry_later(&mut self) {
         self.retry_at = Instant::now() + self.backoff;
         self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
     }

@@ -1,0 +1,74 @@
+//! The in-process adapter: the dataplane of `nm-gateway serve` calls its own controlplane
+//! directly. Streams are the controlplane's own; records and signals are stored by reference.
+
+use nm_controlplane::{Controlplane, NewSignal, RequestRecord};
+use nm_types::budget::Feed;
+use nm_types::{KeyVerifiers, VerifierKey};
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::{Ingested, LinkError, LinkStream, Port};
+
+#[derive(Debug, Clone)]
+pub struct InProcess {
+    cp: Controlplane,
+    verifier: VerifierKey,
+}
+
+impl InProcess {
+    pub fn new(cp: Controlplane, verifier: VerifierKey) -> Self {
+        Self { cp, verifier }
+    }
+}
+
+/// The one mapping of a controlplane error for an in-process caller: invalid data is refused
+/// for good, anything else is "try again"; the database's text stays in the log.
+fn link_error(e: nm_controlplane::Error) -> LinkError {
+    match e {
+        nm_controlplane::Error::InvalidArgument(m) => LinkError::Rejected(m),
+        other => {
+            tracing::error!(error = %other, "controlplane error");
+            LinkError::Unavailable("the controlplane could not store it".to_owned())
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Port for InProcess {
+    async fn watch_keys(&self, dataplane: &str) -> Result<LinkStream<KeyVerifiers>, LinkError> {
+        let rx = nm_controlplane::feeds::key_snapshots(
+            &self.cp.keys,
+            self.verifier.clone(),
+            dataplane.to_owned(),
+            self.cp.shutdown(),
+        );
+        Ok(Box::pin(ReceiverStream::new(rx).map(Ok)))
+    }
+
+    async fn watch_budgets(&self, dataplane: &str) -> Result<LinkStream<Feed>, LinkError> {
+        let rx = nm_controlplane::feeds::budget_feed(
+            &self.cp.budgets,
+            dataplane.to_owned(),
+            self.cp.shutdown(),
+        );
+        Ok(Box::pin(ReceiverStream::new(rx).map(Ok)))
+    }
+
+    async fn ingest(&self, batch: &[RequestRecord]) -> Result<Ingested, LinkError> {
+        let outcome = self.cp.records.ingest(batch).await.map_err(link_error)?;
+        Ok(Ingested {
+            epoch: outcome.epoch,
+            seq: outcome.seq,
+            rejected: outcome.rejected,
+        })
+    }
+
+    async fn record_signal(&self, signal: NewSignal) -> Result<(), LinkError> {
+        self.cp
+            .signals
+            .record(signal)
+            .await
+            .map(drop)
+            .map_err(link_error)
+    }
+}

@@ -1,0 +1,151 @@
+//! The link between a dataplane and its controlplane: one port ([`Port`]) for the four flows,
+//! with two adapters.
+//!
+//! | flow | direction | type |
+//! |---|---|---|
+//! | key snapshots | controlplane → dataplane, a stream with heartbeats | [`KeyVerifiers`] |
+//! | budget feed | controlplane → dataplane, a stream with heartbeats | [`Feed`] |
+//! | request records | dataplane → controlplane, batches | [`RequestRecord`] |
+//! | signals | dataplane → controlplane, one at a time, answered after the commit | [`NewSignal`] |
+//!
+//! - [`local::InProcess`]: the controlplane of the same process (`nm-gateway serve`). All four
+//!   flows call the controlplane crate directly: no protobuf, no socket.
+//! - [`remote::Grpc`]: a controlplane in another process (`nm-gateway dataplane`), over the
+//!   `nm.link.v1.Link` service, presenting the link secret, over TLS when the URL is `https://`.
+//!
+//! One rule: `serve` uses the in-process adapter for everything; a separate dataplane uses gRPC
+//! for everything. The dataplane's side of each flow ([`watch`], [`shipper`]) is written once,
+//! against the port.
+
+pub mod dead_letter;
+pub mod local;
+pub mod remote;
+pub mod shipper;
+pub mod watch;
+
+use std::fmt;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use nm_dataplane::RecordQueue;
+use nm_dataplane::budget::Budgets;
+use nm_dataplane::metrics::Metrics;
+use nm_dataplane::{Health, KeySet};
+use tokio::sync::watch as signal;
+use tokio::task::JoinHandle;
+
+use nm_controlplane::{NewSignal, RequestRecord};
+use nm_types::KeyVerifiers;
+use nm_types::budget::Feed;
+use tokio_stream::Stream;
+
+/// A stream from the controlplane; an item error ends it.
+pub type LinkStream<T> = Pin<Box<dyn Stream<Item = Result<T, LinkError>> + Send>>;
+
+/// Why a link call failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LinkError {
+    /// The controlplane could not be reached or could not store it now: try again later.
+    #[error("controlplane unavailable: {0}")]
+    Unavailable(String),
+    /// The controlplane refused the data for breaking a rule: sending it again cannot help.
+    #[error("refused by the controlplane: {0}")]
+    Rejected(String),
+    /// The controlplane does not accept this dataplane (a wrong or missing link secret, or a
+    /// client certificate it does not trust).
+    #[error("not accepted by the controlplane: {0}")]
+    Unauthenticated(String),
+}
+
+/// What the controlplane did with a batch of records.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Ingested {
+    /// The budget feed position that includes this batch's spend.
+    pub epoch: u64,
+    pub seq: u64,
+    /// Records refused for breaking a rule: (index in the batch, the rule).
+    pub rejected: Vec<(usize, String)>,
+}
+
+/// The four flows between a dataplane and its controlplane.
+#[async_trait::async_trait]
+pub trait Port: fmt::Debug + Send + Sync + 'static {
+    /// The valid keys: a snapshot at once, then on every change and as a heartbeat.
+    async fn watch_keys(&self, dataplane: &str) -> Result<LinkStream<KeyVerifiers>, LinkError>;
+
+    /// The budget feed: a full state at once, then deltas and heartbeats.
+    async fn watch_budgets(&self, dataplane: &str) -> Result<LinkStream<Feed>, LinkError>;
+
+    /// Stores a batch of records (each once per request id; a resent batch is harmless).
+    async fn ingest(&self, batch: &[RequestRecord]) -> Result<Ingested, LinkError>;
+
+    /// Stores one signal; resolves after the commit.
+    async fn record_signal(&self, signal: NewSignal) -> Result<(), LinkError>;
+}
+
+/// The dataplane state the link keeps current, and where its records wait.
+#[derive(Debug, Clone)]
+pub struct LinkTargets {
+    pub keys: KeySet,
+    pub health: Health,
+    pub budgets: Budgets,
+    pub metrics: Metrics,
+    /// Where records wait while the controlplane is unreachable.
+    pub spool: shipper::SharedSpool,
+    /// Where records the controlplane refused for good are set aside.
+    pub dead_letters: dead_letter::DeadLetters,
+}
+
+/// The dataplane's side of the link, running: the key and budget watchers and the record
+/// shipper. [`Link::stop`] flushes the queued records and ends all three.
+#[derive(Debug)]
+pub struct Link {
+    stop: signal::Sender<bool>,
+    key_watcher: JoinHandle<()>,
+    budget_watcher: JoinHandle<()>,
+    shipper: JoinHandle<()>,
+}
+
+impl Link {
+    pub fn spawn(port: Arc<dyn Port>, targets: LinkTargets, queue: RecordQueue, name: String) -> Self {
+        let (stop, stop_rx) = signal::channel(false);
+        let key_watcher = tokio::spawn(watch::watch_keys(
+            port.clone(),
+            targets.keys,
+            targets.health.clone(),
+            name.clone(),
+            stop_rx.clone(),
+        ));
+        let budget_watcher = tokio::spawn(watch::watch_budgets(
+            port.clone(),
+            targets.budgets.clone(),
+            targets.health,
+            targets.metrics.clone(),
+            name,
+            stop_rx.clone(),
+        ));
+        let shipper = tokio::spawn(shipper::ship(
+            port,
+            queue,
+            targets.budgets,
+            targets.spool,
+            targets.dead_letters,
+            targets.metrics,
+            stop_rx,
+        ));
+        Self {
+            stop,
+            key_watcher,
+            budget_watcher,
+            shipper,
+        }
+    }
+
+    /// Stops watching, delivers or spools what is queued, and returns.
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        self.key_watcher.abort();
+        self.budget_watcher.abort();
+        let _ = self.shipper.await;
+    }
+}

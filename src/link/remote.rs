@@ -1,0 +1,133 @@
+//! The gRPC adapter: a dataplane talks to a controlplane in another process over
+//! `nm.link.v1.Link`, presenting the link secret on every call (over TLS for an `https://`
+//! controlplane URL; see [`crate::grpc::channel`]).
+
+use nm_controlplane::{NewSignal, RequestRecord};
+use nm_types::KeyVerifiers;
+use nm_types::budget::Feed;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+use tokio_stream::StreamExt;
+
+use super::{Ingested, LinkError, LinkStream, Port};
+use crate::grpc::link_pb::{self, link_client::LinkClient};
+use crate::grpc::{LINK_SECRET_METADATA, MAX_LINK_MESSAGE_BYTES, convert};
+
+/// Adds the link secret to every call.
+#[derive(Clone)]
+pub struct PresentSecret(MetadataValue<Ascii>);
+
+impl std::fmt::Debug for PresentSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PresentSecret(..)")
+    }
+}
+
+impl tonic::service::Interceptor for PresentSecret {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        req.metadata_mut()
+            .insert(LINK_SECRET_METADATA, self.0.clone());
+        Ok(req)
+    }
+}
+
+type Client = LinkClient<InterceptedService<Channel, PresentSecret>>;
+
+#[derive(Debug, Clone)]
+pub struct Grpc {
+    client: Client,
+}
+
+impl Grpc {
+    /// A link over `channel` that presents `secret` (printable ASCII, checked at start).
+    pub fn new(channel: Channel, secret: &str) -> anyhow::Result<Self> {
+        let mut value: MetadataValue<Ascii> = secret
+            .parse()
+            .map_err(|_| anyhow::anyhow!("NM_LINK_SECRET is not a valid metadata value"))?;
+        value.set_sensitive(true);
+        let client = LinkClient::with_interceptor(channel, PresentSecret(value))
+            .max_encoding_message_size(MAX_LINK_MESSAGE_BYTES)
+            .max_decoding_message_size(MAX_LINK_MESSAGE_BYTES);
+        Ok(Self { client })
+    }
+}
+
+/// The one mapping of a gRPC status for the link's client side.
+fn link_error(status: tonic::Status) -> LinkError {
+    let message = format!("{}: {}", status.code(), status.message());
+    match status.code() {
+        tonic::Code::InvalidArgument | tonic::Code::OutOfRange | tonic::Code::ResourceExhausted => {
+            LinkError::Rejected(message)
+        }
+        tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => {
+            LinkError::Unauthenticated(message)
+        }
+        _ => LinkError::Unavailable(message),
+    }
+}
+
+#[async_trait::async_trait]
+impl Port for Grpc {
+    async fn watch_keys(&self, dataplane: &str) -> Result<LinkStream<KeyVerifiers>, LinkError> {
+        let stream = self
+            .client
+            .clone()
+            .watch_keys(link_pb::WatchKeysRequest {
+                dataplane: dataplane.to_owned(),
+            })
+            .await
+            .map_err(link_error)?
+            .into_inner();
+        Ok(Box::pin(stream.map(|item| {
+            item.map_err(link_error)
+                .map(convert::key_verifiers_from_pb)
+        })))
+    }
+
+    async fn watch_budgets(&self, dataplane: &str) -> Result<LinkStream<Feed>, LinkError> {
+        let stream = self
+            .client
+            .clone()
+            .watch_budgets(link_pb::WatchBudgetsRequest {
+                dataplane: dataplane.to_owned(),
+            })
+            .await
+            .map_err(link_error)?
+            .into_inner();
+        Ok(Box::pin(stream.map(|item| {
+            item.map_err(link_error).map(convert::feed_from_pb)
+        })))
+    }
+
+    async fn ingest(&self, batch: &[RequestRecord]) -> Result<Ingested, LinkError> {
+        let records = batch.iter().cloned().map(convert::record_to_pb).collect();
+        let resp = self
+            .client
+            .clone()
+            .ingest_requests(link_pb::IngestRequestsRequest { records })
+            .await
+            .map_err(link_error)?
+            .into_inner();
+        Ok(Ingested {
+            epoch: resp.epoch,
+            seq: resp.seq,
+            rejected: resp
+                .rejected
+                .into_iter()
+                .map(|r| (r.index as usize, r.reason))
+                .collect(),
+        })
+    }
+
+    async fn record_signal(&self, signal: NewSignal) -> Result<(), LinkError> {
+        self.client
+            .clone()
+            .record_signal(link_pb::RecordSignalRequest {
+                signal: Some(convert::signal_to_pb(signal)),
+            })
+            .await
+            .map(drop)
+            .map_err(link_error)
+    }
+}

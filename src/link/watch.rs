@@ -1,0 +1,188 @@
+//! The dataplane's side of the controlplane's two streams, written once against the [`Port`]:
+//! a key watcher that keeps the in-memory [`KeySet`] current and `/health` truthful, and a
+//! budget watcher that keeps the end-user [`Budgets`] current. Also the [`SignalSink`] that
+//! hands each signal to the port.
+//!
+//! Neither ever blocks a request. When the controlplane is unreachable, the last known keys and
+//! budgets stay in force and `/health` answers 503 with the reason (a wrong link secret says
+//! so); each stream is reopened with backoff.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use nm_dataplane::budget::Budgets;
+use nm_dataplane::metrics::Metrics;
+use nm_dataplane::{
+    Health, KeySet, Principal, SignalSink, SignalSubmission, SubmitError, SubmitFuture,
+};
+use nm_types::KeyVerifiers;
+use tokio::sync::watch;
+use tokio_stream::StreamExt;
+use tracing::{debug, warn};
+
+use super::{LinkError, LinkStream, Port};
+use crate::grpc::convert::signal_to_stored;
+
+/// Without a snapshot or heartbeat for this long, the controlplane counts as unreachable.
+pub const STALE_AFTER: Duration = Duration::from_secs(6);
+const MIN_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// How long a signal request waits for the controlplane's commit before answering 503.
+pub const SIGNAL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Sends each signal through the port and resolves once it is committed.
+#[derive(Debug, Clone)]
+pub struct PortSignals(pub Arc<dyn Port>);
+
+impl SignalSink for PortSignals {
+    fn submit(&self, signal: SignalSubmission) -> SubmitFuture {
+        let port = self.0.clone();
+        Box::pin(async move {
+            let signal = signal_to_stored(signal);
+            match tokio::time::timeout(SIGNAL_TIMEOUT, port.record_signal(signal)).await {
+                Err(_) => Err(SubmitError::Unavailable(format!(
+                    "controlplane did not answer within {}s",
+                    SIGNAL_TIMEOUT.as_secs()
+                ))),
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(LinkError::Rejected(why))) => Err(SubmitError::Rejected(why)),
+                Ok(Err(e)) => {
+                    debug!(error = %e, "signal not stored");
+                    Err(SubmitError::Unavailable(
+                        "the controlplane could not store the signal".to_owned(),
+                    ))
+                }
+            }
+        })
+    }
+}
+
+/// Keeps `keys` current and reports the controlplane's reachability on `health`.
+pub async fn watch_keys(
+    port: Arc<dyn Port>,
+    keys: KeySet,
+    health: Health,
+    name: String,
+    stop: watch::Receiver<bool>,
+) {
+    let mut last_version = None;
+    // Whether this outage was reported at WARN already (the stream is retried every few
+    // seconds; one line per outage is enough).
+    let warned = AtomicBool::new(false);
+    let on_message = |snapshot: KeyVerifiers| {
+        warned.store(false, Ordering::Relaxed);
+        if last_version != Some(snapshot.version) {
+            debug!(
+                version = snapshot.version,
+                keys = snapshot.keys.len(),
+                "key snapshot"
+            );
+            last_version = Some(snapshot.version);
+        }
+        keys.replace(principals(snapshot));
+        health.set_controlplane_ok();
+    };
+    let on_lost = |problem: String| {
+        if !warned.swap(true, Ordering::Relaxed) {
+            warn!(problem = %problem, "controlplane unreachable; keeping the last known keys");
+        } else {
+            debug!(problem = %problem, "controlplane still unreachable");
+        }
+        health.set_controlplane_problem(problem);
+    };
+    let open = || {
+        let port = port.clone();
+        let name = name.clone();
+        async move { port.watch_keys(&name).await }
+    };
+    follow("key snapshot", open, on_message, on_lost, stop).await;
+}
+
+/// Keeps `budgets` current from the controlplane's feed. While the feed is down the last known
+/// state stays in force (the key watcher reports the outage on `/health`).
+pub async fn watch_budgets(
+    port: Arc<dyn Port>,
+    budgets: Budgets,
+    health: Health,
+    metrics: Metrics,
+    name: String,
+    stop: watch::Receiver<bool>,
+) {
+    let on_message = |feed: nm_types::budget::Feed| {
+        let full = feed.full;
+        budgets.apply_feed(feed);
+        if full {
+            metrics.set_budget_rules(budgets.rules());
+        }
+        health.set_budgets_loaded();
+    };
+    let on_lost = |problem: String| {
+        debug!(problem = %problem, "budget feed lost; keeping the last known budgets");
+    };
+    let open = || {
+        let port = port.clone();
+        let name = name.clone();
+        async move { port.watch_budgets(&name).await }
+    };
+    follow("budget feed", open, on_message, on_lost, stop).await;
+}
+
+/// Follows one of the controlplane's streams for as long as the link runs: opens it, hands
+/// every message to `on_message`, and when it fails, closes or stays silent for
+/// [`STALE_AFTER`] (the controlplane sends heartbeats), reports the problem to `on_lost` and
+/// reopens it with backoff (100 ms, doubling to 2 s).
+async fn follow<T, Open, Fut>(
+    what: &'static str,
+    mut open: Open,
+    mut on_message: impl FnMut(T),
+    mut on_lost: impl FnMut(String),
+    mut stop: watch::Receiver<bool>,
+) where
+    Open: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<LinkStream<T>, LinkError>>,
+{
+    let mut backoff = MIN_BACKOFF;
+    loop {
+        let problem = match open().await {
+            Err(e) => e.to_string(),
+            Ok(mut stream) => loop {
+                match tokio::time::timeout(STALE_AFTER, stream.next()).await {
+                    Ok(Some(Ok(msg))) => {
+                        on_message(msg);
+                        backoff = MIN_BACKOFF;
+                    }
+                    Ok(None) => break format!("{what} closed by the controlplane"),
+                    Ok(Some(Err(e))) => break e.to_string(),
+                    Err(_) => break format!("no {what} for {}s", STALE_AFTER.as_secs()),
+                }
+            },
+        };
+        if *stop.borrow() {
+            return;
+        }
+        on_lost(problem);
+        tokio::select! {
+            () = tokio::time::sleep(backoff) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+fn principals(snapshot: KeyVerifiers) -> HashMap<nm_types::KeyHash, Principal> {
+    snapshot
+        .keys
+        .into_iter()
+        .map(|k| {
+            (
+                k.verifier,
+                Principal {
+                    key_id: Arc::from(k.id),
+                    admin: k.admin,
+                },
+            )
+        })
+        .collect()
+}
