@@ -121,9 +121,8 @@ pub async fn start_serve(settings: &Settings) -> anyhow::Result<Running> {
     let (cp, grpc_addr, generated_admin_key, cp_task) = controlplane(settings, cp_rx).await?;
     // Verifiers made in process never leave it; with a link secret they are the same ones
     // extra dataplanes get.
-    let verifier = VerifierKey::from_link_secret(
-        settings.link_secret.as_ref().map_or("", |s| s.expose()),
-    );
+    let verifier =
+        VerifierKey::from_link_secret(settings.link_secret.as_ref().map_or("", |s| s.expose()));
     let port: Arc<dyn Port> = Arc::new(InProcess::new(cp, verifier.clone()));
     let (http_addr, dp_task) = dataplane(settings, port, verifier, rx).await?;
     let task = tokio::spawn(async move {
@@ -157,10 +156,16 @@ async fn controlplane(
         .await
         .with_context(|| format!("cannot listen on NM_GRPC_ADDR {}", settings.grpc_addr))?;
     let addr = listener.local_addr()?;
-    let tls = if settings.grpc_tls.is_some() { "TLS" } else { "plaintext" };
+    let tls = if settings.grpc_tls.is_some() {
+        "TLS"
+    } else {
+        "plaintext"
+    };
     info!(%addr, tls, link = settings.link_secret.is_some(), "controlplane gRPC listening on {addr}");
     if settings.link_secret.is_none() && settings.mode == Mode::Controlplane {
-        tracing::warn!("no NM_LINK_SECRET: this controlplane serves the admin API only; dataplanes cannot connect");
+        tracing::warn!(
+            "no NM_LINK_SECRET: this controlplane serves the admin API only; dataplanes cannot connect"
+        );
     }
     // Recommendations are recomputed on a schedule (and on demand over gRPC).
     let scheduler = settings.analytics_interval.map(|every| {

@@ -466,12 +466,17 @@ pub fn resolve(
         path_of(ENV_GRPC_TLS_KEY, file.grpc_tls_key),
         path_of(ENV_GRPC_TLS_CLIENT_CA, file.grpc_tls_client_ca),
     )?;
-    let controlplane_tls = client_tls(
-        cp_uri.scheme_str() == Some("https"),
-        path_of(ENV_CONTROLPLANE_CA, file.controlplane_ca),
-        path_of(ENV_CONTROLPLANE_CLIENT_CERT, file.controlplane_client_cert),
-        path_of(ENV_CONTROLPLANE_CLIENT_KEY, file.controlplane_client_key),
-    )?;
+    // Only the shapes that connect to a controlplane read the client side.
+    let controlplane_tls = if matches!(mode, Mode::Dataplane | Mode::Client) {
+        client_tls(
+            cp_uri.scheme_str() == Some("https"),
+            path_of(ENV_CONTROLPLANE_CA, file.controlplane_ca),
+            path_of(ENV_CONTROLPLANE_CLIENT_CERT, file.controlplane_client_cert),
+            path_of(ENV_CONTROLPLANE_CLIENT_KEY, file.controlplane_client_key),
+        )?
+    } else {
+        ClientTls::default()
+    };
 
     Ok(Settings {
         mode,
@@ -574,10 +579,16 @@ fn server_tls(
         }
         (None, None) => return Ok(None),
         (Some(_), None) => {
-            return Err(invalid(ENV_GRPC_TLS_KEY, format!("required with {ENV_GRPC_TLS_CERT}")));
+            return Err(invalid(
+                ENV_GRPC_TLS_KEY,
+                format!("required with {ENV_GRPC_TLS_CERT}"),
+            ));
         }
         (None, Some(_)) => {
-            return Err(invalid(ENV_GRPC_TLS_CERT, format!("required with {ENV_GRPC_TLS_KEY}")));
+            return Err(invalid(
+                ENV_GRPC_TLS_CERT,
+                format!("required with {ENV_GRPC_TLS_KEY}"),
+            ));
         }
         (Some(c), Some(k)) => (c, k),
     };
@@ -814,18 +825,29 @@ mod tests {
     #[test]
     fn the_link_secret_is_required_where_the_link_leaves_the_host() {
         let resolve_with = |mode, pairs: &[(&str, &str)]| {
-            resolve(mode, &Flags::default(), &env(pairs), FileSettings::default())
+            resolve(
+                mode,
+                &Flags::default(),
+                &env(pairs),
+                FileSettings::default(),
+            )
         };
-        let err = |r: Result<Settings, ConfigError>| r.err().map(|e| e.to_string()).unwrap_or_default();
+        let err =
+            |r: Result<Settings, ConfigError>| r.err().map(|e| e.to_string()).unwrap_or_default();
         assert!(err(resolve_with(Mode::Controlplane, &[])).starts_with("NM_LINK_SECRET: required"));
         assert!(resolve_with(Mode::Controlplane, &[(ENV_GRPC_ADDR, "127.0.0.1:50051")]).is_ok());
         assert!(err(resolve_with(Mode::Dataplane, &[])).starts_with("NM_LINK_SECRET: required"));
         assert!(resolve_with(Mode::Dataplane, &[(ENV_LINK_SECRET, STRONG)]).is_ok());
         assert!(resolve_with(Mode::Serve, &[]).is_ok_and(|s| s.link_secret.is_none()));
         // A secret must be strong and fit in metadata.
-        assert!(err(resolve_with(Mode::Serve, &[(ENV_LINK_SECRET, "short")])).contains("too short"));
+        assert!(
+            err(resolve_with(Mode::Serve, &[(ENV_LINK_SECRET, "short")])).contains("too short")
+        );
         let spaced = "lnk 9f3e7a1c5b2d8e4f6a0c3b7d1e5f9a2c4b6d8e0f";
-        assert!(err(resolve_with(Mode::Serve, &[(ENV_LINK_SECRET, spaced)])).contains("printable ASCII"));
+        assert!(
+            err(resolve_with(Mode::Serve, &[(ENV_LINK_SECRET, spaced)]))
+                .contains("printable ASCII")
+        );
         // Never printed by Debug.
         let s = resolve_with(Mode::Dataplane, &[(ENV_LINK_SECRET, STRONG)]).ok();
         assert!(!format!("{s:?}").contains(STRONG));
@@ -844,7 +866,11 @@ mod tests {
             "qwertyuiopasdfghjklzxcvbnm1234567890",
             "nmk_test_admin_key_0123456789abcdef",
         ] {
-            assert!(strong_secret(ENV_BOOTSTRAP_KEY, weak).is_err(), "{weak}: {}", guesses_log10(weak));
+            assert!(
+                strong_secret(ENV_BOOTSTRAP_KEY, weak).is_err(),
+                "{weak}: {}",
+                guesses_log10(weak)
+            );
         }
         for random in [
             "c9eb13071a530560a7836487eee33da9",
@@ -856,7 +882,11 @@ mod tests {
             "nmk_3f9c2a71d4e85b60a1c7e93d2f4b8a06c5e1d7f92b3a4c68",
             STRONG,
         ] {
-            assert!(strong_secret(ENV_BOOTSTRAP_KEY, random).is_ok(), "{random}: {}", guesses_log10(random));
+            assert!(
+                strong_secret(ENV_BOOTSTRAP_KEY, random).is_ok(),
+                "{random}: {}",
+                guesses_log10(random)
+            );
         }
     }
 
@@ -868,33 +898,69 @@ mod tests {
         let cert_path = dir.path().join("c.pem");
         let key_path = dir.path().join("k.pem");
         std::fs::write(&cert_path, cert.cert.pem()).unwrap_or_else(|e| panic!("{e}"));
-        std::fs::write(&key_path, cert.signing_key.serialize_pem()).unwrap_or_else(|e| panic!("{e}"));
-        let (c, k) = (cert_path.display().to_string(), key_path.display().to_string());
+        std::fs::write(&key_path, cert.signing_key.serialize_pem())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (c, k) = (
+            cert_path.display().to_string(),
+            key_path.display().to_string(),
+        );
         let run = |mode, pairs: &[(&str, &str)]| {
-            resolve(mode, &Flags::default(), &env(pairs), FileSettings::default())
-                .map_err(|e| e.to_string())
+            resolve(
+                mode,
+                &Flags::default(),
+                &env(pairs),
+                FileSettings::default(),
+            )
+            .map_err(|e| e.to_string())
         };
         let cp = |pairs: &[(&str, &str)]| {
             let mut all = vec![(ENV_GRPC_ADDR, "127.0.0.1:1")];
             all.extend_from_slice(pairs);
             run(Mode::Controlplane, &all)
         };
-        assert!(cp(&[(ENV_GRPC_TLS_CERT, &c), (ENV_GRPC_TLS_KEY, &k)]).is_ok_and(|s| s.grpc_tls.is_some()));
+        assert!(
+            cp(&[(ENV_GRPC_TLS_CERT, &c), (ENV_GRPC_TLS_KEY, &k)])
+                .is_ok_and(|s| s.grpc_tls.is_some())
+        );
         assert!(cp(&[(ENV_GRPC_TLS_CERT, &c)]).is_err_and(|e| e.starts_with(ENV_GRPC_TLS_KEY)));
-        assert!(cp(&[(ENV_GRPC_TLS_CLIENT_CA, &c)]).is_err_and(|e| e.starts_with(ENV_GRPC_TLS_CLIENT_CA)));
-        assert!(cp(&[(ENV_GRPC_TLS_CERT, &k), (ENV_GRPC_TLS_KEY, &k)]).is_err_and(|e| e.starts_with(ENV_GRPC_TLS_CERT)));
-        assert!(cp(&[(ENV_GRPC_TLS_CERT, "/nonexistent.pem"), (ENV_GRPC_TLS_KEY, &k)]).is_err_and(|e| e.contains("nonexistent")));
+        assert!(
+            cp(&[(ENV_GRPC_TLS_CLIENT_CA, &c)])
+                .is_err_and(|e| e.starts_with(ENV_GRPC_TLS_CLIENT_CA))
+        );
+        assert!(
+            cp(&[(ENV_GRPC_TLS_CERT, &k), (ENV_GRPC_TLS_KEY, &k)])
+                .is_err_and(|e| e.starts_with(ENV_GRPC_TLS_CERT))
+        );
+        assert!(
+            cp(&[
+                (ENV_GRPC_TLS_CERT, "/nonexistent.pem"),
+                (ENV_GRPC_TLS_KEY, &k)
+            ])
+            .is_err_and(|e| e.contains("nonexistent"))
+        );
         let dp = |pairs: &[(&str, &str)]| {
             let mut all = vec![(ENV_LINK_SECRET, STRONG)];
             all.extend_from_slice(pairs);
             run(Mode::Dataplane, &all)
         };
         let https = (ENV_CONTROLPLANE_URL, "https://cp.internal:50051");
-        assert!(dp(&[https, (ENV_CONTROLPLANE_CA, &c)]).is_ok_and(|s| s.controlplane_tls.ca_pem.is_some()));
+        assert!(
+            dp(&[https, (ENV_CONTROLPLANE_CA, &c)])
+                .is_ok_and(|s| s.controlplane_tls.ca_pem.is_some())
+        );
         assert!(dp(&[https]).is_ok_and(|s| s.controlplane_tls.ca_pem.is_none()));
-        assert!(dp(&[https, (ENV_CONTROLPLANE_CLIENT_CERT, &c), (ENV_CONTROLPLANE_CLIENT_KEY, &k)])
-            .is_ok_and(|s| s.controlplane_tls.identity.is_some()));
-        assert!(dp(&[https, (ENV_CONTROLPLANE_CLIENT_CERT, &c)]).is_err_and(|e| e.starts_with(ENV_CONTROLPLANE_CLIENT_KEY)));
+        assert!(
+            dp(&[
+                https,
+                (ENV_CONTROLPLANE_CLIENT_CERT, &c),
+                (ENV_CONTROLPLANE_CLIENT_KEY, &k)
+            ])
+            .is_ok_and(|s| s.controlplane_tls.identity.is_some())
+        );
+        assert!(
+            dp(&[https, (ENV_CONTROLPLANE_CLIENT_CERT, &c)])
+                .is_err_and(|e| e.starts_with(ENV_CONTROLPLANE_CLIENT_KEY))
+        );
         assert!(dp(&[(ENV_CONTROLPLANE_CA, &c)]).is_err_and(|e| e.contains("not https")));
     }
 

@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use nm_gateway::grpc::link_pb::{self, link_client::LinkClient};
-use nm_gateway::grpc::pb::{self, agents_client::AgentsClient, budgets_client::BudgetsClient};
 use nm_gateway::grpc::pb::usage_client::UsageClient;
+use nm_gateway::grpc::pb::{self, agents_client::AgentsClient, budgets_client::BudgetsClient};
 use tokio_stream::StreamExt;
 
 use crate::common::eventually;
@@ -20,23 +20,27 @@ const ANSWER: &str = r#"{"id":"chatcmpl-l","object":"chat.completion","created":
 "usage":{"prompt_tokens":1000,"completion_tokens":500,"total_tokens":1500}}"#;
 const REQUEST: &str = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#;
 
-/// A link client presenting `secret` (or nothing) on `channel`.
-fn link_client(
-    channel: tonic::transport::Channel,
-    secret: Option<&str>,
-) -> LinkClient<
-    tonic::service::interceptor::InterceptedService<
-        tonic::transport::Channel,
-        impl FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Clone,
-    >,
-> {
-    let secret = secret.map(|s| s.parse::<tonic::metadata::MetadataValue<_>>().unwrap());
-    LinkClient::with_interceptor(channel, move |mut req: tonic::Request<()>| {
-        if let Some(s) = &secret {
+/// Adds `nm-link-secret` when it has one.
+#[derive(Clone)]
+struct Presents(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl tonic::service::Interceptor for Presents {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(s) = &self.0 {
             req.metadata_mut().insert("nm-link-secret", s.clone());
         }
         Ok(req)
-    })
+    }
+}
+
+type Client = LinkClient<
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Presents>,
+>;
+
+/// A link client presenting `secret` (or nothing) on `channel`.
+fn link_client(channel: tonic::transport::Channel, secret: Option<&str>) -> Client {
+    let secret = secret.map(|s| s.parse().unwrap_or_else(|e| panic!("{e}")));
+    LinkClient::with_interceptor(channel, Presents(secret))
 }
 
 fn forged_record(id: &str, cost_micros: u64) -> link_pb::RequestRecord {
@@ -119,14 +123,14 @@ async fn nothing_stored(gw: &TestGateway) {
     let report = usage
         .get_usage(admin(pb::GetUsageRequest::default()))
         .await
-        .unwrap()
+        .unwrap_or_else(|e| panic!("{e}"))
         .into_inner();
     assert_eq!(report.total.map(|t| t.requests), Some(0));
     let mut agents = AgentsClient::new(gw.grpc_channel().await);
     let listed = agents
         .list_agents(admin(pb::ListAgentsRequest::default()))
         .await
-        .unwrap()
+        .unwrap_or_else(|e| panic!("{e}"))
         .into_inner();
     assert!(listed.agents.is_empty(), "{listed:?}");
     let mut budgets = BudgetsClient::new(gw.grpc_channel().await);
@@ -135,7 +139,7 @@ async fn nothing_stored(gw: &TestGateway) {
             user_id: "victim".to_owned(),
         }))
         .await
-        .unwrap()
+        .unwrap_or_else(|e| panic!("{e}"))
         .into_inner();
     assert_eq!(spent.day_micros, 0);
 }
@@ -154,7 +158,11 @@ async fn an_outsider_gets_unauthenticated_on_every_link_call() {
         let gw = b.run().await;
         for secret in [None, Some("lnk_a_wrong_secret_of_enough_length_0123456789")] {
             for (rpc, code) in every_link_call(gw.grpc_channel().await, secret).await {
-                assert_eq!(code, tonic::Code::Unauthenticated, "tls {tls}, {secret:?}: {rpc}");
+                assert_eq!(
+                    code,
+                    tonic::Code::Unauthenticated,
+                    "tls {tls}, {secret:?}: {rpc}"
+                );
             }
         }
         nothing_stored(&gw).await;
@@ -188,7 +196,10 @@ async fn mtls_refuses_clients_without_a_trusted_certificate() {
             std::fs::read(&stranger.client_key).unwrap(),
         )),
     };
-    for (who, tls) in [("no certificate", without_cert), ("foreign certificate", foreign_cert)] {
+    for (who, tls) in [
+        ("no certificate", without_cert),
+        ("foreign certificate", foreign_cert),
+    ] {
         let channel = nm_gateway::grpc::channel(&gw.grpc_url(), &tls).unwrap();
         for (rpc, code) in every_link_call(channel, Some(LINK_SECRET)).await {
             assert_ne!(code, tonic::Code::Ok, "{who}: {rpc} succeeded");
@@ -198,7 +209,10 @@ async fn mtls_refuses_clients_without_a_trusted_certificate() {
         let listed = UsageClient::new(channel)
             .get_usage(admin(pb::GetUsageRequest::default()))
             .await;
-        assert!(listed.is_err(), "{who}: admin call over mTLS without a trusted certificate");
+        assert!(
+            listed.is_err(),
+            "{who}: admin call over mTLS without a trusted certificate"
+        );
     }
     nothing_stored(&gw).await;
     gw.stop().await;
@@ -242,14 +256,24 @@ async fn a_dataplane_with_a_wrong_secret_gets_no_keys_and_says_why() {
     settings.spool_dir = dir.path().to_owned();
     let dp = nm_gateway::app::start_dataplane(&settings).await.unwrap();
     let http = dp.http_addr.unwrap();
-    let health = eventually(Duration::from_secs(10), "health names the secret", || async {
-        let a = gw.raw_at(http, "GET", "/health", &[], "").await;
-        (a.status == 503 && a.json()["reason"].as_str()?.contains("link secret")).then_some(a)
-    })
+    let health = eventually(
+        Duration::from_secs(10),
+        "health names the secret",
+        || async {
+            let a = gw.raw_at(http, "GET", "/health", &[], "").await;
+            (a.status == 503 && a.json()["reason"].as_str()?.contains("link secret")).then_some(a)
+        },
+    )
     .await;
     assert_eq!(health.json()["status"], "unavailable");
     let a = gw
-        .raw_at(http, "POST", "/openai/v1/chat/completions", &[("nm-key", ADMIN_KEY)], REQUEST)
+        .raw_at(
+            http,
+            "POST",
+            "/openai/v1/chat/completions",
+            &[("nm-key", ADMIN_KEY)],
+            REQUEST,
+        )
         .await;
     assert_eq!(a.status, 503);
     assert_eq!(a.header("nm-error"), Some("unavailable"));
@@ -358,10 +382,17 @@ async fn forged_values_from_a_linked_dataplane_are_refused_and_later_records_lan
     let total = report.total.unwrap();
     assert_eq!((total.requests, total.cost_micros), (2, 3_000));
     // A real request afterwards is recorded as usual.
-    assert_eq!(gw.post("/openai/v1/chat/completions", &[], REQUEST).await.status, 200);
-    eventually(Duration::from_secs(10), "the proxied request's record", || async {
-        (stored_requests(&usage).await? == 3).then_some(())
-    })
+    assert_eq!(
+        gw.post("/openai/v1/chat/completions", &[], REQUEST)
+            .await
+            .status,
+        200
+    );
+    eventually(
+        Duration::from_secs(10),
+        "the proxied request's record",
+        || async { (stored_requests(&usage).await? == 3).then_some(()) },
+    )
     .await;
     gw.stop().await;
 }
@@ -385,7 +416,12 @@ async fn long_paths_do_not_stop_recording() {
         sent += 1;
     }
     for _ in 0..100 {
-        assert_eq!(gw.post("/openai/v1/chat/completions", &[], REQUEST).await.status, 200);
+        assert_eq!(
+            gw.post("/openai/v1/chat/completions", &[], REQUEST)
+                .await
+                .status,
+            200
+        );
         sent += 1;
     }
     let usage = UsageClient::new(gw.grpc_channel().await);
@@ -446,12 +482,19 @@ async fn a_poison_batch_is_dead_lettered_and_counted() {
     gw.wait_healthy().await;
     // Later traffic lands behind it.
     for _ in 0..5 {
-        assert_eq!(gw.post("/openai/v1/chat/completions", &[], REQUEST).await.status, 200);
+        assert_eq!(
+            gw.post("/openai/v1/chat/completions", &[], REQUEST)
+                .await
+                .status,
+            200
+        );
     }
     let usage = UsageClient::new(gw.grpc_channel().await);
-    eventually(Duration::from_secs(20), "records behind the poison stored", || async {
-        (stored_requests(&usage).await? == 6).then_some(())
-    })
+    eventually(
+        Duration::from_secs(20),
+        "records behind the poison stored",
+        || async { (stored_requests(&usage).await? == 6).then_some(()) },
+    )
     .await;
     let metrics = gw.get("/metrics").await;
     let text = String::from_utf8_lossy(&metrics.body);
@@ -483,7 +526,9 @@ async fn serve_split_and_split_over_tls_run_the_same_flow() {
             ("nm-session", "sess_flow"),
             ("nm-user", "frank"),
         ];
-        let a = gw.post("/openai/v1/chat/completions", &headers, REQUEST).await;
+        let a = gw
+            .post("/openai/v1/chat/completions", &headers, REQUEST)
+            .await;
         assert_eq!(a.status, 200, "{shape:?}");
         assert_eq!(&a.body[..], ANSWER.as_bytes(), "{shape:?}");
         // A signal, counted for the session's agent.
@@ -496,18 +541,22 @@ async fn serve_split_and_split_over_tls_run_the_same_flow() {
             .await;
         assert_eq!(s.status, 200, "{shape:?}: {:?}", s.body);
         let agents = AgentsClient::new(gw.grpc_channel().await);
-        eventually(Duration::from_secs(10), "the signal counted for flow-bot", || async {
-            let c = agents
-                .clone()
-                .get_agent_signals(admin(pb::GetAgentSignalsRequest {
-                    agent: "flow-bot".to_owned(),
-                    ..Default::default()
-                }))
-                .await
-                .ok()?
-                .into_inner();
-            (c.total == 1).then_some(())
-        })
+        eventually(
+            Duration::from_secs(10),
+            "the signal counted for flow-bot",
+            || async {
+                let c = agents
+                    .clone()
+                    .get_agent_signals(admin(pb::GetAgentSignalsRequest {
+                        agent: "flow-bot".to_owned(),
+                        ..Default::default()
+                    }))
+                    .await
+                    .ok()?
+                    .into_inner();
+                (c.total == 1).then_some(())
+            },
+        )
         .await;
         // A budget below one answer's cost: once the spend is stored, frank is refused.
         let mut budgets = BudgetsClient::new(gw.grpc_channel().await);
@@ -521,7 +570,9 @@ async fn serve_split_and_split_over_tls_run_the_same_flow() {
             .await
             .unwrap();
         eventually(Duration::from_secs(10), "frank refused", || async {
-            let a = gw.post("/openai/v1/chat/completions", &headers, REQUEST).await;
+            let a = gw
+                .post("/openai/v1/chat/completions", &headers, REQUEST)
+                .await;
             (a.status == 429).then_some(())
         })
         .await;

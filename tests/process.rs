@@ -156,13 +156,29 @@ async fn bad_settings_exit_64_naming_the_setting() {
         );
     }
     // The link and the bootstrap key: each refusal names the setting and says what is needed.
-    let cases: [(&[&str], &[(&str, &str)], &str, &str); 7] = [
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str, &'a str);
+    let cases: [Case; 7] = [
         // A controlplane beyond loopback without a link secret.
-        (&["controlplane", "--grpc-addr", "0.0.0.0:0"], &[], "NM_LINK_SECRET", "required"),
+        (
+            &["controlplane", "--grpc-addr", "0.0.0.0:0"],
+            &[],
+            "NM_LINK_SECRET",
+            "required",
+        ),
         // A dataplane without one.
-        (&["dataplane", "--http-addr", "127.0.0.1:0"], &[], "NM_LINK_SECRET", "required"),
+        (
+            &["dataplane", "--http-addr", "127.0.0.1:0"],
+            &[],
+            "NM_LINK_SECRET",
+            "required",
+        ),
         // Too short, or guessable.
-        (&["serve"], &[("NM_LINK_SECRET", "short-secret")], "NM_LINK_SECRET", "too short"),
+        (
+            &["serve"],
+            &[("NM_LINK_SECRET", "short-secret")],
+            "NM_LINK_SECRET",
+            "too short",
+        ),
         (
             &["serve"],
             &[("NM_BOOTSTRAP_KEY", "nmk_correct-horse-battery-staple-2024")],
@@ -171,12 +187,20 @@ async fn bad_settings_exit_64_naming_the_setting() {
         ),
         (
             &["serve"],
-            &[("NM_BOOTSTRAP_KEY", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa")],
+            &[(
+                "NM_BOOTSTRAP_KEY",
+                "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+            )],
             "NM_BOOTSTRAP_KEY",
             "too easy to guess",
         ),
         // TLS half-configured, or TLS settings on a plaintext URL.
-        (&["controlplane"], &[("NM_LINK_SECRET", LINK), ("NM_GRPC_TLS_CERT", "/x.pem")], "NM_GRPC_TLS_KEY", "required"),
+        (
+            &["controlplane"],
+            &[("NM_LINK_SECRET", LINK), ("NM_GRPC_TLS_CERT", "/x.pem")],
+            "NM_GRPC_TLS_KEY",
+            "required",
+        ),
         (
             &["dataplane"],
             &[("NM_LINK_SECRET", LINK), ("NM_CONTROLPLANE_CA", "/ca.pem")],
@@ -188,13 +212,19 @@ async fn bad_settings_exit_64_naming_the_setting() {
         let out = Command::new(BIN)
             .args(args)
             .envs(env.iter().copied())
-            .env("NM_DATABASE_URL", format!("sqlite://{}/x.db?mode=rwc", dir.path().display()))
+            .env(
+                "NM_DATABASE_URL",
+                format!("sqlite://{}/x.db?mode=rwc", dir.path().display()),
+            )
             .current_dir(dir.path())
             .output()
             .unwrap_or_else(|e| panic!("{e}"));
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(64), "{args:?} {env:?}: {stderr}");
-        assert!(stderr.contains(key) && stderr.contains(says), "{args:?} {env:?}: {stderr}");
+        assert!(
+            stderr.contains(key) && stderr.contains(says),
+            "{args:?} {env:?}: {stderr}"
+        );
     }
     let out = Command::new(BIN)
         .args(["serve", "--config", "/nonexistent.toml"])

@@ -349,7 +349,10 @@ fn validate(r: &RequestRecord) -> Result<(), &'static str> {
     }
     if r.method.is_empty()
         || r.method.len() > MAX_METHOD_LEN
-        || !r.method.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        || !r
+            .method
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-')
     {
         return Err("method must be an HTTP method of at most 16 characters");
     }
@@ -361,7 +364,10 @@ fn validate(r: &RequestRecord) -> Result<(), &'static str> {
             return Err("model must be 1 to 256 printable characters");
         }
     }
-    for name in [&r.error_code, &r.usage.finish_reason].into_iter().flatten() {
+    for name in [&r.error_code, &r.usage.finish_reason]
+        .into_iter()
+        .flatten()
+    {
         if !text_ok(name, MAX_NAME_LEN) {
             return Err("error_code and finish_reason must be 1 to 64 printable characters");
         }
@@ -895,8 +901,17 @@ mod tests {
         for filler in ["a", "é", "🌍"] {
             let mut long = format!("/{}", filler.repeat(MAX_PATH_LEN));
             shorten_path(&mut long);
-            assert!(long.len() <= MAX_PATH_LEN && long.ends_with("..."), "{filler}");
-            assert!(validate(&RequestRecord { path: long, ..record("p", None, 1) }).is_ok());
+            assert!(
+                long.len() <= MAX_PATH_LEN && long.ends_with("..."),
+                "{filler}"
+            );
+            assert!(
+                validate(&RequestRecord {
+                    path: long,
+                    ..record("p", None, 1)
+                })
+                .is_ok()
+            );
         }
     }
 
@@ -910,27 +925,114 @@ mod tests {
             records_on(&format!("sqlite://{}/v.db?mode=rwc", dir.path().display())).await;
         let ok = |id: &str| record(id, Some("sess_v"), 1_000);
         let forged: Vec<(RequestRecord, &str)> = vec![
-            (RequestRecord { cost_micros: Some(u64::MAX), ..ok("f1") }, "cost_micros"),
-            (RequestRecord { budget_micros: Some(MAX_MICROS + 1), ..ok("f2") }, "budget_micros"),
             (
                 RequestRecord {
-                    usage: Usage { input_tokens: Some(MAX_TOKENS + 1), ..Default::default() },
+                    cost_micros: Some(u64::MAX),
+                    ..ok("f1")
+                },
+                "cost_micros",
+            ),
+            (
+                RequestRecord {
+                    budget_micros: Some(MAX_MICROS + 1),
+                    ..ok("f2")
+                },
+                "budget_micros",
+            ),
+            (
+                RequestRecord {
+                    usage: Usage {
+                        input_tokens: Some(MAX_TOKENS + 1),
+                        ..Default::default()
+                    },
                     ..ok("f3")
                 },
                 "token",
             ),
-            (RequestRecord { path: format!("/{}", "a".repeat(MAX_PATH_LEN)), ..ok("f4") }, "path"),
-            (RequestRecord { model: Some("m".repeat(MAX_MODEL_LEN + 1)), ..ok("f5") }, "model"),
-            (RequestRecord { agent: Some("x".repeat(500)), ..ok("f6") }, "agent"),
-            (RequestRecord { latency_ms: u64::MAX, ..ok("f7") }, "latency"),
-            (RequestRecord { started_at_ms: i64::MAX, ..ok("f8") }, "started_at"),
-            (RequestRecord { started_at_ms: -1, ..ok("f9") }, "started_at"),
-            (RequestRecord { status: 60_000, ..ok("f10") }, "status"),
-            (RequestRecord { method: "GET /x".to_owned(), ..ok("f11") }, "method"),
-            (RequestRecord { key_id: String::new(), ..ok("f12") }, "key_id"),
-            (RequestRecord { request_id: "r".repeat(65), ..ok("f13") }, "request_id"),
-            (RequestRecord { response_bytes: u64::MAX, ..ok("f14") }, "response_bytes"),
-            (RequestRecord { error_code: Some("e\n".to_owned()), ..ok("f15") }, "error_code"),
+            (
+                RequestRecord {
+                    path: format!("/{}", "a".repeat(MAX_PATH_LEN)),
+                    ..ok("f4")
+                },
+                "path",
+            ),
+            (
+                RequestRecord {
+                    model: Some("m".repeat(MAX_MODEL_LEN + 1)),
+                    ..ok("f5")
+                },
+                "model",
+            ),
+            (
+                RequestRecord {
+                    agent: Some("x".repeat(500)),
+                    ..ok("f6")
+                },
+                "agent",
+            ),
+            (
+                RequestRecord {
+                    latency_ms: u64::MAX,
+                    ..ok("f7")
+                },
+                "latency",
+            ),
+            (
+                RequestRecord {
+                    started_at_ms: i64::MAX,
+                    ..ok("f8")
+                },
+                "started_at",
+            ),
+            (
+                RequestRecord {
+                    started_at_ms: -1,
+                    ..ok("f9")
+                },
+                "started_at",
+            ),
+            (
+                RequestRecord {
+                    status: 60_000,
+                    ..ok("f10")
+                },
+                "status",
+            ),
+            (
+                RequestRecord {
+                    method: "GET /x".to_owned(),
+                    ..ok("f11")
+                },
+                "method",
+            ),
+            (
+                RequestRecord {
+                    key_id: String::new(),
+                    ..ok("f12")
+                },
+                "key_id",
+            ),
+            (
+                RequestRecord {
+                    request_id: "r".repeat(65),
+                    ..ok("f13")
+                },
+                "request_id",
+            ),
+            (
+                RequestRecord {
+                    response_bytes: u64::MAX,
+                    ..ok("f14")
+                },
+                "response_bytes",
+            ),
+            (
+                RequestRecord {
+                    error_code: Some("e\n".to_owned()),
+                    ..ok("f15")
+                },
+                "error_code",
+            ),
         ];
         let mut batch = vec![ok("good1")];
         batch.extend(forged.iter().map(|(r, _)| r.clone()));
@@ -939,7 +1041,10 @@ mod tests {
         assert_eq!(out.stored, 2);
         assert_eq!(out.rejected.len(), forged.len());
         for ((index, why), (_, field)) in out.rejected.iter().zip(&forged) {
-            assert!(why.contains(field), "record {index}: {why:?} should name {field}");
+            assert!(
+                why.contains(field),
+                "record {index}: {why:?} should name {field}"
+            );
         }
         assert_eq!(
             out.rejected.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
@@ -949,7 +1054,10 @@ mod tests {
         let at_caps = RequestRecord {
             cost_micros: Some(MAX_MICROS),
             budget_micros: Some(MAX_MICROS),
-            usage: Usage { input_tokens: Some(MAX_TOKENS), ..Default::default() },
+            usage: Usage {
+                input_tokens: Some(MAX_TOKENS),
+                ..Default::default()
+            },
             ..ok("caps")
         };
         assert_eq!(records.ingest(&[at_caps]).await.unwrap().stored, 1);

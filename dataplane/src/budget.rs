@@ -24,8 +24,8 @@ use foldhash::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-pub use nm_types::budget::{Feed, Spend};
 use nm_types::budget::{BudgetRule, MINUTE_MS, Period, day_of, minute_of, month_of_day};
+pub use nm_types::budget::{Feed, Spend};
 
 /// Why a request was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]

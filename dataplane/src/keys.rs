@@ -238,7 +238,13 @@ mod tests {
         let other = VerifierKey::from_link_secret("another link secret");
         set.replace(HashMap::from([(other.of_secret("nmk_a"), p)]));
         assert!(set.check("nmk_a").is_none());
-        set.replace(HashMap::from([entry("nmk_a", Principal { key_id: Arc::from("key_1"), admin: false })]));
+        set.replace(HashMap::from([entry(
+            "nmk_a",
+            Principal {
+                key_id: Arc::from("key_1"),
+                admin: false,
+            },
+        )]));
         assert!(set.check("nmk_b").is_none());
         set.replace(HashMap::new());
         assert!(set.check("nmk_a").is_none());

@@ -135,7 +135,11 @@ enum Probe {
 /// `GET /health`: 200 `{"status": "ok", "version"}`, or 503 with a status and a reason while the
 /// controlplane is unreachable or the process is draining. `GET /health/live`: 200 whenever this
 /// answer can be given at all.
-fn health(state: &State, method: &Method, probe: Probe) -> Result<Response<GatewayBody>, ProxyError> {
+fn health(
+    state: &State,
+    method: &Method,
+    probe: Probe,
+) -> Result<Response<GatewayBody>, ProxyError> {
     if method != Method::GET && method != Method::HEAD {
         return Err(ProxyError::MethodNotAllowed(method.clone()));
     }

@@ -127,9 +127,7 @@ pub fn record_from_pb(r: link_pb::RequestRecord) -> nm_controlplane::RequestReco
         link_pb::UsageStatus::Reported => S::Reported,
         link_pb::UsageStatus::Partial => S::Partial,
         link_pb::UsageStatus::Missing => S::Missing,
-        link_pb::UsageStatus::NotApplicable | link_pb::UsageStatus::Unspecified => {
-            S::NotApplicable
-        }
+        link_pb::UsageStatus::NotApplicable | link_pb::UsageStatus::Unspecified => S::NotApplicable,
     };
     nm_controlplane::RequestRecord {
         request_id: r.request_id,
@@ -280,7 +278,11 @@ fn rule_from_link_pb(r: &link_pb::BudgetRule) -> nm_types::budget::BudgetRule {
 
 pub fn feed_to_pb(f: nm_types::budget::Feed) -> link_pb::BudgetFeed {
     let mut rules: Vec<_> = f.default.iter().map(|r| rule_to_pb(None, r)).collect();
-    rules.extend(f.overrides.iter().map(|(u, r)| rule_to_pb(Some(u.clone()), r)));
+    rules.extend(
+        f.overrides
+            .iter()
+            .map(|(u, r)| rule_to_pb(Some(u.clone()), r)),
+    );
     link_pb::BudgetFeed {
         epoch: f.epoch,
         seq: f.seq,

@@ -21,10 +21,10 @@ use tracing::{info, warn};
 use crate::config::{Secret, ServerTls};
 
 use super::analytics::AnalyticsService;
+use super::link_pb::link_server::LinkServer;
 use super::pb::agents_server::{Agents, AgentsServer};
 use super::pb::analytics_server::AnalyticsServer;
 use super::pb::budgets_server::{Budgets as BudgetsApi, BudgetsServer};
-use super::link_pb::link_server::LinkServer;
 use super::pb::keys_server::{Keys as KeysApi, KeysServer};
 use super::pb::status_server::{Status as StatusApi, StatusServer};
 use super::pb::usage_server::{Usage as UsageApi, UsageServer};
@@ -48,7 +48,9 @@ pub(crate) fn require_admin<T>(keys: &Keys, req: &Request<T>) -> Result<KeyInfo,
         .metadata()
         .get(NM_KEY_METADATA)
         .ok_or_else(|| {
-            Status::unauthenticated("missing nm-key metadata: admin calls need an admin service key")
+            Status::unauthenticated(
+                "missing nm-key metadata: admin calls need an admin service key",
+            )
         })?
         .to_str()
         .map_err(|_| Status::unauthenticated("invalid nm-key"))?;
@@ -404,7 +406,8 @@ pub async fn serve(
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = &options.tls {
-        let mut config = ServerTlsConfig::new().identity(Identity::from_pem(&tls.cert_pem, &tls.key_pem));
+        let mut config =
+            ServerTlsConfig::new().identity(Identity::from_pem(&tls.cert_pem, &tls.key_pem));
         if let Some(ca) = &tls.client_ca_pem {
             config = config.client_ca_root(Certificate::from_pem(ca));
         }

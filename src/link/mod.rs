@@ -107,7 +107,12 @@ pub struct Link {
 }
 
 impl Link {
-    pub fn spawn(port: Arc<dyn Port>, targets: LinkTargets, queue: RecordQueue, name: String) -> Self {
+    pub fn spawn(
+        port: Arc<dyn Port>,
+        targets: LinkTargets,
+        queue: RecordQueue,
+        name: String,
+    ) -> Self {
         let (stop, stop_rx) = signal::channel(false);
         let key_watcher = tokio::spawn(watch::watch_keys(
             port.clone(),

@@ -5,10 +5,10 @@
 use nm_controlplane::{NewSignal, RequestRecord};
 use nm_types::KeyVerifiers;
 use nm_types::budget::Feed;
+use tokio_stream::StreamExt;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
-use tokio_stream::StreamExt;
 
 use super::{Ingested, LinkError, LinkStream, Port};
 use crate::grpc::link_pb::{self, link_client::LinkClient};
@@ -80,8 +80,7 @@ impl Port for Grpc {
             .map_err(link_error)?
             .into_inner();
         Ok(Box::pin(stream.map(|item| {
-            item.map_err(link_error)
-                .map(convert::key_verifiers_from_pb)
+            item.map_err(link_error).map(convert::key_verifiers_from_pb)
         })))
     }
 

@@ -29,9 +29,9 @@ use nm_dataplane::budget::Budgets;
 use nm_dataplane::metrics::Metrics;
 use nm_dataplane::spool::{Spool, SpoolError, SpooledBatch};
 use prost::Message;
+use std::sync::Arc as Shared;
 use tokio::sync::watch;
 use tokio::time::Instant;
-use std::sync::Arc as Shared;
 use tracing::{debug, error, info, warn};
 
 use nm_controlplane::RequestRecord;
@@ -393,7 +393,10 @@ impl Shipper {
             .iter()
             .map(|(r, why)| ((*r).clone(), (*why).to_owned()))
             .collect();
-        let first_reason = owned.first().map(|(_, why)| why.clone()).unwrap_or_default();
+        let first_reason = owned
+            .first()
+            .map(|(_, why)| why.clone())
+            .unwrap_or_default();
         let file = self.dead_letters.clone();
         let at_ms = nm_controlplane::now_ms();
         let written = tokio::task::spawn_blocking(move || {

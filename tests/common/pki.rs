@@ -31,8 +31,9 @@ fn leaf(
     usage: rcgen::ExtendedKeyUsagePurpose,
 ) -> (String, String) {
     let key = rcgen::KeyPair::generate().unwrap_or_else(|e| panic!("{e}"));
-    let mut params = rcgen::CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())
-        .unwrap_or_else(|e| panic!("{e}"));
+    let mut params =
+        rcgen::CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())
+            .unwrap_or_else(|e| panic!("{e}"));
     params.extended_key_usages = vec![usage];
     let cert = params.signed_by(&key, ca).unwrap_or_else(|e| panic!("{e}"));
     (cert.pem(), key.serialize_pem())
@@ -53,8 +54,11 @@ impl Pki {
             &["localhost", "127.0.0.1"],
             rcgen::ExtendedKeyUsagePurpose::ServerAuth,
         );
-        let (client_cert, client_key) =
-            leaf(&ca, &["dataplane"], rcgen::ExtendedKeyUsagePurpose::ClientAuth);
+        let (client_cert, client_key) = leaf(
+            &ca,
+            &["dataplane"],
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+        );
         let write = |name: &str, pem: &str| {
             let path = dir.join(format!("{prefix}-{name}.pem"));
             std::fs::write(&path, pem).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -85,8 +89,14 @@ impl Pki {
     pub fn client_env(&self) -> Vec<(&'static str, String)> {
         vec![
             ("NM_CONTROLPLANE_CA", self.ca.display().to_string()),
-            ("NM_CONTROLPLANE_CLIENT_CERT", self.client_cert.display().to_string()),
-            ("NM_CONTROLPLANE_CLIENT_KEY", self.client_key.display().to_string()),
+            (
+                "NM_CONTROLPLANE_CLIENT_CERT",
+                self.client_cert.display().to_string(),
+            ),
+            (
+                "NM_CONTROLPLANE_CLIENT_KEY",
+                self.client_key.display().to_string(),
+            ),
         ]
     }
 }

@@ -10,8 +10,8 @@ pub mod money;
 use std::fmt;
 use std::str::FromStr;
 
-use serde::{Deserialize, Serialize};
 use hmac::{Hmac, KeyInit, Mac};
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 /// Longest accepted `NM-Agent` value, in bytes.
