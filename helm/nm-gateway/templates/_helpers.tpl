@@ -214,7 +214,7 @@ Env and volumes of a link client (dataplane, test pod): trust the controlplane's
 
 {{/* ===== Environment ===== */}}
 
-{{/* Downward-API variables the OTel resource attributes refer to; first in the list. */}}
+{{/* Downward-API variables the OTel resource attributes refer to; first in the list (with OTel on). */}}
 {{- define "nm-gateway.downwardEnv" -}}
 - name: K8S_POD_NAME
   valueFrom:
