@@ -52,10 +52,10 @@ venv target/checkov-venv checkov==3.3.30
 
 npm_dir=target/helm-npm
 generator="$npm_dir/node_modules/.bin/readme-generator"
-if [ ! -x "$generator" ] || ! "$generator" --version 2>/dev/null | grep -qx '2.7.2'; then
+if [ ! -x "$generator" ] || ! "$generator" --version 2>/dev/null | grep -q '2\.7\.2'; then
   echo "== installing @bitnami/readme-generator-for-helm into $npm_dir"
   mkdir -p "$npm_dir"
-  (cd "$npm_dir" && [ -f package.json ] || echo '{"private": true}' > package.json)
+  [ -f "$npm_dir/package.json" ] || echo '{"private": true}' > "$npm_dir/package.json"
   npm install --prefix "$npm_dir" --no-audit --no-fund --no-progress --silent @bitnami/readme-generator-for-helm@2.7.2
 fi
 export NM_README_GENERATOR="$PWD/$generator"

@@ -543,6 +543,10 @@ def test_extra_hooks_reach_every_pod():
         assert any(m["mountPath"] == "/etc/nm-gateway/config" and m["readOnly"] for m in c["volumeMounts"])
     assert "[providers.acme]" in r.get("ConfigMap", f"{FULLNAME}-file")["data"]["config.toml"]
     assert r.get("ConfigMap", f"{FULLNAME}-config")["data"]["NM_UPSTREAM_OPENAI"] == "https://openai-egress.internal"
+    ingress = r.get("Ingress", FULLNAME)
+    backend = ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]
+    assert backend["port"]["name"] in {p["name"] for p in r.get("Service", backend["name"])["spec"]["ports"]}
+    assert not render().of_kind("Ingress")
 
 
 def test_helm_test_pod_uses_the_gateway_image_and_the_bootstrap_key():
