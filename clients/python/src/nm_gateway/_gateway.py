@@ -167,11 +167,9 @@ class Gateway:
             h = response.headers
             state.record(h.get("nm-request-id"), h.get("nm-trace-id"), h.get("nm-error"))
 
-    def wire(self, http_client: Any, *, is_async: bool) -> Any:
-        """Installs the gateway's hooks on an httpx/httpx2 `Client` (or `AsyncClient`): for
-        SDKs without a factory here. Returns the client. Installing twice is a no-op."""
-        if getattr(http_client, _HOOKED, False):
-            return http_client
+    def event_hooks(self, *, is_async: bool) -> Dict[str, List[Any]]:
+        """The gateway's request and response hooks, as httpx/httpx2 `event_hooks=` takes
+        them: for an HTTP client you build yourself (`httpx.Client(event_hooks=...)`)."""
         if is_async:
 
             async def on_request(request: Any) -> None:
@@ -180,9 +178,22 @@ class Gateway:
             async def on_response(response: Any) -> None:
                 self._on_response(response)
 
-            hooks: Dict[str, List[Any]] = {"request": [on_request], "response": [on_response]}
-        else:
-            hooks = {"request": [self._on_request], "response": [self._on_response]}
+            return {"request": [on_request], "response": [on_response]}
+        return {"request": [self._on_request], "response": [self._on_response]}
+
+    def _new_client(self, cls: Any, *, is_async: bool) -> Any:
+        client = cls(event_hooks=self.event_hooks(is_async=is_async))
+        setattr(client, _HOOKED, True)
+        return client
+
+    def wire(self, http_client: Any, *, is_async: bool) -> Any:
+        """Adds the gateway's hooks to an existing httpx/httpx2 `Client` (or `AsyncClient`);
+        returns it. Installing twice is a no-op. (A client that copies its hooks at
+        construction, like google-genai's per-event-loop async client, needs
+        `event_hooks(...)` at construction instead.)"""
+        if getattr(http_client, _HOOKED, False):
+            return http_client
+        hooks = self.event_hooks(is_async=is_async)
         current = http_client.event_hooks
         http_client.event_hooks = {
             "request": [*current.get("request", []), *hooks["request"]],
@@ -286,13 +297,17 @@ class Gateway:
                 return os.environ[name]
         return PROVIDER_KEY_PLACEHOLDER
 
-    def _stainless(self, module: Any, cls: Any, provider: str, env_key: str, is_async: bool, kwargs: Dict[str, Any]) -> Any:
+    def _stainless(
+        self, module: Any, cls: Any, base: str, env_key: str, is_async: bool, kwargs: Dict[str, Any]
+    ) -> Any:
         kwargs["api_key"] = self._provider_key(kwargs.get("api_key"), (env_key,))
-        kwargs.setdefault("base_url", self.base_url(provider))
+        kwargs.setdefault("base_url", base)
         http_client = kwargs.get("http_client")
         if http_client is None:
-            http_client = (module.DefaultAsyncHttpxClient if is_async else module.DefaultHttpxClient)()
-        kwargs["http_client"] = self.wire(http_client, is_async=is_async)
+            cls_ = module.DefaultAsyncHttpxClient if is_async else module.DefaultHttpxClient
+            kwargs["http_client"] = self._new_client(cls_, is_async=is_async)
+        else:
+            kwargs["http_client"] = self.wire(http_client, is_async=is_async)
         return cls(**kwargs)
 
     def openai(self, **kwargs: Any) -> "_openai.OpenAI":
@@ -302,7 +317,7 @@ class Gateway:
             import openai
         except ImportError:
             raise _missing("openai", "openai") from None
-        return self._stainless(openai, openai.OpenAI, "openai/v1", "OPENAI_API_KEY", False, kwargs)  # type: ignore[no-any-return]
+        return self._stainless(openai, openai.OpenAI, self.base_url("openai") + "/v1", "OPENAI_API_KEY", False, kwargs)  # type: ignore[no-any-return]
 
     def async_openai(self, **kwargs: Any) -> "_openai.AsyncOpenAI":
         """`openai.AsyncOpenAI` through the gateway."""
@@ -310,7 +325,7 @@ class Gateway:
             import openai
         except ImportError:
             raise _missing("openai", "openai") from None
-        return self._stainless(openai, openai.AsyncOpenAI, "openai/v1", "OPENAI_API_KEY", True, kwargs)  # type: ignore[no-any-return]
+        return self._stainless(openai, openai.AsyncOpenAI, self.base_url("openai") + "/v1", "OPENAI_API_KEY", True, kwargs)  # type: ignore[no-any-return]
 
     def anthropic(self, **kwargs: Any) -> "_anthropic.Anthropic":
         """`anthropic.Anthropic` through the gateway (`/anthropic`)."""
@@ -318,7 +333,7 @@ class Gateway:
             import anthropic
         except ImportError:
             raise _missing("anthropic", "anthropic") from None
-        return self._stainless(anthropic, anthropic.Anthropic, "anthropic", "ANTHROPIC_API_KEY", False, kwargs)  # type: ignore[no-any-return]
+        return self._stainless(anthropic, anthropic.Anthropic, self.base_url("anthropic"), "ANTHROPIC_API_KEY", False, kwargs)  # type: ignore[no-any-return]
 
     def async_anthropic(self, **kwargs: Any) -> "_anthropic.AsyncAnthropic":
         """`anthropic.AsyncAnthropic` through the gateway."""
@@ -326,7 +341,7 @@ class Gateway:
             import anthropic
         except ImportError:
             raise _missing("anthropic", "anthropic") from None
-        return self._stainless(anthropic, anthropic.AsyncAnthropic, "anthropic", "ANTHROPIC_API_KEY", True, kwargs)  # type: ignore[no-any-return]
+        return self._stainless(anthropic, anthropic.AsyncAnthropic, self.base_url("anthropic"), "ANTHROPIC_API_KEY", True, kwargs)  # type: ignore[no-any-return]
 
     def groq(self, **kwargs: Any) -> "_groq.Groq":
         """`groq.Groq` through the gateway (`/groq`, the SDK adds `/openai/v1/...`)."""
@@ -334,7 +349,7 @@ class Gateway:
             import groq
         except ImportError:
             raise _missing("groq", "groq") from None
-        return self._stainless(groq, groq.Groq, "groq", "GROQ_API_KEY", False, kwargs)  # type: ignore[no-any-return]
+        return self._stainless(groq, groq.Groq, self.base_url("groq"), "GROQ_API_KEY", False, kwargs)  # type: ignore[no-any-return]
 
     def async_groq(self, **kwargs: Any) -> "_groq.AsyncGroq":
         """`groq.AsyncGroq` through the gateway."""
@@ -342,7 +357,7 @@ class Gateway:
             import groq
         except ImportError:
             raise _missing("groq", "groq") from None
-        return self._stainless(groq, groq.AsyncGroq, "groq", "GROQ_API_KEY", True, kwargs)  # type: ignore[no-any-return]
+        return self._stainless(groq, groq.AsyncGroq, self.base_url("groq"), "GROQ_API_KEY", True, kwargs)  # type: ignore[no-any-return]
 
     def genai(self, *, api_key: Optional[str] = None, http_options: Any = None, **kwargs: Any) -> "_google_genai.Client":
         """`google.genai.Client` through the gateway (`/gemini`); its `.aio` side is wired too.
@@ -363,9 +378,16 @@ class Gateway:
             opts.base_url = self.base_url("gemini")
         sync_cls, async_cls = _genai_http_classes(opts)
         # Injected clients (rather than client_args) also keep google-genai off aiohttp,
-        # which would bypass the hooks on the async side.
-        opts.httpx_client = self.wire(opts.httpx_client or sync_cls(), is_async=False)
-        opts.httpx_async_client = self.wire(opts.httpx_async_client or async_cls(), is_async=True)
+        # which would bypass the hooks on the async side. Its async client keeps one inner
+        # client per event loop, built from the constructor's arguments: hooks go there.
+        if opts.httpx_client is None:
+            opts.httpx_client = self._new_client(sync_cls, is_async=False)
+        else:
+            self.wire(opts.httpx_client, is_async=False)
+        if opts.httpx_async_client is None:
+            opts.httpx_async_client = self._new_client(async_cls, is_async=True)
+        else:
+            self.wire(opts.httpx_async_client, is_async=True)
         key = self._provider_key(api_key, ("GOOGLE_API_KEY", "GEMINI_API_KEY"))
         return genai.Client(api_key=key, http_options=opts, **kwargs)
 
