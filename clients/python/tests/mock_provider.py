@@ -150,7 +150,11 @@ class MockProvider:
         self._lock = threading.Lock()
         self._received: List[Received] = []
         self._signal_script: List[Reply] = []
+        self._proxy_script: List[Reply] = []
         self._counter = 0
+        self._arrived = threading.Condition(self._lock)
+        self._gate = threading.Event()
+        self._gate.set()
         mock = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -164,6 +168,12 @@ class MockProvider:
 
             def do_POST(self) -> None:
                 self._handle()
+
+            def handle_one_request(self) -> None:
+                try:
+                    super().handle_one_request()
+                except (BrokenPipeError, ConnectionResetError):
+                    self.close_connection = True  # the client left (e.g. its process exited)
 
             def _handle(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
@@ -194,13 +204,14 @@ class MockProvider:
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
 
     def __enter__(self) -> "MockProvider":
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._gate.set()
         self._server.shutdown()
         self._server.server_close()
 
@@ -214,6 +225,31 @@ class MockProvider:
         with self._lock:
             self._received.clear()
 
+    def signals(self) -> List[Received]:
+        return [r for r in self.received() if r.path == "/v1/signal"]
+
+    def wait_for_signals(self, n: int, deadline: float = 30.0) -> List[Received]:
+        """Blocks until `n` signal requests have arrived (notified, not polled)."""
+        with self._arrived:
+            ok = self._arrived.wait_for(
+                lambda: sum(r.path == "/v1/signal" for r in self._received) >= n, deadline
+            )
+        if not ok:
+            raise AssertionError(f"{n} signal requests did not arrive within {deadline}s")
+        return self.signals()
+
+    def hold_signals(self) -> None:
+        """Signal requests wait (after being recorded) until `release_signals()`."""
+        self._gate.clear()
+
+    def release_signals(self) -> None:
+        self._gate.set()
+
+    def script_proxy(self, *replies: Reply) -> None:
+        """The next answers to provider requests, in order (then the normal answers)."""
+        with self._lock:
+            self._proxy_script.extend(replies)
+
     def script_signals(self, *replies: Reply) -> None:
         """The next answers to `POST /v1/signal`, in order (then 200 `{"ok": true}`)."""
         with self._lock:
@@ -224,17 +260,24 @@ class MockProvider:
     def _answer(self, rec: Received) -> Tuple[int, Dict[str, str], Any]:
         with self._lock:
             self._received.append(rec)
+            self._arrived.notify_all()
             self._counter += 1
             n = self._counter
-            scripted = self._signal_script.pop(0) if rec.path == "/v1/signal" and self._signal_script else None
+            if rec.path == "/v1/signal":
+                scripted = self._signal_script.pop(0) if self._signal_script else None
+            else:
+                scripted = self._proxy_script.pop(0) if self._proxy_script else None
         extra: Dict[str, str] = {}
         if self.as_gateway:
             extra = {"NM-Request-Id": f"req-{n}", "NM-Trace-Id": f"{n:032x}"}
         path = rec.path.split("?", 1)[0]
         if path == "/v1/signal":
+            self._gate.wait(60)
             if scripted is not None:
                 return scripted.status, {**extra, **scripted.headers}, scripted.body
             return 200, {**extra, "Content-Type": "application/json"}, b'{"ok":true}'
+        if scripted is not None:
+            return scripted.status, {**extra, **scripted.headers}, scripted.body
         try:
             req = json.loads(rec.body or b"{}")
         except ValueError:
