@@ -6,8 +6,13 @@ import tempfile
 from typing import Any, Iterator
 
 import pytest
+from hypothesis import settings
 
 sys.path.insert(0, os.path.dirname(__file__))
+
+# No example database: nothing is written into the working tree (.hypothesis/).
+settings.register_profile("nm-clients", database=None, deadline=None)
+settings.load_profile("nm-clients")
 
 from harness import RealGateway  # noqa: E402
 from mock_provider import MockProvider  # noqa: E402

@@ -317,7 +317,7 @@ class Gateway:
             import openai
         except ImportError:
             raise _missing("openai", "openai") from None
-        return self._stainless(openai, openai.OpenAI, self.base_url("openai") + "/v1", "OPENAI_API_KEY", False, kwargs)  # type: ignore[no-any-return]
+        return self._stainless(openai, openai.OpenAI, self.base_url("openai") + "/v1", "OPENAI_API_KEY", False, kwargs)
 
     def async_openai(self, **kwargs: Any) -> "_openai.AsyncOpenAI":
         """`openai.AsyncOpenAI` through the gateway."""
@@ -325,7 +325,7 @@ class Gateway:
             import openai
         except ImportError:
             raise _missing("openai", "openai") from None
-        return self._stainless(openai, openai.AsyncOpenAI, self.base_url("openai") + "/v1", "OPENAI_API_KEY", True, kwargs)  # type: ignore[no-any-return]
+        return self._stainless(openai, openai.AsyncOpenAI, self.base_url("openai") + "/v1", "OPENAI_API_KEY", True, kwargs)
 
     def anthropic(self, **kwargs: Any) -> "_anthropic.Anthropic":
         """`anthropic.Anthropic` through the gateway (`/anthropic`)."""
@@ -333,7 +333,7 @@ class Gateway:
             import anthropic
         except ImportError:
             raise _missing("anthropic", "anthropic") from None
-        return self._stainless(anthropic, anthropic.Anthropic, self.base_url("anthropic"), "ANTHROPIC_API_KEY", False, kwargs)  # type: ignore[no-any-return]
+        return self._stainless(anthropic, anthropic.Anthropic, self.base_url("anthropic"), "ANTHROPIC_API_KEY", False, kwargs)
 
     def async_anthropic(self, **kwargs: Any) -> "_anthropic.AsyncAnthropic":
         """`anthropic.AsyncAnthropic` through the gateway."""
@@ -341,7 +341,7 @@ class Gateway:
             import anthropic
         except ImportError:
             raise _missing("anthropic", "anthropic") from None
-        return self._stainless(anthropic, anthropic.AsyncAnthropic, self.base_url("anthropic"), "ANTHROPIC_API_KEY", True, kwargs)  # type: ignore[no-any-return]
+        return self._stainless(anthropic, anthropic.AsyncAnthropic, self.base_url("anthropic"), "ANTHROPIC_API_KEY", True, kwargs)
 
     def groq(self, **kwargs: Any) -> "_groq.Groq":
         """`groq.Groq` through the gateway (`/groq`, the SDK adds `/openai/v1/...`)."""
@@ -349,7 +349,7 @@ class Gateway:
             import groq
         except ImportError:
             raise _missing("groq", "groq") from None
-        return self._stainless(groq, groq.Groq, self.base_url("groq"), "GROQ_API_KEY", False, kwargs)  # type: ignore[no-any-return]
+        return self._stainless(groq, groq.Groq, self.base_url("groq"), "GROQ_API_KEY", False, kwargs)
 
     def async_groq(self, **kwargs: Any) -> "_groq.AsyncGroq":
         """`groq.AsyncGroq` through the gateway."""
@@ -357,7 +357,7 @@ class Gateway:
             import groq
         except ImportError:
             raise _missing("groq", "groq") from None
-        return self._stainless(groq, groq.AsyncGroq, self.base_url("groq"), "GROQ_API_KEY", True, kwargs)  # type: ignore[no-any-return]
+        return self._stainless(groq, groq.AsyncGroq, self.base_url("groq"), "GROQ_API_KEY", True, kwargs)
 
     def genai(self, *, api_key: Optional[str] = None, http_options: Any = None, **kwargs: Any) -> "_google_genai.Client":
         """`google.genai.Client` through the gateway (`/gemini`); its `.aio` side is wired too.
@@ -398,7 +398,7 @@ class Gateway:
             try:
                 from mistralai.client import Mistral
             except ImportError:  # mistralai 1.x
-                from mistralai import Mistral  # type: ignore[attr-defined,no-redef]
+                from mistralai import Mistral
         except ImportError:
             raise _missing("mistral", "mistralai") from None
         if api_key is None:
@@ -416,7 +416,8 @@ def _genai_http_classes(opts: Any) -> Tuple[Any, Any]:
     try:
         from google.genai import _api_client
 
-        return _api_client._get_http_client_classes(opts)
+        classes: Tuple[Any, Any] = _api_client._get_http_client_classes(opts)
+        return classes
     except (ImportError, AttributeError):  # an older google-genai: httpx only
         import httpx
 
