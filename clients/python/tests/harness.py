@@ -222,6 +222,15 @@ class RealGateway:
         out: Dict[str, Any] = self.cli("agents", "show", agent)
         return out
 
+    def metric(self, name: str) -> Optional[float]:
+        """A plain (label-free) value from the dataplane's /metrics."""
+        with urllib.request.urlopen(self.url + "/metrics", timeout=5) as r:
+            for line in r.read().decode().splitlines():
+                parts = line.split()
+                if len(parts) == 2 and parts[0] == name:
+                    return float(parts[1])
+        return None
+
     def create_key(self, name: str) -> str:
         secret: str = self.cli("keys", "create", "--name", name)["secret"]
         return secret

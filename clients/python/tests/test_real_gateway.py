@@ -129,6 +129,22 @@ def test_gateway_errors_are_the_sdks_own_exceptions_with_the_code(real: RealGate
     assert error_code(nf.value) is None and request_id(nf.value)
 
 
+def test_a_spent_budget_is_the_sdks_rate_limit_error_with_the_code(real: RealGateway) -> None:
+    user = unique("py-budget-user")
+    before = real.metric("nm_budget_rules") or 0
+    real.cli("budgets", "set", "--user", user, "--rpm", "1")
+    eventually("the budget rule at the dataplane", lambda: True if (real.metric("nm_budget_rules") or 0) > before else None)
+    gw = Gateway(url=real.url, key=real.admin_key, agent=unique("py-budget"))
+    client = gw.openai(max_retries=0)
+    with gw.session(user=user) as s:
+        client.chat.completions.create(model="gpt-4o-mini", messages=[])
+        with pytest.raises(openai.RateLimitError) as e:
+            client.chat.completions.create(model="gpt-4o-mini", messages=[])
+        assert s.last_error_code == "budget_exceeded"
+    assert error_code(e.value) == "budget_exceeded"
+    assert int(e.value.response.headers["retry-after"]) > 0
+
+
 def test_signals_are_counted_for_the_agent(real: RealGateway) -> None:
     agent = unique("py-signals")
     gw = Gateway(url=real.url, key=real.admin_key, agent=agent, env="production")
