@@ -42,11 +42,12 @@ if [ ! -x "$venv/bin/python" ] || ! cmp -s "$py/requirements-dev.txt" "$venv/.re
   rm -rf "$venv"
   python3 -m venv "$venv"
   "$venv/bin/python" -m pip install -q --upgrade pip
-  "$venv/bin/python" -m pip install -q -r "$py/requirements-dev.txt"
+  # --no-compile: byte-compiling every SDK up front takes minutes; imports compile what they use.
+  "$venv/bin/python" -m pip install -q --no-compile -r "$py/requirements-dev.txt"
   cp "$py/requirements-dev.txt" "$venv/.requirements-dev.txt"
 fi
 # Editable, with every SDK extra (already satisfied by the pinned versions above).
-"$venv/bin/python" -m pip install -q --no-build-isolation -e "$py[all]"
+"$venv/bin/python" -m pip install -q --no-compile --no-build-isolation -e "$py[all]"
 
 step "python: mypy --strict, vermin (Python >= 3.9)"
 (cd "$py" && "$root/$venv/bin/python" -m mypy --cache-dir "$root/$cache/mypy")
