@@ -49,7 +49,8 @@ fi
 # Editable, with every SDK extra (already satisfied by the pinned versions above).
 "$venv/bin/python" -m pip install -q --no-compile --no-build-isolation -e "$py[all]"
 
-step "python: mypy --strict, vermin (Python >= 3.9)"
+step "python: ruff, mypy --strict, vermin (Python >= 3.9)"
+(cd "$py" && "$root/$venv/bin/ruff" format --check --quiet --no-cache . && "$root/$venv/bin/ruff" check --quiet --no-cache .)
 (cd "$py" && "$root/$venv/bin/python" -m mypy --cache-dir "$root/$cache/mypy")
 "$venv/bin/vermin" -q --no-tips --violations -t=3.9- "$py/src"
 
@@ -68,7 +69,8 @@ fi
 if [ -e "$ts/node_modules" ] && [ ! -L "$ts/node_modules" ]; then rm -rf "$ts/node_modules"; fi
 ln -sfn ../../"$node_cache"/node_modules "$ts/node_modules"
 
-step "typescript: tsc (library, then tests against the built package)"
+step "typescript: prettier --check, tsc (library, then tests against the built package)"
+(cd "$ts" && ./node_modules/.bin/prettier --check --log-level warn .)
 rm -rf "$ts/dist" "$ts/build"
 (cd "$ts" && ./node_modules/.bin/tsc -p tsconfig.json && ./node_modules/.bin/tsc -p tsconfig.test.json)
 

@@ -11,7 +11,16 @@ import zipfile
 from email.parser import Parser
 from pathlib import Path
 
-MODULES = {"__init__.py", "_edit.py", "_errors.py", "_gateway.py", "_rules.py", "_session.py", "_signals.py", "py.typed"}
+MODULES = {
+    "__init__.py",
+    "_edit.py",
+    "_errors.py",
+    "_gateway.py",
+    "_rules.py",
+    "_session.py",
+    "_signals.py",
+    "py.typed",
+}
 EXTRAS = {"openai", "anthropic", "google", "groq", "mistral", "all"}
 
 

@@ -87,7 +87,7 @@ class Process:
         with self._cond:
             self._cond.notify_all()
 
-    def wait_for_line(self, pattern: str, deadline: float = 60.0) -> "re.Match[str]":
+    def wait_for_line(self, pattern: str, deadline: float = 60.0) -> re.Match[str]:
         rx = re.compile(pattern)
         end = time.monotonic() + deadline
         with self._cond:

@@ -206,7 +206,7 @@ class MockProvider:
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
 
-    def __enter__(self) -> "MockProvider":
+    def __enter__(self) -> MockProvider:
         self._thread.start()
         return self
 

@@ -93,7 +93,9 @@ def _groq(gw: Gateway) -> str:
 
 
 def _groq_stream(gw: Gateway) -> str:
-    chunks = gw.groq().chat.completions.create(model="llama-3.3-70b-versatile", messages=MESSAGES, stream=True)
+    chunks = gw.groq().chat.completions.create(
+        model="llama-3.3-70b-versatile", messages=MESSAGES, stream=True
+    )
     return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
 

@@ -49,9 +49,17 @@ def test_settings_read_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) ->
         ({"NM_GATEWAY_URL": "http://gw"}, {}, "NM_KEY"),
         ({"NM_GATEWAY_URL": "gw:8080", "NM_KEY": FAKE_KEY}, {}, "NM_GATEWAY_URL: the gateway URL must be"),
         ({"NM_GATEWAY_URL": "ftp://gw", "NM_KEY": FAKE_KEY}, {}, "must be http(s)"),
-        ({"NM_GATEWAY_URL": "http://gw", "NM_KEY": FAKE_KEY, "NM_ENV": "prod"}, {}, "NM_ENV: env must be one of"),
+        (
+            {"NM_GATEWAY_URL": "http://gw", "NM_KEY": FAKE_KEY, "NM_ENV": "prod"},
+            {},
+            "NM_ENV: env must be one of",
+        ),
         ({"NM_GATEWAY_URL": "http://gw", "NM_KEY": FAKE_KEY}, {"env": "Production"}, "argument env"),
-        ({"NM_GATEWAY_URL": "http://gw", "NM_KEY": FAKE_KEY, "NM_AGENT": "a\nb"}, {}, "NM_AGENT: an agent name"),
+        (
+            {"NM_GATEWAY_URL": "http://gw", "NM_KEY": FAKE_KEY, "NM_AGENT": "a\nb"},
+            {},
+            "NM_AGENT: an agent name",
+        ),
         ({"NM_GATEWAY_URL": "http://gw", "NM_KEY": FAKE_KEY}, {"agent": "x" * 129}, "agent name is 1 to 128"),
         ({"NM_GATEWAY_URL": "http://gw", "NM_KEY": FAKE_KEY}, {"agent": "café"}, "visible ASCII"),
         ({"NM_GATEWAY_URL": "http://gw", "NM_KEY": "nmk with space"}, {}, "NM_KEY: the key must be"),
@@ -130,7 +138,10 @@ def test_valid_signal_bodies() -> None:
         "custom_label": {"variant": "B", "ü": [1, True]},
     }
     assert 1 <= len(s.idempotency_key) <= 255
-    assert json.loads(build_signal("sess_1", "accepted").body) == {"session_id": "sess_1", "action": "accepted"}
+    assert json.loads(build_signal("sess_1", "accepted").body) == {
+        "session_id": "sess_1",
+        "action": "accepted",
+    }
     # A label of exactly 1 KiB of JSON is allowed; the key may be 255 characters.
     build_signal("sess_1", "sent", custom_label="x" * 1022, idempotency_key="k" * 255)
     keys = {build_signal("sess_1", "sent").idempotency_key for _ in range(100)}

@@ -78,7 +78,11 @@ async def test_every_wired_sdk_is_attributed(real: RealGateway, upstream: MockPr
         row = by_session.get(sid)
         assert row is not None, f"{want['name']}: session {sid} not recorded; rows: {rows}"
         assert (row["user"], row["agent"], row["env"], row["provider"], row["requests"]) == (
-            want["user"], agent, "staging", want["provider"], 1,
+            want["user"],
+            agent,
+            "staging",
+            want["provider"],
+            1,
         ), want["name"]
     outside = [r for r in rows if r["session"] not in expected]
     assert len(outside) == 1 and outside[0]["requests"] == 1 and outside[0]["user"] is None
@@ -133,7 +137,10 @@ def test_a_spent_budget_is_the_sdks_rate_limit_error_with_the_code(real: RealGat
     user = unique("py-budget-user")
     before = real.metric("nm_budget_rules") or 0
     real.cli("budgets", "set", "--user", user, "--rpm", "1")
-    eventually("the budget rule at the dataplane", lambda: True if (real.metric("nm_budget_rules") or 0) > before else None)
+    eventually(
+        "the budget rule at the dataplane",
+        lambda: True if (real.metric("nm_budget_rules") or 0) > before else None,
+    )
     gw = Gateway(url=real.url, key=real.admin_key, agent=unique("py-budget"))
     client = gw.openai(max_retries=0)
     with gw.session(user=user) as s:
@@ -163,8 +170,14 @@ def test_signals_are_counted_for_the_agent(real: RealGateway) -> None:
     gw.signal(s.id, "accepted", custom_label="general call")
     got = signals_of(real, agent, 10)
     assert got["by_action"] == {
-        "accepted": 2, "edited": 2, "regenerated": 1, "abandoned": 1,
-        "thumbs_up": 1, "thumbs_down": 1, "published": 1, "sent": 1,
+        "accepted": 2,
+        "edited": 2,
+        "regenerated": 1,
+        "abandoned": 1,
+        "thumbs_up": 1,
+        "thumbs_down": 1,
+        "published": 1,
+        "sent": 1,
     }
 
 
@@ -172,7 +185,9 @@ async def test_async_signals_are_counted(real: RealGateway) -> None:
     agent = unique("py-async-signals")
     gw = Gateway(url=real.url, key=real.admin_key, agent=agent)
     async with gw.session() as s:
-        await gw.async_anthropic().messages.create(model="claude-test", max_tokens=8, messages=[{"role": "user", "content": "x"}])
+        await gw.async_anthropic().messages.create(
+            model="claude-test", max_tokens=8, messages=[{"role": "user", "content": "x"}]
+        )
         await asyncio.gather(s.accepted(), s.thumbs_up(), s.edited(original="abc", final="abd"))
     got = signals_of(real, agent, 3)
     assert got["by_action"]["edited"] == 1

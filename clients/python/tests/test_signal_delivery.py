@@ -22,7 +22,11 @@ UNAVAILABLE = Reply(
     {"Content-Type": "application/json", "NM-Error": "unavailable", "Retry-After": "0"},
     b'{"ok":false,"error":{"code":"unavailable","message":"nothing was stored"}}',
 )
-LIMITED = Reply(429, {"Content-Type": "application/json", "Retry-After": "0"}, b'{"ok":false,"error":{"code":"rate_limited","message":"slow down"}}')
+LIMITED = Reply(
+    429,
+    {"Content-Type": "application/json", "Retry-After": "0"},
+    b'{"ok":false,"error":{"code":"rate_limited","message":"slow down"}}',
+)
 
 
 def test_every_action_from_a_session(gw: Gateway, fake: MockProvider) -> None:
@@ -40,8 +44,16 @@ def test_every_action_from_a_session(gw: Gateway, fake: MockProvider) -> None:
     recs = fake.signals()
     bodies = [r.json() for r in recs]
     assert [b["action"] for b in bodies] == [
-        "accepted", "edited", "edited", "regenerated", "abandoned",
-        "thumbs_up", "thumbs_down", "published", "sent", "accepted",
+        "accepted",
+        "edited",
+        "edited",
+        "regenerated",
+        "abandoned",
+        "thumbs_up",
+        "thumbs_down",
+        "published",
+        "sent",
+        "accepted",
     ]
     assert set(ACTIONS) == {b["action"] for b in bodies}
     assert {b["session_id"] for b in bodies} == {s.id}

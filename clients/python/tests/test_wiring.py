@@ -98,7 +98,10 @@ def test_nested_sessions_restore_the_outer_one(gw: Gateway, fake: MockProvider) 
             assert current_session() is not None and current_session().id == inner.id  # type: ignore[union-attr]
         ask()
     ask()
-    seen = [(r.headers.get("nm-session"), r.headers.get("nm-user"), r.headers.get("nm-agent")) for r in fake.received()]
+    seen = [
+        (r.headers.get("nm-session"), r.headers.get("nm-user"), r.headers.get("nm-agent"))
+        for r in fake.received()
+    ]
     assert seen == [
         (outer.id, "outer-user", "unit-agent"),
         (inner.id, "inner-user", "inner-agent"),
@@ -110,9 +113,8 @@ def test_nested_sessions_restore_the_outer_one(gw: Gateway, fake: MockProvider) 
 
 def test_a_session_scope_is_entered_once(gw: Gateway) -> None:
     scope = gw.session()
-    with scope:
-        with pytest.raises(RuntimeError, match="already entered"):
-            scope.__enter__()
+    with scope, pytest.raises(RuntimeError, match="already entered"):
+        scope.__enter__()
 
 
 def test_headers_set_by_the_caller_win(gw: Gateway, fake: MockProvider) -> None:
@@ -159,7 +161,9 @@ def test_sdk_retries_carry_the_headers(gw: Gateway, fake: MockProvider) -> None:
     """The SDK's own retry (here after a 503) goes through the hook again."""
     from mock_provider import Reply
 
-    fake.script_proxy(Reply(503, {"Content-Type": "application/json", "Retry-After": "0"}, b'{"error":{"message":"busy"}}'))
+    fake.script_proxy(
+        Reply(503, {"Content-Type": "application/json", "Retry-After": "0"}, b'{"error":{"message":"busy"}}')
+    )
     with gw.session(user="u3") as s:
         r = gw.openai(max_retries=2).chat.completions.create(model="m", messages=[])
     assert r.choices[0].message.content == EXPECTED_TEXT

@@ -21,6 +21,8 @@ export function anthropic(gw: Gateway, options: ClientOptions = {}): Anthropic {
     ...options,
     apiKey,
     baseURL: options.baseURL ?? gw.baseURL("anthropic"),
-    fetch: gw.wrapFetch(options.fetch as Parameters<Gateway["wrapFetch"]>[0]) as NonNullable<ClientOptions["fetch"]>,
+    fetch: gw.wrapFetch(options.fetch as Parameters<Gateway["wrapFetch"]>[0]) as NonNullable<
+      ClientOptions["fetch"]
+    >,
   });
 }

@@ -28,7 +28,14 @@ import {
   printable,
 } from "./rules.js";
 import { Session, SessionState, type SignalSink, storage } from "./session.js";
-import { buildSignal, type RetryInfo, Sender, type SignalOptions, SignalQueue, type SignalStats } from "./signals.js";
+import {
+  buildSignal,
+  type RetryInfo,
+  Sender,
+  type SignalOptions,
+  SignalQueue,
+  type SignalStats,
+} from "./signals.js";
 
 /** Sent as the provider API key when none is configured; removed before the request leaves. */
 export const PROVIDER_KEY_PLACEHOLDER = "nm-gateway-no-provider-key";
@@ -88,7 +95,9 @@ export class Gateway implements SignalSink {
 
     const [rawUrl, urlSrc] = pick(opts.url, "NM_GATEWAY_URL", "url");
     if (rawUrl === undefined) {
-      throw new ConfigError("no gateway URL: pass { url } or set NM_GATEWAY_URL (e.g. http://localhost:8080)");
+      throw new ConfigError(
+        "no gateway URL: pass { url } or set NM_GATEWAY_URL (e.g. http://localhost:8080)",
+      );
     }
     const url = rawUrl.trim().replace(/\/+$/, "");
     let parsed: URL | undefined;
@@ -97,11 +106,20 @@ export class Gateway implements SignalSink {
     } catch {
       parsed = undefined;
     }
-    if (!parsed || !["http:", "https:"].includes(parsed.protocol) || !parsed.host || parsed.search || parsed.hash) {
-      throw new ConfigError(`${urlSrc}: the gateway URL must be http(s)://host[:port][/path]; got ${JSON.stringify(rawUrl)}`);
+    if (
+      !parsed ||
+      !["http:", "https:"].includes(parsed.protocol) ||
+      !parsed.host ||
+      parsed.search ||
+      parsed.hash
+    ) {
+      throw new ConfigError(
+        `${urlSrc}: the gateway URL must be http(s)://host[:port][/path]; got ${JSON.stringify(rawUrl)}`,
+      );
     }
     const [key, keySrc] = pick(opts.key, "NM_KEY", "key");
-    if (key === undefined) throw new ConfigError("no NM-Key: pass { key } or set NM_KEY (a service API key, nmk_...)");
+    if (key === undefined)
+      throw new ConfigError("no NM-Key: pass { key } or set NM_KEY (a service API key, nmk_...)");
     if (!printable(key, 1024) || key.includes(" ")) {
       throw new ConfigError(`${keySrc}: the key must be visible ASCII without spaces`);
     }
@@ -244,7 +262,9 @@ export class Gateway implements SignalSink {
 
   /** Background mode: flushes, stops taking signals, reports losses. Resolves to the counts. */
   close(timeoutMs?: number): Promise<SignalStats> {
-    return this.#queue ? this.#queue.close(timeoutMs) : Promise.resolve({ sent: 0, failed: 0, dropped: 0, pending: 0 });
+    return this.#queue
+      ? this.#queue.close(timeoutMs)
+      : Promise.resolve({ sent: 0, failed: 0, dropped: 0, pending: 0 });
   }
 
   /** Background mode: signals sent, failed, dropped (queue full) and still pending. */

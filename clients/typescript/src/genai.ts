@@ -20,7 +20,9 @@ export function genai(gw: Gateway, options: GoogleGenAIOptions = {}): GoogleGenA
     httpOptions: {
       ...http,
       baseUrl: http.baseUrl ?? gw.baseURL("gemini"),
-      fetch: gw.wrapFetch(http.fetch as Parameters<Gateway["wrapFetch"]>[0]) as NonNullable<typeof http.fetch>,
+      fetch: gw.wrapFetch(http.fetch as Parameters<Gateway["wrapFetch"]>[0]) as NonNullable<
+        typeof http.fetch
+      >,
     },
   });
 }

@@ -14,8 +14,13 @@ import type { Gateway } from "./gateway.js";
 export function openai(gw: Gateway, options: ClientOptions = {}): OpenAI {
   return new OpenAI({
     ...options,
-    apiKey: typeof options.apiKey === "function" ? options.apiKey : gw.providerKey(options.apiKey, "OPENAI_API_KEY"),
+    apiKey:
+      typeof options.apiKey === "function"
+        ? options.apiKey
+        : gw.providerKey(options.apiKey, "OPENAI_API_KEY"),
     baseURL: options.baseURL ?? `${gw.baseURL("openai")}/v1`,
-    fetch: gw.wrapFetch(options.fetch as Parameters<Gateway["wrapFetch"]>[0]) as NonNullable<ClientOptions["fetch"]>,
+    fetch: gw.wrapFetch(options.fetch as Parameters<Gateway["wrapFetch"]>[0]) as NonNullable<
+      ClientOptions["fetch"]
+    >,
   });
 }

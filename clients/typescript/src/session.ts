@@ -54,7 +54,10 @@ export interface SessionSignalOptions {
 
 /** `edited(...)`: the distance, or the two texts to compute it from. */
 export type EditedOptions = SessionSignalOptions &
-  ({ editDistance: number; original?: undefined; final?: undefined } | { original: string; final: string; editDistance?: undefined });
+  (
+    | { editDistance: number; original?: undefined; final?: undefined }
+    | { original: string; final: string; editDistance?: undefined }
+  );
 
 /** A session: its identity, what came back last, and its signals. */
 export class Session {
@@ -91,7 +94,10 @@ export class Session {
   }
 
   /** Records what the end user did with this session's output (any of the 8 actions). */
-  signal(action: Action, opts: SessionSignalOptions & { editDistance?: number | undefined } = {}): Promise<void> {
+  signal(
+    action: Action,
+    opts: SessionSignalOptions & { editDistance?: number | undefined } = {},
+  ): Promise<void> {
     return this.state.gateway.signal(this.id, action, { ...opts, agent: this.agent });
   }
 
@@ -101,20 +107,30 @@ export class Session {
   }
   /** The user edited the output: `{ editDistance }`, or `{ original, final }` (computed here). */
   edited(opts: EditedOptions): Promise<void> {
-    const o = (opts ?? {}) as Partial<{ editDistance: number; original: string; final: string }> & SessionSignalOptions;
+    const o = (opts ?? {}) as Partial<{ editDistance: number; original: string; final: string }> &
+      SessionSignalOptions;
     let distance = o.editDistance;
     if (o.original !== undefined || o.final !== undefined) {
       if (distance !== undefined) {
         return Promise.reject(
-          new InvalidSignal("invalid_edit_distance", "pass either editDistance or original and final, not both"),
+          new InvalidSignal(
+            "invalid_edit_distance",
+            "pass either editDistance or original and final, not both",
+          ),
         );
       }
       if (typeof o.original !== "string" || typeof o.final !== "string") {
-        return Promise.reject(new InvalidSignal("invalid_edit_distance", "original and final must both be given, as strings"));
+        return Promise.reject(
+          new InvalidSignal("invalid_edit_distance", "original and final must both be given, as strings"),
+        );
       }
       distance = computeEditDistance(o.original, o.final);
     }
-    return this.signal("edited", { customLabel: o.customLabel, idempotencyKey: o.idempotencyKey, editDistance: distance });
+    return this.signal("edited", {
+      customLabel: o.customLabel,
+      idempotencyKey: o.idempotencyKey,
+      editDistance: distance,
+    });
   }
   /** The user asked for another answer. */
   regenerated(opts?: SessionSignalOptions): Promise<void> {

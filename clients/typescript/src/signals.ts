@@ -142,7 +142,10 @@ function isPlainJson(v: unknown, depth = 0): boolean {
 }
 
 /** `Retry-After` in milliseconds: delta-seconds or an HTTP-date (RFC 9110 §10.2.3). */
-export function parseRetryAfter(value: string | null | undefined, now: number = Date.now()): number | undefined {
+export function parseRetryAfter(
+  value: string | null | undefined,
+  now: number = Date.now(),
+): number | undefined {
   if (value === null || value === undefined) return undefined;
   const v = value.trim();
   if (/^\d+$/.test(v)) return Number(v) * 1000;
@@ -229,7 +232,8 @@ export class Sender {
       };
     }
     const requestId = res.headers.get("nm-request-id") ?? undefined;
-    if (res.status === 200) return { ok: true, retryable: false, status: 200, code: "", message: "", requestId };
+    if (res.status === 200)
+      return { ok: true, retryable: false, status: 200, code: "", message: "", requestId };
     let code = res.headers.get("nm-error") ?? "";
     let message = "";
     try {

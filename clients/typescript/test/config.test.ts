@@ -19,11 +19,22 @@ const GATEWAY_SESSION = /^sess_[A-Za-z0-9_-]{1,128}$/;
 
 describe("settings", () => {
   it("come from the environment, options win", () => {
-    const environ = { NM_GATEWAY_URL: "http://gw.internal:8080/", NM_KEY: KEY, NM_AGENT: "env-agent", NM_ENV: "staging" };
+    const environ = {
+      NM_GATEWAY_URL: "http://gw.internal:8080/",
+      NM_KEY: KEY,
+      NM_AGENT: "env-agent",
+      NM_ENV: "staging",
+    };
     let g = new Gateway({ environ });
     assert.deepEqual([g.url, g.agent, g.env], ["http://gw.internal:8080", "env-agent", "staging"]);
     assert.deepEqual(g.headers(), { "NM-Key": KEY, "NM-Agent": "env-agent", "NM-Env": "staging" });
-    g = new Gateway({ environ, url: "https://other/llm", key: "nmk_x", agent: "opt-agent", env: "production" });
+    g = new Gateway({
+      environ,
+      url: "https://other/llm",
+      key: "nmk_x",
+      agent: "opt-agent",
+      env: "production",
+    });
     assert.deepEqual([g.url, g.agent, g.env], ["https://other/llm", "opt-agent", "production"]);
     assert.equal(g.baseURL("groq"), "https://other/llm/groq");
     assert.ok(!JSON.stringify(g).includes("nmk_x"));
@@ -58,7 +69,10 @@ describe("settings", () => {
   ];
   for (const [environ, opts, message] of bad) {
     it(`refuse ${JSON.stringify({ ...environ, ...opts })}`, () => {
-      assert.throws(() => new Gateway({ environ, ...opts }), (e: unknown) => e instanceof ConfigError && message.test(e.message));
+      assert.throws(
+        () => new Gateway({ environ, ...opts }),
+        (e: unknown) => e instanceof ConfigError && message.test(e.message),
+      );
     });
   }
 });
@@ -72,10 +86,19 @@ describe("sessions ids", () => {
     assert.match(await gw.session((s) => s.id), GATEWAY_SESSION);
     assert.equal(await gw.session({ id: "sess_my-own_1" }, (s) => s.id), "sess_my-own_1");
     for (const bad of ["42", "sess_", "sess_a b", "sess_é", "SESS_x", "sess_" + "a".repeat(129)]) {
-      await assert.rejects(gw.session({ id: bad }, () => 0), (e: unknown) => e instanceof ConfigError && /sess_<id>/.test(e.message));
+      await assert.rejects(
+        gw.session({ id: bad }, () => 0),
+        (e: unknown) => e instanceof ConfigError && /sess_<id>/.test(e.message),
+      );
     }
-    await assert.rejects(gw.session({ user: "" }, () => 0), /end-user id/);
-    await assert.rejects(gw.session({ user: "u".repeat(257) }, () => 0), /end-user id/);
+    await assert.rejects(
+      gw.session({ user: "" }, () => 0),
+      /end-user id/,
+    );
+    await assert.rejects(
+      gw.session({ user: "u".repeat(257) }, () => 0),
+      /end-user id/,
+    );
     assert.equal(await gw.session({ user: "u".repeat(256) }, () => 1), 1);
   });
 });
@@ -113,11 +136,17 @@ describe("signal checks", () => {
     await gw.session(async (s) => {
       await assert.rejects(s.edited({ editDistance: 3, original: "a", final: "b" } as never), /not both/);
       await assert.rejects(s.edited({ original: "a" } as never), /both be given/);
-      await assert.rejects(s.edited({} as never), (e: unknown) => e instanceof InvalidSignal && e.code === "edit_distance_required");
+      await assert.rejects(
+        s.edited({} as never),
+        (e: unknown) => e instanceof InvalidSignal && e.code === "edit_distance_required",
+      );
     });
   });
   it("exports the eight actions and the placeholder", () => {
-    assert.deepEqual([...ACTIONS], ["accepted", "edited", "regenerated", "abandoned", "thumbs_up", "thumbs_down", "published", "sent"]);
+    assert.deepEqual(
+      [...ACTIONS],
+      ["accepted", "edited", "regenerated", "abandoned", "thumbs_up", "thumbs_down", "published", "sent"],
+    );
     assert.equal(typeof PROVIDER_KEY_PLACEHOLDER, "string");
   });
 });
@@ -130,7 +159,13 @@ function reference(x: string, y: string): number {
   for (let i = 1; i <= a.length; i++) {
     const cur = [i];
     for (let j = 1; j <= b.length; j++) {
-      cur.push(Math.min((prev[j] as number) + 1, (cur[j - 1] as number) + 1, (prev[j - 1] as number) + (a[i - 1] === b[j - 1] ? 0 : 1)));
+      cur.push(
+        Math.min(
+          (prev[j] as number) + 1,
+          (cur[j - 1] as number) + 1,
+          (prev[j - 1] as number) + (a[i - 1] === b[j - 1] ? 0 : 1),
+        ),
+      );
     }
     prev = cur;
   }
@@ -159,11 +194,17 @@ describe("edit distance", () => {
   }
   const text = fc.string({ unit: fc.constantFrom("a", "b", "c", "d", " ", "é", "🌍", "\n"), maxLength: 90 });
   it("matches the reference (property)", () => {
-    fc.assert(fc.property(text, text, (a, b) => editDistance(a, b) === reference(a, b)), { numRuns: 500 });
+    fc.assert(
+      fc.property(text, text, (a, b) => editDistance(a, b) === reference(a, b)),
+      { numRuns: 500 },
+    );
   });
   it("matches the reference on any Unicode (property)", () => {
     const any = fc.string({ unit: "grapheme", maxLength: 40 });
-    fc.assert(fc.property(any, any, (a, b) => editDistance(a, b) === reference(a, b)), { numRuns: 300 });
+    fc.assert(
+      fc.property(any, any, (a, b) => editDistance(a, b) === reference(a, b)),
+      { numRuns: 300 },
+    );
   });
   it("is a metric (property)", () => {
     fc.assert(

@@ -46,7 +46,8 @@ async function signalsOf(gw: RealGateway, agent: string, total: number): Promise
 }
 
 before(async () => {
-  for (const name of ["OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY"]) delete process.env[name];
+  for (const name of ["OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY"])
+    delete process.env[name];
   upstream = await new MockProvider().start();
   real = await new RealGateway(upstream.url).start();
 });
@@ -103,14 +104,18 @@ describe("the real gateway", () => {
       assert.ok(!Object.keys(r.headers).some((k) => k.startsWith("nm-")), JSON.stringify(r.headers));
       assert.ok(!JSON.stringify(r.headers).includes("nm-gateway-no-provider-key"));
     }
-    const openaiAuth = upstream.received.filter((r) => r.path.startsWith("/v1/chat")).map((r) => r.headers.authorization);
+    const openaiAuth = upstream.received
+      .filter((r) => r.path.startsWith("/v1/chat"))
+      .map((r) => r.headers.authorization);
     assert.ok(openaiAuth.includes(`Bearer ${OPERATOR_OPENAI_KEY}`));
   });
 
   test("lastRequestId is the gateway's NM-Request-Id", async () => {
     const gw = new Gateway({ url: real.url, key: real.adminKey, agent: unique("ts-ids"), environ: {} });
     await gw.session(async (s) => {
-      const { response } = await openai(gw).chat.completions.create({ model: "gpt-4o-mini", messages: [] }).withResponse();
+      const { response } = await openai(gw)
+        .chat.completions.create({ model: "gpt-4o-mini", messages: [] })
+        .withResponse();
       assert.equal(s.lastRequestId, response.headers.get("nm-request-id"));
       assert.match(s.lastRequestId ?? "", /^[0-9a-f-]{36}$/);
       assert.equal(s.lastTraceId, undefined); // tracing is off in this gateway
@@ -120,7 +125,9 @@ describe("the real gateway", () => {
   test("gateway errors are the SDKs' own, with the code readable", async () => {
     const bad = new Gateway({ url: real.url, key: "nmk_" + "f".repeat(48), agent: "ts-errors", environ: {} });
     await bad.session(async (s) => {
-      const oe = await openai(bad, { maxRetries: 0 }).chat.completions.create({ model: "m", messages: [] }).catch((e: unknown) => e);
+      const oe = await openai(bad, { maxRetries: 0 })
+        .chat.completions.create({ model: "m", messages: [] })
+        .catch((e: unknown) => e);
       assert.ok(oe instanceof OpenAI.AuthenticationError);
       assert.equal(errorCode(oe), "invalid_api_key");
       assert.ok(requestId(oe));
@@ -206,7 +213,12 @@ describe("the real gateway", () => {
           await allIn;
           for (let c = 0; c < calls; c++) {
             if (i % 2 === 0) await oa.chat.completions.create({ model: "gpt-4o-mini", messages: [] });
-            else await an.messages.create({ model: "claude-test", max_tokens: 8, messages: [{ role: "user", content: "x" }] });
+            else
+              await an.messages.create({
+                model: "claude-test",
+                max_tokens: 8,
+                messages: [{ role: "user", content: "x" }],
+              });
           }
           return [s.id, `task-${i}`] as const;
         }),
@@ -229,8 +241,22 @@ describe("a controlplane outage", () => {
       const agent = unique("ts-outage");
       let firstRetry!: (r: RetryInfo) => void;
       const retried = new Promise<RetryInfo>((r) => (firstRetry = r));
-      const gw = new Gateway({ url: split.url, key: split.adminKey, agent, maxRetries: 60, environ: {}, onSignalRetry: (r) => firstRetry(r) });
-      const bg = new Gateway({ url: split.url, key: split.adminKey, agent, maxRetries: 60, environ: {}, backgroundSignals: true });
+      const gw = new Gateway({
+        url: split.url,
+        key: split.adminKey,
+        agent,
+        maxRetries: 60,
+        environ: {},
+        onSignalRetry: (r) => firstRetry(r),
+      });
+      const bg = new Gateway({
+        url: split.url,
+        key: split.adminKey,
+        agent,
+        maxRetries: 60,
+        environ: {},
+        backgroundSignals: true,
+      });
       const s = await gw.session(async (s) => {
         await openai(gw).chat.completions.create({ model: "gpt-4o-mini", messages: [] });
         return s;

@@ -11,7 +11,14 @@ import { promisify } from "node:util";
 
 import Anthropic from "@anthropic-ai/sdk";
 import { GoogleGenAI } from "@google/genai";
-import { currentSession, errorCode, Gateway, type RetryInfo, requestId, SignalError } from "@nm-gateway/client";
+import {
+  currentSession,
+  errorCode,
+  Gateway,
+  type RetryInfo,
+  requestId,
+  SignalError,
+} from "@nm-gateway/client";
 import { anthropic } from "@nm-gateway/client/anthropic";
 import { genai } from "@nm-gateway/client/genai";
 import { openai } from "@nm-gateway/client/openai";
@@ -38,7 +45,8 @@ const newGateway = (extra: object = {}): Gateway =>
   });
 
 before(async () => {
-  for (const name of ["OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY"]) delete process.env[name];
+  for (const name of ["OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY"])
+    delete process.env[name];
   fake = await new MockProvider(true).start();
 });
 after(async () => fake.stop());
@@ -81,7 +89,8 @@ describe("wired SDK clients", () => {
     const gw = newGateway();
     assert.equal(currentSession(), undefined);
     for (const call of CALLS) assert.equal(await call.run(gw), TEXT);
-    for (const r of fake.received) assert.deepEqual(nm(r), { "nm-key": KEY, "nm-agent": "unit-agent", "nm-env": "development" });
+    for (const r of fake.received)
+      assert.deepEqual(nm(r), { "nm-key": KEY, "nm-agent": "unit-agent", "nm-env": "development" });
   });
 
   it("are the SDKs' own classes, pointed at the gateway", () => {
@@ -97,10 +106,17 @@ describe("wired SDK clients", () => {
     const gw = newGateway();
     await openai(gw, { apiKey: "sk-mine" }).chat.completions.create({ model: "m", messages: [] });
     assert.equal(fake.received.at(-1)?.headers.authorization, "Bearer sk-mine");
-    await anthropic(gw, { apiKey: "sk-ant-mine" }).messages.create({ model: "m", max_tokens: 1, messages: [] });
+    await anthropic(gw, { apiKey: "sk-ant-mine" }).messages.create({
+      model: "m",
+      max_tokens: 1,
+      messages: [],
+    });
     const h = fake.received.at(-1)?.headers ?? {};
     assert.ok([h["x-api-key"], h.authorization?.replace("Bearer ", "")].includes("sk-ant-mine"));
-    await genai(gw, { apiKey: "g-mine" }).models.generateContent({ model: "gemini-2.0-flash", contents: "x" });
+    await genai(gw, { apiKey: "g-mine" }).models.generateContent({
+      model: "gemini-2.0-flash",
+      contents: "x",
+    });
     assert.equal(fake.received.at(-1)?.headers["x-goog-api-key"], "g-mine");
     process.env.OPENAI_API_KEY = "sk-env";
     try {
@@ -125,7 +141,11 @@ describe("wired SDK clients", () => {
 
   it("carry the session through the SDK's own retries", async () => {
     const gw = newGateway();
-    fake.scriptProxy({ status: 503, headers: { "Content-Type": "application/json", "Retry-After": "0" }, body: '{"error":{"message":"busy"}}' });
+    fake.scriptProxy({
+      status: 503,
+      headers: { "Content-Type": "application/json", "Retry-After": "0" },
+      body: '{"error":{"message":"busy"}}',
+    });
     const s = await gw.session({ user: "u3" }, async (s) => {
       const r = await openai(gw, { maxRetries: 2 }).chat.completions.create({ model: "m", messages: [] });
       assert.equal(r.choices[0]?.message.content, TEXT);
@@ -133,15 +153,23 @@ describe("wired SDK clients", () => {
     });
     assert.deepEqual(
       fake.received.map((r) => [r.headers["x-stainless-retry-count"], r.headers["nm-session"]]),
-      [["0", s.id], ["1", s.id]],
+      [
+        ["0", s.id],
+        ["1", s.id],
+      ],
     );
     assert.equal(s.lastRequestId, "req-2");
   });
 
   it("expose the gateway's error code", async () => {
     const gw = newGateway();
-    const body = '{"error":{"message":"invalid NM-Key","type":"authentication_error","code":"invalid_api_key"}}';
-    fake.scriptProxy({ status: 401, headers: { "Content-Type": "application/json", "NM-Error": "invalid_api_key" }, body });
+    const body =
+      '{"error":{"message":"invalid NM-Key","type":"authentication_error","code":"invalid_api_key"}}';
+    fake.scriptProxy({
+      status: 401,
+      headers: { "Content-Type": "application/json", "NM-Error": "invalid_api_key" },
+      body,
+    });
     await gw.session(async (s) => {
       const err = await openai(gw, { maxRetries: 0 })
         .chat.completions.create({ model: "m", messages: [] })
@@ -225,7 +253,10 @@ describe("sessions", () => {
     outside = gate.then(() => client.chat.completions.create({ model: "m", messages: [] }));
     const sid = await gw.session({ user: "u" }, async (s) => {
       await new Promise<void>((r) =>
-        setTimeout(() => void client.chat.completions.create({ model: "m", messages: [] }).then(() => r()), 0),
+        setTimeout(
+          () => void client.chat.completions.create({ model: "m", messages: [] }).then(() => r()),
+          0,
+        ),
       );
       release();
       await outside;
@@ -268,7 +299,18 @@ describe("signals", () => {
     const bodies = recs.map((r) => JSON.parse(r.body) as Record<string, unknown>);
     assert.deepEqual(
       bodies.map((b) => b.action),
-      ["accepted", "edited", "edited", "regenerated", "abandoned", "thumbs_up", "thumbs_down", "published", "sent", "accepted"],
+      [
+        "accepted",
+        "edited",
+        "edited",
+        "regenerated",
+        "abandoned",
+        "thumbs_up",
+        "thumbs_down",
+        "published",
+        "sent",
+        "accepted",
+      ],
     );
     assert.ok(bodies.every((b) => b.session_id === sid));
     assert.equal(bodies[1]?.edit_distance, 37);
@@ -295,7 +337,10 @@ describe("signals", () => {
     assert.equal(new Set(recs.map((r) => r.body)).size, 1);
     assert.deepEqual(
       retries.map((r) => [r.attempt, r.status, r.code]),
-      [[1, 503, "unavailable"], [2, 429, "http_429"]],
+      [
+        [1, 503, "unavailable"],
+        [2, 429, "http_429"],
+      ],
     );
   });
 
@@ -303,12 +348,19 @@ describe("signals", () => {
     const gw = newGateway();
     fake.scriptSignals({
       status: 401,
-      headers: { "Content-Type": "application/json", "NM-Error": "invalid_api_key", "NM-Request-Id": "req-x" },
+      headers: {
+        "Content-Type": "application/json",
+        "NM-Error": "invalid_api_key",
+        "NM-Request-Id": "req-x",
+      },
       body: '{"ok":false,"error":{"code":"invalid_api_key","message":"unknown key"}}',
     });
     const err = await gw.signal("sess_1", "accepted").catch((e: unknown) => e);
     assert.ok(err instanceof SignalError);
-    assert.deepEqual([err.code, err.status, err.retryable, err.detail], ["invalid_api_key", 401, false, "unknown key"]);
+    assert.deepEqual(
+      [err.code, err.status, err.retryable, err.detail],
+      ["invalid_api_key", 401, false, "unknown key"],
+    );
     assert.equal(errorCode(err), "invalid_api_key");
     assert.equal(requestId(err), "req-x");
     assert.equal(fake.signals().length, 1);
@@ -377,13 +429,23 @@ describe("signals", () => {
     const ok = await run(process.execPath, ["--input-type=module", "-e", script(3, 3)], { timeout: 60_000 });
     assert.equal(ok.stderr, "");
     assert.deepEqual(
-      fake.signals().map((r) => (JSON.parse(r.body) as { custom_label: number }).custom_label).sort(),
+      fake
+        .signals()
+        .map((r) => (JSON.parse(r.body) as { custom_label: number }).custom_label)
+        .sort(),
       [0, 1, 2],
     );
     // Now the gateway keeps answering 503 (Retry-After: 1): the process ends while the first
     // signal waits to be retried, with 2 queued and 7 dropped (queue of 2).
-    fake.scriptSignals(...Array.from({ length: 20 }, () => ({ ...UNAVAILABLE, headers: { ...UNAVAILABLE.headers, "Retry-After": "1" } })));
-    const out = await run(process.execPath, ["--input-type=module", "-e", script(10, 2)], { timeout: 60_000 });
+    fake.scriptSignals(
+      ...Array.from({ length: 20 }, () => ({
+        ...UNAVAILABLE,
+        headers: { ...UNAVAILABLE.headers, "Retry-After": "1" },
+      })),
+    );
+    const out = await run(process.execPath, ["--input-type=module", "-e", script(10, 2)], {
+      timeout: 60_000,
+    });
     const report = out.stderr.split("\n").filter((l) => l.startsWith("nm-gateway signals:"));
     assert.equal(report.length, 1, out.stderr);
     assert.equal(report[0], "nm-gateway signals: 0 sent, 1 failed, 7 dropped (queue full), 2 unsent at exit");

@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import Any, Optional
 
 __all__ = [
-    "NMGatewayError",
     "ConfigError",
-    "SignalError",
     "InvalidSignal",
+    "NMGatewayError",
+    "SignalError",
     "error_code",
     "request_id",
 ]

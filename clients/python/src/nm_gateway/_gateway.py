@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from google import genai as _google_genai
     from mistralai.client import Mistral as _Mistral
 
-__all__ = ["Gateway", "PROVIDER_KEY_PLACEHOLDER"]
+__all__ = ["PROVIDER_KEY_PLACEHOLDER", "Gateway"]
 
 #: Sent as the provider API key when none is configured; removed by the request hook.
 PROVIDER_KEY_PLACEHOLDER = "nm-gateway-no-provider-key"
@@ -53,9 +53,7 @@ _HOOKED = "_nm_gateway_hooked"
 
 
 def _missing(extra: str, module: str) -> ImportError:
-    return ImportError(
-        f"the {module!r} package is not installed: pip install 'nm-gateway[{extra}]'"
-    )
+    return ImportError(f"the {module!r} package is not installed: pip install 'nm-gateway[{extra}]'")
 
 
 class Gateway:
@@ -94,11 +92,15 @@ class Gateway:
 
         raw_url, url_src = pick(url, "NM_GATEWAY_URL")
         if raw_url is None:
-            raise ConfigError("no gateway URL: pass url=... or set NM_GATEWAY_URL (e.g. http://localhost:8080)")
+            raise ConfigError(
+                "no gateway URL: pass url=... or set NM_GATEWAY_URL (e.g. http://localhost:8080)"
+            )
         raw_url = raw_url.strip().rstrip("/")
         scheme, sep, rest = raw_url.partition("://")
         if not sep or scheme.lower() not in ("http", "https") or not rest or rest.startswith("/"):
-            raise ConfigError(f"{url_src}: the gateway URL must be http(s)://host[:port][/path]; got {raw_url!r}")
+            raise ConfigError(
+                f"{url_src}: the gateway URL must be http(s)://host[:port][/path]; got {raw_url!r}"
+            )
         raw_key, key_src = pick(key, "NM_KEY")
         if raw_key is None:
             raise ConfigError("no NM-Key: pass key=... or set NM_KEY (a service API key, nmk_...)")
@@ -310,40 +312,48 @@ class Gateway:
             kwargs["http_client"] = self.wire(http_client, is_async=is_async)
         return cls(**kwargs)
 
-    def openai(self, **kwargs: Any) -> "_openai.OpenAI":
+    def openai(self, **kwargs: Any) -> _openai.OpenAI:
         """`openai.OpenAI` through the gateway (`/openai/v1`). Keyword arguments go to the
         client unchanged (`api_key`, `timeout`, `max_retries`, `http_client`, ...)."""
         try:
             import openai
         except ImportError:
             raise _missing("openai", "openai") from None
-        return self._stainless(openai, openai.OpenAI, self.base_url("openai") + "/v1", "OPENAI_API_KEY", False, kwargs)
+        return self._stainless(
+            openai, openai.OpenAI, self.base_url("openai") + "/v1", "OPENAI_API_KEY", False, kwargs
+        )
 
-    def async_openai(self, **kwargs: Any) -> "_openai.AsyncOpenAI":
+    def async_openai(self, **kwargs: Any) -> _openai.AsyncOpenAI:
         """`openai.AsyncOpenAI` through the gateway."""
         try:
             import openai
         except ImportError:
             raise _missing("openai", "openai") from None
-        return self._stainless(openai, openai.AsyncOpenAI, self.base_url("openai") + "/v1", "OPENAI_API_KEY", True, kwargs)
+        return self._stainless(
+            openai, openai.AsyncOpenAI, self.base_url("openai") + "/v1", "OPENAI_API_KEY", True, kwargs
+        )
 
-    def anthropic(self, **kwargs: Any) -> "_anthropic.Anthropic":
+    def anthropic(self, **kwargs: Any) -> _anthropic.Anthropic:
         """`anthropic.Anthropic` through the gateway (`/anthropic`)."""
         try:
             import anthropic
         except ImportError:
             raise _missing("anthropic", "anthropic") from None
-        return self._stainless(anthropic, anthropic.Anthropic, self.base_url("anthropic"), "ANTHROPIC_API_KEY", False, kwargs)
+        return self._stainless(
+            anthropic, anthropic.Anthropic, self.base_url("anthropic"), "ANTHROPIC_API_KEY", False, kwargs
+        )
 
-    def async_anthropic(self, **kwargs: Any) -> "_anthropic.AsyncAnthropic":
+    def async_anthropic(self, **kwargs: Any) -> _anthropic.AsyncAnthropic:
         """`anthropic.AsyncAnthropic` through the gateway."""
         try:
             import anthropic
         except ImportError:
             raise _missing("anthropic", "anthropic") from None
-        return self._stainless(anthropic, anthropic.AsyncAnthropic, self.base_url("anthropic"), "ANTHROPIC_API_KEY", True, kwargs)
+        return self._stainless(
+            anthropic, anthropic.AsyncAnthropic, self.base_url("anthropic"), "ANTHROPIC_API_KEY", True, kwargs
+        )
 
-    def groq(self, **kwargs: Any) -> "_groq.Groq":
+    def groq(self, **kwargs: Any) -> _groq.Groq:
         """`groq.Groq` through the gateway (`/groq`, the SDK adds `/openai/v1/...`)."""
         try:
             import groq
@@ -351,7 +361,7 @@ class Gateway:
             raise _missing("groq", "groq") from None
         return self._stainless(groq, groq.Groq, self.base_url("groq"), "GROQ_API_KEY", False, kwargs)
 
-    def async_groq(self, **kwargs: Any) -> "_groq.AsyncGroq":
+    def async_groq(self, **kwargs: Any) -> _groq.AsyncGroq:
         """`groq.AsyncGroq` through the gateway."""
         try:
             import groq
@@ -359,7 +369,9 @@ class Gateway:
             raise _missing("groq", "groq") from None
         return self._stainless(groq, groq.AsyncGroq, self.base_url("groq"), "GROQ_API_KEY", True, kwargs)
 
-    def genai(self, *, api_key: Optional[str] = None, http_options: Any = None, **kwargs: Any) -> "_google_genai.Client":
+    def genai(
+        self, *, api_key: Optional[str] = None, http_options: Any = None, **kwargs: Any
+    ) -> _google_genai.Client:
         """`google.genai.Client` through the gateway (`/gemini`); its `.aio` side is wired too.
         `http_options` (a `types.HttpOptions` or dict) is honoured; its base URL defaults to
         the gateway's."""
@@ -391,7 +403,7 @@ class Gateway:
         key = self._provider_key(api_key, ("GOOGLE_API_KEY", "GEMINI_API_KEY"))
         return genai.Client(api_key=key, http_options=opts, **kwargs)
 
-    def mistral(self, *, api_key: Optional[str] = None, **kwargs: Any) -> "_Mistral":
+    def mistral(self, *, api_key: Optional[str] = None, **kwargs: Any) -> _Mistral:
         """`mistralai.Mistral` through the gateway (`/mistral`); sync and `*_async` methods
         are both wired. Without `api_key` (or `MISTRAL_API_KEY`) it sends no credential."""
         try:

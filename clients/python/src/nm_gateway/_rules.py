@@ -32,13 +32,11 @@ MAX_IDEMPOTENCY_KEY_LEN = 255
 MAX_CUSTOM_LABEL_BYTES = 1024
 MAX_EDIT_DISTANCE = 2**64 - 1  # the gateway stores it as u64
 
-_SESSION_RE = re.compile(r"sess_[A-Za-z0-9_-]{1,%d}" % MAX_SESSION_ID_LEN)
+_SESSION_RE = re.compile(rf"sess_[A-Za-z0-9_-]{{1,{MAX_SESSION_ID_LEN}}}")
 # Header values the gateway reads must be visible ASCII (space allowed inside).
 _PRINTABLE_RE = re.compile(r"[\x20-\x7e]+")
 
-SESSION_RULE = (
-    "a session id is sess_<id>, where <id> is 1 to 128 characters of A-Z, a-z, 0-9, '_' or '-'"
-)
+SESSION_RULE = "a session id is sess_<id>, where <id> is 1 to 128 characters of A-Z, a-z, 0-9, '_' or '-'"
 
 
 def new_session_id() -> str:

@@ -32,15 +32,15 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-__all__ = ["Session", "AsyncSession", "SessionScope", "current_session"]
+__all__ = ["AsyncSession", "Session", "SessionScope", "current_session"]
 
 
 class _State:
     """One session's identity and what came back last. Shared by its sync and async handles."""
 
-    __slots__ = ("gateway", "id", "user", "agent", "_lock", "_request_id", "_trace_id", "_error")
+    __slots__ = ("_error", "_lock", "_request_id", "_trace_id", "agent", "gateway", "id", "user")
 
-    def __init__(self, gateway: "Gateway", id: str, user: Optional[str], agent: Optional[str]) -> None:
+    def __init__(self, gateway: Gateway, id: str, user: Optional[str], agent: Optional[str]) -> None:
         self.gateway = gateway
         self.id = id
         self.user = user
@@ -56,12 +56,12 @@ class _State:
             self._trace_id = trace_id
             self._error = error
 
-    def last(self) -> "tuple[Optional[str], Optional[str], Optional[str]]":
+    def last(self) -> tuple[Optional[str], Optional[str], Optional[str]]:
         with self._lock:
             return self._request_id, self._trace_id, self._error
 
 
-_CURRENT: "contextvars.ContextVar[Optional[_State]]" = contextvars.ContextVar(
+_CURRENT: contextvars.ContextVar[Optional[_State]] = contextvars.ContextVar(
     "nm_gateway_session", default=None
 )
 
@@ -70,7 +70,7 @@ def current_state() -> Optional[_State]:
     return _CURRENT.get()
 
 
-def current_session() -> Optional["Session"]:
+def current_session() -> Optional[Session]:
     """The session in force here (this thread or task), or None."""
     state = _CURRENT.get()
     return None if state is None else Session(state)
@@ -86,9 +86,7 @@ def _edited_distance(
             "invalid_edit_distance", "pass either edit_distance or original and final, not both"
         )
     if not isinstance(original, str) or not isinstance(final, str):
-        raise InvalidSignal(
-            "invalid_edit_distance", "original and final must both be given, as str"
-        )
+        raise InvalidSignal("invalid_edit_distance", "original and final must both be given, as str")
     return _edit_distance(original, final)
 
 

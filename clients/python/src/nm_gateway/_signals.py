@@ -96,9 +96,7 @@ def build_signal(
         raise InvalidSignal("invalid_session_id", f"{SESSION_RULE}; got {session_id!r}")
     assert isinstance(session_id, str)
     if not isinstance(action, str) or action not in ACTIONS:
-        raise InvalidSignal(
-            "invalid_action", f"action must be one of {', '.join(ACTIONS)}; got {action!r}"
-        )
+        raise InvalidSignal("invalid_action", f"action must be one of {', '.join(ACTIONS)}; got {action!r}")
     if edit_distance is not None and (
         isinstance(edit_distance, bool)
         or not isinstance(edit_distance, int)
@@ -119,9 +117,7 @@ def build_signal(
         body["edit_distance"] = edit_distance
     if custom_label is not None:
         try:
-            label = json.dumps(
-                custom_label, ensure_ascii=False, allow_nan=False, separators=(",", ":")
-            )
+            label = json.dumps(custom_label, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
         except (TypeError, ValueError) as e:
             raise InvalidSignal(
                 "invalid_field", f"custom_label must be a JSON value (dict, list, str, number, bool): {e}"
@@ -309,7 +305,7 @@ class SignalQueue:
         if maxsize < 1:
             raise ValueError("queue_size must be at least 1")
         self._sender = sender
-        self._queue: "queue.Queue[Signal]" = queue.Queue(maxsize)
+        self._queue: queue.Queue[Signal] = queue.Queue(maxsize)
         self._flush_timeout = flush_timeout
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
@@ -335,14 +331,10 @@ class SignalQueue:
                 self._pending += 1
                 dropped = 0
                 if self._thread is None:
-                    self._thread = threading.Thread(
-                        target=self._run, name="nm-gateway-signals", daemon=True
-                    )
+                    self._thread = threading.Thread(target=self._run, name="nm-gateway-signals", daemon=True)
                     self._thread.start()
         if dropped and dropped & (dropped - 1) == 0:  # 1, 2, 4, 8, ...: say so, not flood
-            log.warning(
-                "signal queue full (%d): %d signal(s) dropped so far", self._queue.maxsize, dropped
-            )
+            log.warning("signal queue full (%d): %d signal(s) dropped so far", self._queue.maxsize, dropped)
 
     def _run(self) -> None:
         while True:
@@ -394,7 +386,7 @@ class SignalQueue:
         self.close(self._flush_timeout)
 
 
-def _flush_at_exit(ref: "weakref.ref[SignalQueue]") -> None:
+def _flush_at_exit(ref: weakref.ref[SignalQueue]) -> None:
     q = ref()
     if q is not None:
         q.flush_at_exit()

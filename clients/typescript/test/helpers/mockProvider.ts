@@ -71,12 +71,25 @@ function anthropicMessage(model: string): Record<string, unknown> {
 
 function anthropicStream(model: string): string[] {
   const ev = (name: string, data: unknown): string => `event: ${name}\ndata: ${JSON.stringify(data)}\n\n`;
-  const start = { ...anthropicMessage(model), content: [], stop_reason: null, usage: { input_tokens: 5, output_tokens: 1 } };
+  const start = {
+    ...anthropicMessage(model),
+    content: [],
+    stop_reason: null,
+    usage: { input_tokens: 5, output_tokens: 1 },
+  };
   return [
     ev("message_start", { type: "message_start", message: start }),
-    ev("content_block_start", { type: "content_block_start", index: 0, content_block: { type: "text", text: "" } }),
+    ev("content_block_start", {
+      type: "content_block_start",
+      index: 0,
+      content_block: { type: "text", text: "" },
+    }),
     ...CHUNKS.map((t) =>
-      ev("content_block_delta", { type: "content_block_delta", index: 0, delta: { type: "text_delta", text: t } }),
+      ev("content_block_delta", {
+        type: "content_block_delta",
+        index: 0,
+        delta: { type: "text_delta", text: t },
+      }),
     ),
     ev("content_block_stop", { type: "content_block_stop", index: 0 }),
     ev("message_delta", {
@@ -99,7 +112,9 @@ function gemini(model: string, text: string, final: boolean): unknown {
 }
 
 function geminiStream(model: string): string[] {
-  return CHUNKS.map((t, i) => "data: " + JSON.stringify(gemini(model, t, i === CHUNKS.length - 1)) + "\r\n\r\n");
+  return CHUNKS.map(
+    (t, i) => "data: " + JSON.stringify(gemini(model, t, i === CHUNKS.length - 1)) + "\r\n\r\n",
+  );
 }
 
 export class MockProvider {
@@ -179,7 +194,8 @@ export class MockProvider {
 
   private async handle(req: IncomingMessage, body: string, res: ServerResponse): Promise<void> {
     const headers: Record<string, string> = {};
-    for (const [k, v] of Object.entries(req.headers)) headers[k] = Array.isArray(v) ? v.join(", ") : String(v);
+    for (const [k, v] of Object.entries(req.headers))
+      headers[k] = Array.isArray(v) ? v.join(", ") : String(v);
     const rec: Received = { method: req.method ?? "", path: req.url ?? "", headers, body };
     this.received.push(rec);
     for (const w of [...this.arrivalWaiters]) w();
@@ -219,7 +235,9 @@ export class MockProvider {
       return stream ? send(200, sse, openaiStream(model)) : send(200, js, JSON.stringify(openaiChat(model)));
     }
     if (path.endsWith("/v1/messages")) {
-      return stream ? send(200, sse, anthropicStream(model)) : send(200, js, JSON.stringify(anthropicMessage(model)));
+      return stream
+        ? send(200, sse, anthropicStream(model))
+        : send(200, js, JSON.stringify(anthropicMessage(model)));
     }
     if (path.includes(":streamGenerateContent")) {
       model = path.split("/").pop()?.split(":")[0] ?? model;

@@ -29,7 +29,11 @@ export function binary(): string {
 }
 
 /** Polls `fn` until it returns a value other than undefined, for at most `deadlineMs`. */
-export async function eventually<T>(what: string, fn: () => Promise<T | undefined>, deadlineMs = 30_000): Promise<T> {
+export async function eventually<T>(
+  what: string,
+  fn: () => Promise<T | undefined>,
+  deadlineMs = 30_000,
+): Promise<T> {
   const end = Date.now() + deadlineMs;
   let pause = 20;
   let last: unknown;
@@ -189,7 +193,11 @@ export class RealGateway {
   }
 
   async startControlplane(): Promise<void> {
-    this.controlplane = new Proc(["controlplane"], { ...this.env, NM_GRPC_ADDR: this.grpcAddr }, "controlplane (restarted)");
+    this.controlplane = new Proc(
+      ["controlplane"],
+      { ...this.env, NM_GRPC_ADDR: this.grpcAddr },
+      "controlplane (restarted)",
+    );
     await this.controlplane.waitForLine(listening("controlplane gRPC"));
   }
 

@@ -41,7 +41,11 @@ export const CALLS: Call[] = [
     name: "anthropic",
     provider: "anthropic",
     run: async (gw) => {
-      const m = await anthropic(gw).messages.create({ model: "claude-test", max_tokens: 64, messages: MESSAGES });
+      const m = await anthropic(gw).messages.create({
+        model: "claude-test",
+        max_tokens: 64,
+        messages: MESSAGES,
+      });
       return m.content.map((b) => (b.type === "text" ? b.text : "")).join("");
     },
   },
@@ -49,21 +53,29 @@ export const CALLS: Call[] = [
     name: "anthropic stream",
     provider: "anthropic",
     run: async (gw) => {
-      const stream = anthropic(gw).messages.stream({ model: "claude-test", max_tokens: 64, messages: MESSAGES });
+      const stream = anthropic(gw).messages.stream({
+        model: "claude-test",
+        max_tokens: 64,
+        messages: MESSAGES,
+      });
       return stream.finalText();
     },
   },
   {
     name: "genai",
     provider: "gemini",
-    run: async (gw) => (await genai(gw).models.generateContent({ model: "gemini-2.0-flash", contents: "Hallo" })).text ?? "",
+    run: async (gw) =>
+      (await genai(gw).models.generateContent({ model: "gemini-2.0-flash", contents: "Hallo" })).text ?? "",
   },
   {
     name: "genai stream",
     provider: "gemini",
     run: async (gw) => {
       let text = "";
-      for await (const c of await genai(gw).models.generateContentStream({ model: "gemini-2.0-flash", contents: "Hallo" })) {
+      for await (const c of await genai(gw).models.generateContentStream({
+        model: "gemini-2.0-flash",
+        contents: "Hallo",
+      })) {
         text += c.text ?? "";
       }
       return text;
