@@ -31,6 +31,9 @@ def test_settings_come_from_the_environment_and_arguments_win() -> None:
     g = Gateway(url="https://other/llm", key="nmk_x", agent="arg-agent", env="production", environ=env)
     assert (g.url, g.agent, g.env) == ("https://other/llm", "arg-agent", "production")
     assert g.base_url("groq") == "https://other/llm/groq"
+    for bad in ("OpenAI", "", "../x", "a/b"):
+        with pytest.raises(ValueError, match="provider prefix"):
+            g.base_url(bad)
     assert FAKE_KEY not in repr(g)
 
 

@@ -37,6 +37,7 @@ describe("settings", () => {
     });
     assert.deepEqual([g.url, g.agent, g.env], ["https://other/llm", "opt-agent", "production"]);
     assert.equal(g.baseURL("groq"), "https://other/llm/groq");
+    for (const bad of ["OpenAI", "", "../x", "a/b"]) assert.throws(() => g.baseURL(bad), /provider prefix/);
     assert.ok(!JSON.stringify(g).includes("nmk_x"));
   });
 

@@ -23,6 +23,7 @@ Everything the SDK does (streaming, tools, retries, timeouts, typed errors) is u
 from __future__ import annotations
 
 import os
+import re
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
 from ._errors import ConfigError
@@ -50,6 +51,7 @@ __all__ = ["PROVIDER_KEY_PLACEHOLDER", "Gateway"]
 PROVIDER_KEY_PLACEHOLDER = "nm-gateway-no-provider-key"
 _CREDENTIAL_HEADERS = ("authorization", "x-api-key", "x-goog-api-key")
 _HOOKED = "_nm_gateway_hooked"
+_PROVIDER_RE = re.compile(r"[a-z0-9][a-z0-9_-]*")
 
 
 def _missing(extra: str, module: str) -> ImportError:
@@ -131,7 +133,7 @@ class Gateway:
 
     def base_url(self, provider: str) -> str:
         """`<gateway>/<provider>`: the base URL for a provider prefix (`openai`, `groq`, ...)."""
-        if not provider or not provider.replace("-", "").replace("_", "").isalnum():
+        if not isinstance(provider, str) or _PROVIDER_RE.fullmatch(provider) is None:
             raise ValueError(f"a provider prefix is a lowercase name like 'openai'; got {provider!r}")
         return f"{self.url}/{provider}"
 
