@@ -52,6 +52,8 @@ def test_settings_read_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) ->
         ({"NM_GATEWAY_URL": "http://gw"}, {}, "NM_KEY"),
         ({"NM_GATEWAY_URL": "gw:8080", "NM_KEY": FAKE_KEY}, {}, "NM_GATEWAY_URL: the gateway URL must be"),
         ({"NM_GATEWAY_URL": "ftp://gw", "NM_KEY": FAKE_KEY}, {}, "must be http(s)"),
+        ({"NM_GATEWAY_URL": "http://gw/?x=1", "NM_KEY": FAKE_KEY}, {}, "must be http(s)"),
+        ({"NM_GATEWAY_URL": "http://gw", "NM_KEY": FAKE_KEY}, {"url": "gw"}, "argument url: the gateway URL"),
         (
             {"NM_GATEWAY_URL": "http://gw", "NM_KEY": FAKE_KEY, "NM_ENV": "prod"},
             {},

@@ -60,6 +60,8 @@ describe("settings", () => {
     [{ NM_GATEWAY_URL: "http://gw" }, {}, /NM_KEY/],
     [{ NM_GATEWAY_URL: "gw:8080", NM_KEY: KEY }, {}, /NM_GATEWAY_URL: the gateway URL must be/],
     [{ NM_GATEWAY_URL: "ftp://gw", NM_KEY: KEY }, {}, /must be http\(s\)/],
+    [{ NM_GATEWAY_URL: "http://gw/?x=1", NM_KEY: KEY }, {}, /must be http\(s\)/],
+    [{ NM_GATEWAY_URL: "http://gw", NM_KEY: KEY }, { url: "gw" }, /option url: the gateway URL/],
     [{ NM_GATEWAY_URL: "http://gw", NM_KEY: KEY, NM_ENV: "prod" }, {}, /NM_ENV: env must be one of/],
     [{ NM_GATEWAY_URL: "http://gw", NM_KEY: KEY }, { env: "Production" }, /option env/],
     [{ NM_GATEWAY_URL: "http://gw", NM_KEY: KEY, NM_AGENT: "a\nb" }, {}, /NM_AGENT: an agent name/],

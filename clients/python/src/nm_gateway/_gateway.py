@@ -67,7 +67,8 @@ class Gateway:
     Signals: `timeout` per attempt (seconds), `max_retries` after the first attempt.
     `background_signals=True` makes signal calls only check and queue (at most `queue_size`;
     beyond it they are dropped and counted); a daemon thread sends them, and they are flushed
-    at interpreter exit for up to `flush_timeout` seconds.
+    at interpreter exit for up to `flush_timeout` seconds. `environ` replaces `os.environ` as
+    the source of the `NM_*` variables.
     """
 
     def __init__(
@@ -86,30 +87,31 @@ class Gateway:
     ) -> None:
         environ = os.environ if environ is None else environ
 
-        def pick(arg: Optional[str], name: str) -> Tuple[Optional[str], str]:
+        def pick(arg: Optional[str], name: str, argument: str) -> Tuple[Optional[str], str]:
             if arg is not None:
-                return arg, f"argument {name.split('_', 1)[1].lower()}"
+                return arg, f"argument {argument}"
             value = environ.get(name)
             return (value if value else None), name
 
-        raw_url, url_src = pick(url, "NM_GATEWAY_URL")
+        raw_url, url_src = pick(url, "NM_GATEWAY_URL", "url")
         if raw_url is None:
             raise ConfigError(
                 "no gateway URL: pass url=... or set NM_GATEWAY_URL (e.g. http://localhost:8080)"
             )
         raw_url = raw_url.strip().rstrip("/")
         scheme, sep, rest = raw_url.partition("://")
-        if not sep or scheme.lower() not in ("http", "https") or not rest or rest.startswith("/"):
+        bad_url = not sep or scheme.lower() not in ("http", "https") or not rest
+        if bad_url or rest.startswith("/") or "?" in rest or "#" in rest:
             raise ConfigError(
                 f"{url_src}: the gateway URL must be http(s)://host[:port][/path]; got {raw_url!r}"
             )
-        raw_key, key_src = pick(key, "NM_KEY")
+        raw_key, key_src = pick(key, "NM_KEY", "key")
         if raw_key is None:
             raise ConfigError("no NM-Key: pass key=... or set NM_KEY (a service API key, nmk_...)")
         if not printable(raw_key, 1024) or " " in raw_key:
             raise ConfigError(f"{key_src}: the key must be visible ASCII without spaces")
-        agent, agent_src = pick(agent, "NM_AGENT")
-        env, env_src = pick(env, "NM_ENV")
+        agent, agent_src = pick(agent, "NM_AGENT", "agent")
+        env, env_src = pick(env, "NM_ENV", "env")
         if not isinstance(max_retries, int) or max_retries < 0:
             raise ConfigError(f"max_retries must be a non-negative integer; got {max_retries!r}")
         if not timeout > 0:
