@@ -32,7 +32,7 @@ ts=clients/typescript
 venv=target/clients-venv
 cache=target/clients-cache
 mkdir -p target "$cache"
-export PYTHONPYCACHEPREFIX="$root/$cache/pycache"
+export PYTHONPYCACHEPREFIX="$root/$cache/pycache" NM_CLIENTS_HYPOTHESIS_DIR="$root/$cache/hypothesis"
 start=$(date +%s)
 step() { echo "== [$(( $(date +%s) - start ))s] $*"; }
 

@@ -10,9 +10,13 @@ from hypothesis import settings
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-# No example database: nothing is written into the working tree (.hypothesis/).
+# No example database; clients/ci.sh moves Hypothesis' other files (.hypothesis/) under target/.
 settings.register_profile("nm-clients", database=None, deadline=None)
 settings.load_profile("nm-clients")
+if os.environ.get("NM_CLIENTS_HYPOTHESIS_DIR"):
+    from hypothesis.configuration import set_hypothesis_home_dir
+
+    set_hypothesis_home_dir(os.environ["NM_CLIENTS_HYPOTHESIS_DIR"])
 
 from harness import RealGateway  # noqa: E402
 from mock_provider import MockProvider  # noqa: E402
