@@ -75,7 +75,7 @@ rm -rf "$ts/dist" "$ts/build"
 (cd "$ts" && ./node_modules/.bin/tsc -p tsconfig.json && ./node_modules/.bin/tsc -p tsconfig.test.json)
 
 step "typescript: node --test"
-(cd "$ts" && node --test build/test/)
+(cd "$ts" && node --test build/test/*.test.js)
 
 # === Packages ===
 step "python: wheel and sdist (python -m build)"
