@@ -335,9 +335,9 @@ mod tests {
         RequestRecord {
             request_id: id.to_owned(),
             started_at_ms: 86_400_000 * 20_779 + 1_000,
-            key_id: "key_1".to_owned(),
-            provider: "openai".to_owned(),
-            method: "POST".to_owned(),
+            key_id: "key_1".into(),
+            provider: "openai".into(),
+            method: "POST".into(),
             path: "/v1/chat/completions".to_owned(),
             model: Some(model.to_owned()),
             agent: Some(agent.to_owned()),

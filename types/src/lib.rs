@@ -6,6 +6,7 @@
 
 pub mod budget;
 pub mod money;
+pub mod record;
 
 use std::fmt;
 use std::str::FromStr;
