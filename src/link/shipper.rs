@@ -29,7 +29,6 @@ use nm_dataplane::budget::Budgets;
 use nm_dataplane::metrics::Metrics;
 use nm_dataplane::spool::{Spool, SpoolError, SpooledBatch};
 use prost::Message;
-use std::sync::Arc as Shared;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
@@ -134,7 +133,7 @@ fn chunks(records: &[RequestRecord]) -> Vec<&[RequestRecord]> {
 
 /// Drains `queue` until `stop` turns true and the queue is empty.
 pub async fn ship(
-    port: Shared<dyn Port>,
+    port: Arc<dyn Port>,
     mut queue: RecordQueue,
     budgets: Budgets,
     spool: SharedSpool,
@@ -260,7 +259,7 @@ async fn sleep_until(at: Option<Instant>) {
 }
 
 struct Shipper {
-    port: Shared<dyn Port>,
+    port: Arc<dyn Port>,
     budgets: Budgets,
     spool: SharedSpool,
     dead_letters: DeadLetters,
