@@ -694,15 +694,68 @@ mod tests {
         assert!(f.last_look as f64 <= f.margin(stats::FAMILY_ALPHA), "{f:?}");
     }
 
-    /// The guarantee, rule by rule: over the issue's 18 looks, at most 5% of agents (plus the
-    /// binomial margin) ever show a false claim.
+    /// The guarantee for the `i`-th of [`nulls`]: over the issue's 18 looks, at most 5% of
+    /// agents (plus the binomial margin) ever show the false claim.
+    fn at_most_five_percent_at_any_look(i: usize) {
+        let null = &nulls()[i];
+        let f = false_claims(null, Rule::Anytime, Schedule::ISSUE, AGENTS, 1_000 * i as u64);
+        eprintln!("{}: {} of {} agents", null.label(), f.any_look, f.agents);
+        assert!(f.within(stats::FAMILY_ALPHA), "{}: {f:?}", null.label());
+    }
+
     #[test]
-    fn no_rule_shows_a_false_claim_at_any_look_beyond_five_percent() {
-        for (i, null) in nulls().iter().enumerate() {
-            let f = false_claims(null, Rule::Anytime, Schedule::ISSUE, AGENTS, 1_000 * i as u64);
-            eprintln!("{}: {} of {} agents", null.label(), f.any_look, f.agents);
-            assert!(f.within(stats::FAMILY_ALPHA), "{}: {f:?}", null.label());
-        }
+    fn any_look_best_model_two_equal() {
+        at_most_five_percent_at_any_look(0);
+    }
+
+    #[test]
+    fn any_look_best_model_three_equal() {
+        at_most_five_percent_at_any_look(1);
+    }
+
+    #[test]
+    fn any_look_best_model_rare_successes_uneven_split() {
+        at_most_five_percent_at_any_look(2);
+    }
+
+    #[test]
+    fn any_look_best_provider() {
+        at_most_five_percent_at_any_look(3);
+    }
+
+    #[test]
+    fn any_look_cheaper_model_at_the_margin() {
+        at_most_five_percent_at_any_look(4);
+    }
+
+    #[test]
+    fn any_look_high_rates_at_their_levels() {
+        at_most_five_percent_at_any_look(5);
+    }
+
+    #[test]
+    fn any_look_trend_below_levels() {
+        at_most_five_percent_at_any_look(6);
+    }
+
+    #[test]
+    fn any_look_trend_above_levels() {
+        at_most_five_percent_at_any_look(7);
+    }
+
+    #[test]
+    fn any_look_env_difference() {
+        at_most_five_percent_at_any_look(8);
+    }
+
+    #[test]
+    fn any_look_latency_abandonment() {
+        at_most_five_percent_at_any_look(9);
+    }
+
+    #[test]
+    fn every_null_is_tested() {
+        assert_eq!(nulls().len(), 10);
     }
 
     /// Power on the issue's effect (0.55 vs 0.70): the better model is named by 800 sessions

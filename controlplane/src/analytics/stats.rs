@@ -137,7 +137,9 @@ const LN_SQRT_2PI: f64 = 0.918_938_533_204_672_8;
 /// The rates searched for a sequence's bounds stay this far inside `(0, 1)`.
 const RATE_EDGE: f64 = 1e-12;
 /// A bound is found to within this (absolute, on the rate).
-const BOUND_TOLERANCE: f64 = 1e-10;
+const BOUND_TOLERANCE: f64 = 1e-9;
+/// From this argument on, [`ln_gamma`] uses Stirling's series (error below 1e-12).
+const STIRLING_FROM: f64 = 10.0;
 
 // === impl Proportion ===
 
@@ -350,9 +352,16 @@ fn newcombe(a: Proportion, b: Proportion, ia: Interval, ib: Interval) -> Interva
 
 // === confidence sequences ===
 
-/// ln Γ(x) for `x > 0`: Lanczos' approximation (g = 7, nine terms; relative error about
-/// 1e-15), with the reflection formula below 1/2.
+/// ln Γ(x) for `x > 0`: Stirling's series from [`STIRLING_FROM`] on (four correction terms;
+/// the next, `1/(1188 x⁹)`, is below 1e-12), Lanczos' approximation below (g = 7, nine terms;
+/// relative error about 1e-15), with the reflection formula below 1/2.
 fn ln_gamma(x: f64) -> f64 {
+    if x >= STIRLING_FROM {
+        let r = 1.0 / x;
+        let r2 = r * r;
+        let series = r * (1.0 / 12.0 - r2 * (1.0 / 360.0 - r2 * (1.0 / 1260.0 - r2 / 1680.0)));
+        return (x - 0.5) * x.ln() - x + LN_SQRT_2PI + series;
+    }
     const G: f64 = 7.0;
     const C: [f64; 9] = [
         0.999_999_999_999_809_9,
@@ -402,9 +411,13 @@ pub fn ln_mixture(successes: u64, failures: u64, p: f64) -> f64 {
 }
 
 /// The confidence sequence of a rate at level `1 − alpha`, at `successes` out of `n`: the rates
-/// `p` with `Mₙ(p) < 1/α` (see the module doc), as `(lower, upper)`. Each bound is found to
-/// within 1e-10 by the Illinois method (regula falsi that halves the stale end's value) and
-/// reported on the outer side. `n = 0` gives `(0, 1)`; successes above `n` are clamped.
+/// `p` with `Mₙ(p) < 1/α` (see the module doc), as `(lower, upper)`. `n = 0` gives `(0, 1)`;
+/// successes above `n` are clamped.
+///
+/// Each bound is the one crossing of `ln Mₙ = ln(1/α)` on its side of the estimate. The search
+/// starts from a Wilson interval at the `z` of a normal mixture of the same weight (close to the
+/// answer, so a handful of evaluations bracket it), then narrows the bracket by the Illinois
+/// method (regula falsi that halves the stale end's value) to 1e-9, and reports the outer end.
 pub fn confidence_sequence(successes: u64, n: u64, alpha: f64) -> (f64, f64) {
     if n == 0 || alpha.is_nan() || alpha <= 0.0 {
         return (0.0, 1.0);
@@ -414,32 +427,55 @@ pub fn confidence_sequence(successes: u64, n: u64, alpha: f64) -> (f64, f64) {
     let level = (1.0 / alpha.min(1.0)).ln();
     let excess = |p: f64| ln_mixture(s, f, p) - level;
     let p_hat = (s as f64 / n as f64).clamp(RATE_EDGE, 1.0 - RATE_EDGE);
+    // The normal mixture's boundary: z² = 2(1 + r)(ln(1/α) + ½ ln((1 + r)/r)), r = (c + 1)/n.
+    let r = (MIXTURE_SESSIONS + 1.0) / n as f64;
+    let z = (2.0 * (1.0 + r) * (level + 0.5 * ((1.0 + r) / r).ln())).sqrt();
+    let (guess_lo, guess_hi) = wilson_interval(s, n, z);
     let lower = if s == 0 {
         0.0
     } else {
-        crossing(&excess, RATE_EDGE, p_hat).unwrap_or(0.0)
+        crossing(&excess, RATE_EDGE, guess_lo, p_hat).unwrap_or(0.0)
     };
     let upper = if f == 0 {
         1.0
     } else {
-        crossing(&excess, 1.0 - RATE_EDGE, p_hat).unwrap_or(1.0)
+        crossing(&excess, 1.0 - RATE_EDGE, guess_hi, p_hat).unwrap_or(1.0)
     };
     (lower, upper)
 }
 
-/// Where `g` crosses 0 between `outside` and `inside` (`g(inside) < 0`), on the outer side
-/// (`g ≥ 0` there); `None` when `g(outside) < 0` too (the sequence reaches the edge).
-fn crossing(g: &impl Fn(f64) -> f64, outside: f64, inside: f64) -> Option<f64> {
-    let (mut out, mut g_out) = (outside, g(outside));
-    let (mut ins, mut g_in) = (inside, g(inside));
-    // NaN (no evidence to compute) counts as inside: the wider interval.
-    if g_out.is_nan() || g_out < 0.0 {
-        return None;
-    }
+/// Where `g` crosses 0 between `edge` and `estimate` (`g(estimate) < 0`), starting near
+/// `guess`, on the outer side (`g ≥ 0` there); `None` when `g(edge) < 0` too (the sequence
+/// reaches the edge).
+fn crossing(g: &impl Fn(f64) -> f64, edge: f64, guess: f64, estimate: f64) -> Option<f64> {
+    let (mut ins, mut g_in) = (estimate, g(estimate));
     if g_in.is_nan() || g_in >= 0.0 {
         // The estimate itself is outside: only rounding can do this; no narrower bound.
-        return Some(inside);
+        return Some(estimate);
     }
+    // Bracket: step out from the estimate to just short of the guess, then a little past it,
+    // then twice as far each time, until outside (or at the edge).
+    let mut step = (guess - estimate) * 0.95;
+    if !(step.abs() > BOUND_TOLERANCE) {
+        step = (edge - estimate) * 1e-3;
+    }
+    let mut growth = [1.15, 1.3].into_iter();
+    let (mut out, mut g_out) = loop {
+        let x = estimate + step;
+        let beyond = (x - edge) * (estimate - edge) <= 0.0;
+        let x = if beyond { edge } else { x };
+        let gx = g(x);
+        if !gx.is_nan() && gx >= 0.0 {
+            break (x, gx);
+        }
+        if beyond {
+            // NaN (no evidence to compute) counts as inside: the wider interval.
+            return None;
+        }
+        ins = x;
+        g_in = if gx.is_nan() { -1.0 } else { gx };
+        step *= growth.next().unwrap_or(2.0);
+    };
     // Which end moved last: the other one's value is halved when the same end moves twice.
     let mut last_out = None;
     for _ in 0..200 {
@@ -480,7 +516,7 @@ pub fn difference_interval(a: Proportion, b: Proportion, alpha: f64) -> Interval
 
 /// The always-valid p-value, at this look, of "`a` and `b` have the same rate": the smallest
 /// level at which [`difference_interval`] excludes 0 (Johari et al.), found by bisection on its
-/// logarithm to about 0.1%. 1 when the rates are equal or an arm is empty; at least
+/// logarithm to about 0.2%. 1 when the rates are equal or an arm is empty; at least
 /// [`P_VALUE_FLOOR`].
 pub fn always_valid_p_value(a: Proportion, b: Proportion) -> f64 {
     let excludes = |alpha: f64| {
@@ -495,7 +531,7 @@ pub fn always_valid_p_value(a: Proportion, b: Proportion) -> f64 {
     }
     // ln α: `lo` does not exclude 0, `hi` does.
     let (mut lo, mut hi) = (P_VALUE_FLOOR.ln(), 0.0_f64);
-    for _ in 0..25 {
+    for _ in 0..14 {
         let mid = 0.5 * (lo + hi);
         if excludes(mid.exp()) {
             hi = mid;
@@ -558,6 +594,15 @@ impl Intersections {
             .unwrap_or(now);
         self.met.insert(key.to_owned(), met);
         met
+    }
+
+    /// Carries the earlier looks' interval for `key` to the next look unchanged, when this look
+    /// did not need its own (an intersection over some of the looks is still a confidence
+    /// sequence).
+    pub fn carry(&mut self, key: &str) {
+        if let Some(earlier) = self.earlier.get(key) {
+            self.met.insert(key.to_owned(), *earlier);
+        }
     }
 
     /// The intervals met at this look, to carry to the next.
@@ -933,6 +978,11 @@ pub fn exceeds(
     run: &mut Intersections,
 ) -> Option<AboveLevel> {
     if p.n < MIN_SAMPLES_PER_ARM {
+        return None;
+    }
+    if p.rate() <= level {
+        // No claim is possible whatever the interval; keep the earlier one for the next look.
+        run.carry(key);
         return None;
     }
     let alpha = bonferroni_alpha(comparisons);

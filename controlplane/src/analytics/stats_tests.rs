@@ -76,10 +76,16 @@ fn mixture_known_values() {
     // One success: M = E[θ]/p = p/p = 1 under the prior centred on p.
     assert!(close(ln_mixture(1, 0, 0.3), 0.0, 1e-12));
     assert!(close(ln_mixture(0, 1, 0.7), 0.0, 1e-12));
+    // The same across the switch from Lanczos to Stirling (c·p + 1 crosses 10): Γ(x + 1) = xΓ(x)
+    // must hold whichever formula computes each side.
+    for k in 0..=40 {
+        let p = 0.2 + f64::from(k) * 0.0025;
+        assert!(close(ln_mixture(1, 0, p), 0.0, 1e-11), "p {p}");
+    }
     // Two successes: E[θ²]/p² = (a(a + 1)/(c(c + 1)))/p² with a = c·p: (c·p + 1)/(p·(c + 1)).
     let (c, p) = (MIXTURE_SESSIONS, 0.2);
     let want = ((c * p + 1.0) / (p * (c + 1.0))).ln();
-    assert!(close(ln_mixture(2, 0, p), want, 1e-12), "{want}");
+    assert!(close(ln_mixture(2, 0, p), want, 1e-11), "{want}");
     // Large counts keep their precision: 600,000 of 1,000,000 at the estimate is a small
     // negative number (the mixture's cost of not knowing the rate), not rounding noise.
     let at_estimate = ln_mixture(600_000, 400_000, 0.6);
@@ -162,15 +168,15 @@ fn sequence_edges_symmetry_and_nesting() {
     assert!((2.8..3.3).contains(&z), "{z}");
 }
 
-/// Ville's inequality, checked: for each true rate, the share of 1,000 sequences of 1,000
+/// Ville's inequality, checked: for each true rate, the share of 400 sequences of 400
 /// outcomes in which the rate ever leaves the sequence (looked at after every outcome) stays
 /// under α. Cheap: leaving the sequence is `ln M ≥ ln(1/α)`, one evaluation per look.
 #[test]
 fn the_rate_rarely_ever_leaves_its_sequence() {
-    const RUNS: u64 = 1_000;
-    const LOOKS: u64 = 1_000;
+    const RUNS: u64 = 400;
+    const LOOKS: u64 = 400;
     let level = (1.0 / FAMILY_ALPHA).ln();
-    for p in [0.02_f64, 0.3, 0.6, 0.95] {
+    for p in [0.03_f64, 0.3, 0.9] {
         let mut rng = StdRng::seed_from_u64(p.to_bits());
         let left = (0..RUNS)
             .filter(|_| {
@@ -181,9 +187,9 @@ fn the_rate_rarely_ever_leaves_its_sequence() {
                 })
             })
             .count() as u64;
-        // α = 5% of 1,000 is 50; the bound is exact, so the margin is only the binomial
-        // spread of 1,000 runs (3 standard deviations: 21).
-        assert!(left <= 71, "p {p}: {left} of {RUNS}");
+        // α = 5% of 400 is 20; the bound is exact, so the margin is only the binomial
+        // spread of 400 runs (3 standard deviations: 13).
+        assert!(left <= 33, "p {p}: {left} of {RUNS}");
     }
 }
 
@@ -235,10 +241,14 @@ fn intersections_narrow_and_restart() {
         run.meet("k", Interval::from((0.4, 0.6))),
         Interval::from((0.4, 0.6))
     );
-    // Keys not met are not carried on.
+    // Keys not met are not carried on, unless carried as they were.
     run.meet("other", Interval::from((0.0, 1.0)));
+    run.carry("nothing earlier");
     let met = run.into_met();
     assert_eq!(met.len(), 2);
+    let mut carried = Intersections::carried(met.clone());
+    carried.carry("k");
+    assert_eq!(carried.into_met().get("k"), met.get("k"));
     let run = Intersections::carried(met);
     assert!(run.into_met().is_empty());
 }
