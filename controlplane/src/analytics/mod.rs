@@ -467,6 +467,57 @@ mod tests {
     }
 
     #[test]
+    fn weeks_start_on_monday_utc() {
+        // 2026-11-23 was a Monday.
+        let monday = 1_795_392_000_000;
+        assert_eq!(week_start_ms(monday), monday);
+        assert_eq!(week_start_ms(monday + 7 * DAY_MS - 1), monday);
+        assert_eq!(week_start_ms(monday - 1), monday - 7 * DAY_MS);
+        assert_eq!(week_start_ms(0), -3 * DAY_MS);
+        let p = periods_at(monday + DAY_MS);
+        assert_eq!((p.recent_since, p.previous_since), (monday, monday - 7 * DAY_MS));
+        assert_eq!(p.window.until_ms - p.window.since_ms, WINDOW_DAYS * DAY_MS);
+    }
+
+    #[test]
+    fn intervals_are_carried_while_they_are_about_the_same_sessions() {
+        let periods = periods_at(NOW);
+        let week = recommend::week_keys(periods.recent_since);
+        let i = Interval {
+            lower: 0.1,
+            upper: 0.2,
+        };
+        let earlier: BTreeMap<String, Interval> = [
+            (format!("{}best|x", recommend::WINDOW_KEYS), i),
+            (format!("{week}trend|x"), i),
+            (
+                format!("{}trend|x", recommend::week_keys(periods.previous_since)),
+                i,
+            ),
+        ]
+        .into_iter()
+        .collect();
+        let progress = |first: i64| Progress {
+            first_signal_ms: Some(first),
+            ..Progress::default()
+        };
+        let kept = |first: i64| {
+            let mut run = carried(earlier.clone(), &progress(first), &periods);
+            for key in earlier.keys() {
+                run.carry(key);
+            }
+            run.into_met().into_keys().collect::<Vec<_>>()
+        };
+        // A young agent: the window's and this week's; last week's trend is another question.
+        assert_eq!(
+            kept(periods.window.since_ms),
+            [format!("{week}trend|x"), format!("{}best|x", recommend::WINDOW_KEYS)]
+        );
+        // Sessions have left the window: this week's only.
+        assert_eq!(kept(periods.window.since_ms - 1), [format!("{week}trend|x")]);
+    }
+
+    #[test]
     fn no_eta_without_a_rate_or_once_reached() {
         assert_eq!(progress(0, 0, None, None, NOW).eta_ms, None);
         assert_eq!(

@@ -760,7 +760,7 @@ mod tests {
     #[test]
     fn every_comparison_is_kept_under_its_key() {
         let mut a = agg(vec![row("a", 400, 200, 4000), row("b", 400, 300, 400)]);
-        a.total.regenerated = 100;
+        a.total.regenerated = 400;
         a.recent = OutcomeRow {
             sessions: 100,
             regenerated: 30,
