@@ -330,7 +330,7 @@ impl FalseClaims {
 }
 
 /// How the rules decide.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Rule {
     /// As they are: anytime-valid, intervals carried from look to look.
     Anytime,
@@ -339,6 +339,10 @@ pub enum Rule {
     /// As they were: the fixed-sample Newcombe–Wilson interval at Bonferroni 95%, each look on
     /// its own (only the best-model rule: the power comparison and the issue's A/A).
     Fixed,
+    /// The fixed-sample rule at another critical value `z` (for one comparison): with `z`
+    /// calibrated to a schedule ([`calibrated_z`]), the best a rule valid for that schedule
+    /// only could do.
+    FixedAt(f64),
 }
 
 /// The claims of one look: the recommendations (or, for [`Rule::Fixed`], the best model the
@@ -346,6 +350,7 @@ pub enum Rule {
 fn false_claim_at(null: &Null, a: &Aggregates, rule: Rule, run: &mut Intersections) -> bool {
     match rule {
         Rule::Fixed => fixed_best_model(a).is_some(),
+        Rule::FixedAt(z) => fixed_best_model_at(a, Some(z)).is_some(),
         Rule::Anytime | Rule::AnytimeNoIntersection => recommend::recommend(a, &PERIODS, run)
             .iter()
             .any(|r| null.is_false_claim(r)),
@@ -356,6 +361,11 @@ fn false_claim_at(null: &Null, a: &Aggregates, rule: Rule, run: &mut Intersectio
 /// when its Newcombe–Wilson interval at the Bonferroni `z` against every other eligible arm
 /// lies above 0. The name of the model.
 pub fn fixed_best_model(a: &Aggregates) -> Option<String> {
+    fixed_best_model_at(a, None)
+}
+
+/// [`fixed_best_model`] at the critical value `z` (default: Bonferroni's for 95%).
+fn fixed_best_model_at(a: &Aggregates, z: Option<f64>) -> Option<String> {
     let arms: Vec<&OutcomeRow> = a
         .by_model
         .iter()
@@ -365,7 +375,7 @@ pub fn fixed_best_model(a: &Aggregates) -> Option<String> {
     if k < 2 {
         return None;
     }
-    let z = stats::bonferroni_z(k * (k - 1) / 2);
+    let z = z.unwrap_or_else(|| stats::bonferroni_z(k * (k - 1) / 2));
     let p = |r: &OutcomeRow| Proportion::new(r.successes, r.sessions);
     let leader = arms
         .iter()
@@ -495,6 +505,7 @@ pub fn power(
             let a = agent.aggregates();
             let named = match rule {
                 Rule::Fixed => fixed_best_model(&a),
+                Rule::FixedAt(z) => fixed_best_model_at(&a, Some(z)),
                 Rule::Anytime | Rule::AnytimeNoIntersection => {
                     let mut this = Intersections::carried(run.into_met());
                     let named = recommend::recommend(&a, &PERIODS, &mut this)
@@ -525,6 +536,24 @@ pub fn power(
         out.flickered += u64::from(flickered);
     }
     out
+}
+
+/// The critical value at which the fixed-sample rule shows a false best model (two equal
+/// models at 0.6) at some look of `schedule` in 5% of `agents` agents: what a rule tuned to
+/// exactly that schedule, and valid for no other, would use (Pocock's idea). By bisection.
+pub fn calibrated_z(schedule: Schedule, agents: u64, seed: u64) -> f64 {
+    let null = &nulls()[0];
+    let (mut lo, mut hi) = (stats::bonferroni_z(1), 5.0);
+    for _ in 0..30 {
+        let mid = 0.5 * (lo + hi);
+        let f = false_claims(null, Rule::FixedAt(mid), schedule, agents, seed);
+        if f.rate() > stats::FAMILY_ALPHA {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    hi
 }
 
 // === the sliding window ===
@@ -666,6 +695,158 @@ pub fn nulls() -> Vec<Null> {
             weights: ttfb,
         },
     ]
+}
+
+// === the report ===
+
+/// The effects of the power table: model `a`'s success rate, model `b`'s.
+pub const EFFECTS: [(f64, f64); 3] = [(0.55, 0.70), (0.60, 0.68), (0.40, 0.60)];
+
+/// Power runs stop at this many sessions.
+const POWER_CAP: u64 = 8_000;
+
+/// After the first correct claim, the power runs look on for this many sessions (ten looks) to
+/// see whether it holds.
+const POWER_AFTER: u64 = 400;
+
+fn sessions(x: Option<u64>) -> String {
+    x.map_or_else(|| format!("> {POWER_CAP}"), |x| x.to_string())
+}
+
+/// The benchmark's report (`nm-analytics-bench --power`), as Markdown tables: the false claims
+/// at any look for every rule's null situations (`agents` agents each, on the issue's 18 looks
+/// and on 48 looks to 2,000 sessions), the power before and after on [`EFFECTS`] (`agents`
+/// agents each), and a steady agent past its first 30 days (`agents / 4`).
+pub fn report(agents: u64, seed: u64, out: &mut impl std::io::Write) -> std::io::Result<()> {
+    let alpha = stats::FAMILY_ALPHA;
+    writeln!(out, "### False claims at any look ({agents} agents per row, seed {seed})")?;
+    writeln!(out)?;
+    writeln!(
+        out,
+        "| rule: situation where the claim is false | looks | at some look | rate | limit (5% + 3 sd) | at the last look |"
+    )?;
+    writeln!(out, "|---|---|---|---|---|---|")?;
+    let longer = Schedule::issue_until(2_000);
+    let mut row = |label: &str, rule: Rule, schedule: Schedule, null: &Null| {
+        let f = false_claims(null, rule, schedule, agents, seed);
+        writeln!(
+            out,
+            "| {label} | {} | {} | {:.2}% | {:.0} | {} |",
+            schedule.looks(),
+            f.any_look,
+            100.0 * f.rate(),
+            f.margin(alpha).floor(),
+            f.last_look
+        )
+    };
+    let issue = &nulls()[0];
+    row(
+        &format!("before (fixed-sample 95%), {}", issue.label()),
+        Rule::Fixed,
+        Schedule::ISSUE,
+        issue,
+    )?;
+    for null in nulls() {
+        for schedule in [Schedule::ISSUE, longer] {
+            row(&null.label(), Rule::Anytime, schedule, &null)?;
+        }
+    }
+    writeln!(out)?;
+
+    let z = calibrated_z(Schedule::ISSUE, agents, seed);
+    writeln!(
+        out,
+        "### Sessions to the first correct `best_model` ({agents} agents per row, batches of 40, a look after each from 120 sessions)"
+    )?;
+    writeln!(out)?;
+    writeln!(
+        out,
+        "| effect | rule | median | 90th percentile | after / before (median, p90) | agents ever naming the worse model | claims that later disappeared |"
+    )?;
+    writeln!(out, "|---|---|---|---|---|---|---|")?;
+    for (a, b) in EFFECTS {
+        let before = power(a, b, Rule::Fixed, POWER_CAP, POWER_AFTER, agents, seed);
+        let after = power(a, b, Rule::Anytime, POWER_CAP, POWER_AFTER, agents, seed);
+        let loose = power(
+            a,
+            b,
+            Rule::AnytimeNoIntersection,
+            POWER_CAP,
+            POWER_AFTER,
+            agents,
+            seed,
+        );
+        let tuned = power(a, b, Rule::FixedAt(z), 800, 0, agents, seed);
+        let ratio = |x: Option<u64>, y: Option<u64>| match (x, y) {
+            (Some(x), Some(y)) if y > 0 => format!("{:.2}", x as f64 / y as f64),
+            _ => "-".to_owned(),
+        };
+        for (name, p, note) in [
+            ("before: fixed-sample 95%", &before, String::new()),
+            (
+                "after: anytime-valid 95%",
+                &after,
+                format!(
+                    "{}, {}",
+                    ratio(after.quantile(0.5), before.quantile(0.5)),
+                    ratio(after.quantile(0.9), before.quantile(0.9))
+                ),
+            ),
+            (
+                "after, without the running intersection",
+                &loose,
+                String::new(),
+            ),
+        ] {
+            writeln!(
+                out,
+                "| {a:.2} vs {b:.2} | {name} | {} | {} | {note} | {} | {} |",
+                sessions(p.quantile(0.5)),
+                sessions(p.quantile(0.9)),
+                p.wrong,
+                p.flickered
+            )?;
+        }
+        writeln!(
+            out,
+            "| {a:.2} vs {b:.2} | reference: fixed-sample at z = {z:.2}, valid for these 18 looks only (to 800 sessions) | {} | {} | {} | {} | {} |",
+            tuned.quantile(0.5).map_or_else(|| "> 800".to_owned(), |x| x.to_string()),
+            tuned.quantile(0.9).map_or_else(|| "> 800".to_owned(), |x| x.to_string()),
+            ratio(tuned.quantile(0.5), before.quantile(0.5)),
+            tuned.wrong,
+            tuned.flickered
+        )?;
+    }
+    writeln!(out)?;
+
+    let steady = (agents / 4).max(1);
+    let stretches = sliding_window(0.6, 60, 90, 12, steady, seed);
+    writeln!(
+        out,
+        "### Past the first 30 days: equal models at 0.6, 60 sessions a day, a look every 2 hours ({steady} agents)"
+    )?;
+    writeln!(out)?;
+    writeln!(
+        out,
+        "| days of the agent's life | the window | agents with a false `best_model` in those days | rate |"
+    )?;
+    writeln!(out, "|---|---|---|---|")?;
+    for (i, f) in stretches.iter().enumerate() {
+        writeln!(
+            out,
+            "| {}-{} | {} | {} | {:.2}% |",
+            i * 30,
+            (i + 1) * 30,
+            if i == 0 {
+                "grows (intervals intersected)"
+            } else {
+                "slides (each look on its own)"
+            },
+            f.any_look,
+            100.0 * f.rate()
+        )?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
