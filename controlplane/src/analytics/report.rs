@@ -237,8 +237,9 @@ pub struct EvidenceItem {
     pub confidence: f64,
     /// Comparisons made for the same question (the Bonferroni `m`).
     pub comparisons: u32,
-    /// Always-valid p-value at this look (unadjusted: compare it with `1 − confidence`): of
-    /// equal rates for a comparison, of the rate being the level for a level.
+    /// Always-valid p-value at this look (unadjusted: compare it with `1 − confidence`) of what
+    /// the evidence rules out: equal rates; `b` worse by the margin for `cheaper_model`; the
+    /// rate at the level for a level.
     pub p_value: Option<f64>,
     /// Posterior probability that `b`'s rate is above `a`'s (uniform priors).
     pub prob_b_greater: Option<f64>,

@@ -514,16 +514,16 @@ pub fn difference_interval(a: Proportion, b: Proportion, alpha: f64) -> Interval
     newcombe(a, b, a.sequence(alpha), b.sequence(alpha))
 }
 
-/// The always-valid p-value, at this look, of "`a` and `b` have the same rate": the smallest
-/// level at which [`difference_interval`] excludes 0 (Johari et al.), found by bisection on its
-/// logarithm to about 0.2%. 1 when the rates are equal or an arm is empty; at least
-/// [`P_VALUE_FLOOR`].
-pub fn always_valid_p_value(a: Proportion, b: Proportion) -> f64 {
+/// The always-valid p-value, at this look, of "`rate(b) − rate(a)` is `null`" (0: the same
+/// rate; `−δ` for non-inferiority): the smallest level at which [`difference_interval`]
+/// excludes `null` (Johari et al.), found by bisection on its logarithm to about 0.2%. 1 when
+/// the estimate is `null` or an arm is empty; at least [`P_VALUE_FLOOR`].
+pub fn always_valid_p_value(a: Proportion, b: Proportion, null: f64) -> f64 {
     let excludes = |alpha: f64| {
         let i = difference_interval(a, b, alpha);
-        i.lower > 0.0 || i.upper < 0.0
+        i.lower > null || i.upper < null
     };
-    if a.n == 0 || b.n == 0 || a.rate() == b.rate() || !excludes(1.0) {
+    if a.n == 0 || b.n == 0 || b.rate() - a.rate() == null || !excludes(1.0) {
         return 1.0;
     }
     if excludes(P_VALUE_FLOOR) {
@@ -712,20 +712,22 @@ pub struct Evidence {
     pub confidence: f64,
     /// Comparisons made for the same question (the Bonferroni `m`).
     pub comparisons: u32,
-    /// Always-valid p-value of equal rates at this look, unadjusted (compare it with
-    /// `1 − confidence`).
+    /// Always-valid p-value at this look of what the comparison rules out (equal rates; for
+    /// non-inferiority, `b` worse by the margin), unadjusted (compare it with `1 − confidence`).
     pub p_value: f64,
     /// Posterior probability that `b`'s rate is above `a`'s ([`prob_greater`]).
     pub prob_b_greater: f64,
 }
 
 /// The evidence comparing `b` with `a` at the confidence adjusted for `comparisons`, with the
-/// (intersected) difference interval `difference_interval`.
+/// (intersected) difference interval `difference_interval`; the p-value is that of the
+/// difference `null`.
 pub fn evidence(
     a: Proportion,
     b: Proportion,
     comparisons: u32,
     difference_interval: Interval,
+    null: f64,
 ) -> Evidence {
     let alpha = bonferroni_alpha(comparisons);
     let arm = |p: Proportion| ArmEvidence {
@@ -741,7 +743,7 @@ pub fn evidence(
         difference_interval,
         confidence: 1.0 - alpha,
         comparisons: comparisons.max(1),
-        p_value: always_valid_p_value(a, b),
+        p_value: always_valid_p_value(a, b, null),
         prob_b_greater: prob_greater(a, b),
     }
 }
@@ -813,7 +815,7 @@ pub fn differs(
     let direction = direction_of(interval, b.rate() - a.rate())?;
     Some(Shift {
         direction,
-        evidence: evidence(a, b, comparisons, interval),
+        evidence: evidence(a, b, comparisons, interval, 0.0),
     })
 }
 
@@ -906,7 +908,7 @@ pub fn best_arm(
             let difference = arms[leader].1.rate() - arms[i].1.rate();
             (direction_of(interval, difference) == Some(Direction::Higher)).then(|| Beaten {
                 arm: i,
-                evidence: evidence(arms[i].1, arms[leader].1, comparisons, interval),
+                evidence: evidence(arms[i].1, arms[leader].1, comparisons, interval, 0.0),
             })
         })
         .collect::<Option<Vec<_>>>()?;
@@ -940,7 +942,15 @@ pub fn performs_as_well(
     let interval = met_difference(reference, candidate, comparisons, key, run);
     let difference = candidate.rate() - reference.rate();
     (interval.lower > -NON_INFERIORITY_MARGIN && difference > -NON_INFERIORITY_MARGIN)
-        .then(|| evidence(reference, candidate, comparisons, interval))
+        .then(|| {
+            evidence(
+                reference,
+                candidate,
+                comparisons,
+                interval,
+                -NON_INFERIORITY_MARGIN,
+            )
+        })
 }
 
 /// Whether a rate has moved from the `previous` period to the `recent` one: [`differs`] with

@@ -205,15 +205,15 @@ fn difference_interval_and_p_value() {
     let j = difference_interval(b, a, 0.05);
     assert!(close(i.lower, -j.upper, 1e-9) && close(i.upper, -j.lower, 1e-9));
     // The p-value is the level at which the interval just excludes 0.
-    let p = always_valid_p_value(a, b);
+    let p = always_valid_p_value(a, b, 0.0);
     assert!(p < 0.05 && p > P_VALUE_FLOOR, "{p}");
     assert!(difference_interval(a, b, p * 1.01).lower > 0.0);
     assert!(difference_interval(a, b, p * 0.99).lower <= 0.0);
-    assert_eq!(always_valid_p_value(a, b), always_valid_p_value(b, a));
-    assert_eq!(always_valid_p_value(a, a), 1.0);
-    assert_eq!(always_valid_p_value(Proportion::default(), a), 1.0);
+    assert_eq!(always_valid_p_value(a, b, 0.0), always_valid_p_value(b, a, 0.0));
+    assert_eq!(always_valid_p_value(a, a, 0.0), 1.0);
+    assert_eq!(always_valid_p_value(Proportion::default(), a, 0.0), 1.0);
     assert_eq!(
-        always_valid_p_value(Proportion::new(0, 5000), Proportion::new(5000, 5000)),
+        always_valid_p_value(Proportion::new(0, 5000), Proportion::new(5000, 5000), 0.0),
         P_VALUE_FLOOR
     );
     // A level's p-value: 1/M at the level.
@@ -376,6 +376,8 @@ fn non_inferiority() {
     )
     .unwrap();
     assert!(e.difference_interval.lower > -NON_INFERIORITY_MARGIN);
+    // Its p-value is that of "worse by the margin", not of equal rates.
+    assert!(e.p_value < 0.05, "{}", e.p_value);
     // Equal rates, little data: the interval is too wide to tell.
     assert_eq!(
         performs_as_well(
