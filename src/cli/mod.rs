@@ -302,8 +302,7 @@ pub async fn agents(
                     v["remaining"] = json!(p.remaining);
                     v["recommendations_unlocked"] =
                         json!(a.status == nm_controlplane::analytics::Status::Ready);
-                    v["progress"] =
-                        json!((p.signals as f64 / p.threshold.max(1) as f64).min(1.0));
+                    v["progress"] = json!((p.signals as f64 / p.threshold.max(1) as f64).min(1.0));
                     v["daily_rate"] = json!(p.daily_rate);
                     v["eta_ms"] = json!(p.eta_ms);
                 }

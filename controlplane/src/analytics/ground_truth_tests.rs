@@ -350,7 +350,10 @@ async fn a_better_model_is_named_and_kept_across_recomputes() {
             continue;
         }
         for (i, first) in first.iter_mut().enumerate() {
-            let r = analytics.recompute_at(&format!("ab-{i}"), now).await.unwrap();
+            let r = analytics
+                .recompute_at(&format!("ab-{i}"), now)
+                .await
+                .unwrap();
             match (best_model(&r), *first) {
                 (Some(best), _) => {
                     assert_eq!(best.subject.as_deref(), Some("model-b"));
@@ -399,8 +402,15 @@ async fn intervals_are_carried_only_while_the_window_only_grows() {
     add_batch(&store, "win", 1, (0.5, 0.7), 400, 2, later).await;
     let periods = periods_at(later);
     let r = analytics.recompute_at("win-0", later).await.unwrap();
-    assert!(r.progress.first_signal_ms.is_some_and(|f| f < periods.window.since_ms));
-    let fresh = analytics.compute_from("win-0", later, BTreeMap::new()).await.unwrap();
+    assert!(
+        r.progress
+            .first_signal_ms
+            .is_some_and(|f| f < periods.window.since_ms)
+    );
+    let fresh = analytics
+        .compute_from("win-0", later, BTreeMap::new())
+        .await
+        .unwrap();
     let stored = analytics
         .stored_with_sequences("win-0")
         .await
@@ -432,7 +442,11 @@ async fn answers_stored_without_intervals_are_read() {
     add_batch(&store, "old", 1, (0.5, 0.7), 400, 1, NOW).await;
     let r = analytics.compute("old-0", NOW).await.unwrap();
     analytics.save(&r).await.unwrap();
-    let stored = analytics.stored_with_sequences("old-0").await.unwrap().unwrap();
+    let stored = analytics
+        .stored_with_sequences("old-0")
+        .await
+        .unwrap()
+        .unwrap();
     assert!(stored.sequences.is_empty());
     assert_eq!(stored.report, r);
     // The JSON an older controlplane wrote is the answer alone.

@@ -164,7 +164,10 @@ impl Analytics {
     /// Computes an agent's analytics at `now_ms` as a first look would (no interval carried
     /// from an earlier look; not stored).
     pub async fn compute(&self, agent: &str, now_ms: i64) -> Result<AgentAnalytics> {
-        Ok(self.compute_from(agent, now_ms, BTreeMap::new()).await?.report)
+        Ok(self
+            .compute_from(agent, now_ms, BTreeMap::new())
+            .await?
+            .report)
     }
 
     /// Computes an agent's analytics at `now_ms`, meeting each comparison's interval with
@@ -475,7 +478,10 @@ mod tests {
         assert_eq!(week_start_ms(monday - 1), monday - 7 * DAY_MS);
         assert_eq!(week_start_ms(0), -3 * DAY_MS);
         let p = periods_at(monday + DAY_MS);
-        assert_eq!((p.recent_since, p.previous_since), (monday, monday - 7 * DAY_MS));
+        assert_eq!(
+            (p.recent_since, p.previous_since),
+            (monday, monday - 7 * DAY_MS)
+        );
         assert_eq!(p.window.until_ms - p.window.since_ms, WINDOW_DAYS * DAY_MS);
     }
 
@@ -511,10 +517,16 @@ mod tests {
         // A young agent: the window's and this week's; last week's trend is another question.
         assert_eq!(
             kept(periods.window.since_ms),
-            [format!("{week}trend|x"), format!("{}best|x", recommend::WINDOW_KEYS)]
+            [
+                format!("{week}trend|x"),
+                format!("{}best|x", recommend::WINDOW_KEYS)
+            ]
         );
         // Sessions have left the window: this week's only.
-        assert_eq!(kept(periods.window.since_ms - 1), [format!("{week}trend|x")]);
+        assert_eq!(
+            kept(periods.window.since_ms - 1),
+            [format!("{week}trend|x")]
+        );
     }
 
     #[test]

@@ -123,7 +123,11 @@ pub fn costs(agent: &str, a: &Aggregates) -> Vec<OutcomeCost> {
 
 /// All the recommendations the evidence in `a` (over `periods`) supports, each comparison's
 /// interval met with the earlier looks' in `run`.
-pub fn recommend(a: &Aggregates, periods: &Periods, run: &mut Intersections) -> Vec<Recommendation> {
+pub fn recommend(
+    a: &Aggregates,
+    periods: &Periods,
+    run: &mut Intersections,
+) -> Vec<Recommendation> {
     let window = periods.window;
     let mut out = Vec::new();
     let best = best_model(a, window, run);
@@ -232,7 +236,11 @@ fn best_model(a: &Aggregates, window: Window, run: &mut Intersections) -> Option
 
 /// The provider with the best success rate, unless it only repeats the best model's finding
 /// (each eligible provider served one eligible model, so the comparison is the same one).
-fn best_provider(a: &Aggregates, window: Window, run: &mut Intersections) -> Option<Recommendation> {
+fn best_provider(
+    a: &Aggregates,
+    window: Window,
+    run: &mut Intersections,
+) -> Option<Recommendation> {
     let arms = eligible(&a.by_provider);
     let models = eligible(&a.by_model).len();
     if arms.len() < 2 || arms.len() == models {
@@ -273,7 +281,11 @@ fn best_provider(a: &Aggregates, window: Window, run: &mut Intersections) -> Opt
 /// the cheaper one's success must not be lower by more than [`NON_INFERIORITY_MARGIN`]
 /// (Bonferroni over all such pairs). Of the pairs that pass, the one that would save the most
 /// (the costlier model's sessions times the difference in cost per session) is recommended.
-fn cheaper_model(a: &Aggregates, window: Window, run: &mut Intersections) -> Option<Recommendation> {
+fn cheaper_model(
+    a: &Aggregates,
+    window: Window,
+    run: &mut Intersections,
+) -> Option<Recommendation> {
     let arms = eligible(&a.by_model);
     let cost = |r: &OutcomeRow| r.cost_per_session_micros().filter(|c| *c > 0);
     let mut pairs = Vec::new();
@@ -464,7 +476,11 @@ impl Aggregates {
 
 /// The largest difference in success between two environments, among the pairs the evidence
 /// separates (Bonferroni over all pairs of envs with enough sessions).
-fn env_difference(a: &Aggregates, window: Window, run: &mut Intersections) -> Option<Recommendation> {
+fn env_difference(
+    a: &Aggregates,
+    window: Window,
+    run: &mut Intersections,
+) -> Option<Recommendation> {
     let mut arms = eligible(&a.by_env);
     // By name, so a pair keeps its key and orientation from look to look.
     arms.sort_by(|x, y| name(x).cmp(&name(y)));

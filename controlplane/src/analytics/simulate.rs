@@ -83,7 +83,10 @@ impl Null {
     pub fn label(&self) -> String {
         match self {
             Null::EqualModels { success, weights } => {
-                format!("best_model: {} equal models at {success}, split {weights:?}", weights.len())
+                format!(
+                    "best_model: {} equal models at {success}, split {weights:?}",
+                    weights.len()
+                )
             }
             Null::EqualProviders { success, providers } => {
                 format!("best_provider: {providers} equal providers at {success}")
@@ -120,7 +123,8 @@ impl Null {
                 Kind::HighRegeneration | Kind::HighAbandonment | Kind::HighHeavyEdit
             ),
             Null::NoTrend { .. } => {
-                r.kind == Kind::WorseningTrend || r.evidence.iter().any(|e| e.a.label == "last week")
+                r.kind == Kind::WorseningTrend
+                    || r.evidence.iter().any(|e| e.a.label == "last week")
             }
             Null::EqualEnvs { .. } => r.kind == Kind::EnvDifference,
             Null::FlatLatency { .. } => r.kind == Kind::LatencyAbandonment,
@@ -377,10 +381,13 @@ fn fixed_best_model_at(a: &Aggregates, z: Option<f64>) -> Option<String> {
     }
     let z = z.unwrap_or_else(|| stats::bonferroni_z(k * (k - 1) / 2));
     let p = |r: &OutcomeRow| Proportion::new(r.successes, r.sessions);
-    let leader = arms
-        .iter()
-        .copied()
-        .reduce(|best, r| if p(r).rate() > p(best).rate() { r } else { best })?;
+    let leader = arms.iter().copied().reduce(|best, r| {
+        if p(r).rate() > p(best).rate() {
+            r
+        } else {
+            best
+        }
+    })?;
     arms.iter()
         .filter(|r| !std::ptr::eq(**r, leader))
         .all(|r| stats::fixed_difference_interval(p(r), p(leader), z).lower > 0.0)
@@ -475,7 +482,11 @@ pub fn power(
     agents: u64,
     seed: u64,
 ) -> Power {
-    let better = if rate_b >= rate_a { "model-1" } else { "model-0" };
+    let better = if rate_b >= rate_a {
+        "model-1"
+    } else {
+        "model-0"
+    };
     let schedule = Schedule::issue_until(cap);
     let mut out = Power {
         first: Vec::new(),
@@ -600,7 +611,10 @@ pub fn sliding_window(
                 }
                 let mut window = Agent::default();
                 let from = (day + 1).saturating_sub(window_days);
-                for d in days_seen[from.min(days_seen.len())..].iter().chain([&today]) {
+                for d in days_seen[from.min(days_seen.len())..]
+                    .iter()
+                    .chain([&today])
+                {
                     merge(&mut window, d);
                 }
                 if window.total.sessions < Schedule::ISSUE.first {
@@ -719,7 +733,10 @@ fn sessions(x: Option<u64>) -> String {
 /// agents each), and a steady agent past its first 30 days (`agents / 4`).
 pub fn report(agents: u64, seed: u64, out: &mut impl std::io::Write) -> std::io::Result<()> {
     let alpha = stats::FAMILY_ALPHA;
-    writeln!(out, "### False claims at any look ({agents} agents per row, seed {seed})")?;
+    writeln!(
+        out,
+        "### False claims at any look ({agents} agents per row, seed {seed})"
+    )?;
     writeln!(out)?;
     writeln!(
         out,
@@ -810,8 +827,12 @@ pub fn report(agents: u64, seed: u64, out: &mut impl std::io::Write) -> std::io:
         writeln!(
             out,
             "| {a:.2} vs {b:.2} | reference: fixed-sample at z = {z:.2}, valid for these 18 looks only (to 800 sessions) | {} | {} | {} | {} | {} |",
-            tuned.quantile(0.5).map_or_else(|| "> 800".to_owned(), |x| x.to_string()),
-            tuned.quantile(0.9).map_or_else(|| "> 800".to_owned(), |x| x.to_string()),
+            tuned
+                .quantile(0.5)
+                .map_or_else(|| "> 800".to_owned(), |x| x.to_string()),
+            tuned
+                .quantile(0.9)
+                .map_or_else(|| "> 800".to_owned(), |x| x.to_string()),
             ratio(tuned.quantile(0.5), before.quantile(0.5)),
             tuned.wrong,
             tuned.flickered
@@ -879,7 +900,13 @@ mod tests {
     /// agents (plus the binomial margin) ever show the false claim.
     fn at_most_five_percent_at_any_look(i: usize) {
         let null = &nulls()[i];
-        let f = false_claims(null, Rule::Anytime, Schedule::ISSUE, AGENTS, 1_000 * i as u64);
+        let f = false_claims(
+            null,
+            Rule::Anytime,
+            Schedule::ISSUE,
+            AGENTS,
+            1_000 * i as u64,
+        );
         eprintln!("{}: {} of {} agents", null.label(), f.any_look, f.agents);
         assert!(f.within(stats::FAMILY_ALPHA), "{}: {f:?}", null.label());
     }
@@ -947,14 +974,21 @@ mod tests {
         let p = power(0.55, 0.70, Rule::Anytime, 2_000, 400, 300, 7);
         let median = p.quantile(0.5);
         assert!(median.is_some_and(|m| m <= 560), "{median:?}");
-        assert!(p.quantile(0.9).is_some_and(|m| m <= 1_000), "{:?}", p.quantile(0.9));
+        assert!(
+            p.quantile(0.9).is_some_and(|m| m <= 1_000),
+            "{:?}",
+            p.quantile(0.9)
+        );
         assert_eq!(p.wrong, 0);
         assert_eq!(p.flickered, 0, "a claim came and went");
         // Without the intersection the same intervals do flicker: the intersection is what
         // keeps the answer steady.
         let loose = power(0.55, 0.70, Rule::AnytimeNoIntersection, 2_000, 400, 300, 7);
         assert!(loose.flickered > 0, "{}", loose.flickered);
-        assert_eq!(loose.first, p.first, "the intersection never changes the first claim");
+        assert_eq!(
+            loose.first, p.first,
+            "the intersection never changes the first claim"
+        );
     }
 
     #[test]

@@ -456,7 +456,7 @@ fn crossing(g: &impl Fn(f64) -> f64, edge: f64, guess: f64, estimate: f64) -> Op
     // Bracket: step out from the estimate to just short of the guess, then a little past it,
     // then twice as far each time, until outside (or at the edge).
     let mut step = (guess - estimate) * 0.95;
-    if !(step.abs() > BOUND_TOLERANCE) {
+    if step.is_nan() || step.abs() <= BOUND_TOLERANCE {
         step = (edge - estimate) * 1e-3;
     }
     let mut growth = [1.15, 1.3].into_iter();
@@ -484,7 +484,7 @@ fn crossing(g: &impl Fn(f64) -> f64, edge: f64, guess: f64, estimate: f64) -> Op
         }
         let mut x = (out * g_in - ins * g_out) / (g_in - g_out);
         let (lo, hi) = (out.min(ins), out.max(ins));
-        if !(x > lo && x < hi) {
+        if x.is_nan() || x <= lo || x >= hi {
             x = 0.5 * (out + ins);
         }
         let gx = g(x);
@@ -546,7 +546,7 @@ pub fn always_valid_p_value(a: Proportion, b: Proportion, null: f64) -> f64 {
 /// smallest level at which the sequence excludes `level` (exact). 1 when `level` is not in
 /// `(0, 1)`.
 pub fn level_p_value(p: Proportion, level: f64) -> f64 {
-    if !(level > 0.0 && level < 1.0) {
+    if level.is_nan() || level <= 0.0 || level >= 1.0 {
         return 1.0;
     }
     (-ln_mixture(p.successes, p.failures(), level))
@@ -862,11 +862,7 @@ pub struct Beaten {
 /// earlier). The best arm is the one whose interval against every other arm lies above 0 and
 /// whose rate is the highest; `None` with fewer than two eligible arms, or when no arm beats
 /// all the others.
-pub fn best_arm(
-    arms: &[(&str, Proportion)],
-    key: &str,
-    run: &mut Intersections,
-) -> Option<Best> {
+pub fn best_arm(arms: &[(&str, Proportion)], key: &str, run: &mut Intersections) -> Option<Best> {
     let eligible: Vec<usize> = (0..arms.len())
         .filter(|&i| arms[i].1.n >= MIN_SAMPLES_PER_ARM)
         .collect();
@@ -880,7 +876,11 @@ pub fn best_arm(
     for (x, &i) in eligible.iter().enumerate() {
         for &j in &eligible[x + 1..] {
             // Key and orientation by label, so the same pair keeps its key as arms come and go.
-            let (lo, hi) = if arms[i].0 <= arms[j].0 { (i, j) } else { (j, i) };
+            let (lo, hi) = if arms[i].0 <= arms[j].0 {
+                (i, j)
+            } else {
+                (j, i)
+            };
             let pair_key = format!("{key}|{}|{}|m{comparisons}", arms[lo].0, arms[hi].0);
             let met = met_difference(arms[lo].1, arms[hi].1, comparisons, &pair_key, run);
             above.insert((lo, hi), met);
@@ -941,16 +941,15 @@ pub fn performs_as_well(
     }
     let interval = met_difference(reference, candidate, comparisons, key, run);
     let difference = candidate.rate() - reference.rate();
-    (interval.lower > -NON_INFERIORITY_MARGIN && difference > -NON_INFERIORITY_MARGIN)
-        .then(|| {
-            evidence(
-                reference,
-                candidate,
-                comparisons,
-                interval,
-                -NON_INFERIORITY_MARGIN,
-            )
-        })
+    (interval.lower > -NON_INFERIORITY_MARGIN && difference > -NON_INFERIORITY_MARGIN).then(|| {
+        evidence(
+            reference,
+            candidate,
+            comparisons,
+            interval,
+            -NON_INFERIORITY_MARGIN,
+        )
+    })
 }
 
 /// Whether a rate has moved from the `previous` period to the `recent` one: [`differs`] with
@@ -1137,4 +1136,3 @@ pub fn micros_per(total_micros: u64, count: u64) -> Option<u64> {
     let (total, count) = (u128::from(total_micros), u128::from(count));
     u64::try_from((2 * total + count) / (2 * count)).ok()
 }
-

@@ -98,7 +98,17 @@ fn mixture_known_values() {
 #[test]
 fn mixture_is_unimodal_so_the_sequence_is_an_interval() {
     for n in [1u64, 2, 5, 30, 31, 100, 333, 1000, 5000] {
-        for s in [0, 1, 2, n / 10, n / 3, n / 2, n - n / 5, n.saturating_sub(1), n] {
+        for s in [
+            0,
+            1,
+            2,
+            n / 10,
+            n / 3,
+            n / 2,
+            n - n / 5,
+            n.saturating_sub(1),
+            n,
+        ] {
             let s = s.min(n);
             let values: Vec<f64> = (1..800)
                 .map(|k| ln_mixture(s, n - s, f64::from(k) / 800.0))
@@ -120,10 +130,20 @@ fn mixture_is_unimodal_so_the_sequence_is_an_interval() {
 fn sequence_bounds_are_where_the_mixture_reaches_the_level() {
     let alpha: f64 = 0.05;
     let level = (1.0 / alpha).ln();
-    for (s, n) in [(10u64, 100u64), (60, 100), (2, 30), (28, 30), (600, 1000), (3, 2000)] {
+    for (s, n) in [
+        (10u64, 100u64),
+        (60, 100),
+        (2, 30),
+        (28, 30),
+        (600, 1000),
+        (3, 2000),
+    ] {
         let (lo, hi) = confidence_sequence(s, n, alpha);
         let p = s as f64 / n as f64;
-        assert!(lo > 0.0 && lo < p && p < hi && hi < 1.0, "{s}/{n}: {lo} {hi}");
+        assert!(
+            lo > 0.0 && lo < p && p < hi && hi < 1.0,
+            "{s}/{n}: {lo} {hi}"
+        );
         // Just outside each bound the mixture is at or past the level; just inside, below.
         assert!(ln_mixture(s, n - s, lo) >= level - 1e-6, "{s}/{n}");
         assert!(ln_mixture(s, n - s, lo + 1e-6) < level, "{s}/{n}");
@@ -209,7 +229,10 @@ fn difference_interval_and_p_value() {
     assert!(p < 0.05 && p > P_VALUE_FLOOR, "{p}");
     assert!(difference_interval(a, b, p * 1.01).lower > 0.0);
     assert!(difference_interval(a, b, p * 0.99).lower <= 0.0);
-    assert_eq!(always_valid_p_value(a, b, 0.0), always_valid_p_value(b, a, 0.0));
+    assert_eq!(
+        always_valid_p_value(a, b, 0.0),
+        always_valid_p_value(b, a, 0.0)
+    );
     assert_eq!(always_valid_p_value(a, a, 0.0), 1.0);
     assert_eq!(always_valid_p_value(Proportion::default(), a, 0.0), 1.0);
     assert_eq!(
@@ -286,7 +309,16 @@ fn decisions_need_samples_per_arm() {
     let big = Proportion::new(29, 29);
     let small = Proportion::new(0, 29);
     assert_eq!(better(small, big, 1, "k", &mut run()), None);
-    assert!(better(Proportion::new(0, 30), Proportion::new(30, 30), 1, "k", &mut run()).is_some());
+    assert!(
+        better(
+            Proportion::new(0, 30),
+            Proportion::new(30, 30),
+            1,
+            "k",
+            &mut run()
+        )
+        .is_some()
+    );
     assert_eq!(performs_as_well(big, big, 1, "k", &mut run()), None);
     assert_eq!(trend(small, big, 1, "k", &mut run()), None);
     assert_eq!(exceeds(big, 0.5, 1, "k", &mut run()), None);
@@ -324,7 +356,16 @@ fn a_claim_once_made_is_kept_while_the_data_grows() {
     // 150/200 vs 100/200 separates; a later look whose own interval would not (the estimate
     // moved toward 0) still does through the intersection, as long as the estimate agrees.
     let mut first = run();
-    assert!(better(Proportion::new(100, 200), Proportion::new(150, 200), 1, "k", &mut first).is_some());
+    assert!(
+        better(
+            Proportion::new(100, 200),
+            Proportion::new(150, 200),
+            1,
+            "k",
+            &mut first
+        )
+        .is_some()
+    );
     let later = (Proportion::new(150, 300), Proportion::new(180, 300));
     assert_eq!(better(later.0, later.1, 1, "k", &mut run()), None);
     let mut carried = Intersections::carried(first.into_met());
@@ -333,7 +374,13 @@ fn a_claim_once_made_is_kept_while_the_data_grows() {
     // Once the estimate crosses over, no claim: the figures shown would contradict it.
     let mut carried = Intersections::carried(carried.into_met());
     assert_eq!(
-        better(Proportion::new(130, 260), Proportion::new(128, 260), 1, "k", &mut carried),
+        better(
+            Proportion::new(130, 260),
+            Proportion::new(128, 260),
+            1,
+            "k",
+            &mut carried
+        ),
         None
     );
 }
@@ -354,7 +401,10 @@ fn best_arm_picks_a_clear_leader_only() {
     assert_eq!(beaten, [0, 3]);
     // Every pair of eligible arms is kept, by label, at its level.
     let keys: Vec<String> = r.into_met().into_keys().collect();
-    assert_eq!(keys, ["best|m-a|m-c|m3", "best|m-a|m-d|m3", "best|m-c|m-d|m3"]);
+    assert_eq!(
+        keys,
+        ["best|m-a|m-c|m3", "best|m-a|m-d|m3", "best|m-c|m-d|m3"]
+    );
     // A leader that does not separate from the runner-up is no recommendation.
     let arms = [
         ("a", Proportion::new(100, 200)),
@@ -447,7 +497,10 @@ fn trend_and_level() {
     let high = exceeds(Proportion::new(80, 200), 0.2, 1, "k", &mut run()).unwrap();
     assert!(high.arm.interval.lower > 0.2);
     assert!(high.p_value < 0.05);
-    assert_eq!(exceeds(Proportion::new(50, 200), 0.2, 1, "k", &mut run()), None);
+    assert_eq!(
+        exceeds(Proportion::new(50, 200), 0.2, 1, "k", &mut run()),
+        None
+    );
 }
 
 #[test]
@@ -529,7 +582,10 @@ fn fired(rates: &[f64], n: u64, decide: impl Fn(&[Proportion]) -> bool) -> u64 {
 }
 
 fn labelled(arms: &[Proportion]) -> Vec<(&'static str, Proportion)> {
-    ["a", "b", "c", "d"].into_iter().zip(arms.iter().copied()).collect()
+    ["a", "b", "c", "d"]
+        .into_iter()
+        .zip(arms.iter().copied())
+        .collect()
 }
 
 #[test]
