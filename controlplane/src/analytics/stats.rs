@@ -28,8 +28,8 @@
 //! is a nonnegative martingale with mean 1 when `p` is the true rate (each session's outcome
 //! multiplies it by a factor of conditional mean 1). Ville's inequality,
 //! `P(∃n: Mₙ(p) ≥ 1/α) ≤ α`, makes `Cₙ = {p : Mₙ(p) < 1/α}` a confidence sequence: exact, not
-//! asymptotic, for any `n` (the conjugate-mixture method of Howard et al. 2021, §3, after
-//! Robbins). The prior's weight `c` ([`MIXTURE_SESSIONS`], 40 sessions) tunes where the sequence
+//! asymptotic, for any `n` (a conjugate mixture in the sense of Howard et al. 2021; for
+//! Bernoulli outcomes, Robbins' beta-binomial mixture). The prior's weight `c` ([`MIXTURE_SESSIONS`], 40 sessions) tunes where the sequence
 //! is tightest: a few hundred sessions per arm, where the decisions are made (measured by
 //! `nm-analytics-bench --power`). At a given `n` the sequence is wider than a Wilson interval of
 //! the same level (about `z = 3.0–3.3` instead of 1.96 at 95%): that is the price of looking as
@@ -51,8 +51,8 @@
 //!
 //! # Running intersection
 //!
-//! If `Cₙ` is a confidence sequence for a fixed rate, so is `C₁ ∩ … ∩ Cₙ` (Howard et al. 2021,
-//! §2): the intervals only shrink, so a claim, once the evidence supports it, is not taken back
+//! If `Cₙ` is a confidence sequence for a fixed rate, so is `C₁ ∩ … ∩ Cₙ` (the event "every `Cₙ`
+//! covers the rate" is the same for both; Howard et al. 2021): the intervals only shrink, so a claim, once the evidence supports it, is not taken back
 //! by the next batch's noise. [`Intersections`] keeps them per comparison across looks; the
 //! caller carries them only while the data only grows (`super::Analytics` stores them with the
 //! answer and drops them once sessions leave the window, see the guarantee below). An empty
@@ -927,8 +927,8 @@ pub fn best_arm(arms: &[(&str, Proportion)], key: &str, run: &mut Intersections)
 /// The lower bound of a two-sided `1 − α/m` sequence errs on that side with probability at
 /// most `α/m` (about half of it in practice). Pass the number of candidate pairs as
 /// `comparisons`. "As good" needs more evidence than "better": with equal true rates near 0.7,
-/// the bound clears 5 points half the time at about 1,300 sessions per arm, and nine times in
-/// ten at about 2,500.
+/// the bound clears 5 points half the time at about 1,700 sessions per arm, and nine times in
+/// ten at about 3,500.
 pub fn performs_as_well(
     reference: Proportion,
     candidate: Proportion,
