@@ -826,7 +826,7 @@ pub fn report(agents: u64, seed: u64, out: &mut impl std::io::Write) -> std::io:
         }
         writeln!(
             out,
-            "| {a:.2} vs {b:.2} | reference: fixed-sample at z = {z:.2}, valid for these 18 looks only (to 800 sessions) | {} | {} | {} | {} | {} |",
+            "| {a:.2} vs {b:.2} | reference: fixed-sample at z = {z:.2}, valid for these 18 looks only (to 800 sessions) | {} | {} | {}, {} | {} | - |",
             tuned
                 .quantile(0.5)
                 .map_or_else(|| "> 800".to_owned(), |x| x.to_string()),
@@ -834,8 +834,8 @@ pub fn report(agents: u64, seed: u64, out: &mut impl std::io::Write) -> std::io:
                 .quantile(0.9)
                 .map_or_else(|| "> 800".to_owned(), |x| x.to_string()),
             ratio(tuned.quantile(0.5), before.quantile(0.5)),
+            ratio(tuned.quantile(0.9), before.quantile(0.9)),
             tuned.wrong,
-            tuned.flickered
         )?;
     }
     writeln!(out)?;
