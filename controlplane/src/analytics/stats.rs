@@ -388,19 +388,31 @@ fn ln_gamma(x: f64) -> f64 {
     LN_SQRT_2PI + (x + 0.5) * t.ln() - t + sum.ln()
 }
 
-/// ln B(a, b) = ln Γ(a) + ln Γ(b) − ln Γ(a + b).
-fn ln_beta(a: f64, b: f64) -> f64 {
-    ln_gamma(a) + ln_gamma(b) - ln_gamma(a + b)
-}
-
 /// `ln Mₙ(p)`: the log of the beta-binomial mixture martingale of the module doc at rate `p`
 /// (in `(0, 1)`) after `successes` successes and `failures` failures. At most 0 at `p = s/n`;
 /// it grows as `p` moves away from it (checked on a grid by the tests), and `p` is outside the
 /// sequence at level `α` exactly when it reaches `ln(1/α)`.
 pub fn ln_mixture(successes: u64, failures: u64, p: f64) -> f64 {
+    ln_mixture_from(
+        successes,
+        failures,
+        p,
+        mixture_constant(successes + failures),
+    )
+}
+
+/// The part of `ln Mₙ(p)` that does not depend on `p`: `ln Γ(c) − ln Γ(c + n)`.
+fn mixture_constant(n: u64) -> f64 {
+    ln_gamma(MIXTURE_SESSIONS) - ln_gamma(MIXTURE_SESSIONS + n as f64)
+}
+
+/// [`ln_mixture`] with its constant part computed once: `ln B(c·p + s, c·(1 − p) + f) −
+/// ln B(c·p, c·(1 − p)) − s·ln p − f·ln(1 − p)`, the two `ln Γ` of sums `c + n` and `c` taken
+/// out (they are the same at every `p`).
+fn ln_mixture_from(successes: u64, failures: u64, p: f64, constant: f64) -> f64 {
     let (s, f) = (successes as f64, failures as f64);
     let (a, b) = (MIXTURE_SESSIONS * p, MIXTURE_SESSIONS * (1.0 - p));
-    let mut ln = ln_beta(a + s, b + f) - ln_beta(a, b);
+    let mut ln = ln_gamma(a + s) + ln_gamma(b + f) - ln_gamma(a) - ln_gamma(b) + constant;
     if s > 0.0 {
         ln -= s * p.ln();
     }
@@ -425,7 +437,8 @@ pub fn confidence_sequence(successes: u64, n: u64, alpha: f64) -> (f64, f64) {
     let s = successes.min(n);
     let f = n - s;
     let level = (1.0 / alpha.min(1.0)).ln();
-    let excess = |p: f64| ln_mixture(s, f, p) - level;
+    let constant = mixture_constant(n);
+    let excess = |p: f64| ln_mixture_from(s, f, p, constant) - level;
     let p_hat = (s as f64 / n as f64).clamp(RATE_EDGE, 1.0 - RATE_EDGE);
     // The normal mixture's boundary: z² = 2(1 + r)(ln(1/α) + ½ ln((1 + r)/r)), r = (c + 1)/n.
     let r = (MIXTURE_SESSIONS + 1.0) / n as f64;
