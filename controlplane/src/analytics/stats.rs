@@ -22,16 +22,17 @@
 //! mixed over `θ ~ Beta(c·p, c·(1 − p))`,
 //!
 //! ```text
-//! Mₙ(p) = ∫ θˢ (1 − θ)ⁿ⁻ˢ dBeta(θ) / (pˢ (1 − p)ⁿ⁻ˢ) = B(c·p + s, c·(1 − p) + n − s) / (B(c·p, c·(1 − p)) · pˢ (1 − p)ⁿ⁻ˢ)
+//! Mₙ(p) = ∫ θˢ (1 − θ)ⁿ⁻ˢ dBeta(θ) / (pˢ (1 − p)ⁿ⁻ˢ)
+//!       = B(c·p + s, c·(1 − p) + n − s) / (B(c·p, c·(1 − p)) · pˢ (1 − p)ⁿ⁻ˢ)
 //! ```
 //!
 //! is a nonnegative martingale with mean 1 when `p` is the true rate (each session's outcome
-//! multiplies it by a factor of conditional mean 1). Ville's inequality,
-//! `P(∃n: Mₙ(p) ≥ 1/α) ≤ α`, makes `Cₙ = {p : Mₙ(p) < 1/α}` a confidence sequence: exact, not
-//! asymptotic, for any `n` (a conjugate mixture in the sense of Howard et al. 2021; for
-//! Bernoulli outcomes, Robbins' beta-binomial mixture). The prior's weight `c` ([`MIXTURE_SESSIONS`], 40 sessions) tunes where the sequence
-//! is tightest: a few hundred sessions per arm, where the decisions are made (measured by
-//! `nm-analytics-bench --power`). At a given `n` the sequence is wider than a Wilson interval of
+//! multiplies it by a factor of conditional mean 1). Ville's inequality, `P(∃n: Mₙ(p) ≥ 1/α) ≤ α`,
+//! makes `Cₙ = {p : Mₙ(p) < 1/α}` a confidence sequence: exact, not asymptotic, for any `n` (a
+//! conjugate mixture in the sense of Howard et al. 2021; for Bernoulli outcomes, Robbins'
+//! beta-binomial mixture). The prior's weight `c` ([`MIXTURE_SESSIONS`], 40 sessions) tunes where
+//! the sequence is tightest: a few hundred sessions per arm, where the decisions are made (measured
+//! by `nm-analytics-bench --power`). At a given `n` the sequence is wider than a Wilson interval of
 //! the same level (about `z = 3.0–3.3` instead of 1.96 at 95%): that is the price of looking as
 //! often as one likes.
 //!
@@ -43,7 +44,9 @@
 //! two deviations as independent and normal); the simulations in `simulate.rs` check that the
 //! chance of ever excluding a true difference of 0 stays under `α` at every rate and allocation
 //! tried. A question that makes `m` comparisons runs each at `α/m` (Bonferroni); a union bound
-//! is time-uniform too, so the family-wise error over all looks stays at [`FAMILY_ALPHA`].
+//! is time-uniform too, so the family-wise error over all looks stays at [`FAMILY_ALPHA`]. (The
+//! bound takes the arms as fixed: when a third model reaches 30 sessions, `m` grows from 1 to 3
+//! and its comparisons start at the new level.)
 //!
 //! The p-value shown is the *always-valid* p-value of this look (Johari et al.): the smallest
 //! `α` at which this look's sequence excludes equality, so `p ≤ α` at some look has probability
@@ -52,12 +55,12 @@
 //! # Running intersection
 //!
 //! If `Cₙ` is a confidence sequence for a fixed rate, so is `C₁ ∩ … ∩ Cₙ` (the event "every `Cₙ`
-//! covers the rate" is the same for both; Howard et al. 2021): the intervals only shrink, so a claim, once the evidence supports it, is not taken back
-//! by the next batch's noise. [`Intersections`] keeps them per comparison across looks; the
-//! caller carries them only while the data only grows (`super::Analytics` stores them with the
-//! answer and drops them once sessions leave the window, see the guarantee below). An empty
-//! intersection means the sessions no longer behave like the earlier ones: that comparison
-//! restarts from the current look.
+//! covers the rate" is the same for both; Howard et al. 2021): the intervals only shrink, so a
+//! claim, once the evidence supports it, is not taken back by the next batch's noise.
+//! [`Intersections`] keeps them per comparison across looks; the caller carries them only while the
+//! data only grows (`super::Analytics` stores them with the answer and drops them once sessions
+//! leave the window, see the guarantee below). An empty intersection means the sessions no longer
+//! behave like the earlier ones: that comparison restarts from the current look.
 //!
 //! # The guarantee
 //!
@@ -67,7 +70,8 @@
 //! most [`FAMILY_ALPHA`] (exactly for levels, by simulation for differences). Once sessions leave
 //! the window, every answer is still an anytime-valid 95% statement about the sessions in its
 //! window, but later windows are different samples: the bound is per stretch of growing data,
-//! not for the agent's whole life.
+//! not for the agent's whole life (a steady agent with equal models, looked at every 2 hours:
+//! 1.9% in its first 30 days, then 2.2–2.5% for each further 30; `bench/README.md`).
 //!
 //! Each decision returns its [`Evidence`] (counts, rates, intervals, the difference, the
 //! always-valid p-value and the Bayesian probability that one arm is better), so a
