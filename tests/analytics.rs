@@ -1,16 +1,17 @@
 //! Agent analytics end to end through the real servers, on SQLite and PostgreSQL: progress
 //! and ETA while collecting (from signals posted to `/v1/signal`), recommendations on seeded
 //! synthetic traffic whose truth is known (model B truly better than A), outcome rates by
-//! model, env and week, on-demand and scheduled recomputation, admin-only access, and the CLI.
-//! The many-seed statistical checks run in-process in `nm-controlplane`
-//! (`analytics::ground_truth_tests`).
+//! model, env and week, on-demand and scheduled recomputation, admin-only access, and the CLI
+//! (`agents recommend`, and `agents show` with the same progress). The many-seed statistical
+//! checks run in-process in `nm-controlplane` (`analytics::simulate`,
+//! `analytics::ground_truth_tests`).
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use nm_controlplane::analytics::synthetic::{AgentSpec, ModelSpec, generate};
 use nm_controlplane::{Store, now_ms};
-use nm_gateway::cli::{AgentsCommand, RecommendArgs};
+use nm_gateway::cli::{AgentsCommand, FilterArgs, RecommendArgs};
 use nm_gateway::config::{self, FileSettings, Flags, Mode};
 use nm_gateway::grpc::pb::{self, analytics_client::AnalyticsClient};
 use sea_orm::{ConnectionTrait, Statement};
@@ -253,27 +254,50 @@ async fn analytics_end_to_end(db: Db) {
         FileSettings::default(),
     )
     .unwrap_or_else(|e| panic!("{e}"));
-    let run = |json: bool| {
+    let cli = |command: AgentsCommand| {
         let settings = settings.clone();
         async move {
             let mut out = Vec::new();
-            nm_gateway::cli::agents(
-                &settings,
-                AgentsCommand::Recommend(RecommendArgs {
-                    agent: "ab-test".into(),
-                    refresh: false,
-                    json,
-                }),
-                &mut out,
-            )
-            .await
-            .unwrap_or_else(|e| panic!("{e:#}"));
+            nm_gateway::cli::agents(&settings, command, &mut out)
+                .await
+                .unwrap_or_else(|e| panic!("{e:#}"));
             String::from_utf8(out).unwrap_or_default()
         }
     };
+    let recommend = |agent: &str, json: bool| {
+        cli(AgentsCommand::Recommend(RecommendArgs {
+            agent: agent.into(),
+            refresh: false,
+            json,
+        }))
+    };
+    let run = |json: bool| recommend("ab-test", json);
     let text = run(false).await;
     assert!(text.contains("status: ready"), "{text}");
     assert!(text.contains("[best_model] Use model-b"), "{text}");
+    assert!(text.contains("anytime-valid 95%"), "{text}");
+
+    // `agents show` gives a collecting agent the progress `agents recommend` gives.
+    let shown = cli(AgentsCommand::Show {
+        agent: Some("fresh-agent".into()),
+        unattributed: false,
+        filter: FilterArgs::default(),
+        json: false,
+    })
+    .await;
+    let progress = recommend("fresh-agent", false).await;
+    let lines: Vec<&str> = progress
+        .lines()
+        .filter(|l| {
+            l.starts_with("status:")
+                || l.starts_with("recent rate:")
+                || l.starts_with("recommendations expected:")
+        })
+        .collect();
+    assert_eq!(lines.len(), 3, "{progress}");
+    for line in lines {
+        assert!(shown.contains(line), "{line:?} not in {shown}");
+    }
     let v: serde_json::Value = serde_json::from_str(&run(true).await).unwrap_or_default();
     assert_eq!(v["status"], "ready");
     assert_eq!(v["recommendations"][0]["kind"], "best_model");

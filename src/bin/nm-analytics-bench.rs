@@ -23,6 +23,11 @@
 //!
 //! On PostgreSQL the bench runs `VACUUM ANALYZE` after the fill, as autovacuum would on its own
 //! in production; SQLite is queried as the gateway leaves it.
+//!
+//! `--power` measures the statistics instead, on simulated counts (no database; see
+//! `analytics::simulate`): the false claims at any look for every rule, the sessions to the
+//! first correct `best_model` before and after the anytime-valid intervals, and a steady agent
+//! past its first 30 days. `--agents` (default 4,000) per row; Markdown tables on stdout.
 
 use nm_gateway::scratch_db::{DatabaseArgs, ScratchPg};
 use std::io::Write;
@@ -32,7 +37,7 @@ use std::time::Instant;
 use anyhow::{anyhow, bail};
 use clap::Parser;
 use nm_controlplane::analytics::synthetic::{AgentSpec, EnvSpec, ModelSpec, Path, generate_with};
-use nm_controlplane::analytics::{Analytics, DAY_MS, Dimension, WINDOW_DAYS};
+use nm_controlplane::analytics::{Analytics, DAY_MS, Dimension, WINDOW_DAYS, simulate};
 use nm_controlplane::{Store, now_ms};
 use sea_orm::ConnectionTrait;
 
@@ -61,6 +66,12 @@ struct Cli {
     /// Keep the SQLite file and the PostgreSQL database (their URLs are printed).
     #[arg(long)]
     keep: bool,
+    /// Measure the statistics (false claims at any look, power) instead of the queries.
+    #[arg(long)]
+    power: bool,
+    /// Simulated agents per row of the `--power` tables.
+    #[arg(long, default_value_t = 4_000)]
+    agents: u64,
 }
 
 fn specs(cli: &Cli) -> Vec<AgentSpec> {
@@ -224,6 +235,18 @@ async fn run_all(
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if cli.power {
+        let started = Instant::now();
+        let mut out = std::io::stdout().lock();
+        simulate::report(cli.agents, cli.seed, &mut out)?;
+        writeln!(out)?;
+        writeln!(
+            out,
+            "(simulated in {:.0} s)",
+            started.elapsed().as_secs_f64()
+        )?;
+        return Ok(());
+    }
     if cli.signals < 1_000 {
         bail!("--signals must be at least 1000");
     }

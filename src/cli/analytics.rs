@@ -5,7 +5,7 @@
 use std::io::Write;
 
 use anyhow::Context;
-use nm_controlplane::analytics::report::{AgentAnalytics, EvidenceItem, Status};
+use nm_controlplane::analytics::report::{AgentAnalytics, EvidenceItem, Progress, Status};
 use nm_types::money::format_usd;
 use serde_json::json;
 
@@ -56,20 +56,27 @@ fn client(settings: &Settings) -> anyhow::Result<AnalyticsClient<super::AdminCha
     Ok(AnalyticsClient::new(admin_channel(settings)?))
 }
 
+/// The agent's analytics as `agents recommend` gets them (the stored answer, or computed now
+/// while collecting or with `refresh`).
+pub(crate) async fn answer(
+    settings: &Settings,
+    agent: String,
+    refresh: bool,
+) -> anyhow::Result<AgentAnalytics> {
+    let answer = client(settings)?
+        .get_recommendations(pb::GetRecommendationsRequest { agent, refresh })
+        .await
+        .with_context(|| format!("controlplane {}", settings.controlplane_url))?
+        .into_inner();
+    Ok(analytics_from_pb(&answer))
+}
+
 pub async fn recommend(
     settings: &Settings,
     args: RecommendArgs,
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
-    let answer = client(settings)?
-        .get_recommendations(pb::GetRecommendationsRequest {
-            agent: args.agent,
-            refresh: args.refresh,
-        })
-        .await
-        .with_context(|| format!("controlplane {}", settings.controlplane_url))?
-        .into_inner();
-    let a = analytics_from_pb(&answer);
+    let a = answer(settings, args.agent, args.refresh).await?;
     if args.json {
         writeln!(out, "{}", serde_json::to_string_pretty(&a)?)?;
     } else {
@@ -281,15 +288,21 @@ fn evidence_line(e: &EvidenceItem) -> String {
     if let Some(level) = e.level {
         s.push_str(&format!("; level {}", pct(level)));
     }
-    s.push_str(&format!(
-        "; {:.2}% confidence over {} comparison{}",
-        e.confidence * 100.0,
-        e.comparisons,
-        if e.comparisons == 1 { "" } else { "s" }
-    ));
+    // Every interval is a confidence sequence: valid at every recomputation at once.
+    let m = e.comparisons.max(1);
+    let family = 1.0 - (1.0 - e.confidence) * f64::from(m);
+    if m == 1 {
+        s.push_str(&format!("; anytime-valid {:.0}%", e.confidence * 100.0));
+    } else {
+        s.push_str(&format!(
+            "; anytime-valid {:.0}% over {m} comparisons ({:.2}% each)",
+            family * 100.0,
+            e.confidence * 100.0
+        ));
+    }
     match e.p_value {
-        Some(p) if p < 1e-12 => s.push_str(", p < 1e-12"),
-        Some(p) => s.push_str(&format!(", p = {p:.2e}")),
+        Some(p) if p <= 1e-12 => s.push_str(", always-valid p < 1e-12"),
+        Some(p) => s.push_str(&format!(", always-valid p = {p:.2e}")),
         None => {}
     }
     if let Some(p) = e.prob_b_greater {
@@ -298,28 +311,31 @@ fn evidence_line(e: &EvidenceItem) -> String {
     s
 }
 
+/// The progress of a collecting agent: the count, the recent rate and the expected date.
+/// `agents recommend` and `agents show` print the same lines.
+pub(crate) fn print_progress(out: &mut impl Write, p: &Progress) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "status: collecting, {}/{} signals ({} to go)",
+        p.signals, p.threshold, p.remaining
+    )?;
+    writeln!(out, "recent rate: {:.1} signals/day", p.daily_rate)?;
+    match p.eta_ms {
+        Some(eta) => writeln!(out, "recommendations expected: {}", date_ms(Some(eta))),
+        None => writeln!(
+            out,
+            "recommendations expected: unknown (no signals in the last 7 days)"
+        ),
+    }
+}
+
 /// The readable answer.
 pub fn print_analytics(out: &mut impl Write, a: &AgentAnalytics) -> std::io::Result<()> {
     let p = &a.progress;
     writeln!(out, "agent: {}", a.agent)?;
     writeln!(out, "computed: {}", time_ms(Some(a.computed_at_ms)))?;
     match a.status {
-        Status::Collecting => {
-            writeln!(
-                out,
-                "status: collecting, {}/{} signals ({} to go)",
-                p.signals, p.threshold, p.remaining
-            )?;
-            writeln!(out, "recent rate: {:.1} signals/day", p.daily_rate)?;
-            match p.eta_ms {
-                Some(eta) => writeln!(out, "recommendations expected: {}", date_ms(Some(eta)))?,
-                None => writeln!(
-                    out,
-                    "recommendations expected: unknown (no signals in the last 7 days)"
-                )?,
-            }
-            return Ok(());
-        }
+        Status::Collecting => return print_progress(out, p),
         Status::Ready => writeln!(
             out,
             "status: ready, {} signals ({:.1}/day recently)",

@@ -254,6 +254,12 @@ pub async fn agents(
             if agent.is_none() && !unattributed {
                 return Err(UsageError("name an agent, or pass --unattributed".to_owned()).into());
             }
+            // Progress toward recommendations as `agents recommend` gives it: all the agent's
+            // signals (whatever the filters), the recent rate and the expected date.
+            let analytics = match &agent {
+                Some(name) => Some(analytics::answer(settings, name.clone(), false).await?),
+                None => None,
+            };
             let req = pb::GetAgentSignalsRequest {
                 agent: agent.unwrap_or_default(),
                 unattributed,
@@ -281,19 +287,26 @@ pub async fn agents(
                     .iter()
                     .map(|(k, v)| ((*k).to_owned(), json!(v)))
                     .collect();
-                writeln!(
-                    out,
-                    "{}",
-                    json!({
-                        "agent": (!unattributed).then_some(&s.agent),
-                        "total": s.total,
-                        "by_action": by_action,
-                        "threshold": s.threshold,
-                        "remaining": s.remaining,
-                        "recommendations_unlocked": s.recommendations_unlocked,
-                        "progress": s.progress,
-                    })
-                )?;
+                let mut v = json!({
+                    "agent": (!unattributed).then_some(&s.agent),
+                    "total": s.total,
+                    "by_action": by_action,
+                    "threshold": s.threshold,
+                    "remaining": s.remaining,
+                    "recommendations_unlocked": s.recommendations_unlocked,
+                    "progress": s.progress,
+                });
+                if let Some(a) = &analytics {
+                    let p = &a.progress;
+                    v["threshold"] = json!(p.threshold);
+                    v["remaining"] = json!(p.remaining);
+                    v["recommendations_unlocked"] =
+                        json!(a.status == nm_controlplane::analytics::Status::Ready);
+                    v["progress"] = json!((p.signals as f64 / p.threshold.max(1) as f64).min(1.0));
+                    v["daily_rate"] = json!(p.daily_rate);
+                    v["eta_ms"] = json!(p.eta_ms);
+                }
+                writeln!(out, "{v}")?;
             } else {
                 writeln!(out, "agent: {}", agent_label(unattributed, &s.agent))?;
                 writeln!(out, "signals: {}", s.total)?;
@@ -302,21 +315,28 @@ pub async fn agents(
                     .map(|(k, v)| vec![(*k).to_owned(), v.to_string()])
                     .collect();
                 write_table(out, &["ACTION", "COUNT"], &rows)?;
-                if s.recommendations_unlocked {
-                    writeln!(
+                match &analytics {
+                    Some(a) if a.status == nm_controlplane::analytics::Status::Collecting => {
+                        analytics::print_progress(out, &a.progress)?;
+                    }
+                    Some(a) => writeln!(
+                        out,
+                        "recommendations: unlocked ({} of {} signals)",
+                        a.progress.signals, a.progress.threshold
+                    )?,
+                    None if s.recommendations_unlocked => writeln!(
                         out,
                         "recommendations: unlocked ({} of {} signals)",
                         s.total, s.threshold
-                    )?;
-                } else {
-                    writeln!(
+                    )?,
+                    None => writeln!(
                         out,
                         "recommendations: collecting, {}/{} signals ({:.0}%), {} to go",
                         s.total,
                         s.threshold,
                         s.progress * 100.0,
                         s.remaining
-                    )?;
+                    )?,
                 }
             }
         }

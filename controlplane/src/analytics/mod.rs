@@ -1,12 +1,16 @@
 //! Agent analytics: recommendations from signals joined with their sessions' usage.
 //!
 //! - [`outcome`] maps the eight signal actions to outcomes and folds a session's signals;
-//! - [`stats`] holds the statistics that decide whether the evidence supports a recommendation;
+//! - [`stats`] holds the statistics that decide whether the evidence supports a recommendation
+//!   (anytime-valid: confidence sequences, so recomputing as often as one likes keeps the
+//!   false-claim rate);
 //! - [`query`] computes the per-session outcomes and their groups in the database (one SQL
 //!   statement per question, on SQLite and PostgreSQL);
 //! - [`recommend`] turns the groups into recommendations;
 //! - [`report`] is the answer, stored per agent in `analytics_results`;
-//! - [`synthetic`] generates seeded traffic with known ground truth (demo, tests, benchmark).
+//! - [`synthetic`] generates seeded traffic with known ground truth (demo, tests, benchmark);
+//! - [`simulate`] runs the rules on simulated counts, look after look: the false-claim rate at
+//!   any look and the power (the tests and `nm-analytics-bench --power`).
 //!
 //! [`Analytics`] ties them together. Below [`RECOMMENDATION_THRESHOLD`] signals an agent is
 //! *collecting*: the answer gives the count, the recent daily rate and the estimated date of
@@ -15,24 +19,36 @@
 //! interval; [`Analytics::recompute`] does it on demand; [`Analytics::get`] reads the stored
 //! answer (a primary-key lookup), computing it first when there is none, or when the stored one
 //! is still collecting (cheap: two indexed counts), so progress is always current.
+//!
+//! A stored answer also keeps, per comparison, the running intersection of its confidence
+//! sequence ([`stats::Intersections`]), so a claim does not come and go with each batch. The
+//! next computation carries them only while they are still about the same, grown, sessions:
+//! the window's comparisons while the agent's first signal is still inside the window (no
+//! session has left it), the trend's for the same calendar week. Once sessions leave the
+//! window, each look stands on its own window (intersecting across different samples would
+//! freeze old evidence in place, when the window is there to follow change).
 
 pub mod outcome;
 pub mod query;
 pub mod recommend;
 pub mod report;
 pub(crate) mod rollup;
+pub mod simulate;
 pub mod stats;
 pub mod synthetic;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use sea_orm::sea_query::OnConflict;
 use sea_orm::{ConnectionTrait, EntityTrait, Set};
+use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tracing::{Instrument, debug, info, warn};
 
 pub use query::Dimension;
 pub use report::{AgentAnalytics, Kind, OutcomeRow, Progress, Recommendation, Status, Window};
+use stats::{Intersections, Interval};
 
 use crate::error::{Error, Result};
 use crate::signals::RECOMMENDATION_THRESHOLD;
@@ -43,13 +59,64 @@ use crate::store::entity::analytics_result;
 pub const DAY_MS: i64 = 86_400_000;
 /// Days of data the recommendations rest on (ending at the computation).
 pub const WINDOW_DAYS: i64 = 30;
-/// Length of each of the two trend windows (the last week against the week before).
+/// Length of each of the two trend periods: this calendar week so far (UTC, from Monday)
+/// against the last.
 pub const TREND_DAYS: i64 = 7;
 /// The recent daily signal rate is measured over this many days (or since the agent's first
 /// signal, when that is more recent, but at least one day).
 pub const RATE_WINDOW_DAYS: i64 = 7;
 /// Default interval of the scheduled recomputation.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(600);
+
+/// What `analytics_results.report` holds: the answer, and the intervals the rules keep from
+/// look to look, which stay in the controlplane (the gRPC answer has no place for them).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Stored {
+    #[serde(flatten)]
+    report: AgentAnalytics,
+    /// The running intersection of each comparison's confidence sequence at this look, by key
+    /// (see [`recommend::WINDOW_KEYS`]); absent from answers stored before there were any.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    sequences: BTreeMap<String, Interval>,
+}
+
+/// The start (Monday 00:00 UTC) of the calendar week holding `ms`.
+pub fn week_start_ms(ms: i64) -> i64 {
+    let day = ms.div_euclid(DAY_MS);
+    // 1970-01-01 was a Thursday: day 0 is 3 days after a Monday.
+    (day - (day + 3).rem_euclid(7)) * DAY_MS
+}
+
+/// The window and trend periods of a computation at `now_ms`.
+pub fn periods_at(now_ms: i64) -> query::Periods {
+    let recent_since = week_start_ms(now_ms);
+    query::Periods {
+        window: Window {
+            since_ms: now_ms - WINDOW_DAYS * DAY_MS,
+            until_ms: now_ms,
+        },
+        recent_since,
+        previous_since: recent_since - TREND_DAYS * DAY_MS,
+    }
+}
+
+/// The intervals of an earlier look that still apply at this one: the window's while the
+/// agent's first signal is inside the window (every session ever is in it, so the sessions only
+/// grew), this week's trend keys always (last week is fixed, this week only grows).
+fn carried(
+    mut earlier: BTreeMap<String, Interval>,
+    progress: &Progress,
+    periods: &query::Periods,
+) -> Intersections {
+    let whole = progress
+        .first_signal_ms
+        .is_some_and(|first| first >= periods.window.since_ms);
+    let week = recommend::week_keys(periods.recent_since);
+    earlier.retain(|key, _| {
+        key.starts_with(&week) || (whole && key.starts_with(recommend::WINDOW_KEYS))
+    });
+    Intersections::carried(earlier)
+}
 
 /// Analytics over the controlplane's database. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -94,60 +161,87 @@ impl Analytics {
         Ok(progress(total, recent, first, last, now_ms))
     }
 
-    /// Computes an agent's analytics at `now_ms` (not stored).
-    #[tracing::instrument(skip_all, fields(nm.agent = %agent, status = tracing::field::Empty, recommendations = tracing::field::Empty))]
+    /// Computes an agent's analytics at `now_ms` as a first look would (no interval carried
+    /// from an earlier look; not stored).
     pub async fn compute(&self, agent: &str, now_ms: i64) -> Result<AgentAnalytics> {
+        Ok(self
+            .compute_from(agent, now_ms, BTreeMap::new())
+            .await?
+            .report)
+    }
+
+    /// Computes an agent's analytics at `now_ms`, meeting each comparison's interval with
+    /// those of `earlier` that still apply (see [`carried`]).
+    #[tracing::instrument(skip_all, fields(nm.agent = %agent, status = tracing::field::Empty, recommendations = tracing::field::Empty))]
+    async fn compute_from(
+        &self,
+        agent: &str,
+        now_ms: i64,
+        earlier: BTreeMap<String, Interval>,
+    ) -> Result<Stored> {
         let agent = nm_types::parse_agent(agent)
             .map_err(|e| Error::InvalidArgument(format!("agent: {e}")))?;
         let progress = self.progress(&agent, now_ms).await?;
-        let window = Window {
-            since_ms: now_ms - WINDOW_DAYS * DAY_MS,
-            until_ms: now_ms,
-        };
+        let periods = periods_at(now_ms);
+        let window = periods.window;
         let span = tracing::Span::current();
         if progress.signals < RECOMMENDATION_THRESHOLD {
             span.record("status", "collecting");
-            return Ok(AgentAnalytics {
+            return Ok(Stored {
+                report: AgentAnalytics {
+                    agent,
+                    status: Status::Collecting,
+                    computed_at_ms: now_ms,
+                    progress,
+                    window,
+                    summary: None,
+                    costs: Vec::new(),
+                    recommendations: Vec::new(),
+                },
+                sequences: BTreeMap::new(),
+            });
+        }
+        let aggregates = query::aggregates(&self.store, &agent, periods).await?;
+        let mut run = carried(earlier, &progress, &periods);
+        let recommendations = recommend::recommend(&aggregates, &periods, &mut run);
+        span.record("status", "ready");
+        span.record("recommendations", recommendations.len());
+        Ok(Stored {
+            report: AgentAnalytics {
+                costs: recommend::costs(&agent, &aggregates),
                 agent,
-                status: Status::Collecting,
+                status: Status::Ready,
                 computed_at_ms: now_ms,
                 progress,
                 window,
-                summary: None,
-                costs: Vec::new(),
-                recommendations: Vec::new(),
-            });
-        }
-        let recent_since = now_ms - TREND_DAYS * DAY_MS;
-        let periods = query::Periods {
-            window,
-            recent_since,
-            previous_since: recent_since - TREND_DAYS * DAY_MS,
-        };
-        let aggregates = query::aggregates(&self.store, &agent, periods).await?;
-        let recommendations = recommend::recommend(&aggregates, window);
-        span.record("status", "ready");
-        span.record("recommendations", recommendations.len());
-        Ok(AgentAnalytics {
-            costs: recommend::costs(&agent, &aggregates),
-            agent,
-            status: Status::Ready,
-            computed_at_ms: now_ms,
-            progress,
-            window,
-            summary: Some(aggregates.total),
-            recommendations,
+                summary: Some(aggregates.total),
+                recommendations,
+            },
+            sequences: run.into_met(),
         })
     }
 
     /// Computes an agent's analytics now and stores them (an agent without any signal, say a
     /// mistyped name, is answered but not stored).
     pub async fn recompute(&self, agent: &str) -> Result<AgentAnalytics> {
-        let report = self.compute(agent, crate::now_ms()).await?;
-        if report.progress.signals > 0 {
-            self.save(&report).await?;
+        self.recompute_at(agent, crate::now_ms()).await
+    }
+
+    /// [`Analytics::recompute`] at `now_ms`: the stored answer's intervals that still apply
+    /// are met with this look's, and the new ones stored with the answer.
+    pub async fn recompute_at(&self, agent: &str, now_ms: i64) -> Result<AgentAnalytics> {
+        let agent = nm_types::parse_agent(agent)
+            .map_err(|e| Error::InvalidArgument(format!("agent: {e}")))?;
+        let earlier = self
+            .stored_with_sequences(&agent)
+            .await?
+            .map(|s| s.sequences)
+            .unwrap_or_default();
+        let stored = self.compute_from(&agent, now_ms, earlier).await?;
+        if stored.report.progress.signals > 0 {
+            self.save_stored(&stored).await?;
         }
-        Ok(report)
+        Ok(stored.report)
     }
 
     /// Recomputes and stores every agent that has signals; returns how many.
@@ -185,13 +279,18 @@ impl Analytics {
 
     /// The stored analytics of an agent, if any.
     pub async fn stored(&self, agent: &str) -> Result<Option<AgentAnalytics>> {
+        Ok(self.stored_with_sequences(agent).await?.map(|s| s.report))
+    }
+
+    /// The stored answer with the intervals kept for the next look.
+    async fn stored_with_sequences(&self, agent: &str) -> Result<Option<Stored>> {
         let Some(row) = analytics_result::Entity::find_by_id(agent.to_owned())
             .one(self.store.conn())
             .await?
         else {
             return Ok(None);
         };
-        match serde_json::from_str::<AgentAnalytics>(&row.report) {
+        match serde_json::from_str::<Stored>(&row.report) {
             Ok(r) => Ok(Some(r)),
             Err(e) => {
                 // Written by another version: recompute rather than fail.
@@ -212,9 +311,20 @@ impl Analytics {
         }
     }
 
-    /// Stores a computed answer, replacing the previous one (unless that one is newer).
+    /// Stores a computed answer, replacing the previous one (and the intervals it kept: the
+    /// next look starts its intersections afresh).
     pub async fn save(&self, r: &AgentAnalytics) -> Result<()> {
-        let report = serde_json::to_string(r)
+        self.save_stored(&Stored {
+            report: r.clone(),
+            sequences: BTreeMap::new(),
+        })
+        .await
+    }
+
+    /// Stores a computed answer with its intervals, replacing the previous one.
+    async fn save_stored(&self, stored: &Stored) -> Result<()> {
+        let r = &stored.report;
+        let report = serde_json::to_string(stored)
             .map_err(|e| Error::Unavailable(format!("cannot encode analytics: {e}")))?;
         let model = analytics_result::ActiveModel {
             agent: Set(r.agent.clone()),
@@ -360,6 +470,66 @@ mod tests {
     }
 
     #[test]
+    fn weeks_start_on_monday_utc() {
+        // 2026-11-23 was a Monday.
+        let monday = 1_795_392_000_000;
+        assert_eq!(week_start_ms(monday), monday);
+        assert_eq!(week_start_ms(monday + 7 * DAY_MS - 1), monday);
+        assert_eq!(week_start_ms(monday - 1), monday - 7 * DAY_MS);
+        assert_eq!(week_start_ms(0), -3 * DAY_MS);
+        let p = periods_at(monday + DAY_MS);
+        assert_eq!(
+            (p.recent_since, p.previous_since),
+            (monday, monday - 7 * DAY_MS)
+        );
+        assert_eq!(p.window.until_ms - p.window.since_ms, WINDOW_DAYS * DAY_MS);
+    }
+
+    #[test]
+    fn intervals_are_carried_while_they_are_about_the_same_sessions() {
+        let periods = periods_at(NOW);
+        let week = recommend::week_keys(periods.recent_since);
+        let i = Interval {
+            lower: 0.1,
+            upper: 0.2,
+        };
+        let earlier: BTreeMap<String, Interval> = [
+            (format!("{}best|x", recommend::WINDOW_KEYS), i),
+            (format!("{week}trend|x"), i),
+            (
+                format!("{}trend|x", recommend::week_keys(periods.previous_since)),
+                i,
+            ),
+        ]
+        .into_iter()
+        .collect();
+        let progress = |first: i64| Progress {
+            first_signal_ms: Some(first),
+            ..Progress::default()
+        };
+        let kept = |first: i64| {
+            let mut run = carried(earlier.clone(), &progress(first), &periods);
+            for key in earlier.keys() {
+                run.carry(key);
+            }
+            run.into_met().into_keys().collect::<Vec<_>>()
+        };
+        // A young agent: the window's and this week's; last week's trend is another question.
+        assert_eq!(
+            kept(periods.window.since_ms),
+            [
+                format!("{week}trend|x"),
+                format!("{}best|x", recommend::WINDOW_KEYS)
+            ]
+        );
+        // Sessions have left the window: this week's only.
+        assert_eq!(
+            kept(periods.window.since_ms - 1),
+            [format!("{week}trend|x")]
+        );
+    }
+
+    #[test]
     fn no_eta_without_a_rate_or_once_reached() {
         assert_eq!(progress(0, 0, None, None, NOW).eta_ms, None);
         assert_eq!(
@@ -376,3 +546,6 @@ mod ground_truth_tests;
 
 #[cfg(test)]
 mod rollup_tests;
+
+#[cfg(test)]
+mod stats_tests;

@@ -1,20 +1,26 @@
-//! The rules that turn an agent's aggregates into recommendations. Pure functions of counts:
-//! the same data always gives the same recommendations.
+//! The rules that turn an agent's aggregates into recommendations. Pure functions of counts
+//! and of the intervals earlier looks kept: the same data always gives the same
+//! recommendations.
 //!
-//! Every rule decides through [`super::stats`]: minimum samples per arm, intervals that
-//! separate (Newcombe, Bonferroni-adjusted for the comparisons the question makes), or a
-//! Wilson lower bound above a level. A null situation (equal models, rates below their levels,
-//! no trend, no latency effect, spend spread evenly) produces no recommendation.
+//! Every rule decides through [`super::stats`]: minimum samples per arm, anytime-valid
+//! intervals that separate (Bonferroni-adjusted for the comparisons the question makes), or the
+//! lower bound of a rate's confidence sequence above a level, each intersected with the same
+//! comparison's intervals from earlier looks under a key (see [`Intersections`]). Keys start
+//! with [`WINDOW_KEYS`] when they compare sessions of the whole window (carried only while no
+//! session has left it) or with [`week_keys`] when they compare this week with the last (carried
+//! for the week). A null situation (equal models, rates below their levels, no trend, no latency
+//! effect, spend spread evenly) produces no recommendation, at any look, but with probability
+//! at most 5% per rule.
 
 use nm_types::money::format_usd;
 
-use super::query::{Aggregates, TTFB_BANDS_MS};
+use super::query::{Aggregates, Periods, TTFB_BANDS_MS};
 use super::report::{
     CostScope, Effect, EvidenceItem, Figure, Kind, OutcomeCost, OutcomeRow, Recommendation, Window,
 };
 use super::stats::{
-    self, Direction, MIN_SAMPLES_PER_ARM, NON_INFERIORITY_MARGIN, Proportion, best_arm,
-    cost_concentration, differs, exceeds, performs_as_well, slow_ttfb_raises_abandonment, trend,
+    self, Direction, Intersections, MIN_SAMPLES_PER_ARM, NON_INFERIORITY_MARGIN, Proportion,
+    best_arm, better, cost_concentration, differs, exceeds, performs_as_well, trend,
 };
 
 /// Regeneration is high when more than this share of sessions has a regeneration.
@@ -28,6 +34,18 @@ pub const LEVEL_HEAVY_EDIT: f64 = 0.25;
 pub const CHEAPER_MAX_COST_SHARE: f64 = 0.9;
 /// End users listed in the outcome-weighted cost (the costliest).
 pub const TOP_COST_USERS: usize = 10;
+
+/// Where the keys of comparisons over the whole window start.
+pub const WINDOW_KEYS: &str = "window|";
+
+/// Where the keys of this week's trend comparisons start (`week_since_ms` is the week's start).
+pub fn week_keys(week_since_ms: i64) -> String {
+    format!("week{week_since_ms}|")
+}
+
+/// Possible cuts between the TTFB bands (one fewer than the bands): the latency rule picks one
+/// by the bands' sizes, and any of them could be picked, so it is Bonferroni over all of them.
+const LATENCY_CUTS: u32 = TTFB_BANDS_MS.len() as u32;
 
 /// The three rates watched for being high, with their levels.
 const WATCHED: [(Kind, &str, f64); 3] = [
@@ -103,20 +121,27 @@ pub fn costs(agent: &str, a: &Aggregates) -> Vec<OutcomeCost> {
     out
 }
 
-/// All the recommendations the evidence in `a` supports.
-pub fn recommend(a: &Aggregates, window: Window) -> Vec<Recommendation> {
+/// All the recommendations the evidence in `a` (over `periods`) supports, each comparison's
+/// interval met with the earlier looks' in `run`.
+pub fn recommend(
+    a: &Aggregates,
+    periods: &Periods,
+    run: &mut Intersections,
+) -> Vec<Recommendation> {
+    let window = periods.window;
     let mut out = Vec::new();
-    let best = best_model(a, window);
+    let best = best_model(a, window, run);
     let best_subject = best.as_ref().and_then(|b| b.subject.clone());
     out.extend(best);
-    out.extend(best_provider(a, window));
+    out.extend(best_provider(a, window, run));
     // A cheaper model that is also the best one is already said by the best-model finding.
     out.extend(
-        cheaper_model(a, window).filter(|c| best_subject.is_none() || c.subject != best_subject),
+        cheaper_model(a, window, run)
+            .filter(|c| best_subject.is_none() || c.subject != best_subject),
     );
-    out.extend(high_rates(a, window));
-    out.extend(env_difference(a, window));
-    out.extend(latency_abandonment(a, window));
+    out.extend(high_rates(a, window, &week_keys(periods.recent_since), run));
+    out.extend(env_difference(a, window, run));
+    out.extend(latency_abandonment(a, window, run));
     out.extend(concentration(a, window));
     out
 }
@@ -129,9 +154,12 @@ struct Leader<'a> {
     evidence: Vec<EvidenceItem>,
 }
 
-fn leader<'a>(arms: &[&'a OutcomeRow]) -> Option<Leader<'a>> {
-    let props: Vec<Proportion> = arms.iter().map(|r| success(r)).collect();
-    let best = best_arm(&props)?;
+fn leader<'a>(arms: &[&'a OutcomeRow], key: &str, run: &mut Intersections) -> Option<Leader<'a>> {
+    let props: Vec<(&str, Proportion)> = arms
+        .iter()
+        .map(|r| (name(r).unwrap_or("-"), success(r)))
+        .collect();
+    let best = best_arm(&props, key, run)?;
     let winner = arms[best.arm];
     let winner_name = name(winner)?.to_owned();
     let evidence = best
@@ -155,14 +183,14 @@ fn leader<'a>(arms: &[&'a OutcomeRow]) -> Option<Leader<'a>> {
 }
 
 /// The model with the best success rate, when it beats every other model with enough sessions.
-fn best_model(a: &Aggregates, window: Window) -> Option<Recommendation> {
+fn best_model(a: &Aggregates, window: Window, run: &mut Intersections) -> Option<Recommendation> {
     let arms = eligible(&a.by_model);
     let Leader {
         best,
         winner,
         winner_name,
         evidence,
-    } = leader(&arms)?;
+    } = leader(&arms, &format!("{WINDOW_KEYS}best|success|model"), run)?;
     let runner_up = best
         .against
         .iter()
@@ -208,7 +236,11 @@ fn best_model(a: &Aggregates, window: Window) -> Option<Recommendation> {
 
 /// The provider with the best success rate, unless it only repeats the best model's finding
 /// (each eligible provider served one eligible model, so the comparison is the same one).
-fn best_provider(a: &Aggregates, window: Window) -> Option<Recommendation> {
+fn best_provider(
+    a: &Aggregates,
+    window: Window,
+    run: &mut Intersections,
+) -> Option<Recommendation> {
     let arms = eligible(&a.by_provider);
     let models = eligible(&a.by_model).len();
     if arms.len() < 2 || arms.len() == models {
@@ -219,7 +251,7 @@ fn best_provider(a: &Aggregates, window: Window) -> Option<Recommendation> {
         winner_name,
         evidence,
         ..
-    } = leader(&arms)?;
+    } = leader(&arms, &format!("{WINDOW_KEYS}best|success|provider"), run)?;
     let gain = winner.success_rate() - a.total.success_rate();
     Some(Recommendation {
         kind: Kind::BestProvider,
@@ -249,7 +281,11 @@ fn best_provider(a: &Aggregates, window: Window) -> Option<Recommendation> {
 /// the cheaper one's success must not be lower by more than [`NON_INFERIORITY_MARGIN`]
 /// (Bonferroni over all such pairs). Of the pairs that pass, the one that would save the most
 /// (the costlier model's sessions times the difference in cost per session) is recommended.
-fn cheaper_model(a: &Aggregates, window: Window) -> Option<Recommendation> {
+fn cheaper_model(
+    a: &Aggregates,
+    window: Window,
+    run: &mut Intersections,
+) -> Option<Recommendation> {
     let arms = eligible(&a.by_model);
     let cost = |r: &OutcomeRow| r.cost_per_session_micros().filter(|c| *c > 0);
     let mut pairs = Vec::new();
@@ -263,11 +299,20 @@ fn cheaper_model(a: &Aggregates, window: Window) -> Option<Recommendation> {
         }
     }
     let m = u32::try_from(pairs.len()).unwrap_or(u32::MAX);
-    let (reference, cheap, ref_cost, cheap_cost, ev) = pairs
+    // Every pair meets its interval (so the intersection goes on), then the best saving wins.
+    let passed: Vec<_> = pairs
         .into_iter()
         .filter_map(|(r, c, rc, cc)| {
-            performs_as_well(success(r), success(c), m).map(|e| (r, c, rc, cc, e))
+            let key = format!(
+                "{WINDOW_KEYS}as_good|success|model|{}|{}|m{m}",
+                name(r).unwrap_or("-"),
+                name(c).unwrap_or("-")
+            );
+            performs_as_well(success(r), success(c), m, &key, run).map(|e| (r, c, rc, cc, e))
         })
+        .collect();
+    let (reference, cheap, ref_cost, cheap_cost, ev) = passed
+        .into_iter()
         .max_by_key(|(r, _, rc, cc, _)| r.sessions.saturating_mul(rc - cc))?;
     let cheap_name = name(cheap)?.to_owned();
     let ref_name = name(reference)?.to_owned();
@@ -328,9 +373,19 @@ fn cheaper_model(a: &Aggregates, window: Window) -> Option<Recommendation> {
 }
 
 /// Regeneration, abandonment and heavy-edit rates above their levels (Bonferroni over the
-/// three), each with its trend (the last week against the week before, Bonferroni over the
+/// three), each with its trend (this calendar week so far against the last, Bonferroni over the
 /// three); a rate below its level that got significantly worse is reported as a worsening trend.
-fn high_rates(a: &Aggregates, window: Window) -> Vec<Recommendation> {
+///
+/// The trend compares calendar weeks (UTC, from Monday), not the last 7 days against the 7
+/// before: two sliding weeks change their sessions at every look, so no sequence could cover
+/// them; last week is fixed and this week only grows, so within the week the looks are at a
+/// growing set of sessions. On Monday the comparison starts again.
+fn high_rates(
+    a: &Aggregates,
+    window: Window,
+    week_keys: &str,
+    run: &mut Intersections,
+) -> Vec<Recommendation> {
     let m = WATCHED.len() as u32;
     let mut out = Vec::new();
     for (kind, metric, level) in WATCHED {
@@ -339,24 +394,27 @@ fn high_rates(a: &Aggregates, window: Window) -> Vec<Recommendation> {
             watched_rate(metric, &a.previous),
             watched_rate(metric, &a.recent),
             m,
+            &format!("{week_keys}trend|{metric}|m{m}"),
+            run,
         );
         let trend_evidence =
-            moved.map(|s| EvidenceItem::compare(metric, "previous week", "last week", &s.evidence));
+            moved.map(|s| EvidenceItem::compare(metric, "last week", "this week", &s.evidence));
         let trend_words = match moved.map(|s| s.direction) {
             Some(Direction::Higher) => format!(
-                "rising ({} -> {} week over week)",
+                "rising ({} last week -> {} this week so far)",
                 pct(a.previous_rate(metric)),
                 pct(a.recent_rate(metric))
             ),
             Some(Direction::Lower) => format!(
-                "falling ({} -> {} week over week)",
+                "falling ({} last week -> {} this week so far)",
                 pct(a.previous_rate(metric)),
                 pct(a.recent_rate(metric))
             ),
-            None => "no significant change week over week".to_owned(),
+            None => "no significant change from last week".to_owned(),
         };
         let label = metric.replace('_', " ");
-        if let Some(above) = exceeds(overall, level, m) {
+        let level_key = format!("{WINDOW_KEYS}level|{metric}|m{m}");
+        if let Some(above) = exceeds(overall, level, m, &level_key, run) {
             let mut evidence = vec![EvidenceItem::above(metric, "all sessions", &above, m)];
             evidence.extend(trend_evidence);
             out.push(Recommendation {
@@ -394,7 +452,7 @@ fn high_rates(a: &Aggregates, window: Window) -> Vec<Recommendation> {
                 figures: Vec::new(),
                 effect: Effect {
                     summary: format!(
-                        "returning to last week's level would spare {} of {} sessions",
+                        "returning to last week's level would spare {} of this week's {} sessions",
                         pct(shift.evidence.difference),
                         shift.evidence.b.n
                     ),
@@ -418,8 +476,14 @@ impl Aggregates {
 
 /// The largest difference in success between two environments, among the pairs the evidence
 /// separates (Bonferroni over all pairs of envs with enough sessions).
-fn env_difference(a: &Aggregates, window: Window) -> Option<Recommendation> {
-    let arms = eligible(&a.by_env);
+fn env_difference(
+    a: &Aggregates,
+    window: Window,
+    run: &mut Intersections,
+) -> Option<Recommendation> {
+    let mut arms = eligible(&a.by_env);
+    // By name, so a pair keeps its key and orientation from look to look.
+    arms.sort_by(|x, y| name(x).cmp(&name(y)));
     let k = arms.len() as u32;
     if k < 2 {
         return None;
@@ -428,7 +492,12 @@ fn env_difference(a: &Aggregates, window: Window) -> Option<Recommendation> {
     let mut found: Option<(usize, usize, stats::Shift)> = None;
     for i in 0..arms.len() {
         for j in (i + 1)..arms.len() {
-            if let Some(shift) = differs(success(arms[i]), success(arms[j]), m)
+            let key = format!(
+                "{WINDOW_KEYS}differs|success|env|{}|{}|m{m}",
+                name(arms[i]).unwrap_or("-"),
+                name(arms[j]).unwrap_or("-")
+            );
+            if let Some(shift) = differs(success(arms[i]), success(arms[j]), m, &key, run)
                 && found.as_ref().is_none_or(|(_, _, f)| {
                     shift.evidence.difference.abs() > f.evidence.difference.abs()
                 })
@@ -487,21 +556,27 @@ fn band_label(band: usize) -> String {
 }
 
 /// Slow time to first byte going with more abandonment: sessions split at the band boundary
-/// that halves them; the slow half must have the higher abandonment rate (one comparison).
-fn latency_abandonment(a: &Aggregates, window: Window) -> Option<Recommendation> {
+/// that halves them (chosen by the sessions' numbers alone); the slow half must have the higher
+/// abandonment rate, Bonferroni over every cut the split could choose ([`LATENCY_CUTS`]).
+fn latency_abandonment(
+    a: &Aggregates,
+    window: Window,
+    run: &mut Intersections,
+) -> Option<Recommendation> {
     let buckets: Vec<Proportion> = a
         .by_ttfb
         .iter()
         .map(|(_, r)| Proportion::new(r.abandoned, r.sessions))
         .collect();
-    let ev = slow_ttfb_raises_abandonment(&buckets, 1)?;
-    let (cut, _, _) = stats::split_halves(&buckets)?;
+    let (cut, fast, slow) = stats::split_halves(&buckets)?;
     let cut_ms = a
         .by_ttfb
         .get(cut)
         .and_then(|(band, _)| band.checked_sub(1))
         .and_then(|b| TTFB_BANDS_MS.get(b))
         .copied()?;
+    let key = format!("{WINDOW_KEYS}latency|abandonment|cut{cut_ms}|m{LATENCY_CUTS}");
+    let ev = better(fast, slow, LATENCY_CUTS, &key, run)?;
     let ratio = if ev.a.rate > 0.0 {
         ev.b.rate / ev.a.rate
     } else {
@@ -643,22 +718,30 @@ mod tests {
         }
     }
 
-    const W: Window = Window {
-        since_ms: 0,
-        until_ms: 1,
+    const P: Periods = Periods {
+        window: Window {
+            since_ms: 0,
+            until_ms: 1,
+        },
+        recent_since: 0,
+        previous_since: 0,
     };
+
+    fn recs(a: &Aggregates) -> Vec<Recommendation> {
+        recommend(a, &P, &mut Intersections::fresh())
+    }
 
     #[test]
     fn null_situation_produces_nothing() {
         let a = agg(vec![row("a", 500, 300, 5000), row("b", 500, 300, 5000)]);
-        assert!(recommend(&a, W).is_empty());
-        assert!(recommend(&Aggregates::default(), W).is_empty());
+        assert!(recs(&a).is_empty());
+        assert!(recs(&Aggregates::default()).is_empty());
     }
 
     #[test]
     fn better_model_is_named() {
         let a = agg(vec![row("a", 400, 200, 4000), row("b", 400, 300, 4000)]);
-        let recs = recommend(&a, W);
+        let recs = recs(&a);
         assert_eq!(recs.len(), 1, "{recs:?}");
         assert_eq!(recs[0].kind, Kind::BestModel);
         assert_eq!(recs[0].subject.as_deref(), Some("b"));
@@ -672,10 +755,10 @@ mod tests {
     #[test]
     fn cheaper_equal_model_is_found() {
         let a = agg(vec![
-            row("big", 2000, 1400, 200_000),
-            row("small", 2000, 1400, 20_000),
+            row("big", 5000, 3500, 500_000),
+            row("small", 5000, 3500, 50_000),
         ]);
-        let recs = recommend(&a, W);
+        let recs = recs(&a);
         assert_eq!(recs.len(), 1, "{recs:?}");
         assert_eq!(recs[0].kind, Kind::CheaperModel);
         assert_eq!(recs[0].subject.as_deref(), Some("small"));
@@ -685,6 +768,45 @@ mod tests {
     #[test]
     fn too_few_sessions_is_no_evidence() {
         let a = agg(vec![row("a", 20, 2, 10), row("b", 20, 19, 10)]);
-        assert!(recommend(&a, W).is_empty());
+        assert!(recs(&a).is_empty());
+    }
+
+    /// Every comparison a pass makes keeps its interval under a key of its kind: the window's,
+    /// or this week's.
+    #[test]
+    fn every_comparison_is_kept_under_its_key() {
+        let mut a = agg(vec![row("a", 400, 200, 4000), row("b", 400, 300, 400)]);
+        a.total.regenerated = 400;
+        a.recent = OutcomeRow {
+            sessions: 100,
+            regenerated: 30,
+            ..OutcomeRow::default()
+        };
+        a.previous = OutcomeRow {
+            sessions: 100,
+            regenerated: 20,
+            ..OutcomeRow::default()
+        };
+        let periods = Periods {
+            recent_since: 7 * 86_400_000,
+            ..P
+        };
+        let mut run = Intersections::fresh();
+        recommend(&a, &periods, &mut run);
+        let keys: Vec<String> = run.into_met().into_keys().collect();
+        for key in &keys {
+            assert!(
+                key.starts_with(WINDOW_KEYS) || key.starts_with(&week_keys(7 * 86_400_000)),
+                "{key}"
+            );
+        }
+        for want in [
+            "window|best|success|model|a|b|m1",
+            "window|as_good|success|model|a|b|m1",
+            "window|level|regeneration|m3",
+            "week604800000|trend|regeneration|m3",
+        ] {
+            assert!(keys.iter().any(|k| k == want), "{want} not in {keys:?}");
+        }
     }
 }

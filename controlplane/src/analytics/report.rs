@@ -1,6 +1,10 @@
 //! What analytics answers for one agent: progress toward the threshold, the outcome summary,
 //! outcome-weighted cost and the recommendations with their evidence. Serializable both ways:
-//! the controlplane stores it as JSON (`analytics_results.report`), the CLI prints it as JSON.
+//! the controlplane stores it as JSON (`analytics_results.report`, with the intervals it keeps
+//! for the next look beside it), the CLI prints it as JSON.
+//!
+//! Every interval in the evidence is anytime-valid (a confidence sequence, see
+//! [`super::stats`]): it holds at every recomputation at once, not only at one look.
 
 use serde::{Deserialize, Serialize};
 
@@ -208,7 +212,9 @@ pub struct Arm {
     /// Sessions observed.
     pub n: u64,
     pub rate: f64,
-    /// Wilson interval of the rate at [`EvidenceItem::confidence`].
+    /// Anytime-valid interval of the rate at [`EvidenceItem::confidence`]: this look's for the
+    /// arms of a comparison; for a rate against a level, the running intersection over the
+    /// looks the level was decided on.
     pub interval: Interval,
 }
 
@@ -220,16 +226,20 @@ pub struct EvidenceItem {
     pub metric: String,
     pub a: Arm,
     pub b: Option<Arm>,
-    /// `rate(b) − rate(a)` and its Newcombe interval.
+    /// `rate(b) − rate(a)` and its anytime-valid interval (the running intersection over the
+    /// looks at this growing set of sessions).
     pub difference: Option<f64>,
     pub difference_interval: Option<Interval>,
     /// The level `a`'s rate is compared with, when there is no `b`.
     pub level: Option<f64>,
-    /// Two-sided confidence of the intervals (Bonferroni-adjusted).
+    /// Confidence of each interval, anytime-valid and Bonferroni-adjusted:
+    /// `1 − 0.05 / comparisons`, so 95% family-wise.
     pub confidence: f64,
     /// Comparisons made for the same question (the Bonferroni `m`).
     pub comparisons: u32,
-    /// Two-sided p-value of the pooled z-test (unadjusted).
+    /// Always-valid p-value at this look (unadjusted: compare it with `1 − confidence`) of what
+    /// the evidence rules out: equal rates; `b` worse by the margin for `cheaper_model`; the
+    /// rate at the level for a level.
     pub p_value: Option<f64>,
     /// Posterior probability that `b`'s rate is above `a`'s (uniform priors).
     pub prob_b_greater: Option<f64>,
@@ -281,7 +291,7 @@ impl EvidenceItem {
             level: Some(x.level),
             confidence: x.confidence,
             comparisons,
-            p_value: None,
+            p_value: Some(x.p_value),
             prob_b_greater: None,
         }
     }

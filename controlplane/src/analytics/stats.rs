@@ -1,57 +1,121 @@
-//! Statistics for recommendations: intervals and comparisons that decide when evidence is enough.
+//! Statistics for recommendations: anytime-valid intervals and the comparisons that decide when
+//! evidence is enough, however often the answer is recomputed.
 //!
-//! Everything here is a pure, deterministic function of counts: no I/O and no random numbers,
-//! so the same data always gives the same recommendations (and the same snapshots).
+//! Everything here is a pure, deterministic function of counts (and, for the running
+//! intersection, of the intervals an earlier look kept): no I/O and no random numbers, so the
+//! same data always gives the same recommendations.
 //!
-//! # When a comparison counts as evidence
+//! # Why anytime-valid
 //!
-//! A recommendation claims that one rate differs from another: a model's success rate against
-//! another's, this week's regeneration rate against last week's, slow requests' abandonment rate
-//! against fast ones'. It is made only when
+//! The controlplane recomputes every agent every `NM_ANALYTICS_INTERVAL_SECS` as signals
+//! arrive, and a user acts on whatever the answer says at that moment. A fixed-sample 95%
+//! interval is right for one look at the data; looked at again after every batch, the chance
+//! that *some* look shows a false difference grows with the number of looks (equal models,
+//! 18 looks from 120 to 800 sessions: about 20%). So every interval here is a *confidence
+//! sequence*: a sequence of intervals `C₁, C₂, …` that contain the true rate at **every** sample
+//! size at once with probability `1 − α`, so that looking at any of them, at any times chosen in
+//! any way (even by peeking at the data), keeps the error at `α`.
 //!
-//! 1. every arm compared has at least [`MIN_SAMPLES_PER_ARM`] observations, and
-//! 2. the confidence interval of the difference lies entirely on one side of zero, at confidence
-//!    `1 - FAMILY_ALPHA / m`, where `m` is the number of comparisons made to answer the question
-//!    (Bonferroni).
+//! # One rate: a beta-binomial mixture (exact)
 //!
-//! The interval of the difference is Newcombe's hybrid score interval, built from the two arms'
-//! Wilson intervals: "intervals that separate", made precise, with coverage close to nominal
-//! even for small counts and rates near 0 or 1 (where the textbook Wald interval fails).
-//! Bonferroni bounds the chance that *any* of the `m` comparisons fires by luck by
-//! [`FAMILY_ALPHA`], so comparing many models at once does not multiply false recommendations:
-//! when all arms are equal, a recommendation appears in at most about 5% of data sets. The
-//! simulation tests at the bottom check that, and that a real difference is found.
+//! For a rate `p` and `s` successes out of `n`, the likelihood ratio of a rate `θ` against `p`,
+//! mixed over `θ ~ Beta(c·p, c·(1 − p))`,
 //!
-//! Each decision returns its [`Evidence`] (counts, rates, intervals, the difference, a z-test
-//! p-value and the Bayesian probability that one arm is better), so a recommendation can show
-//! why it was made.
+//! ```text
+//! Mₙ(p) = ∫ θˢ (1 − θ)ⁿ⁻ˢ dBeta(θ) / (pˢ (1 − p)ⁿ⁻ˢ)
+//!       = B(c·p + s, c·(1 − p) + n − s) / (B(c·p, c·(1 − p)) · pˢ (1 − p)ⁿ⁻ˢ)
+//! ```
+//!
+//! is a nonnegative martingale with mean 1 when `p` is the true rate (each session's outcome
+//! multiplies it by a factor of conditional mean 1). Ville's inequality, `P(∃n: Mₙ(p) ≥ 1/α) ≤ α`,
+//! makes `Cₙ = {p : Mₙ(p) < 1/α}` a confidence sequence: exact, not asymptotic, for any `n` (a
+//! conjugate mixture in the sense of Howard et al. 2021; for Bernoulli outcomes, Robbins'
+//! beta-binomial mixture). The prior's weight `c` ([`MIXTURE_SESSIONS`], 40 sessions) tunes where
+//! the sequence is tightest: a few hundred sessions per arm, where the decisions are made (measured
+//! by `nm-analytics-bench --power`). At a given `n` the sequence is wider than a Wilson interval of
+//! the same level (about `z = 3.0–3.3` instead of 1.96 at 95%): that is the price of looking as
+//! often as one likes.
+//!
+//! # Differences and multiplicity
+//!
+//! The interval of a difference `rate(b) − rate(a)` combines the two arms' sequences the way
+//! Newcombe's hybrid score interval combines Wilson intervals (square and add the distances from
+//! each estimate to its bounds). Like Newcombe's, this combination is approximate (it treats the
+//! two deviations as independent and normal); the simulations in `simulate.rs` check that the
+//! chance of ever excluding a true difference of 0 stays under `α` at every rate and allocation
+//! tried. A question that makes `m` comparisons runs each at `α/m` (Bonferroni); a union bound
+//! is time-uniform too, so the family-wise error over all looks stays at [`FAMILY_ALPHA`]. (The
+//! bound takes the arms as fixed: when a third model reaches 30 sessions, `m` grows from 1 to 3
+//! and its comparisons start at the new level.)
+//!
+//! The p-value shown is the *always-valid* p-value of this look (Johari et al.): the smallest
+//! `α` at which this look's sequence excludes equality, so `p ≤ α` at some look has probability
+//! at most `α` under equality, whatever the looks.
+//!
+//! # Running intersection
+//!
+//! If `Cₙ` is a confidence sequence for a fixed rate, so is `C₁ ∩ … ∩ Cₙ` (the event "every `Cₙ`
+//! covers the rate" is the same for both; Howard et al. 2021): the intervals only shrink, so a
+//! claim, once the evidence supports it, is not taken back by the next batch's noise.
+//! [`Intersections`] keeps them per comparison across looks; the caller carries them only while the
+//! data only grows (`super::Analytics` stores them with the answer and drops them once sessions
+//! leave the window, see the guarantee below). An empty intersection means the sessions no longer
+//! behave like the earlier ones: that comparison restarts from the current look.
+//!
+//! # The guarantee
+//!
+//! For one agent and one rule, over the looks at a set of sessions that only grows (the window
+//! before any session has left it: the agent's first 30 days; for the trend, this calendar week
+//! against the last), the probability that any look, at any schedule, shows a false claim is at
+//! most [`FAMILY_ALPHA`] (exactly for levels, by simulation for differences). Once sessions leave
+//! the window, every answer is still an anytime-valid 95% statement about the sessions in its
+//! window, but later windows are different samples: the bound is per stretch of growing data,
+//! not for the agent's whole life (a steady agent with equal models, looked at every 2 hours:
+//! 1.9% in its first 30 days, then 2.2–2.5% for each further 30; `bench/README.md`).
+//!
+//! Each decision returns its [`Evidence`] (counts, rates, intervals, the difference, the
+//! always-valid p-value and the Bayesian probability that one arm is better), so a
+//! recommendation can show why it was made.
 //!
 //! References:
-//! - E. B. Wilson, "Probable inference, the law of succession, and statistical inference",
-//!   JASA 22 (1927) 209–212.
-//! - L. D. Brown, T. T. Cai, A. DasGupta, "Interval estimation for a binomial proportion",
-//!   Statistical Science 16 (2001) 101–133.
+//! - S. R. Howard, A. Ramdas, J. McAuliffe, J. Sekhon, "Time-uniform, nonparametric,
+//!   nonasymptotic confidence sequences", Annals of Statistics 49(2) (2021) 1055–1080.
+//! - R. Johari, P. Koomen, L. Pekelis, D. Walsh, "Always valid inference: continuous monitoring
+//!   of A/B tests", Operations Research 70(3) (2022) 1806–1821.
+//! - H. Robbins, "Statistical methods related to the law of the iterated logarithm", Annals of
+//!   Mathematical Statistics 41(5) (1970) 1397–1409 (the beta-binomial mixture).
+//! - J. Ville, *Étude critique de la notion de collectif* (1939) (the maximal inequality).
 //! - R. G. Newcombe, "Interval estimation for the difference between independent proportions:
 //!   comparison of eleven methods", Statistics in Medicine 17 (1998) 873–890.
-//! - A. Agresti, *Categorical Data Analysis*, 3rd ed. (2013), §1.4 and §2.1 (tests for
-//!   proportions).
+//! - E. B. Wilson, "Probable inference, the law of succession, and statistical inference",
+//!   JASA 22 (1927) 209–212 (the fixed-sample interval the sequences replaced; kept for the
+//!   before/after comparison).
+//! - C. Lanczos, "A precise approximation of the gamma function", SIAM J. Numerical Analysis
+//!   B1 (1964) 86–96.
 //! - G. Marsaglia, "Evaluating the normal distribution", J. Statistical Software 11(4) (2004).
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
 /// Fewest observations an arm needs before it is compared at all: below this, intervals are
-/// too wide to separate anything but extreme differences, and normal approximations are poor.
+/// too wide to separate anything but extreme differences.
 pub const MIN_SAMPLES_PER_ARM: u64 = 30;
 
-/// Family-wise false-positive rate: the chance, when there is no real difference, that a
-/// question (with all its comparisons) yields a recommendation anyway.
+/// Family-wise false-claim rate: the chance, when a claim is false, that a question (with all
+/// its comparisons) shows it at any look at a growing set of sessions.
 pub const FAMILY_ALPHA: f64 = 0.05;
 
 /// How much lower (absolute, on a rate in `[0, 1]`) a cheaper arm's success rate may be and
 /// still "perform as well": 5 percentage points.
 pub const NON_INFERIORITY_MARGIN: f64 = 0.05;
 
-/// The "top users" in cost concentration: the top 10% of end users by cost (at least one).
+/// The weight, in sessions, of the beta prior of the mixture (see the module doc): the
+/// sequences are tightest at about ten times this many sessions per arm. 20 to 80 give the
+/// same power within a look or two on the benchmark's effects; 40 is in the middle.
+pub const MIXTURE_SESSIONS: f64 = 40.0;
+
+/// The top users in cost concentration: the top 10% of end users by cost (at least one).
 pub const TOP_USERS_PERCENT: u64 = 10;
 
 /// Cost is concentrated when the top [`TOP_USERS_PERCENT`] of users take at least this share of
@@ -63,6 +127,9 @@ pub const CONCENTRATED_TOP_SHARE: f64 = 0.5;
 /// verdict says more about the sample than about the spend.
 pub const MIN_USERS_FOR_CONCENTRATION: usize = 20;
 
+/// The smallest p-value reported: below it, "p < 1e-12".
+pub const P_VALUE_FLOOR: f64 = 1e-12;
+
 /// Grid points for the posterior integral in [`prob_greater`].
 const POSTERIOR_GRID: usize = 4096;
 /// The posterior grid spans this many standard deviations either side of each arm's mean.
@@ -71,6 +138,12 @@ const POSTERIOR_SPAN_SDS: f64 = 12.0;
 const NORMAL_CDF_LIMIT: f64 = 8.5;
 /// ln √(2π).
 const LN_SQRT_2PI: f64 = 0.918_938_533_204_672_8;
+/// The rates searched for a sequence's bounds stay this far inside `(0, 1)`.
+const RATE_EDGE: f64 = 1e-12;
+/// A bound is found to within this (absolute, on the rate).
+const BOUND_TOLERANCE: f64 = 1e-9;
+/// From this argument on, [`ln_gamma`] uses Stirling's series (error below 1e-12).
+const STIRLING_FROM: f64 = 10.0;
 
 // === impl Proportion ===
 
@@ -110,7 +183,13 @@ impl Proportion {
         )
     }
 
-    /// The Wilson score interval of the rate (see [`wilson_interval`]).
+    /// The anytime-valid interval of the rate at level `1 − alpha` (see
+    /// [`confidence_sequence`]).
+    pub fn sequence(self, alpha: f64) -> Interval {
+        confidence_sequence(self.successes, self.n, alpha).into()
+    }
+
+    /// The fixed-sample Wilson score interval of the rate (see [`wilson_interval`]).
     pub fn wilson(self, z: f64) -> Interval {
         wilson_interval(self.successes, self.n, z).into()
     }
@@ -126,6 +205,15 @@ pub struct Interval {
 impl Interval {
     pub fn contains(self, x: f64) -> bool {
         self.lower <= x && x <= self.upper
+    }
+
+    /// Both intervals' common part; `None` when they do not overlap.
+    pub fn intersect(self, other: Self) -> Option<Self> {
+        let i = Self {
+            lower: self.lower.max(other.lower),
+            upper: self.upper.min(other.upper),
+        };
+        (i.lower <= i.upper).then_some(i)
     }
 }
 
@@ -196,8 +284,8 @@ pub fn normal_quantile(p: f64) -> f64 {
     0.5 * (lo + hi)
 }
 
-/// The critical value for a two-sided test at family level [`FAMILY_ALPHA`] split over
-/// `comparisons` (Bonferroni): `Φ⁻¹(1 − α / (2m))`. 1.96 for one comparison.
+/// The fixed-sample critical value for a two-sided test at family level [`FAMILY_ALPHA`] split
+/// over `comparisons` (Bonferroni): `Φ⁻¹(1 − α / (2m))`. 1.96 for one comparison.
 pub fn bonferroni_z(comparisons: u32) -> f64 {
     normal_quantile(1.0 - bonferroni_alpha(comparisons) / 2.0)
 }
@@ -207,19 +295,18 @@ pub fn bonferroni_alpha(comparisons: u32) -> f64 {
     FAMILY_ALPHA / f64::from(comparisons.max(1))
 }
 
-// === intervals ===
+// === fixed-sample intervals (one look) ===
 
 /// The Wilson score interval for `successes` out of `n` at normal critical value `z` (1.96 for
-/// 95%):
+/// 95%), valid for **one** look at a sample of fixed size:
 ///
 /// ```text
 /// p̂ = s/n,   centre = (p̂ + z²/2n) / (1 + z²/n),
 /// half-width = z/(1 + z²/n) · √(p̂(1 − p̂)/n + z²/4n²)
 /// ```
 ///
-/// (Wilson 1927; recommended over the Wald interval by Brown, Cai and DasGupta 2001: it stays
-/// inside `[0, 1]` and keeps its coverage near 0 and 1.) `n = 0` gives `(0, 1)`; successes above
-/// `n` are clamped.
+/// The rules no longer decide on it (see the module doc); the before/after comparison of
+/// `simulate.rs` does. `n = 0` gives `(0, 1)`; successes above `n` are clamped.
 pub fn wilson_interval(successes: u64, n: u64, z: f64) -> (f64, f64) {
     if n == 0 {
         return (0.0, 1.0);
@@ -245,56 +332,308 @@ pub fn wilson_interval(successes: u64, n: u64, z: f64) -> (f64, f64) {
     (lower, upper)
 }
 
-/// Newcombe's hybrid score interval for the difference `rate(b) − rate(a)` (method 10 of
-/// Newcombe 1998), from the Wilson intervals `[l, u]` of each arm at the same `z`:
+/// Newcombe's hybrid score interval for `rate(b) − rate(a)` (method 10 of Newcombe 1998) from
+/// Wilson intervals at `z`: the fixed-sample interval of one look.
+pub fn fixed_difference_interval(a: Proportion, b: Proportion, z: f64) -> Interval {
+    newcombe(a, b, a.wilson(z), b.wilson(z))
+}
+
+/// Newcombe's square-and-add combination of each arm's interval `[l, u]`:
 ///
 /// ```text
 /// d = p̂b − p̂a
 /// lower = d − √((p̂b − lb)² + (ua − p̂a)²)
 /// upper = d + √((ub − p̂b)² + (p̂a − la)²)
 /// ```
-pub fn difference_interval(a: Proportion, b: Proportion, z: f64) -> Interval {
+fn newcombe(a: Proportion, b: Proportion, ia: Interval, ib: Interval) -> Interval {
     let (pa, pb) = (a.rate(), b.rate());
-    let (la, ua) = wilson_interval(a.successes, a.n, z);
-    let (lb, ub) = wilson_interval(b.successes, b.n, z);
     let d = pb - pa;
     Interval {
-        lower: d - ((pb - lb).powi(2) + (ua - pa).powi(2)).sqrt(),
-        upper: d + ((ub - pb).powi(2) + (pa - la).powi(2)).sqrt(),
+        lower: d - ((pb - ib.lower).powi(2) + (ia.upper - pa).powi(2)).sqrt(),
+        upper: d + ((ib.upper - pb).powi(2) + (pa - ia.lower).powi(2)).sqrt(),
     }
 }
 
-// === tests of two proportions ===
+// === confidence sequences ===
 
-/// The pooled two-proportion z statistic for `rate(b) − rate(a)`:
+/// ln Γ(x) for `x > 0`: Stirling's series from [`STIRLING_FROM`] on (four correction terms;
+/// the next, `1/(1188 x⁹)`, is below 1e-12), Lanczos' approximation below (g = 7, nine terms;
+/// relative error about 1e-15), with the reflection formula below 1/2.
+fn ln_gamma(x: f64) -> f64 {
+    if x >= STIRLING_FROM {
+        let r = 1.0 / x;
+        let r2 = r * r;
+        let series = r * (1.0 / 12.0 - r2 * (1.0 / 360.0 - r2 * (1.0 / 1260.0 - r2 / 1680.0)));
+        return (x - 0.5) * x.ln() - x + LN_SQRT_2PI + series;
+    }
+    const G: f64 = 7.0;
+    const C: [f64; 9] = [
+        0.999_999_999_999_809_9,
+        676.520_368_121_885_1,
+        -1_259.139_216_722_402_8,
+        771.323_428_777_653_1,
+        -176.615_029_162_140_6,
+        12.507_343_278_686_905,
+        -0.138_571_095_265_720_12,
+        9.984_369_578_019_572e-6,
+        1.505_632_735_149_311_6e-7,
+    ];
+    if x < 0.5 {
+        // Γ(x)Γ(1 − x) = π / sin(πx).
+        let pi = std::f64::consts::PI;
+        return (pi / (pi * x).sin()).ln() - ln_gamma(1.0 - x);
+    }
+    let x = x - 1.0;
+    let t = x + G + 0.5;
+    let mut sum = C[0];
+    for (i, c) in C.iter().enumerate().skip(1) {
+        sum += c / (x + i as f64);
+    }
+    LN_SQRT_2PI + (x + 0.5) * t.ln() - t + sum.ln()
+}
+
+/// `ln Mₙ(p)`: the log of the beta-binomial mixture martingale of the module doc at rate `p`
+/// (in `(0, 1)`) after `successes` successes and `failures` failures. At most 0 at `p = s/n`;
+/// it grows as `p` moves away from it (checked on a grid by the tests), and `p` is outside the
+/// sequence at level `α` exactly when it reaches `ln(1/α)`.
+pub fn ln_mixture(successes: u64, failures: u64, p: f64) -> f64 {
+    ln_mixture_from(
+        successes,
+        failures,
+        p,
+        mixture_constant(successes + failures),
+    )
+}
+
+/// The part of `ln Mₙ(p)` that does not depend on `p`: `ln Γ(c) − ln Γ(c + n)`.
+fn mixture_constant(n: u64) -> f64 {
+    ln_gamma(MIXTURE_SESSIONS) - ln_gamma(MIXTURE_SESSIONS + n as f64)
+}
+
+/// [`ln_mixture`] with its constant part computed once: `ln B(c·p + s, c·(1 − p) + f) −
+/// ln B(c·p, c·(1 − p)) − s·ln p − f·ln(1 − p)`, the two `ln Γ` of sums `c + n` and `c` taken
+/// out (they are the same at every `p`).
+fn ln_mixture_from(successes: u64, failures: u64, p: f64, constant: f64) -> f64 {
+    let (s, f) = (successes as f64, failures as f64);
+    let (a, b) = (MIXTURE_SESSIONS * p, MIXTURE_SESSIONS * (1.0 - p));
+    let mut ln = ln_gamma(a + s) + ln_gamma(b + f) - ln_gamma(a) - ln_gamma(b) + constant;
+    if s > 0.0 {
+        ln -= s * p.ln();
+    }
+    if f > 0.0 {
+        ln -= f * (-p).ln_1p();
+    }
+    ln
+}
+
+/// The confidence sequence of a rate at level `1 − alpha`, at `successes` out of `n`: the rates
+/// `p` with `Mₙ(p) < 1/α` (see the module doc), as `(lower, upper)`. `n = 0` gives `(0, 1)`;
+/// successes above `n` are clamped.
 ///
-/// ```text
-/// p̄ = (sa + sb)/(na + nb),   z = (p̂b − p̂a) / √(p̄(1 − p̄)(1/na + 1/nb))
-/// ```
-///
-/// (Agresti 2013, §2.1.) 0 when either arm is empty or the pooled rate is 0 or 1 (no
-/// variation, so no evidence).
-pub fn two_proportion_z(a: Proportion, b: Proportion) -> f64 {
-    if a.n == 0 || b.n == 0 {
-        return 0.0;
+/// Each bound is the one crossing of `ln Mₙ = ln(1/α)` on its side of the estimate. The search
+/// starts from a Wilson interval at the `z` of a normal mixture of the same weight (close to the
+/// answer, so a handful of evaluations bracket it), then narrows the bracket by the Illinois
+/// method (regula falsi that halves the stale end's value) to 1e-9, and reports the outer end.
+pub fn confidence_sequence(successes: u64, n: u64, alpha: f64) -> (f64, f64) {
+    if n == 0 || alpha.is_nan() || alpha <= 0.0 {
+        return (0.0, 1.0);
     }
-    let (na, nb) = (a.n as f64, b.n as f64);
-    let pooled = (a.successes.min(a.n) as f64 + b.successes.min(b.n) as f64) / (na + nb);
-    let variance = pooled * (1.0 - pooled) * (1.0 / na + 1.0 / nb);
-    if variance <= 0.0 {
-        return 0.0;
-    }
-    (b.rate() - a.rate()) / variance.sqrt()
+    let s = successes.min(n);
+    let f = n - s;
+    let level = (1.0 / alpha.min(1.0)).ln();
+    let constant = mixture_constant(n);
+    let excess = |p: f64| ln_mixture_from(s, f, p, constant) - level;
+    let p_hat = (s as f64 / n as f64).clamp(RATE_EDGE, 1.0 - RATE_EDGE);
+    // The normal mixture's boundary: z² = 2(1 + r)(ln(1/α) + ½ ln((1 + r)/r)), r = (c + 1)/n.
+    let r = (MIXTURE_SESSIONS + 1.0) / n as f64;
+    let z = (2.0 * (1.0 + r) * (level + 0.5 * ((1.0 + r) / r).ln())).sqrt();
+    let (guess_lo, guess_hi) = wilson_interval(s, n, z);
+    let lower = if s == 0 {
+        0.0
+    } else {
+        crossing(&excess, RATE_EDGE, guess_lo, p_hat).unwrap_or(0.0)
+    };
+    let upper = if f == 0 {
+        1.0
+    } else {
+        crossing(&excess, 1.0 - RATE_EDGE, guess_hi, p_hat).unwrap_or(1.0)
+    };
+    (lower, upper)
 }
 
-/// The two-sided p-value of the pooled two-proportion z-test: `2·Φ(−|z|)`. Symmetric in its
-/// arguments; 1 when there is no evidence either way.
-pub fn two_proportion_p_value(a: Proportion, b: Proportion) -> f64 {
-    (2.0 * normal_cdf(-two_proportion_z(a, b).abs())).min(1.0)
+/// Where `g` crosses 0 between `edge` and `estimate` (`g(estimate) < 0`), starting near
+/// `guess`, on the outer side (`g ≥ 0` there); `None` when `g(edge) < 0` too (the sequence
+/// reaches the edge).
+fn crossing(g: &impl Fn(f64) -> f64, edge: f64, guess: f64, estimate: f64) -> Option<f64> {
+    let (mut ins, mut g_in) = (estimate, g(estimate));
+    if g_in.is_nan() || g_in >= 0.0 {
+        // The estimate itself is outside: only rounding can do this; no narrower bound.
+        return Some(estimate);
+    }
+    // Bracket: step out from the estimate to just short of the guess, then a little past it,
+    // then twice as far each time, until outside (or at the edge).
+    let mut step = (guess - estimate) * 0.95;
+    if step.is_nan() || step.abs() <= BOUND_TOLERANCE {
+        step = (edge - estimate) * 1e-3;
+    }
+    let mut growth = [1.15, 1.3].into_iter();
+    let (mut out, mut g_out) = loop {
+        let x = estimate + step;
+        let beyond = (x - edge) * (estimate - edge) <= 0.0;
+        let x = if beyond { edge } else { x };
+        let gx = g(x);
+        if !gx.is_nan() && gx >= 0.0 {
+            break (x, gx);
+        }
+        if beyond {
+            // NaN (no evidence to compute) counts as inside: the wider interval.
+            return None;
+        }
+        ins = x;
+        g_in = if gx.is_nan() { -1.0 } else { gx };
+        step *= growth.next().unwrap_or(2.0);
+    };
+    // Which end moved last: the other one's value is halved when the same end moves twice.
+    let mut last_out = None;
+    for _ in 0..200 {
+        if (out - ins).abs() <= BOUND_TOLERANCE {
+            break;
+        }
+        let mut x = (out * g_in - ins * g_out) / (g_in - g_out);
+        let (lo, hi) = (out.min(ins), out.max(ins));
+        if x.is_nan() || x <= lo || x >= hi {
+            x = 0.5 * (out + ins);
+        }
+        let gx = g(x);
+        if gx.is_nan() || gx < 0.0 {
+            ins = x;
+            g_in = if gx.is_nan() { -1.0 } else { gx };
+            if last_out == Some(false) {
+                g_out *= 0.5;
+            }
+            last_out = Some(false);
+        } else {
+            out = x;
+            g_out = gx;
+            if last_out == Some(true) {
+                g_in *= 0.5;
+            }
+            last_out = Some(true);
+        }
+    }
+    Some(out)
 }
+
+/// The anytime-valid interval of `rate(b) − rate(a)` at level `1 − alpha`: the two arms'
+/// [`confidence_sequence`]s at `alpha` combined as Newcombe combines Wilson intervals (see the
+/// module doc for what that combination assumes, and `simulate.rs` for its check).
+pub fn difference_interval(a: Proportion, b: Proportion, alpha: f64) -> Interval {
+    newcombe(a, b, a.sequence(alpha), b.sequence(alpha))
+}
+
+/// The always-valid p-value, at this look, of "`rate(b) − rate(a)` is `null`" (0: the same
+/// rate; `−δ` for non-inferiority): the smallest level at which [`difference_interval`]
+/// excludes `null` (Johari et al.), found by bisection on its logarithm to about 0.2%. 1 when
+/// the estimate is `null` or an arm is empty; at least [`P_VALUE_FLOOR`].
+pub fn always_valid_p_value(a: Proportion, b: Proportion, null: f64) -> f64 {
+    let excludes = |alpha: f64| {
+        let i = difference_interval(a, b, alpha);
+        i.lower > null || i.upper < null
+    };
+    if a.n == 0 || b.n == 0 || b.rate() - a.rate() == null || !excludes(1.0) {
+        return 1.0;
+    }
+    if excludes(P_VALUE_FLOOR) {
+        return P_VALUE_FLOOR;
+    }
+    // ln α: `lo` does not exclude 0, `hi` does.
+    let (mut lo, mut hi) = (P_VALUE_FLOOR.ln(), 0.0_f64);
+    for _ in 0..14 {
+        let mid = 0.5 * (lo + hi);
+        if excludes(mid.exp()) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    hi.exp()
+}
+
+/// The always-valid p-value, at this look, of "the rate is `level`": `1 / Mₙ(level)`, the
+/// smallest level at which the sequence excludes `level` (exact). 1 when `level` is not in
+/// `(0, 1)`.
+pub fn level_p_value(p: Proportion, level: f64) -> f64 {
+    if level.is_nan() || level <= 0.0 || level >= 1.0 {
+        return 1.0;
+    }
+    (-ln_mixture(p.successes, p.failures(), level))
+        .exp()
+        .clamp(P_VALUE_FLOOR, 1.0)
+}
+
+// === impl Intersections ===
+
+/// The running intersection of the confidence sequences of the comparisons made, by key (see
+/// the module doc): the intervals earlier looks kept, and the ones this look meets.
+///
+/// A key names one comparison at one level (say `window|best|success|model|a|b|m1`); the caller
+/// keeps the same key for the same comparison, oriented the same way, and carries the intervals
+/// only while the sessions compared only grow. Keys not met at this look are not carried
+/// further.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Intersections {
+    earlier: BTreeMap<String, Interval>,
+    met: BTreeMap<String, Interval>,
+}
+
+impl Intersections {
+    /// No earlier look: every interval is this look's own.
+    pub fn fresh() -> Self {
+        Self::default()
+    }
+
+    /// Starting from the intervals of earlier looks at the same sessions (or fewer of them).
+    pub fn carried(earlier: BTreeMap<String, Interval>) -> Self {
+        Self {
+            earlier,
+            met: BTreeMap::new(),
+        }
+    }
+
+    /// This look's interval for `key` intersected with the earlier looks'. When they do not
+    /// overlap (the sessions no longer behave like the earlier ones, or the sequence was in its
+    /// `α`), the comparison restarts from this look.
+    pub fn meet(&mut self, key: &str, now: Interval) -> Interval {
+        let met = self
+            .earlier
+            .get(key)
+            .and_then(|earlier| earlier.intersect(now))
+            .unwrap_or(now);
+        self.met.insert(key.to_owned(), met);
+        met
+    }
+
+    /// Carries the earlier looks' interval for `key` to the next look unchanged, when this look
+    /// did not need its own (an intersection over some of the looks is still a confidence
+    /// sequence).
+    pub fn carry(&mut self, key: &str) {
+        if let Some(earlier) = self.earlier.get(key) {
+            self.met.insert(key.to_owned(), *earlier);
+        }
+    }
+
+    /// The intervals met at this look, to carry to the next.
+    pub fn into_met(self) -> BTreeMap<String, Interval> {
+        self.met
+    }
+}
+
+// === posterior ===
 
 /// The posterior probability that `b`'s rate exceeds `a`'s, `P(θb > θa)`, with each rate
-/// `θ ~ Beta(1 + successes, 1 + failures)` (a uniform prior updated by the counts).
+/// `θ ~ Beta(1 + successes, 1 + failures)` (a uniform prior updated by the counts). A Bayesian
+/// posterior is not changed by when one looks, so it needs no correction for repeated looks;
+/// it is shown beside the intervals, never decided on.
 ///
 /// Computed deterministically, without sampling, as
 /// `P = ∫ fb(x)·Fa(x) dx` by the midpoint rule on a grid of 4096 points spanning both
@@ -369,7 +708,7 @@ pub struct ArmEvidence {
     pub successes: u64,
     pub n: u64,
     pub rate: f64,
-    /// Wilson interval at the comparison's confidence.
+    /// Anytime-valid interval of the rate at this look, at the comparison's confidence.
     pub interval: Interval,
 }
 
@@ -382,38 +721,46 @@ pub struct Evidence {
     pub b: ArmEvidence,
     /// `rate(b) − rate(a)`.
     pub difference: f64,
-    /// Newcombe interval of the difference at [`Evidence::confidence`].
+    /// Anytime-valid interval of the difference at [`Evidence::confidence`]: the running
+    /// intersection over the looks at this growing set of sessions.
     pub difference_interval: Interval,
-    /// Two-sided confidence of every interval here, Bonferroni-adjusted:
-    /// `1 − FAMILY_ALPHA / comparisons`.
+    /// Confidence of each interval here, Bonferroni-adjusted: `1 − FAMILY_ALPHA / comparisons`
+    /// (so `1 − FAMILY_ALPHA` family-wise), valid at every look at once.
     pub confidence: f64,
     /// Comparisons made for the same question (the Bonferroni `m`).
     pub comparisons: u32,
-    /// Two-sided p-value of the pooled z-test, unadjusted (compare it with
-    /// `1 − confidence`).
+    /// Always-valid p-value at this look of what the comparison rules out (equal rates; for
+    /// non-inferiority, `b` worse by the margin), unadjusted (compare it with `1 − confidence`).
     pub p_value: f64,
     /// Posterior probability that `b`'s rate is above `a`'s ([`prob_greater`]).
     pub prob_b_greater: f64,
 }
 
-/// The evidence comparing `b` with `a`, whatever it shows, with intervals at the confidence
-/// adjusted for `comparisons`.
-pub fn evidence(a: Proportion, b: Proportion, comparisons: u32) -> Evidence {
-    let z = bonferroni_z(comparisons);
+/// The evidence comparing `b` with `a` at the confidence adjusted for `comparisons`, with the
+/// (intersected) difference interval `difference_interval`; the p-value is that of the
+/// difference `null`.
+pub fn evidence(
+    a: Proportion,
+    b: Proportion,
+    comparisons: u32,
+    difference_interval: Interval,
+    null: f64,
+) -> Evidence {
+    let alpha = bonferroni_alpha(comparisons);
     let arm = |p: Proportion| ArmEvidence {
         successes: p.successes,
         n: p.n,
         rate: p.rate(),
-        interval: p.wilson(z),
+        interval: p.sequence(alpha),
     };
     Evidence {
         a: arm(a),
         b: arm(b),
         difference: b.rate() - a.rate(),
-        difference_interval: difference_interval(a, b, z),
-        confidence: 1.0 - bonferroni_alpha(comparisons),
+        difference_interval,
+        confidence: 1.0 - alpha,
         comparisons: comparisons.max(1),
-        p_value: two_proportion_p_value(a, b),
+        p_value: always_valid_p_value(a, b, null),
         prob_b_greater: prob_greater(a, b),
     }
 }
@@ -439,33 +786,67 @@ fn enough_samples(a: Proportion, b: Proportion) -> bool {
     a.n >= MIN_SAMPLES_PER_ARM && b.n >= MIN_SAMPLES_PER_ARM
 }
 
+/// This look's interval of `rate(b) − rate(a)` at the level of `comparisons`, met with the
+/// earlier looks' under `key`.
+fn met_difference(
+    a: Proportion,
+    b: Proportion,
+    comparisons: u32,
+    key: &str,
+    run: &mut Intersections,
+) -> Interval {
+    run.meet(
+        key,
+        difference_interval(a, b, bonferroni_alpha(comparisons)),
+    )
+}
+
+/// The direction the interval `i` of `rate(b) − rate(a)` supports, when the estimate agrees
+/// (an intersection kept from earlier looks can exclude 0 while this look's estimate has
+/// crossed it: then no claim, rather than one the figures shown contradict).
+fn direction_of(i: Interval, difference: f64) -> Option<Direction> {
+    if i.lower > 0.0 && difference > 0.0 {
+        Some(Direction::Higher)
+    } else if i.upper < 0.0 && difference < 0.0 {
+        Some(Direction::Lower)
+    } else {
+        None
+    }
+}
+
 /// Whether `b`'s rate differs from `a`'s: both arms have [`MIN_SAMPLES_PER_ARM`], and the
-/// difference interval, at confidence adjusted for `comparisons`, excludes zero. `None` means
-/// the evidence does not support a difference.
-pub fn differs(a: Proportion, b: Proportion, comparisons: u32) -> Option<Shift> {
+/// anytime-valid difference interval (level adjusted for `comparisons`, intersected over the
+/// looks under `key`) excludes zero. `None` means the evidence does not support a difference.
+pub fn differs(
+    a: Proportion,
+    b: Proportion,
+    comparisons: u32,
+    key: &str,
+    run: &mut Intersections,
+) -> Option<Shift> {
     if !enough_samples(a, b) {
         return None;
     }
     // Decide on the interval alone; the full evidence (posterior included) only when it fires.
-    let interval = difference_interval(a, b, bonferroni_z(comparisons));
-    let direction = if interval.lower > 0.0 {
-        Direction::Higher
-    } else if interval.upper < 0.0 {
-        Direction::Lower
-    } else {
-        return None;
-    };
+    let interval = met_difference(a, b, comparisons, key, run);
+    let direction = direction_of(interval, b.rate() - a.rate())?;
     Some(Shift {
         direction,
-        evidence: evidence(a, b, comparisons),
+        evidence: evidence(a, b, comparisons, interval, 0.0),
     })
 }
 
 /// Whether `b`'s rate is higher than `a`'s ([`differs`], one direction). The interval is
 /// two-sided, so this holds the family level even when the direction was picked after looking
-/// at the data (as when `b` is the leader).
-pub fn better(a: Proportion, b: Proportion, comparisons: u32) -> Option<Evidence> {
-    differs(a, b, comparisons)
+/// at the data.
+pub fn better(
+    a: Proportion,
+    b: Proportion,
+    comparisons: u32,
+    key: &str,
+    run: &mut Intersections,
+) -> Option<Evidence> {
+    differs(a, b, comparisons, key, run)
         .filter(|shift| shift.direction == Direction::Higher)
         .map(|shift| shift.evidence)
 }
@@ -490,22 +871,47 @@ pub struct Beaten {
 
 /// Which arm (model, provider) is best, if the evidence says so.
 ///
-/// Arms with fewer than [`MIN_SAMPLES_PER_ARM`] are left out (on sample size alone, so leaving
-/// them out does not bias the test). Of the `k` remaining arms, the one with the highest rate must
-/// [`better`] every other, with the Bonferroni `m = k(k − 1)/2`: the leader is chosen by
-/// looking at the data, so every pair could have been the one tested. `None` with fewer than
-/// two eligible arms, or when the leader does not separate from all of them.
-pub fn best_arm(arms: &[Proportion]) -> Option<Best> {
+/// `arms` are `(label, counts)`; arms with fewer than [`MIN_SAMPLES_PER_ARM`] are left out (on
+/// sample size alone, so leaving them out does not bias the test). Every pair of the `k`
+/// remaining arms is compared at the Bonferroni `m = k(k − 1)/2` (the winner is found by looking
+/// at the data, so every pair could have been the one tested), each pair's interval kept under
+/// `"{key}|{label}|{label}|m{m}"` (labels in order, the interval oriented as the later minus the
+/// earlier). The best arm is the one whose interval against every other arm lies above 0 and
+/// whose rate is the highest; `None` with fewer than two eligible arms, or when no arm beats
+/// all the others.
+pub fn best_arm(arms: &[(&str, Proportion)], key: &str, run: &mut Intersections) -> Option<Best> {
     let eligible: Vec<usize> = (0..arms.len())
-        .filter(|&i| arms[i].n >= MIN_SAMPLES_PER_ARM)
+        .filter(|&i| arms[i].1.n >= MIN_SAMPLES_PER_ARM)
         .collect();
     let k = eligible.len() as u64;
     if k < 2 {
         return None;
     }
     let comparisons = u32::try_from(k * (k - 1) / 2).unwrap_or(u32::MAX);
+    // above[i][j]: the interval of rate(j) − rate(i).
+    let mut above: BTreeMap<(usize, usize), Interval> = BTreeMap::new();
+    for (x, &i) in eligible.iter().enumerate() {
+        for &j in &eligible[x + 1..] {
+            // Key and orientation by label, so the same pair keeps its key as arms come and go.
+            let (lo, hi) = if arms[i].0 <= arms[j].0 {
+                (i, j)
+            } else {
+                (j, i)
+            };
+            let pair_key = format!("{key}|{}|{}|m{comparisons}", arms[lo].0, arms[hi].0);
+            let met = met_difference(arms[lo].1, arms[hi].1, comparisons, &pair_key, run);
+            above.insert((lo, hi), met);
+            above.insert(
+                (hi, lo),
+                Interval {
+                    lower: -met.upper,
+                    upper: -met.lower,
+                },
+            );
+        }
+    }
     let leader = eligible.iter().copied().reduce(|best, i| {
-        if arms[i].rate() > arms[best].rate() {
+        if arms[i].1.rate() > arms[best].1.rate() {
             i
         } else {
             best
@@ -515,7 +921,12 @@ pub fn best_arm(arms: &[Proportion]) -> Option<Best> {
         .iter()
         .filter(|&&i| i != leader)
         .map(|&i| {
-            better(arms[i], arms[leader], comparisons).map(|evidence| Beaten { arm: i, evidence })
+            let interval = *above.get(&(i, leader))?;
+            let difference = arms[leader].1.rate() - arms[i].1.rate();
+            (direction_of(interval, difference) == Some(Direction::Higher)).then(|| Beaten {
+                arm: i,
+                evidence: evidence(arms[i].1, arms[leader].1, comparisons, interval, 0.0),
+            })
         })
         .collect::<Option<Vec<_>>>()?;
     Some(Best {
@@ -525,50 +936,84 @@ pub fn best_arm(arms: &[Proportion]) -> Option<Best> {
     })
 }
 
-/// Whether `candidate` (say, a cheaper model) performs as well as `reference` (the best): its
-/// rate is not lower by more than [`NON_INFERIORITY_MARGIN`], i.e. the lower bound of the
-/// difference interval `rate(candidate) − rate(reference)` is above `−δ`.
+/// Whether `candidate` (say, a cheaper model) performs as well as `reference`: its rate is not
+/// lower by more than [`NON_INFERIORITY_MARGIN`], i.e. the lower bound of the anytime-valid
+/// interval of `rate(candidate) − rate(reference)` (intersected over the looks under `key`) is
+/// above `−δ`, and so is the estimate.
 ///
-/// The lower bound of a two-sided `1 − α/m` interval is a one-sided test at `α/(2m)`: 2.5% for
-/// one candidate, the usual level for non-inferiority (ICH E9). Pass the number of candidates
-/// as `comparisons`. "As good" needs more evidence than "better": with equal true rates near
-/// 0.5, the bound clears 5 points half the time at about 800 observations per arm, and nine
-/// times in ten at about 2,000.
+/// The lower bound of a two-sided `1 − α/m` sequence errs on that side with probability at
+/// most `α/m` (about half of it in practice). Pass the number of candidate pairs as
+/// `comparisons`. "As good" needs more evidence than "better": with equal true rates near 0.7,
+/// the bound clears 5 points half the time at about 1,700 sessions per arm, and nine times in
+/// ten at about 3,500.
 pub fn performs_as_well(
     reference: Proportion,
     candidate: Proportion,
     comparisons: u32,
+    key: &str,
+    run: &mut Intersections,
 ) -> Option<Evidence> {
     if !enough_samples(reference, candidate) {
         return None;
     }
-    let interval = difference_interval(reference, candidate, bonferroni_z(comparisons));
-    (interval.lower > -NON_INFERIORITY_MARGIN).then(|| evidence(reference, candidate, comparisons))
+    let interval = met_difference(reference, candidate, comparisons, key, run);
+    let difference = candidate.rate() - reference.rate();
+    (interval.lower > -NON_INFERIORITY_MARGIN && difference > -NON_INFERIORITY_MARGIN).then(|| {
+        evidence(
+            reference,
+            candidate,
+            comparisons,
+            interval,
+            -NON_INFERIORITY_MARGIN,
+        )
+    })
 }
 
-/// Whether a rate has moved between the `previous` window and the `recent` one (two windows of
-/// equal length, back to back): [`differs`] with `a` the previous window.
-pub fn trend(previous: Proportion, recent: Proportion, comparisons: u32) -> Option<Shift> {
-    differs(previous, recent, comparisons)
+/// Whether a rate has moved from the `previous` period to the `recent` one: [`differs`] with
+/// `a` the previous period.
+pub fn trend(
+    previous: Proportion,
+    recent: Proportion,
+    comparisons: u32,
+    key: &str,
+    run: &mut Intersections,
+) -> Option<Shift> {
+    differs(previous, recent, comparisons, key, run)
 }
 
 /// A rate shown to be above a level.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct AboveLevel {
+    /// The arm; its interval is the running intersection over the looks.
     pub arm: ArmEvidence,
     pub level: f64,
-    /// Two-sided confidence of the interval, Bonferroni-adjusted.
+    /// Confidence of the interval, Bonferroni-adjusted, valid at every look at once.
     pub confidence: f64,
+    /// Always-valid p-value of "the rate is the level" at this look.
+    pub p_value: f64,
 }
 
 /// Whether a rate (say, regenerations) is above `level`: at least [`MIN_SAMPLES_PER_ARM`]
-/// observations and the Wilson lower bound, at confidence adjusted for `comparisons`, above it.
-pub fn exceeds(p: Proportion, level: f64, comparisons: u32) -> Option<AboveLevel> {
+/// observations, and the lower bound of the rate's confidence sequence (level adjusted for
+/// `comparisons`, intersected over the looks under `key`) and the rate itself above it.
+pub fn exceeds(
+    p: Proportion,
+    level: f64,
+    comparisons: u32,
+    key: &str,
+    run: &mut Intersections,
+) -> Option<AboveLevel> {
     if p.n < MIN_SAMPLES_PER_ARM {
         return None;
     }
-    let interval = p.wilson(bonferroni_z(comparisons));
-    (interval.lower > level).then(|| AboveLevel {
+    if p.rate() <= level {
+        // No claim is possible whatever the interval; keep the earlier one for the next look.
+        run.carry(key);
+        return None;
+    }
+    let alpha = bonferroni_alpha(comparisons);
+    let interval = run.meet(key, p.sequence(alpha));
+    (interval.lower > level && p.rate() > level).then(|| AboveLevel {
         arm: ArmEvidence {
             successes: p.successes,
             n: p.n,
@@ -576,25 +1021,14 @@ pub fn exceeds(p: Proportion, level: f64, comparisons: u32) -> Option<AboveLevel
             interval,
         },
         level,
-        confidence: 1.0 - bonferroni_alpha(comparisons),
+        confidence: 1.0 - alpha,
+        p_value: level_p_value(p, level),
     })
-}
-
-/// Whether slow time to first byte raises abandonment.
-///
-/// `buckets` are abandonment counts (`successes` = abandoned sessions, `n` = sessions) by time
-/// to first byte, fastest first. They are pooled into a fast and a slow half, cut between
-/// buckets where the two halves' sizes are closest, and the slow half must have the
-/// [`better`] (here: higher) abandonment rate. `None` with fewer than two buckets or without
-/// the evidence. In the result `a` is the fast half and `b` the slow one.
-pub fn slow_ttfb_raises_abandonment(buckets: &[Proportion], comparisons: u32) -> Option<Evidence> {
-    let (_, fast, slow) = split_halves(buckets)?;
-    better(fast, slow, comparisons)
 }
 
 /// Pools ordered buckets into two halves of sizes as equal as whole buckets allow: the index of
 /// the first bucket of the second half, then the two pooled halves. `None` with fewer than two
-/// buckets.
+/// buckets. The cut depends on the sizes only, never on what is counted.
 pub fn split_halves(buckets: &[Proportion]) -> Option<(usize, Proportion, Proportion)> {
     if buckets.len() < 2 {
         return None;
@@ -718,375 +1152,4 @@ pub fn micros_per(total_micros: u64, count: u64) -> Option<u64> {
     }
     let (total, count) = (u128::from(total_micros), u128::from(count));
     u64::try_from((2 * total + count) / (2 * count)).ok()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use rand::rngs::StdRng;
-    use rand::{Rng, SeedableRng};
-
-    fn close(a: f64, b: f64, tol: f64) -> bool {
-        (a - b).abs() <= tol
-    }
-
-    #[test]
-    fn normal_cdf_and_quantile_known_values() {
-        assert_eq!(normal_cdf(0.0), 0.5);
-        assert!(close(normal_cdf(1.96), 0.975_002_104_851_780, 1e-14));
-        assert!(close(normal_cdf(-1.0), 0.158_655_253_931_457, 1e-14));
-        assert!(close(normal_cdf(-3.0), 0.001_349_898_031_630_095, 1e-15));
-        assert_eq!(normal_cdf(-9.0), 0.0);
-        assert_eq!(normal_cdf(9.0), 1.0);
-        assert!(normal_cdf(f64::NAN).is_nan());
-        assert!(close(normal_quantile(0.975), 1.959_963_984_540_054, 1e-12));
-        assert!(close(normal_quantile(0.5), 0.0, 1e-15));
-        assert!(close(normal_quantile(0.05), -1.644_853_626_951_472, 1e-12));
-        assert_eq!(normal_quantile(0.0), f64::NEG_INFINITY);
-        assert!(normal_quantile(1.5).is_nan());
-        assert!(close(bonferroni_z(1), 1.959_963_984_540_054, 1e-12));
-        // α = 0.05/3 two-sided.
-        assert!(close(bonferroni_z(3), 2.393_979_799_818_51, 1e-9));
-        assert_eq!(bonferroni_alpha(0), FAMILY_ALPHA);
-    }
-
-    #[test]
-    fn wilson_known_values() {
-        let (lo, hi) = wilson_interval(10, 100, 1.96);
-        assert!(
-            close(lo, 0.0552, 1e-4) && close(hi, 0.1744, 1e-4),
-            "{lo} {hi}"
-        );
-        let (lo, hi) = wilson_interval(50, 100, 1.96);
-        assert!(
-            close(lo, 0.4038, 1e-4) && close(hi, 0.5962, 1e-4),
-            "{lo} {hi}"
-        );
-    }
-
-    #[test]
-    fn wilson_edges() {
-        assert_eq!(wilson_interval(0, 0, 1.96), (0.0, 1.0));
-        let z: f64 = 1.96;
-        let (lo, hi) = wilson_interval(10, 10, z);
-        assert_eq!(hi, 1.0);
-        assert!(close(lo, 10.0 / (10.0 + z * z), 1e-12));
-        let (lo, hi) = wilson_interval(0, 10, z);
-        assert_eq!(lo, 0.0);
-        assert!(close(hi, z * z / (10.0 + z * z), 1e-12));
-        // Successes above n are clamped.
-        assert_eq!(wilson_interval(11, 10, z), wilson_interval(10, 10, z));
-        assert_eq!(Proportion::new(11, 10), Proportion::new(10, 10));
-        assert_eq!(Proportion::new(0, 0).rate(), 0.0);
-    }
-
-    #[test]
-    fn wilson_is_symmetric_and_nested() {
-        for n in [1u64, 7, 30, 101] {
-            for s in 0..=n {
-                let (lo, hi) = wilson_interval(s, n, 1.96);
-                let (mlo, mhi) = wilson_interval(n - s, n, 1.96);
-                assert!(close(lo, 1.0 - mhi, 1e-12) && close(hi, 1.0 - mlo, 1e-12));
-                let p = s as f64 / n as f64;
-                assert!(lo <= p && p <= hi);
-                let (wlo, whi) = wilson_interval(s, n, 2.5);
-                assert!(wlo <= lo && hi <= whi);
-            }
-        }
-    }
-
-    #[test]
-    fn newcombe_known_value() {
-        // Newcombe (1998), example (a): 56/70 − 48/80, method 10: 0.0524 to 0.3339.
-        let i = difference_interval(Proportion::new(48, 80), Proportion::new(56, 70), 1.96);
-        assert!(
-            close(i.lower, 0.0524, 1e-4) && close(i.upper, 0.3339, 1e-4),
-            "{i:?}"
-        );
-        // Swapping the arms mirrors the interval.
-        let j = difference_interval(Proportion::new(56, 70), Proportion::new(48, 80), 1.96);
-        assert!(close(i.lower, -j.upper, 1e-12) && close(i.upper, -j.lower, 1e-12));
-    }
-
-    #[test]
-    fn z_test_known_value_and_symmetry() {
-        let (a, b) = (Proportion::new(48, 80), Proportion::new(56, 70));
-        // p̄ = 104/150, se = 0.075469, z = 0.2 / se.
-        assert!(close(two_proportion_z(a, b), 2.650_08, 1e-4));
-        assert!(close(
-            two_proportion_z(b, a),
-            -two_proportion_z(a, b),
-            1e-15
-        ));
-        assert!(close(two_proportion_p_value(a, b), 0.008_05, 1e-4));
-        assert_eq!(two_proportion_p_value(a, b), two_proportion_p_value(b, a));
-        // No variation or no data: no evidence.
-        assert_eq!(
-            two_proportion_p_value(Proportion::new(10, 10), Proportion::new(30, 30)),
-            1.0
-        );
-        assert_eq!(
-            two_proportion_p_value(Proportion::new(0, 0), Proportion::new(3, 30)),
-            1.0
-        );
-    }
-
-    #[test]
-    fn posterior_closed_forms() {
-        // θa ~ U(0,1), θb ~ Beta(2,1): P(θb > θa) = ∫ 2x·x dx = 2/3.
-        let p = prob_greater(Proportion::new(0, 0), Proportion::new(1, 1));
-        assert!(close(p, 2.0 / 3.0, 1e-6), "{p}");
-        // θa ~ Beta(2,1), θb ~ Beta(1,2): ∫ 2x(1 − x)² dx = 1/6.
-        let p = prob_greater(Proportion::new(1, 1), Proportion::new(0, 1));
-        assert!(close(p, 1.0 / 6.0, 1e-6), "{p}");
-    }
-
-    #[test]
-    fn posterior_symmetry_and_agreement() {
-        let arms = [
-            Proportion::new(0, 0),
-            Proportion::new(3, 40),
-            Proportion::new(120, 200),
-            Proportion::new(140, 200),
-            Proportion::new(600_000, 1_000_000),
-            Proportion::new(5000, 5000),
-        ];
-        for a in arms {
-            assert_eq!(prob_greater(a, a), 0.5);
-            for b in arms {
-                let sum = prob_greater(a, b) + prob_greater(b, a);
-                assert!(close(sum, 1.0, 1e-9), "{a:?} {b:?}: {sum}");
-            }
-        }
-        // For n in the hundreds, the posterior and the z-test agree: P ≈ Φ(z).
-        let (a, b) = (Proportion::new(120, 200), Proportion::new(140, 200));
-        let p = prob_greater(a, b);
-        assert!(close(p, normal_cdf(two_proportion_z(a, b)), 0.01), "{p}");
-        assert!(p > 0.9 && p < 1.0);
-        // A narrow arm against a wide one.
-        let p = prob_greater(Proportion::new(15, 30), Proportion::new(600_000, 1_000_000));
-        assert!(close(p, 0.87, 0.02), "{p}");
-    }
-
-    #[test]
-    fn decisions_need_samples_per_arm() {
-        let big = Proportion::new(29, 29);
-        let small = Proportion::new(0, 29);
-        assert_eq!(better(small, big, 1), None);
-        assert!(better(Proportion::new(0, 30), Proportion::new(30, 30), 1).is_some());
-        assert_eq!(performs_as_well(big, big, 1), None);
-        assert_eq!(trend(small, big, 1), None);
-        assert_eq!(exceeds(big, 0.5, 1), None);
-        assert_eq!(best_arm(&[big, small]), None);
-        assert_eq!(best_arm(&[Proportion::new(30, 30)]), None);
-        assert_eq!(best_arm(&[]), None);
-    }
-
-    #[test]
-    fn better_is_directional_and_carries_evidence() {
-        let (a, b) = (Proportion::new(100, 200), Proportion::new(140, 200));
-        let e = better(a, b, 1).unwrap();
-        assert_eq!((e.a.n, e.b.n), (200, 200));
-        assert!(close(e.difference, 0.2, 1e-12));
-        assert!(e.difference_interval.lower > 0.0);
-        assert!(e.p_value < 0.05 && e.prob_b_greater > 0.99);
-        assert!(close(e.confidence, 0.95, 1e-12));
-        assert!(e.b.interval.contains(0.7));
-        assert_eq!(better(b, a, 1), None);
-        assert_eq!(differs(b, a, 1).unwrap().direction, Direction::Lower);
-        // A difference that holds alone can fail once many comparisons share the level.
-        let (a, b) = (Proportion::new(100, 200), Proportion::new(122, 200));
-        assert!(better(a, b, 1).is_some());
-        assert_eq!(better(a, b, 45), None);
-    }
-
-    #[test]
-    fn best_arm_picks_a_clear_leader_only() {
-        let arms = [
-            Proportion::new(100, 200),
-            Proportion::new(5, 10), // too few: left out
-            Proportion::new(150, 200),
-            Proportion::new(104, 200),
-        ];
-        let best = best_arm(&arms).unwrap();
-        assert_eq!(best.arm, 2);
-        assert_eq!(best.comparisons, 3);
-        let beaten: Vec<usize> = best.against.iter().map(|b| b.arm).collect();
-        assert_eq!(beaten, [0, 3]);
-        // A leader that does not separate from the runner-up is no recommendation.
-        let arms = [
-            Proportion::new(100, 200),
-            Proportion::new(150, 200),
-            Proportion::new(146, 200),
-        ];
-        assert_eq!(best_arm(&arms), None);
-    }
-
-    #[test]
-    fn non_inferiority() {
-        // Equal rates with plenty of data: as good within 5 points.
-        let e =
-            performs_as_well(Proportion::new(1200, 2000), Proportion::new(1200, 2000), 1).unwrap();
-        assert!(e.difference_interval.lower > -NON_INFERIORITY_MARGIN);
-        // Equal rates, little data: the interval is too wide to tell.
-        assert_eq!(
-            performs_as_well(Proportion::new(120, 200), Proportion::new(120, 200), 1),
-            None
-        );
-        // Clearly worse.
-        assert_eq!(
-            performs_as_well(Proportion::new(1200, 2000), Proportion::new(1000, 2000), 1),
-            None
-        );
-        // Better is also as good.
-        assert!(
-            performs_as_well(Proportion::new(1000, 2000), Proportion::new(1200, 2000), 1).is_some()
-        );
-    }
-
-    #[test]
-    fn trend_and_level() {
-        let up = trend(Proportion::new(20, 200), Proportion::new(50, 200), 1).unwrap();
-        assert_eq!(up.direction, Direction::Higher);
-        let down = trend(Proportion::new(50, 200), Proportion::new(20, 200), 1).unwrap();
-        assert_eq!(down.direction, Direction::Lower);
-        assert_eq!(
-            trend(Proportion::new(50, 200), Proportion::new(52, 200), 1),
-            None
-        );
-
-        let high = exceeds(Proportion::new(60, 200), 0.2, 1).unwrap();
-        assert!(high.arm.interval.lower > 0.2);
-        assert_eq!(exceeds(Proportion::new(45, 200), 0.2, 1), None);
-    }
-
-    #[test]
-    fn slow_first_byte_and_abandonment() {
-        // Abandonment rises with TTFB.
-        let buckets = [
-            Proportion::new(10, 100),
-            Proportion::new(12, 100),
-            Proportion::new(30, 100),
-            Proportion::new(35, 100),
-        ];
-        let e = slow_ttfb_raises_abandonment(&buckets, 1).unwrap();
-        assert_eq!((e.a.successes, e.a.n), (22, 200));
-        assert_eq!((e.b.successes, e.b.n), (65, 200));
-        // Flat, or falling: nothing.
-        let flat = [Proportion::new(20, 100); 4];
-        assert_eq!(slow_ttfb_raises_abandonment(&flat, 1), None);
-        let mut falling = buckets;
-        falling.reverse();
-        assert_eq!(slow_ttfb_raises_abandonment(&falling, 1), None);
-        assert_eq!(slow_ttfb_raises_abandonment(&buckets[..1], 1), None);
-    }
-
-    #[test]
-    fn halves_balance_whole_buckets() {
-        let buckets = [
-            Proportion::new(1, 10),
-            Proportion::new(1, 10),
-            Proportion::new(1, 50),
-            Proportion::new(1, 30),
-        ];
-        // Cuts give 10|90, 20|80, 70|30: the last is closest to even.
-        let (_, fast, slow) = split_halves(&buckets).unwrap();
-        assert_eq!((fast.n, slow.n), (70, 30));
-        assert_eq!((fast.successes, slow.successes), (3, 1));
-    }
-
-    #[test]
-    fn cost_concentration_and_gini() {
-        assert_eq!(cost_concentration(&[]), None);
-        assert_eq!(cost_concentration(&[0, 0]), None);
-        assert_eq!(gini(&[]), 0.0);
-
-        let even = cost_concentration(&[1_000_000; 50]).unwrap();
-        assert_eq!((even.users, even.top_users), (50, 5));
-        assert!(close(even.top_share, 0.1, 1e-12));
-        assert_eq!(even.gini, 0.0);
-        assert!(!even.is_concentrated());
-
-        assert!(close(gini(&[4, 1, 3, 2]), 0.25, 1e-12));
-        assert!(close(gini(&[0, 0, 0, 7]), 0.75, 1e-12));
-
-        // Two whales among forty users.
-        let mut costs = vec![10_000u64; 38];
-        costs.extend([5_000_000, 4_000_000]);
-        let c = cost_concentration(&costs).unwrap();
-        assert_eq!(c.top_users, 4);
-        assert_eq!(c.total_micros, 9_380_000);
-        assert_eq!(c.top_micros, 9_020_000);
-        assert!(c.top_share > 0.9 && c.gini > 0.8);
-        assert!(c.is_concentrated());
-
-        // The same shape among too few users is no verdict.
-        let few = cost_concentration(&[10, 10, 10, 1000]).unwrap();
-        assert_eq!(few.top_users, 1);
-        assert!(few.top_share > CONCENTRATED_TOP_SHARE && !few.is_concentrated());
-
-        // Sums do not overflow.
-        let huge = cost_concentration(&[u64::MAX; 3]).unwrap();
-        assert_eq!(huge.total_micros, u64::MAX);
-        assert!(close(huge.top_share, 1.0 / 3.0, 1e-12));
-    }
-
-    #[test]
-    fn micros_per_rounds_in_integers() {
-        assert_eq!(micros_per(10, 0), None);
-        assert_eq!(micros_per(10, 4), Some(3)); // 2.5 rounds up
-        assert_eq!(micros_per(10, 3), Some(3));
-        assert_eq!(micros_per(u64::MAX, 1), Some(u64::MAX));
-    }
-
-    // === simulation ===
-
-    const SEEDS: u64 = 200;
-    const N: u64 = 200;
-
-    fn draw(rng: &mut StdRng, p: f64, n: u64) -> Proportion {
-        Proportion::new((0..n).filter(|_| rng.random_bool(p)).count() as u64, n)
-    }
-
-    /// Seeds, of [`SEEDS`], for which `decide` fires on arms drawn with these rates.
-    fn fired(rates: &[f64], n: u64, decide: impl Fn(&[Proportion]) -> bool) -> u64 {
-        (0..SEEDS)
-            .filter(|&seed| {
-                let mut rng = StdRng::seed_from_u64(seed);
-                let arms: Vec<Proportion> = rates.iter().map(|&p| draw(&mut rng, p, n)).collect();
-                decide(&arms)
-            })
-            .count() as u64
-    }
-
-    #[test]
-    fn equal_models_rarely_produce_a_recommendation() {
-        // Three equal arms: at most 5% of seeds name a best model.
-        let fp = fired(&[0.6, 0.6, 0.6], N, |arms| best_arm(arms).is_some());
-        assert!(fp * 20 <= SEEDS, "{fp} of {SEEDS} seeds");
-        // Two equal windows: a single two-sided 5% comparison, so about 10 of 200 seeds by
-        // construction; 15 leaves room for the sampling error of 200 seeds.
-        let fp = fired(&[0.3, 0.3], N, |w| trend(w[0], w[1], 1).is_some());
-        assert!(fp <= 15, "{fp} of {SEEDS} seeds");
-    }
-
-    #[test]
-    fn a_real_difference_is_found() {
-        let hits = fired(&[0.5, 0.7], N, |arms| better(arms[0], arms[1], 1).is_some());
-        assert!(hits * 5 >= SEEDS * 4, "{hits} of {SEEDS} seeds");
-        // Among three arms, and named as the best one.
-        let hits = fired(&[0.5, 0.7, 0.5], N, |arms| {
-            best_arm(arms).is_some_and(|best| best.arm == 1)
-        });
-        assert!(hits * 5 >= SEEDS * 4, "{hits} of {SEEDS} seeds");
-    }
-
-    #[test]
-    fn a_worse_cheap_model_is_rarely_called_as_good() {
-        // Exactly the margin worse is the boundary of the null: at most 2.5% one-sided, 5% here.
-        let fp = fired(&[0.65, 0.60], 2000, |arms| {
-            performs_as_well(arms[0], arms[1], 1).is_some()
-        });
-        assert!(fp * 20 <= SEEDS, "{fp} of {SEEDS} seeds");
-    }
 }

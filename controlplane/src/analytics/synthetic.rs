@@ -473,9 +473,11 @@ pub fn demo_specs() -> Vec<AgentSpec> {
     support.slow_abandon_per_sec = 0.08;
     support.envs = vec![env("production", 0.8, 0.0), env("staging", 0.2, 0.0)];
 
+    // "As good within 5 points" takes more sessions than "better": about 4,000 per model to be
+    // likely at equal rates (anytime-valid intervals, see `stats`).
     let mut search = AgentSpec::new(
         "doc-search",
-        4_000,
+        8_000,
         vec![
             ModelSpec::new("openai", "gpt-4o", 0.72, 6_000),
             ModelSpec {
