@@ -110,7 +110,9 @@ impl Records {
         outcome.stored = u32::try_from(fresh.len()).unwrap_or(u32::MAX);
         outcome.duplicates = u32::try_from(valid.len() - fresh.len()).unwrap_or(u32::MAX);
         rollup::add_requests(&txn, &fresh).await?;
-        let sessions = sessions_of(&fresh);
+        let mut sessions = sessions_of(&fresh);
+        // Row locks in key order, like every writer of sessions and rollups (no deadlocks).
+        sessions.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         upsert_sessions(&txn, &sessions).await?;
         // Signals rarely arrive before their session's first request: one probe for the batch
         // finds the sessions that have such signals, and only those are re-attributed.
