@@ -58,8 +58,10 @@ pub struct Pace {
     what: &'static str,
     started: Option<Instant>,
     received: u64,
-    /// Armed at the first `Pending` after progress; `None` while the body makes progress.
+    /// Armed at the first `Pending`, reset as the deadline moves.
     timer: Option<Pin<Box<Sleep>>>,
+    /// When the current wait for a frame times out.
+    idle_deadline: Option<Instant>,
     waiting: bool,
 }
 
@@ -71,6 +73,7 @@ impl Pace {
             started: None,
             received: 0,
             timer: None,
+            idle_deadline: None,
             waiting: false,
         }
     }
@@ -86,19 +89,20 @@ impl Pace {
     pub fn poll_stalled(&mut self, cx: &mut Context<'_>) -> Poll<BodyTimeout> {
         let now = Instant::now();
         let started = *self.started.get_or_insert(now);
-        let mut deadline = now + self.limits.idle;
+        // The idle clock starts at the first wait after progress and keeps its deadline while
+        // the waits go on.
+        let idle_deadline = match self.idle_deadline {
+            Some(at) if self.waiting => at,
+            _ => now + self.limits.idle,
+        };
+        self.idle_deadline = Some(idle_deadline);
+        let mut deadline = idle_deadline;
         let mut why = format!("no data for {}s", self.limits.idle.as_secs());
-        if self.waiting
-            && let Some(timer) = &self.timer
-        {
-            // Still the same wait: keep its deadline.
-            deadline = timer.deadline();
-        }
         if self.limits.min_rate > 0 {
             let allowed = self.limits.idle
                 + Duration::from_millis(self.received.saturating_mul(1000) / self.limits.min_rate);
             let by_rate = started + allowed;
-            if by_rate < deadline {
+            if by_rate <= deadline {
                 deadline = by_rate;
                 why = format!(
                     "slower than {} bytes/s ({} bytes in {}s)",

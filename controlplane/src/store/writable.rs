@@ -139,7 +139,10 @@ const REFUSED: &str = "the database refused a write";
 /// A database error code: SQLite's (extended) result code as a number, or PostgreSQL's
 /// SQLSTATE.
 fn fault_of_code(code: &str) -> WriteProblem {
-    if let Ok(n) = code.parse::<i32>() {
+    // A SQLSTATE has five characters (often all digits); SQLite's codes are at most four digits.
+    if code.len() < 5
+        && let Ok(n) = code.parse::<i32>()
+    {
         // SQLite: the primary result code is the low byte of the extended one.
         return match n & 0xff {
             19 => None, // SQLITE_CONSTRAINT
