@@ -62,8 +62,8 @@ pub const DEFAULT_CLIENT_BODY_IDLE_TIMEOUT_SECS: u64 = 30;
 pub const ENV_CLIENT_BODY_MIN_RATE: &str = "NM_CLIENT_BODY_MIN_RATE";
 pub const DEFAULT_CLIENT_BODY_MIN_RATE: u64 = 1024;
 /// Longest wait for the next frame of an upstream's answer body.
-pub const ENV_UPSTREAM_IDLE_TIMEOUT_SECS: &str = "NM_UPSTREAM_IDLE_TIMEOUT_SECS";
-pub const DEFAULT_UPSTREAM_IDLE_TIMEOUT_SECS: u64 = 300;
+pub const ENV_RESPONSE_IDLE_TIMEOUT_SECS: &str = "NM_RESPONSE_IDLE_TIMEOUT_SECS";
+pub const DEFAULT_RESPONSE_IDLE_TIMEOUT_SECS: u64 = 300;
 /// Most client connections open at once; 0: from the open-file limit.
 pub const ENV_MAX_CONNECTIONS: &str = "NM_MAX_CONNECTIONS";
 pub const DEFAULT_MAX_CONNECTIONS: u64 = 0;
@@ -139,7 +139,7 @@ pub struct FileSettings {
     pub client_header_timeout_secs: Option<u64>,
     pub client_body_idle_timeout_secs: Option<u64>,
     pub client_body_min_rate: Option<u64>,
-    pub upstream_idle_timeout_secs: Option<u64>,
+    pub response_idle_timeout_secs: Option<u64>,
     pub max_connections: Option<u64>,
     pub record_queue: Option<usize>,
     pub tls_ca_file: Option<PathBuf>,
@@ -416,9 +416,9 @@ pub fn resolve(
         DEFAULT_CLIENT_BODY_IDLE_TIMEOUT_SECS,
     )?;
     let upstream_idle_timeout = at_least_1s(
-        ENV_UPSTREAM_IDLE_TIMEOUT_SECS,
-        file.upstream_idle_timeout_secs,
-        DEFAULT_UPSTREAM_IDLE_TIMEOUT_SECS,
+        ENV_RESPONSE_IDLE_TIMEOUT_SECS,
+        file.response_idle_timeout_secs,
+        DEFAULT_RESPONSE_IDLE_TIMEOUT_SECS,
     )?;
     let client_body_min_rate = num(
         ENV_CLIENT_BODY_MIN_RATE,

@@ -11,6 +11,8 @@ pub mod budgets;
 pub mod error;
 pub mod feeds;
 pub mod keys;
+#[cfg(test)]
+mod lock_order_tests;
 pub mod records;
 pub mod scratch;
 pub mod signals;

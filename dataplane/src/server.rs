@@ -110,6 +110,11 @@ pub async fn serve(
                             tokio::select! {
                                 ended = conn.as_mut() => {
                                     if let Err(e) = ended {
+                                        // hyper's own header timeout (a request line or the
+                                        // next request's head too slow) counts like ours.
+                                        if e.downcast_ref::<hyper::Error>().is_some_and(hyper::Error::is_timeout) {
+                                            metrics.connection_closed("header_timeout");
+                                        }
                                         debug!(%peer, error = %e, "connection ended with an error");
                                     }
                                     break;
