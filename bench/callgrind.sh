@@ -16,7 +16,7 @@ target=${1:-gateway}
 secs=${SECS:-15}
 stream=$([ "${STREAM:-0}" = 1 ] && echo ',"stream":true,"stream_options":{"include_usage":true}' || true)
 bin=target/release
-key=nmk_bench_bootstrap_key_0123456789
+key=nmk_5d8a1f3c7e9b2d4f6a8c0e1b3d5f7a9c2e4b6d8f0a1c3e57
 for tool in valgrind callgrind_control callgrind_annotate wrk; do
   command -v "$tool" >/dev/null || { echo "callgrind.sh: $tool not found" >&2; exit 1; }
 done

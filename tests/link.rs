@@ -107,6 +107,17 @@ async fn every_link_call(
     ]
 }
 
+/// The id of the gateway's one key (the bootstrap admin key).
+async fn admin_key_id(gw: &TestGateway) -> String {
+    let mut keys = nm_gateway::grpc::pb::keys_client::KeysClient::new(gw.grpc_channel().await);
+    let listed = keys
+        .list_keys(admin(pb::ListKeysRequest::default()))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_inner();
+    listed.keys[0].id.clone()
+}
+
 /// The number of stored request records.
 async fn stored_requests(usage: &UsageClient<tonic::transport::Channel>) -> Option<u64> {
     let r = usage
@@ -335,15 +346,7 @@ async fn forged_values_from_a_linked_dataplane_are_refused_and_later_records_lan
         .run()
         .await;
     // The admin key's id: a live key.
-    let mut keys = nm_gateway::grpc::pb::keys_client::KeysClient::new(gw.grpc_channel().await);
-    let key_id = keys
-        .list_keys(admin(pb::ListKeysRequest::default()))
-        .await
-        .unwrap()
-        .into_inner()
-        .keys[0]
-        .id
-        .clone();
+    let key_id = admin_key_id(&gw).await;
     let live = |id: &str, cost: u64| link_pb::RequestRecord {
         key_id: key_id.clone(),
         ..forged_record(id, cost)
@@ -449,15 +452,7 @@ async fn a_poison_batch_is_dead_lettered_and_counted() {
         .run()
         .await;
     let spool_dir = gw.dataplane_settings().spool_dir.clone();
-    let mut keys = nm_gateway::grpc::pb::keys_client::KeysClient::new(gw.grpc_channel().await);
-    let key_id = keys
-        .list_keys(admin(pb::ListKeysRequest::default()))
-        .await
-        .unwrap()
-        .into_inner()
-        .keys[0]
-        .id
-        .clone();
+    let key_id = admin_key_id(&gw).await;
     // With the controlplane away and the dataplane stopped, put a poison batch at the head of
     // the spool; then start both again.
     gw.stop_controlplane().await;

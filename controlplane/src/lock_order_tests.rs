@@ -85,7 +85,7 @@ async fn signals_and_ingest_at_once_never_deadlock_on_postgres() {
                         key_id: "key_1".into(),
                         provider: "openai".into(),
                         method: "POST".into(),
-                        session_id: Some(session_at(t, b, k)),
+                        session_id: Some(session_at(t, b, k).parse().unwrap()),
                         agent: Some(format!("agent-{}", k % 3)),
                         user_id: Some(format!("user-{}", k % 5)),
                         budget_micros: Some(10),

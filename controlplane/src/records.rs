@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use nm_types::{Env, SessionId, parse_agent, parse_user};
+use nm_types::{Env, SessionId};
 use rusqlite::ToSql;
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use sea_orm::sea_query::Expr;
@@ -21,35 +21,7 @@ use crate::sql::{INSERT_CHUNK_SIZES, Sql, chunks_of, insert_values};
 use crate::store::entity::{session, signal};
 use crate::store::{Store, WriteTxn};
 
-/// One proxied request, as a dataplane reports it.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct RequestRecord {
-    pub request_id: String,
-    pub started_at_ms: i64,
-    pub key_id: String,
-    pub provider: String,
-    pub method: String,
-    pub path: String,
-    pub model: Option<String>,
-    pub agent: Option<String>,
-    pub session_id: Option<String>,
-    pub env: Option<String>,
-    pub user_id: Option<String>,
-    pub status: u16,
-    pub latency_ms: u64,
-    pub ttfb_ms: Option<u64>,
-    pub streamed: bool,
-    pub error_code: Option<String>,
-    pub response_bytes: u64,
-    /// Tokens, answered model and finish reason, as the provider reported them.
-    pub usage: Usage,
-    pub usage_status: UsageStatus,
-    /// Cost in micro-dollars, when the usage and the model's price were known.
-    pub cost_micros: Option<u64>,
-    /// What the request counted against its end user's budget (None: not budgeted).
-    pub budget_micros: Option<u64>,
-}
-
+pub use nm_types::record::RequestRecord;
 pub use nm_types::{Usage, UsageStatus};
 
 /// What [`Records::ingest`] did with a batch.
@@ -92,7 +64,7 @@ impl Records {
         let mut outcome = IngestOutcome::default();
         let mut valid = Vec::with_capacity(batch.len());
         for (i, record) in batch.iter().enumerate() {
-            match validate(record) {
+            match record.check() {
                 Ok(()) => valid.push(record),
                 Err(why) => {
                     warn!(index = i, why, "request record rejected");
@@ -161,12 +133,15 @@ fn sessions_of(records: &[&RequestRecord]) -> Vec<(String, SessionSeen)> {
                 last_ms: r.started_at_ms,
                 ..Default::default()
             };
-            out.push((id.clone(), seen));
+            out.push((id.as_str().to_owned(), seen));
             out.len() - 1
         });
         let seen = &mut out[i].1;
         seen.agent = seen.agent.take().or_else(|| r.agent.clone());
-        seen.env = seen.env.take().or_else(|| r.env.clone());
+        seen.env = seen
+            .env
+            .take()
+            .or_else(|| r.env.map(|e| e.as_str().to_owned()));
         seen.user_id = seen.user_id.take().or_else(|| r.user_id.clone());
         seen.first_ms = seen.first_ms.min(r.started_at_ms);
         seen.last_ms = seen.last_ms.max(r.started_at_ms);
@@ -286,138 +261,6 @@ async fn attribute_signals<C: ConnectionTrait>(db: &C, session_id: &str) -> Resu
     Ok(s.agent.filter(|_| changed > 0))
 }
 
-// === what a record may hold ===
-//
-// Every field of a record is checked here, whoever sent it: a dataplane is trusted to be ours,
-// not to be bug-free or uncompromised. The caps keep one record small (a batch is cut by size
-// below the gRPC message limit) and keep the sums the usage reports take far from overflowing
-// a 64-bit integer: 9 million records at the cost cap, 9 billion at the token cap.
-
-/// Longest request id (a UUIDv7 is 36).
-pub const MAX_REQUEST_ID_LEN: usize = 64;
-/// Longest key id, provider name, error code or finish reason.
-pub const MAX_NAME_LEN: usize = 64;
-/// Longest HTTP method.
-pub const MAX_METHOD_LEN: usize = 16;
-/// Longest native path kept in a record; the dataplane shortens longer ones.
-pub const MAX_PATH_LEN: usize = 2048;
-/// Longest model name (requested or answered).
-pub const MAX_MODEL_LEN: usize = 256;
-/// Most tokens of any kind one request may report.
-pub const MAX_TOKENS: u64 = 1_000_000_000;
-/// Largest cost or budget charge of one request, in micro-dollars ($1,000,000).
-pub const MAX_MICROS: u64 = 1_000_000_000_000;
-/// Longest latency or time to first byte (a week, in milliseconds).
-pub const MAX_DURATION_MS: u64 = 7 * 24 * 3_600_000;
-/// Most response bytes one request may report (1 PiB).
-pub const MAX_RESPONSE_BYTES: u64 = 1 << 50;
-/// Times (Unix milliseconds) a record or signal may carry: from 1970 to the start of 2100. A
-/// tighter window around the controlplane's clock would refuse spooled records of a dataplane
-/// whose clock was wrong, for no gain: a time only places a record in reports.
-pub const TIME_RANGE_MS: std::ops::Range<i64> = 0..4_102_444_800_000;
-
-/// Shortens a path longer than [`MAX_PATH_LEN`] on a character boundary, ending it with `...`,
-/// so the record of a request with a huge path still fits the rules (and a batch of them the
-/// message limit).
-pub fn shorten_path(path: &mut String) {
-    const MARK: &str = "...";
-    if path.len() <= MAX_PATH_LEN {
-        return;
-    }
-    let mut end = MAX_PATH_LEN - MARK.len();
-    while !path.is_char_boundary(end) {
-        end -= 1;
-    }
-    path.truncate(end);
-    path.push_str(MARK);
-}
-
-fn text_ok(s: &str, max: usize) -> bool {
-    !s.is_empty() && s.len() <= max && !s.chars().any(char::is_control)
-}
-
-fn validate(r: &RequestRecord) -> Result<(), &'static str> {
-    if !text_ok(&r.request_id, MAX_REQUEST_ID_LEN) {
-        return Err("request_id must be 1 to 64 printable characters");
-    }
-    if !TIME_RANGE_MS.contains(&r.started_at_ms) {
-        return Err("started_at must be between 1970 and 2100");
-    }
-    if !text_ok(&r.key_id, MAX_NAME_LEN) {
-        return Err("key_id must be 1 to 64 printable characters");
-    }
-    if !text_ok(&r.provider, MAX_NAME_LEN) {
-        return Err("provider must be 1 to 64 printable characters");
-    }
-    if r.method.is_empty()
-        || r.method.len() > MAX_METHOD_LEN
-        || !r
-            .method
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-')
-    {
-        return Err("method must be an HTTP method of at most 16 characters");
-    }
-    if r.path.len() > MAX_PATH_LEN || r.path.chars().any(char::is_control) {
-        return Err("path must be at most 2048 bytes, without control characters");
-    }
-    for model in [&r.model, &r.usage.model].into_iter().flatten() {
-        if !text_ok(model, MAX_MODEL_LEN) {
-            return Err("model must be 1 to 256 printable characters");
-        }
-    }
-    for name in [&r.error_code, &r.usage.finish_reason]
-        .into_iter()
-        .flatten()
-    {
-        if !text_ok(name, MAX_NAME_LEN) {
-            return Err("error_code and finish_reason must be 1 to 64 printable characters");
-        }
-    }
-    if let Some(s) = &r.session_id {
-        s.parse::<SessionId>()
-            .map_err(|_| "session_id must look like sess_<id>")?;
-    }
-    if let Some(e) = &r.env {
-        e.parse::<Env>()
-            .map_err(|_| "env must be production, staging or development")?;
-    }
-    if let Some(a) = &r.agent {
-        parse_agent(a).map_err(|_| "agent must be 1 to 128 printable characters")?;
-    }
-    if let Some(u) = &r.user_id {
-        parse_user(u).map_err(|_| "user_id must be 1 to 256 printable characters")?;
-    }
-    if r.status > 999 {
-        return Err("status must be at most 999");
-    }
-    if r.latency_ms > MAX_DURATION_MS || r.ttfb_ms.is_some_and(|t| t > MAX_DURATION_MS) {
-        return Err("latency_ms and ttfb_ms must be at most a week");
-    }
-    if r.response_bytes > MAX_RESPONSE_BYTES {
-        return Err("response_bytes must be at most 2^50");
-    }
-    let u = &r.usage;
-    let tokens = [
-        u.input_tokens,
-        u.output_tokens,
-        u.cached_input_tokens,
-        u.cache_write_tokens,
-        u.reasoning_tokens,
-    ];
-    if tokens.into_iter().flatten().any(|t| t > MAX_TOKENS) {
-        return Err("token counts must be at most 10^9");
-    }
-    if [r.cost_micros, r.budget_micros]
-        .into_iter()
-        .flatten()
-        .any(|m| m > MAX_MICROS)
-    {
-        return Err("cost_micros and budget_micros must be at most 10^12");
-    }
-    Ok(())
-}
-
 /// `requests` columns, in the order of [`row_cells`].
 const COLUMNS: [&str; 26] = [
     "request_id",
@@ -474,14 +317,14 @@ fn row_cells(r: &RequestRecord) -> [Cell<'_>; COLUMNS.len()] {
         Cell::Text(Some(&r.path)),
         text(&r.model),
         text(&r.agent),
-        text(&r.session_id),
-        text(&r.env),
+        Cell::Text(r.session_id.as_ref().map(SessionId::as_str)),
+        Cell::Text(r.env.map(Env::as_str)),
         text(&r.user_id),
         Cell::Int32(i32::from(r.status)),
         count(Some(r.latency_ms)),
         count(r.ttfb_ms),
         Cell::Bool(r.streamed),
-        text(&r.error_code),
+        Cell::Text(r.error_code.as_deref()),
         count(Some(r.response_bytes)),
         text(&u.model),
         count(u.input_tokens),
@@ -591,6 +434,13 @@ impl Fresh {
     }
 }
 
+/// Writes request rows inside `txn` with the statements the ingest uses, skipping stored ones
+/// (the synthetic data's direct path: rows without their sessions and spend).
+pub(crate) async fn write_rows(txn: &WriteTxn, records: &[&RequestRecord]) -> Result<()> {
+    let sql = InsertSql::new(txn.get_database_backend());
+    insert_new(txn, &sql, records).await.map(drop)
+}
+
 /// Inserts the records not stored yet and says which they were.
 async fn insert_new(txn: &WriteTxn, sql: &InsertSql, records: &[&RequestRecord]) -> Result<Fresh> {
     match txn {
@@ -679,11 +529,11 @@ mod tests {
         RequestRecord {
             request_id: id.to_owned(),
             started_at_ms: at,
-            key_id: "key_1".to_owned(),
-            provider: "openai".to_owned(),
-            method: "POST".to_owned(),
+            key_id: "key_1".into(),
+            provider: "openai".into(),
+            method: "POST".into(),
             path: "/v1/chat/completions".to_owned(),
-            session_id: session.map(str::to_owned),
+            session_id: session.map(|s| s.parse().unwrap()),
             agent: Some("a".to_owned()),
             status: 200,
             ..Default::default()
@@ -728,15 +578,15 @@ mod tests {
         let r = RequestRecord {
             request_id: "r-\"quoted\"-\\-é-🌍".to_owned(),
             started_at_ms: 1_763_800_000_123,
-            key_id: "key_1".to_owned(),
-            provider: "openai".to_owned(),
-            method: "POST".to_owned(),
+            key_id: "key_1".into(),
+            provider: "openai".into(),
+            method: "POST".into(),
             path: "/v1/chat/completions".to_owned(),
             model: Some("ft:gpt-4o:org:x".to_owned()),
             agent: Some("a 'b' \"c\"".to_owned()),
             user_id: Some("ユーザー".to_owned()),
             status: 429,
-            latency_ms: MAX_DURATION_MS,
+            latency_ms: nm_types::record::MAX_DURATION_MS,
             ttfb_ms: Some(7),
             streamed: true,
             error_code: None,
@@ -762,7 +612,7 @@ mod tests {
         assert_eq!(m.model, r.model);
         assert_eq!(
             (m.status, m.latency_ms, m.ttfb_ms, m.streamed),
-            (429, MAX_DURATION_MS as i64, Some(7), true)
+            (429, nm_types::record::MAX_DURATION_MS as i64, Some(7), true)
         );
         assert_eq!(
             (m.input_tokens, m.output_tokens, m.cost_micros),
@@ -849,7 +699,10 @@ mod tests {
         let mut batch: Vec<_> = (0..1200)
             .map(|i| record(&format!("r{i}"), Some(&format!("sess_{}", i % 3)), 1000 + i))
             .collect();
-        batch.push(record("bad", Some("not-a-session"), 5));
+        batch.push(RequestRecord {
+            cost_micros: Some(u64::MAX),
+            ..record("bad", Some("sess_0"), 5)
+        });
         let first = records
             .ingest(&batch)
             .await
@@ -859,7 +712,10 @@ mod tests {
             IngestOutcome {
                 stored: 1200,
                 duplicates: 0,
-                rejected: vec![(1200, "session_id must look like sess_<id>".to_owned())],
+                rejected: vec![(
+                    1200,
+                    "cost_micros and budget_micros must be at most 10^12".to_owned()
+                )],
                 epoch: first.epoch,
                 seq: 1,
             }
@@ -873,7 +729,10 @@ mod tests {
             IngestOutcome {
                 stored: 0,
                 duplicates: 1200,
-                rejected: vec![(1200, "session_id must look like sess_<id>".to_owned())],
+                rejected: vec![(
+                    1200,
+                    "cost_micros and budget_micros must be at most 10^12".to_owned()
+                )],
                 epoch: first.epoch,
                 seq: 2,
             }
@@ -895,163 +754,34 @@ mod tests {
         );
     }
 
-    #[test]
-    fn long_paths_are_shortened_on_a_character_boundary() {
-        let mut short = "/v1/chat".to_owned();
-        shorten_path(&mut short);
-        assert_eq!(short, "/v1/chat");
-        for filler in ["a", "é", "🌍"] {
-            let mut long = format!("/{}", filler.repeat(MAX_PATH_LEN));
-            shorten_path(&mut long);
-            assert!(
-                long.len() <= MAX_PATH_LEN && long.ends_with("..."),
-                "{filler}"
-            );
-            assert!(
-                validate(&RequestRecord {
-                    path: long,
-                    ..record("p", None, 1)
-                })
-                .is_ok()
-            );
-        }
-    }
-
-    /// Each out-of-range value is refused alone, by its index, with the rule; the rest of the
-    /// batch is stored, and nothing refused reaches the sums (a forged `cost_micros` of 2^64-1
-    /// once made every usage query fail).
+    /// Each record that breaks a rule is refused alone, by its index, with the rule (every rule
+    /// is tested in `nm_types::record`); the rest of the batch is stored, and nothing refused
+    /// reaches the sums (a forged `cost_micros` of 2^64-1 once made every usage query fail).
     #[tokio::test]
     async fn out_of_range_values_are_refused_one_by_one() {
+        use nm_types::record::{MAX_MICROS, MAX_TOKENS};
         let dir = tempfile::tempdir().unwrap();
         let (store, records) =
             records_on(&format!("sqlite://{}/v.db?mode=rwc", dir.path().display())).await;
         let ok = |id: &str| record(id, Some("sess_v"), 1_000);
-        let forged: Vec<(RequestRecord, &str)> = vec![
-            (
-                RequestRecord {
-                    cost_micros: Some(u64::MAX),
-                    ..ok("f1")
-                },
-                "cost_micros",
-            ),
-            (
-                RequestRecord {
-                    budget_micros: Some(MAX_MICROS + 1),
-                    ..ok("f2")
-                },
-                "budget_micros",
-            ),
-            (
-                RequestRecord {
-                    usage: Usage {
-                        input_tokens: Some(MAX_TOKENS + 1),
-                        ..Default::default()
-                    },
-                    ..ok("f3")
-                },
-                "token",
-            ),
-            (
-                RequestRecord {
-                    path: format!("/{}", "a".repeat(MAX_PATH_LEN)),
-                    ..ok("f4")
-                },
-                "path",
-            ),
-            (
-                RequestRecord {
-                    model: Some("m".repeat(MAX_MODEL_LEN + 1)),
-                    ..ok("f5")
-                },
-                "model",
-            ),
-            (
-                RequestRecord {
-                    agent: Some("x".repeat(500)),
-                    ..ok("f6")
-                },
-                "agent",
-            ),
-            (
-                RequestRecord {
-                    latency_ms: u64::MAX,
-                    ..ok("f7")
-                },
-                "latency",
-            ),
-            (
-                RequestRecord {
-                    started_at_ms: i64::MAX,
-                    ..ok("f8")
-                },
-                "started_at",
-            ),
-            (
-                RequestRecord {
-                    started_at_ms: -1,
-                    ..ok("f9")
-                },
-                "started_at",
-            ),
-            (
-                RequestRecord {
-                    status: 60_000,
-                    ..ok("f10")
-                },
-                "status",
-            ),
-            (
-                RequestRecord {
-                    method: "GET /x".to_owned(),
-                    ..ok("f11")
-                },
-                "method",
-            ),
-            (
-                RequestRecord {
-                    key_id: String::new(),
-                    ..ok("f12")
-                },
-                "key_id",
-            ),
-            (
-                RequestRecord {
-                    request_id: "r".repeat(65),
-                    ..ok("f13")
-                },
-                "request_id",
-            ),
-            (
-                RequestRecord {
-                    response_bytes: u64::MAX,
-                    ..ok("f14")
-                },
-                "response_bytes",
-            ),
-            (
-                RequestRecord {
-                    error_code: Some("e\n".to_owned()),
-                    ..ok("f15")
-                },
-                "error_code",
-            ),
+        let batch = vec![
+            ok("good1"),
+            RequestRecord {
+                cost_micros: Some(u64::MAX),
+                ..ok("f1")
+            },
+            RequestRecord {
+                path: "/x".repeat(5_000),
+                ..ok("f2")
+            },
+            ok("good2"),
         ];
-        let mut batch = vec![ok("good1")];
-        batch.extend(forged.iter().map(|(r, _)| r.clone()));
-        batch.push(ok("good2"));
         let out = records.ingest(&batch).await.unwrap();
         assert_eq!(out.stored, 2);
-        assert_eq!(out.rejected.len(), forged.len());
-        for ((index, why), (_, field)) in out.rejected.iter().zip(&forged) {
-            assert!(
-                why.contains(field),
-                "record {index}: {why:?} should name {field}"
-            );
-        }
-        assert_eq!(
-            out.rejected.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
-            (1..=forged.len()).collect::<Vec<_>>()
-        );
+        let refused: Vec<_> = out.rejected.iter().map(|(i, _)| *i).collect();
+        assert_eq!(refused, vec![1, 2]);
+        assert!(out.rejected[0].1.contains("cost_micros"));
+        assert!(out.rejected[1].1.contains("path"));
         // The caps at their limits are accepted, and the usage sums over them still work.
         let at_caps = RequestRecord {
             cost_micros: Some(MAX_MICROS),
@@ -1080,7 +810,7 @@ mod tests {
         let with =
             |id: &str, at: i64, agent: Option<&str>, env: Option<&str>, user: &str| RequestRecord {
                 agent: agent.map(str::to_owned),
-                env: env.map(str::to_owned),
+                env: env.map(|e| e.parse().unwrap()),
                 user_id: Some(user.to_owned()),
                 ..record(id, Some("sess_a"), at)
             };

@@ -367,7 +367,7 @@ fn validate(s: &NewSignal) -> Result<()> {
     if s.key_id.is_empty() || s.key_id.len() > 64 || s.key_id.chars().any(char::is_control) {
         return bad("key_id must be 1 to 64 printable characters");
     }
-    if !crate::records::TIME_RANGE_MS.contains(&s.received_at_ms) {
+    if !nm_types::record::TIME_RANGE_MS.contains(&s.received_at_ms) {
         return bad("received_at must be between 1970 and 2100");
     }
     if s.action == Action::Edited && s.edit_distance.is_none() {
@@ -614,7 +614,7 @@ mod tests {
                             key_id: "key_1".into(),
                             provider: "openai".into(),
                             method: "POST".into(),
-                            session_id: Some(format!("sess_{}", i % 4)),
+                            session_id: format!("sess_{}", i % 4).parse().ok(),
                             agent: Some("a".into()),
                             ..Default::default()
                         })

@@ -5,7 +5,7 @@
 //! counts apart the requests whose usage was reported but whose model has no price
 //! (`unpriced`), and those whose answer carried no usage at all (`unmetered`).
 
-use sea_orm::{ConnectionTrait, QueryResult};
+use sea_orm::{ConnectionTrait, DatabaseBackend, QueryResult};
 
 use crate::error::{Error, Result};
 use crate::sql::{Sql, count};
@@ -87,26 +87,58 @@ pub struct UsageReport {
     pub unpriced_models: Vec<UnpricedModel>,
 }
 
-const MEASURES: &str = "COUNT(*) AS requests, \
-     CAST(COALESCE(SUM(input_tokens), 0) AS BIGINT) AS input_tokens, \
-     CAST(COALESCE(SUM(output_tokens), 0) AS BIGINT) AS output_tokens, \
-     CAST(COALESCE(SUM(cached_input_tokens), 0) AS BIGINT) AS cached_input_tokens, \
-     CAST(COALESCE(SUM(reasoning_tokens), 0) AS BIGINT) AS reasoning_tokens, \
-     CAST(COALESCE(SUM(cost_micros), 0) AS BIGINT) AS cost_micros, \
-     CAST(COALESCE(SUM(CASE WHEN cost_micros IS NULL AND (input_tokens IS NOT NULL OR output_tokens IS NOT NULL) THEN 1 ELSE 0 END), 0) AS BIGINT) AS unpriced, \
-     CAST(COALESCE(SUM(CASE WHEN usage_status <> 'not_applicable' AND input_tokens IS NULL AND output_tokens IS NULL THEN 1 ELSE 0 END), 0) AS BIGINT) AS unmetered, \
-     CAST(COALESCE(SUM(CASE WHEN status >= 400 THEN 1 ELSE 0 END), 0) AS BIGINT) AS errors";
+/// A sum that cannot overflow: exact while it fits a 64-bit integer (far beyond any real sum,
+/// with every record's values capped by `nm_types::record`), saturating at `i64::MAX` beyond.
+/// PostgreSQL sums bigints as `numeric`, clamped before the cast; SQLite's `SUM` fails on
+/// overflow, so it adds with `TOTAL` (doubles: exact for integers below 2^53, 9 * 10^15) and
+/// its cast to `INTEGER` saturates.
+fn sum(backend: DatabaseBackend, expr: &str) -> String {
+    match backend {
+        DatabaseBackend::Sqlite => format!("CAST(MIN(TOTAL({expr}), 9.3e18) AS INTEGER)"),
+        _ => format!("CAST(LEAST(COALESCE(SUM({expr}), 0), 9223372036854775807) AS BIGINT)"),
+    }
+}
 
-/// The total row over the groups `g` (the same columns as [`MEASURES`]).
-const TOTALS: &str = "CAST(COALESCE(SUM(requests), 0) AS BIGINT) AS requests, \
-     CAST(COALESCE(SUM(input_tokens), 0) AS BIGINT) AS input_tokens, \
-     CAST(COALESCE(SUM(output_tokens), 0) AS BIGINT) AS output_tokens, \
-     CAST(COALESCE(SUM(cached_input_tokens), 0) AS BIGINT) AS cached_input_tokens, \
-     CAST(COALESCE(SUM(reasoning_tokens), 0) AS BIGINT) AS reasoning_tokens, \
-     CAST(COALESCE(SUM(cost_micros), 0) AS BIGINT) AS cost_micros, \
-     CAST(COALESCE(SUM(unpriced), 0) AS BIGINT) AS unpriced, \
-     CAST(COALESCE(SUM(unmetered), 0) AS BIGINT) AS unmetered, \
-     CAST(COALESCE(SUM(errors), 0) AS BIGINT) AS errors";
+/// The measures of a group of `requests` rows, in the order [`measures`] reads them.
+fn measures_sql(backend: DatabaseBackend) -> String {
+    let s = |expr: &str| sum(backend, expr);
+    format!(
+        "COUNT(*) AS requests, {} AS input_tokens, {} AS output_tokens, \
+         {} AS cached_input_tokens, {} AS reasoning_tokens, {} AS cost_micros, \
+         {} AS unpriced, {} AS unmetered, {} AS errors",
+        s("input_tokens"),
+        s("output_tokens"),
+        s("cached_input_tokens"),
+        s("reasoning_tokens"),
+        s("cost_micros"),
+        s(
+            "CASE WHEN cost_micros IS NULL AND (input_tokens IS NOT NULL OR output_tokens IS NOT NULL) THEN 1 ELSE 0 END"
+        ),
+        s(
+            "CASE WHEN usage_status <> 'not_applicable' AND input_tokens IS NULL AND output_tokens IS NULL THEN 1 ELSE 0 END"
+        ),
+        s("CASE WHEN status >= 400 THEN 1 ELSE 0 END"),
+    )
+}
+
+/// The total row over the groups `g` (the same columns as [`measures_sql`]).
+fn totals_sql(backend: DatabaseBackend) -> String {
+    [
+        "requests",
+        "input_tokens",
+        "output_tokens",
+        "cached_input_tokens",
+        "reasoning_tokens",
+        "cost_micros",
+        "unpriced",
+        "unmetered",
+        "errors",
+    ]
+    .iter()
+    .map(|c| format!("{} AS {c}", sum(backend, c)))
+    .collect::<Vec<_>>()
+    .join(", ")
+}
 
 /// On SQLite, a time range wider than this share of the stored records' time span is read by
 /// scanning the table: walking the time index and fetching each row costs more (about 2-4x
@@ -185,7 +217,7 @@ impl UsageReports {
         if dims.is_empty() {
             let mut sql = Sql::new(
                 backend,
-                &format!("SELECT {MEASURES} FROM requests WHERE 1 = 1"),
+                &format!("SELECT {} FROM requests WHERE 1 = 1", measures_sql(backend)),
             );
             push_filter(&mut sql, time, filter);
             if let Some(row) = db.query_one_raw(sql.build()).await? {
@@ -205,8 +237,9 @@ impl UsageReports {
             let mut sql = Sql::new(
                 backend,
                 &format!(
-                    "WITH g AS MATERIALIZED (SELECT {}, {MEASURES} FROM requests WHERE 1 = 1",
-                    keys.join(", ")
+                    "WITH g AS MATERIALIZED (SELECT {}, {} FROM requests WHERE 1 = 1",
+                    keys.join(", "),
+                    measures_sql(backend)
                 ),
             );
             push_filter(&mut sql, time, filter);
@@ -217,8 +250,9 @@ impl UsageReports {
             ))
             .bind(i64::from(limit) + 1)
             .push(&format!(
-                ") AS t UNION ALL SELECT 1, {}, {TOTALS} FROM g",
-                nulls.join(", ")
+                ") AS t UNION ALL SELECT 1, {}, {} FROM g",
+                nulls.join(", "),
+                totals_sql(backend)
             ));
             for row in db.query_all_raw(sql.build()).await? {
                 if row.try_get::<i32>("", "total_row")? == 1 {
@@ -335,9 +369,9 @@ mod tests {
         RequestRecord {
             request_id: id.to_owned(),
             started_at_ms: 86_400_000 * 20_779 + 1_000,
-            key_id: "key_1".to_owned(),
-            provider: "openai".to_owned(),
-            method: "POST".to_owned(),
+            key_id: "key_1".into(),
+            provider: "openai".into(),
+            method: "POST".into(),
             path: "/v1/chat/completions".to_owned(),
             model: Some(model.to_owned()),
             agent: Some(agent.to_owned()),
@@ -417,5 +451,58 @@ mod tests {
         assert_eq!(by_day.rows[0].key, vec![Some("2026-11-22".to_owned())]);
         assert_eq!(by_day.rows[0].requests, 3);
         assert!(!by_day.truncated);
+    }
+
+    /// Sums past a 64-bit integer saturate instead of failing the report (rows written
+    /// straight into the table: the ingest's caps keep real sums far from this).
+    async fn huge_sums_saturate_on(url: &str) {
+        let store = Store::connect(url).await.unwrap();
+        let records = Records::new(
+            store.clone(),
+            Budgets::load(store.clone(), 0).await.unwrap(),
+        );
+        records
+            .ingest(&[rec("small", "a", "gpt-4o", Some(1), Some(1))])
+            .await
+            .unwrap();
+        let huge = 4_000_000_000_000_000_000_i64;
+        for id in ["h1", "h2", "h3"] {
+            store
+                .conn()
+                .execute_unprepared(&format!(
+                    "INSERT INTO requests (request_id, started_at_ms, key_id, provider, method, path, \
+                     status, latency_ms, streamed, response_bytes, input_tokens, cost_micros, \
+                     usage_status) VALUES ('{id}', 1, 'key_1', 'openai', 'POST', '/', 200, 1, \
+                     false, 1, {huge}, {huge}, 'reported')"
+                ))
+                .await
+                .unwrap();
+        }
+        let usage = UsageReports::new(store.clone());
+        for dims in [vec![], vec![Dimension::Agent]] {
+            let r = usage
+                .report(&dims, &UsageFilter::default(), 0)
+                .await
+                .unwrap();
+            assert_eq!(r.total.requests, 4);
+            assert_eq!(r.total.cost_micros, u64::try_from(i64::MAX).unwrap());
+            assert_eq!(r.total.input_tokens, u64::try_from(i64::MAX).unwrap());
+        }
+        store.close().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn huge_sums_saturate_sqlite() {
+        let dir = tempfile::tempdir().unwrap();
+        huge_sums_saturate_on(&format!("sqlite://{}/h.db?mode=rwc", dir.path().display())).await;
+    }
+
+    #[tokio::test]
+    async fn huge_sums_saturate_postgres() {
+        let Some(db) = crate::scratch::ScratchPg::for_tests().await else {
+            return;
+        };
+        huge_sums_saturate_on(&db.url).await;
+        crate::scratch::drop_test_db(&db.url).await;
     }
 }

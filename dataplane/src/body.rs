@@ -17,6 +17,7 @@
 //! last frame passes; a completion whose task never runs (the runtime is shutting down) is done
 //! when the task is dropped, so no record is lost.
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
@@ -36,7 +37,7 @@ use crate::budget::Reservation;
 use crate::forward::UpstreamBody;
 use crate::pace::{PaceLimits, Paced};
 use crate::pricing::{Cost, PriceTable};
-use crate::records::{RecordSink, RequestRecord, UsageStatus};
+use crate::records::{self, RecordSink, RequestRecord, UsageStatus};
 use crate::usage::Meter;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -188,13 +189,13 @@ impl Completion {
         meter: Option<Meter>,
     ) {
         let r = &mut self.record;
-        r.latency = ended.duration_since(self.started);
-        r.ttfb = first_byte.map(|t| t.duration_since(self.started));
+        r.latency_ms = records::millis(ended.duration_since(self.started));
+        r.ttfb_ms = first_byte.map(|t| records::millis(t.duration_since(self.started)));
         r.response_bytes = bytes;
         r.error_code = match ending {
-            Ending::Complete => r.error_code,
-            Ending::UpstreamError => Some("upstream_body_error"),
-            Ending::ClientGone => Some("client_disconnected"),
+            Ending::Complete => r.error_code.take(),
+            Ending::UpstreamError => Some(Cow::Borrowed("upstream_body_error")),
+            Ending::ClientGone => Some(Cow::Borrowed("client_disconnected")),
         };
         r.usage = meter.map(Meter::finish).unwrap_or_default();
         r.usage_status = match (ending, r.usage.is_known()) {
@@ -229,7 +230,7 @@ impl Completion {
         if let Some(c) = r.cost_micros {
             self.span.record("nm.cost_micros", c);
         }
-        let latency_ms = u64::try_from(r.latency.as_millis()).unwrap_or(u64::MAX);
+        let latency_ms = r.latency_ms;
         self.span.record("nm.latency_ms", latency_ms);
         self.span.in_scope(|| {
             tracing::info!(
@@ -484,12 +485,12 @@ mod tests {
     /// A finished non-streamed answer whose one frame the meter has not seen yet.
     fn finish(started: Instant) -> (Finish, RecordQueue) {
         let (sink, queue) = record_queue(8, Metrics::default());
-        let mut record = RequestRecord::started(
+        let mut record = records::started(
             "req-1".to_owned(),
             SystemTime::now(),
             Arc::from("key-1"),
             Arc::from("openai"),
-            http::Method::POST,
+            &http::Method::POST,
             "/v1/chat/completions".to_owned(),
         );
         record.model = Some("gpt-4o-mini".to_owned());
@@ -539,8 +540,8 @@ mod tests {
         assert!(record.cost_micros.is_some());
         assert_eq!(record.response_bytes, ANSWER.len() as u64);
         // Times are those of the body's end, not of the deferred completion.
-        assert_eq!(record.latency, Duration::from_millis(7));
-        assert_eq!(record.ttfb, Some(Duration::from_millis(5)));
+        assert_eq!(record.latency_ms, 7);
+        assert_eq!(record.ttfb_ms, Some(5));
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! the request's estimated cost, build the upstream request, send it, and wrap the upstream body
 //! so its frames are metered and its end completes the request record.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
@@ -26,7 +27,7 @@ use crate::layers::RequestId;
 use crate::layers::trace::RequestSpan;
 use crate::path::{check_native_path, split_prefix};
 use crate::providers::{ErrorStyle, Provider};
-use crate::records::RequestRecord;
+use crate::records::{self, RequestRecord};
 use crate::stack::State;
 use crate::usage::{Dialect, Framing, Meter};
 
@@ -64,12 +65,12 @@ pub async fn handle(
     span.record("gen_ai.provider.name", &*provider.name);
     span.record("http.route", "/{provider}/{*native_path}");
 
-    let mut record = RequestRecord::started(
+    let mut record = records::started(
         request_id,
         started_at,
         principal.key_id,
         provider.name.clone(),
-        req.method().clone(),
+        req.method(),
         native.to_owned(),
     );
 
@@ -99,8 +100,8 @@ pub async fn handle(
         Err(e) => {
             let (status, code, _) = e.classify();
             record.status = status.as_u16();
-            record.error_code = Some(code);
-            record.latency = started.elapsed();
+            record.error_code = Some(Cow::Borrowed(code));
+            record.latency_ms = records::millis(started.elapsed());
             if let Some(hold) = reservation {
                 // Admitted, but nothing reached the provider: nothing to pay.
                 hold.settle(0);
@@ -236,7 +237,7 @@ async fn forward(
         span.record("nm.env", e.as_str());
     }
     record.agent = attribution.agent;
-    record.session_id = attribution.session.map(|s| s.to_string());
+    record.session_id = attribution.session;
     record.env = attribution.env;
     record.user_id = attribution.user;
 

@@ -6,87 +6,60 @@
 //! is dropped and counted (logged at each power of two, readable through
 //! [`RecordSink::dropped`]).
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
-use nm_types::Env;
-
 use crate::metrics::Metrics;
-use crate::usage::Usage;
 use tokio::sync::mpsc;
 use tracing::warn;
 
-/// One proxied request, as seen by the dataplane.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RequestRecord {
-    /// The `NM-Request-Id` the client received.
-    pub request_id: String,
-    pub started_at: SystemTime,
-    pub key_id: Arc<str>,
-    pub provider: Arc<str>,
-    /// A standard method is held without an allocation.
-    pub method: http::Method,
-    /// Native path without the query string (queries may carry credentials).
-    pub path: String,
-    pub model: Option<String>,
-    pub agent: Option<String>,
-    pub session_id: Option<String>,
-    pub env: Option<Env>,
-    pub user_id: Option<String>,
-    pub status: u16,
-    pub latency: Duration,
-    pub ttfb: Option<Duration>,
-    pub streamed: bool,
-    /// Gateway error code, or `client_disconnected` / `upstream_body_error`.
-    pub error_code: Option<&'static str>,
-    pub response_bytes: u64,
-    /// Tokens, answered model and finish reason, as the provider reported them.
-    pub usage: Usage,
-    pub usage_status: UsageStatus,
-    /// Cost in micro-dollars, when the usage and the model's price are known.
-    pub cost_micros: Option<u64>,
-    /// What the request counted against its end user's budget (None: not budgeted).
-    pub budget_micros: Option<u64>,
+pub use nm_types::UsageStatus;
+pub use nm_types::record::RequestRecord;
+
+/// A record of a request that has just started: what is known before it is forwarded. The rest
+/// is filled in as the request goes on. (The path is the one forwarded; the shipper shortens one
+/// beyond the record's cap before it leaves the dataplane.)
+pub fn started(
+    request_id: String,
+    started_at: SystemTime,
+    key_id: Arc<str>,
+    provider: Arc<str>,
+    method: &http::Method,
+    path: String,
+) -> RequestRecord {
+    RequestRecord {
+        request_id,
+        started_at_ms: started_at
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+        key_id,
+        provider,
+        method: method_name(method),
+        path,
+        ..RequestRecord::default()
+    }
 }
 
-pub use nm_types::UsageStatus;
+/// The method's name, without an allocation for the standard ones.
+pub fn method_name(method: &http::Method) -> Cow<'static, str> {
+    use http::Method as M;
+    Cow::Borrowed(match *method {
+        M::GET => "GET",
+        M::POST => "POST",
+        M::PUT => "PUT",
+        M::DELETE => "DELETE",
+        M::PATCH => "PATCH",
+        M::HEAD => "HEAD",
+        M::OPTIONS => "OPTIONS",
+        _ => return Cow::Owned(method.as_str().to_owned()),
+    })
+}
 
-impl RequestRecord {
-    /// A record of a request that has just started: what is known before it is forwarded. The
-    /// rest is filled in as the request goes on.
-    pub fn started(
-        request_id: String,
-        started_at: SystemTime,
-        key_id: Arc<str>,
-        provider: Arc<str>,
-        method: http::Method,
-        path: String,
-    ) -> Self {
-        Self {
-            request_id,
-            started_at,
-            key_id,
-            provider,
-            method,
-            path,
-            model: None,
-            agent: None,
-            session_id: None,
-            env: None,
-            user_id: None,
-            status: 0,
-            latency: Duration::ZERO,
-            ttfb: None,
-            streamed: false,
-            error_code: None,
-            response_bytes: 0,
-            usage: Usage::default(),
-            usage_status: UsageStatus::default(),
-            cost_micros: None,
-            budget_micros: None,
-        }
-    }
+/// Milliseconds of a duration, saturating.
+pub fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// The producing side of the record queue. Cheap to clone.

@@ -86,7 +86,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::net::{TcpListener, TcpStream};
 
-const BOOTSTRAP_KEY: &str = "nmk_bench_bootstrap_key_0123456789";
+const BOOTSTRAP_KEY: &str = "nmk_5d8a1f3c7e9b2d4f6a8c0e1b3d5f7a9c2e4b6d8f0a1c3e57";
 /// Content chunks in the streamed answer (a finish chunk, a usage chunk and `[DONE]` follow).
 const STREAM_CHUNKS: usize = 20;
 /// End users the gateway requests are spread over (`NM-User: bench-user-<n % USERS>`).

@@ -29,7 +29,7 @@ use hyper::Request;
 use hyper_util::rt::TokioIo;
 use sea_orm::{ConnectionTrait, Database};
 
-const KEY: &str = "nmk_signal_bench_key_0123456789";
+const KEY: &str = "nmk_e7c3a9f1b5d2e8c4a6f0b2d9e1c7a3f5b8d0e2c4a6f1b3d9";
 const ACTIONS: [&str; 8] = [
     "accepted",
     "edited",

@@ -418,20 +418,22 @@ impl Dataset {
         RequestRecord {
             request_id: format!("{started_at_ms:012x}{seq:08x}{:012x}", rng.next_u64() >> 16),
             started_at_ms,
-            key_id: format!("key_{:02}", session.agent % 6),
-            provider: model.provider.to_owned(),
-            method: "POST".to_owned(),
+            key_id: format!("key_{:02}", session.agent % 6).into(),
+            provider: model.provider.into(),
+            method: "POST".into(),
             path: path_of(model),
             model: Some(model.name.to_owned()),
             agent: Some(AGENTS[session.agent].to_owned()),
-            session_id: (!rng.chance(0.05)).then(|| session.id.clone()),
-            env: Some(session.env.to_owned()),
+            session_id: (!rng.chance(0.05))
+                .then(|| session.id.parse().ok())
+                .flatten(),
+            env: session.env.parse().ok(),
             user_id: session.user_id.clone(),
             status,
             latency_ms: rng.lognormal(400.0 + output as f64 * 8.0, 0.5) as u64,
             ttfb_ms: streamed.then(|| rng.lognormal(450.0, 0.5) as u64),
             streamed,
-            error_code,
+            error_code: error_code.map(Into::into),
             response_bytes: if status == 200 {
                 600 + output * if streamed { 25 } else { 5 }
             } else {

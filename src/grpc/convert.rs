@@ -1,8 +1,10 @@
 //! Conversions between protobuf messages and the halves' own types.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::UNIX_EPOCH;
 
 use prost_types::Timestamp;
+
+use nm_types::record::RequestRecord;
 
 use super::{link_pb, pb};
 
@@ -19,18 +21,6 @@ pub fn timestamp_to_ms(ts: &Timestamp) -> i64 {
         .saturating_add(i64::from(ts.nanos) / 1_000_000)
 }
 
-pub fn system_time_to_timestamp(t: SystemTime) -> Timestamp {
-    let d = t.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);
-    Timestamp {
-        seconds: d.as_secs() as i64,
-        nanos: d.subsec_nanos() as i32,
-    }
-}
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
 pub fn api_key(m: nm_controlplane::store::entity::api_key::Model) -> pb::ApiKey {
     pb::ApiKey {
         id: m.id,
@@ -42,44 +32,8 @@ pub fn api_key(m: nm_controlplane::store::entity::api_key::Model) -> pb::ApiKey 
     }
 }
 
-/// Dataplane record -> controlplane record (what `serve` stores in process and what the
-/// shipper batches; [`record_to_pb`] puts it on the wire or in the spool).
-pub fn record_to_stored(r: nm_dataplane::RequestRecord) -> nm_controlplane::RequestRecord {
-    let started_at_ms = r
-        .started_at
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-    nm_controlplane::RequestRecord {
-        request_id: r.request_id,
-        started_at_ms,
-        key_id: String::from(&*r.key_id),
-        provider: String::from(&*r.provider),
-        method: r.method.as_str().to_owned(),
-        path: {
-            let mut path = r.path;
-            nm_controlplane::records::shorten_path(&mut path);
-            path
-        },
-        model: r.model,
-        agent: r.agent,
-        session_id: r.session_id,
-        env: r.env.map(|e| e.as_str().to_owned()),
-        user_id: r.user_id,
-        status: r.status,
-        latency_ms: millis(r.latency),
-        ttfb_ms: r.ttfb.map(millis),
-        streamed: r.streamed,
-        error_code: r.error_code.map(str::to_owned),
-        response_bytes: r.response_bytes,
-        usage: r.usage,
-        usage_status: r.usage_status,
-        cost_micros: r.cost_micros,
-        budget_micros: r.budget_micros,
-    }
-}
-
-/// Controlplane record -> wire.
-pub fn record_to_pb(r: nm_controlplane::RequestRecord) -> link_pb::RequestRecord {
+/// The record on the wire (and in the spool). The one mapping, with [`record_from_pb`].
+pub fn record_to_pb(r: &RequestRecord) -> link_pb::RequestRecord {
     use nm_types::UsageStatus as S;
     let usage_status = match r.usage_status {
         S::Reported => link_pb::UsageStatus::Reported,
@@ -87,65 +41,76 @@ pub fn record_to_pb(r: nm_controlplane::RequestRecord) -> link_pb::RequestRecord
         S::Missing => link_pb::UsageStatus::Missing,
         S::NotApplicable => link_pb::UsageStatus::NotApplicable,
     };
-    let u = r.usage;
+    let u = &r.usage;
     link_pb::RequestRecord {
-        request_id: r.request_id,
+        request_id: r.request_id.clone(),
         started_at: Some(ms_to_timestamp(r.started_at_ms)),
-        key_id: r.key_id,
-        provider: r.provider,
-        method: r.method,
-        path: r.path,
-        model: r.model,
-        agent: r.agent,
-        session_id: r.session_id,
-        env: r.env,
-        user_id: r.user_id,
+        key_id: r.key_id.to_string(),
+        provider: r.provider.to_string(),
+        method: r.method.to_string(),
+        path: r.path.clone(),
+        model: r.model.clone(),
+        agent: r.agent.clone(),
+        session_id: r.session_id.as_ref().map(|s| s.as_str().to_owned()),
+        env: r.env.map(|e| e.as_str().to_owned()),
+        user_id: r.user_id.clone(),
         status: u32::from(r.status),
         latency_ms: r.latency_ms,
         ttfb_ms: r.ttfb_ms,
         streamed: r.streamed,
-        error_code: r.error_code,
+        error_code: r.error_code.as_deref().map(str::to_owned),
         response_bytes: r.response_bytes,
-        answered_model: u.model,
+        answered_model: u.model.clone(),
         input_tokens: u.input_tokens,
         output_tokens: u.output_tokens,
         cached_input_tokens: u.cached_input_tokens,
         cache_write_tokens: u.cache_write_tokens,
         reasoning_tokens: u.reasoning_tokens,
-        finish_reason: u.finish_reason,
+        finish_reason: u.finish_reason.clone(),
         cost_micros: r.cost_micros,
         usage_status: usage_status.into(),
         budget_micros: r.budget_micros,
     }
 }
 
-/// Wire -> controlplane record. A status beyond `u16` becomes one the ingest refuses (its
-/// range check names the rule), never a wrapped-around valid one.
-pub fn record_from_pb(r: link_pb::RequestRecord) -> nm_controlplane::RequestRecord {
+/// Wire -> record: the session id and env are parsed here (the rule they break is the error);
+/// every other rule is [`RequestRecord::check`]'s. A status beyond `u16` becomes one the check
+/// refuses, never a wrapped-around valid one.
+pub fn record_from_pb(r: link_pb::RequestRecord) -> Result<RequestRecord, &'static str> {
     use nm_types::UsageStatus as S;
-    let status = match r.usage_status() {
+    let usage_status = match r.usage_status() {
         link_pb::UsageStatus::Reported => S::Reported,
         link_pb::UsageStatus::Partial => S::Partial,
         link_pb::UsageStatus::Missing => S::Missing,
         link_pb::UsageStatus::NotApplicable | link_pb::UsageStatus::Unspecified => S::NotApplicable,
     };
-    nm_controlplane::RequestRecord {
+    let session_id = r
+        .session_id
+        .map(|s| s.parse::<nm_types::SessionId>())
+        .transpose()
+        .map_err(|_| "session_id must look like sess_<id>")?;
+    let env = r
+        .env
+        .map(|e| e.parse::<nm_types::Env>())
+        .transpose()
+        .map_err(|_| "env must be production, staging or development")?;
+    Ok(RequestRecord {
         request_id: r.request_id,
         started_at_ms: r.started_at.as_ref().map_or(0, timestamp_to_ms),
-        key_id: r.key_id,
-        provider: r.provider,
-        method: r.method,
+        key_id: r.key_id.into(),
+        provider: r.provider.into(),
+        method: r.method.into(),
         path: r.path,
         model: r.model,
         agent: r.agent,
-        session_id: r.session_id,
-        env: r.env,
+        session_id,
+        env,
         user_id: r.user_id,
         status: u16::try_from(r.status).unwrap_or(u16::MAX),
         latency_ms: r.latency_ms,
         ttfb_ms: r.ttfb_ms,
         streamed: r.streamed,
-        error_code: r.error_code,
+        error_code: r.error_code.map(Into::into),
         response_bytes: r.response_bytes,
         usage: nm_types::Usage {
             model: r.answered_model,
@@ -156,10 +121,10 @@ pub fn record_from_pb(r: link_pb::RequestRecord) -> nm_controlplane::RequestReco
             reasoning_tokens: r.reasoning_tokens,
             finish_reason: r.finish_reason,
         },
-        usage_status: status,
+        usage_status,
         cost_micros: r.cost_micros,
         budget_micros: r.budget_micros,
-    }
+    })
 }
 
 /// Dataplane signal -> controlplane signal (the link's signal type).

@@ -139,17 +139,26 @@ impl Link for LinkService {
                 "at most {MAX_INGEST_BATCH} records per call"
             )));
         }
-        let batch: Vec<_> = batch.into_iter().map(convert::record_from_pb).collect();
+        let mut rejected = Vec::new();
+        let mut readable = Vec::with_capacity(batch.len());
+        for (i, r) in batch.into_iter().enumerate() {
+            match convert::record_from_pb(r) {
+                Ok(record) => readable.push((i, record)),
+                Err(why) => rejected.push(link_pb::RejectedRecord {
+                    index: i as u32,
+                    reason: why.to_owned(),
+                }),
+            }
+        }
         // A record must name a key that was valid when its request was made.
-        let uses: Vec<(&str, i64)> = batch
+        let uses: Vec<(&str, i64)> = readable
             .iter()
-            .map(|r| (r.key_id.as_str(), r.started_at_ms))
+            .map(|(_, r)| (&*r.key_id, r.started_at_ms))
             .collect();
         let valid = self.cp.keys.valid_at(&uses).await.map_err(to_status)?;
-        let mut rejected = Vec::new();
-        let mut accepted = Vec::with_capacity(batch.len());
-        let mut positions = Vec::with_capacity(batch.len());
-        for (i, (record, ok)) in batch.into_iter().zip(valid).enumerate() {
+        let mut accepted = Vec::with_capacity(readable.len());
+        let mut positions = Vec::with_capacity(readable.len());
+        for ((i, record), ok) in readable.into_iter().zip(valid) {
             if ok {
                 positions.push(i);
                 accepted.push(record);

@@ -11,7 +11,7 @@ use std::fs::OpenOptions;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use nm_controlplane::RequestRecord;
+use nm_types::record::RequestRecord;
 use serde_json::json;
 
 /// The file's name in the spool directory.
@@ -64,20 +64,20 @@ fn record_json(r: &RequestRecord) -> serde_json::Value {
     json!({
         "request_id": r.request_id,
         "started_at_ms": r.started_at_ms,
-        "key_id": r.key_id,
-        "provider": r.provider,
-        "method": r.method,
+        "key_id": &*r.key_id,
+        "provider": &*r.provider,
+        "method": &*r.method,
         "path": r.path,
         "model": r.model,
         "agent": r.agent,
-        "session_id": r.session_id,
-        "env": r.env,
+        "session_id": r.session_id.as_ref().map(nm_types::SessionId::as_str),
+        "env": r.env.map(nm_types::Env::as_str),
         "user_id": r.user_id,
         "status": r.status,
         "latency_ms": r.latency_ms,
         "ttfb_ms": r.ttfb_ms,
         "streamed": r.streamed,
-        "error_code": r.error_code,
+        "error_code": r.error_code.as_deref(),
         "response_bytes": r.response_bytes,
         "answered_model": u.model,
         "input_tokens": u.input_tokens,

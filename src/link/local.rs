@@ -1,8 +1,9 @@
 //! The in-process adapter: the dataplane of `nm-gateway serve` calls its own controlplane
 //! directly. Streams are the controlplane's own; records and signals are stored by reference.
 
-use nm_controlplane::{Controlplane, NewSignal, RequestRecord};
+use nm_controlplane::{Controlplane, NewSignal};
 use nm_types::budget::Feed;
+use nm_types::record::RequestRecord;
 use nm_types::throttle::Throttle;
 use nm_types::{KeyVerifiers, VerifierKey};
 use tokio_stream::StreamExt;

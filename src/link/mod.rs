@@ -34,9 +34,10 @@ use nm_dataplane::{Health, KeySet};
 use tokio::sync::watch as signal;
 use tokio::task::JoinHandle;
 
-use nm_controlplane::{NewSignal, RequestRecord};
+use nm_controlplane::NewSignal;
 use nm_types::KeyVerifiers;
 use nm_types::budget::Feed;
+use nm_types::record::RequestRecord;
 use tokio_stream::Stream;
 
 /// A stream from the controlplane; an item error ends it.

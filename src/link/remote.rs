@@ -2,9 +2,10 @@
 //! `nm.link.v1.Link`, presenting the link secret on every call (over TLS for an `https://`
 //! controlplane URL; see [`crate::grpc::channel`]).
 
-use nm_controlplane::{NewSignal, RequestRecord};
+use nm_controlplane::NewSignal;
 use nm_types::KeyVerifiers;
 use nm_types::budget::Feed;
+use nm_types::record::RequestRecord;
 use tokio_stream::StreamExt;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
@@ -123,7 +124,7 @@ impl Port for Grpc {
     }
 
     async fn ingest(&self, batch: &[RequestRecord]) -> Result<Ingested, LinkError> {
-        let records = batch.iter().cloned().map(convert::record_to_pb).collect();
+        let records = batch.iter().map(convert::record_to_pb).collect();
         let resp = self
             .client
             .clone()

@@ -29,16 +29,15 @@ use nm_dataplane::budget::Budgets;
 use nm_dataplane::metrics::Metrics;
 use nm_dataplane::spool::{Spool, SpoolError, SpooledBatch};
 use prost::Message;
-use std::sync::Arc as Shared;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
-use nm_controlplane::RequestRecord;
+use nm_types::record::{RequestRecord, shorten_path};
 
 use super::dead_letter::DeadLetters;
 use super::{Ingested, LinkError, Port};
-use crate::grpc::convert::{record_from_pb, record_to_pb, record_to_stored};
+use crate::grpc::convert::{record_from_pb, record_to_pb};
 use crate::grpc::link_pb;
 
 /// Most records per batch.
@@ -91,20 +90,27 @@ impl SharedSpool {
 /// An upper bound of a record's encoded size: the text it holds plus a fixed allowance for
 /// the numbers and field tags (27 fields of at most 11 bytes of overhead each).
 pub fn size_bound(r: &RequestRecord) -> usize {
-    let opt = |s: &Option<String>| s.as_ref().map_or(0, String::len);
+    let opt = |s: Option<&str>| s.map_or(0, str::len);
     300 + r.request_id.len()
         + r.key_id.len()
         + r.provider.len()
         + r.method.len()
         + r.path.len()
-        + opt(&r.model)
-        + opt(&r.agent)
-        + opt(&r.session_id)
-        + opt(&r.env)
-        + opt(&r.user_id)
-        + opt(&r.error_code)
-        + opt(&r.usage.model)
-        + opt(&r.usage.finish_reason)
+        + opt(r.model.as_deref())
+        + opt(r.agent.as_deref())
+        + opt(r.session_id.as_ref().map(nm_types::SessionId::as_str))
+        + opt(r.env.map(nm_types::Env::as_str))
+        + opt(r.user_id.as_deref())
+        + opt(r.error_code.as_deref())
+        + opt(r.usage.model.as_deref())
+        + opt(r.usage.finish_reason.as_deref())
+}
+
+/// A record as it leaves the dataplane: its path shortened to the record's cap (the request
+/// itself was forwarded with the whole path).
+fn leaving(mut r: RequestRecord) -> RequestRecord {
+    shorten_path(&mut r.path);
+    r
 }
 
 /// Cuts `records` into runs of at most [`MAX_BATCH`] records and [`MAX_BATCH_BYTES`].
@@ -127,7 +133,7 @@ fn chunks(records: &[RequestRecord]) -> Vec<&[RequestRecord]> {
 
 /// Drains `queue` until `stop` turns true and the queue is empty.
 pub async fn ship(
-    port: Shared<dyn Port>,
+    port: Arc<dyn Port>,
     mut queue: RecordQueue,
     budgets: Budgets,
     spool: SharedSpool,
@@ -166,7 +172,7 @@ pub async fn ship(
             let wake = (!shipper.spool_empty()).then_some(shipper.retry_at);
             tokio::select! {
                 received = queue.recv() => match received {
-                    Some(r) => batch.push(record_to_stored(r)),
+                    Some(r) => batch.push(leaving(r)),
                     None => break,
                 },
                 () = sleep_until(wake) => continue,
@@ -200,7 +206,7 @@ pub async fn ship(
     // Shutting down: the server has drained, so the queue holds everything there will be.
     queue.close();
     while let Ok(r) = queue.try_recv() {
-        batch.push(record_to_stored(r));
+        batch.push(leaving(r));
     }
     let deadline = Instant::now() + FLUSH_DEADLINE;
     while !shipper.spool_empty() && Instant::now() < deadline {
@@ -239,7 +245,7 @@ pub async fn ship(
 fn take_queued(queue: &mut RecordQueue, batch: &mut Vec<RequestRecord>) {
     while batch.len() < MAX_BATCH {
         match queue.try_recv() {
-            Ok(r) => batch.push(record_to_stored(r)),
+            Ok(r) => batch.push(leaving(r)),
             Err(_) => break,
         }
     }
@@ -253,7 +259,7 @@ async fn sleep_until(at: Option<Instant>) {
 }
 
 struct Shipper {
-    port: Shared<dyn Port>,
+    port: Arc<dyn Port>,
     budgets: Budgets,
     spool: SharedSpool,
     dead_letters: DeadLetters,
@@ -315,15 +321,19 @@ impl Shipper {
                 return true;
             }
         };
+        // Spooled records were typed when written, so each reads back; one that does not (a
+        // file from another version) could never be stored: counted and logged, not retried.
+        let total = req.records.len();
         let records: Vec<RequestRecord> = req
             .records
             .into_iter()
-            .map(|r| {
-                let mut r = record_from_pb(r);
-                nm_controlplane::records::shorten_path(&mut r.path);
-                r
-            })
+            .filter_map(|r| record_from_pb(r).ok().map(leaving))
             .collect();
+        if records.len() < total {
+            let lost = (total - records.len()) as u64;
+            error!(records = lost, "spooled records cannot be read; dropped");
+            self.metrics.records_dropped("spool_undecodable", lost);
+        }
         if self.send(&records).await {
             self.pop().await;
             true
@@ -342,7 +352,7 @@ impl Shipper {
 
     async fn append(&mut self, records: Vec<RequestRecord>) {
         let n = records.len();
-        let records = records.into_iter().map(record_to_pb).collect();
+        let records = records.iter().map(record_to_pb).collect();
         let bytes = link_pb::IngestRequestsRequest { records }.encode_to_vec();
         let count = u32::try_from(n).unwrap_or(u32::MAX);
         let dropped_before = self.spool.with(Spool::dropped_records);

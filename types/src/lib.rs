@@ -8,6 +8,7 @@
 
 pub mod budget;
 pub mod money;
+pub mod record;
 pub mod throttle;
 
 use std::fmt;

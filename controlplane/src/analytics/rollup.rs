@@ -360,12 +360,12 @@ pub(crate) async fn add_requests<C: ConnectionTrait>(
         for r in chunk {
             values.extend([
                 Value::String(r.agent.clone()),
-                Value::String(r.session_id.clone()),
+                Value::String(r.session_id.as_ref().map(|s| s.as_str().to_owned())),
                 Value::BigInt(Some(r.started_at_ms)),
                 Value::String(r.usage.model.clone()),
                 Value::String(r.model.clone()),
-                Value::String(Some(r.provider.clone())),
-                Value::String(r.env.clone()),
+                Value::String(Some(r.provider.to_string())),
+                Value::String(r.env.map(|e| e.as_str().to_owned())),
                 Value::String(r.user_id.clone()),
                 count(r.cost_micros),
                 count(r.ttfb_ms),

@@ -139,9 +139,9 @@ fn traffic(seed: u64, sessions: usize) -> Vec<Step> {
             records.push(RequestRecord {
                 request_id: format!("r{n}-{k}"),
                 started_at_ms: at,
-                key_id: "key_1".to_owned(),
-                provider: pick(&mut rng, &["openai", "anthropic"]).to_string(),
-                method: "POST".to_owned(),
+                key_id: "key_1".into(),
+                provider: (*pick(&mut rng, &["openai", "anthropic"])).into(),
+                method: "POST".into(),
                 path: "/v1/chat/completions".to_owned(),
                 model: model.map(str::to_owned),
                 agent: match rng.below(20) {
@@ -150,9 +150,9 @@ fn traffic(seed: u64, sessions: usize) -> Vec<Step> {
                     _ => Some(agent.to_owned()),
                 },
                 // A few records without a session: never in the rollup.
-                session_id: (!rng.chance(0.03)).then(|| session_id.clone()),
+                session_id: (!rng.chance(0.03)).then(|| session_id.parse().unwrap()),
                 env: pick(&mut rng, &[Some("production"), Some("staging"), None])
-                    .map(str::to_owned),
+                    .map(|e| e.parse().unwrap()),
                 user_id: pick(&mut rng, &[Some("u-1"), Some("u-2"), Some("u-3"), None])
                     .map(str::to_owned),
                 status: 200,
@@ -461,15 +461,15 @@ async fn insert_rows(db: &DatabaseConnection, steps: &[Step], keep_rollup: bool)
             .push(", ")
             .bind(r.started_at_ms)
             .push(", 'key_1', ")
-            .bind(r.provider.clone())
+            .bind(r.provider.to_string())
             .push(", 'POST', '/', ")
             .bind(r.model.clone())
             .push(", ")
             .bind(r.agent.clone())
             .push(", ")
-            .bind(r.session_id.clone())
+            .bind(r.session_id.as_ref().map(|s| s.as_str().to_owned()))
             .push(", ")
-            .bind(r.env.clone())
+            .bind(r.env.map(|e| e.as_str().to_owned()))
             .push(", ")
             .bind(r.user_id.clone())
             .push(", 200, 1, ")

@@ -22,7 +22,7 @@ use crate::error::Result;
 use crate::records::{RequestRecord, Usage, UsageStatus};
 use crate::sql::insert_chunks;
 use crate::store::Store;
-use crate::store::entity::{request, signal};
+use crate::store::entity::signal;
 use crate::{Budgets, Records};
 
 const DAY_MS: i64 = 86_400_000;
@@ -274,14 +274,14 @@ impl<'a> Generator<'a> {
             requests.push(RequestRecord {
                 request_id: format!("{session_id}-{k}"),
                 started_at_ms: at,
-                key_id: "key_synthetic".to_owned(),
-                provider: model.provider.clone(),
-                method: "POST".to_owned(),
+                key_id: "key_synthetic".into(),
+                provider: model.provider.as_str().into(),
+                method: "POST".into(),
                 path: "/v1/chat/completions".to_owned(),
                 model: Some(model.model.clone()),
                 agent: Some(spec.agent.clone()),
-                session_id: Some(session_id.clone()),
-                env: env.map(|e| e.env.clone()),
+                session_id: session_id.parse().ok(),
+                env: env.and_then(|e| e.env.parse().ok()),
                 user_id: Some(user_id.clone()),
                 status: 200,
                 latency_ms: ttfb as u64 + 1_500,
@@ -395,42 +395,11 @@ pub async fn generate_with(
 }
 
 async fn insert_requests(store: &Store, rows: Vec<RequestRecord>) -> Result<()> {
-    let as_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
     let txn = store.begin_write().await?;
-    add_requests(&txn, &rows.iter().collect::<Vec<_>>()).await?;
-    let mut rest = rows.into_iter().map(|r| request::ActiveModel {
-        request_id: Set(r.request_id),
-        started_at_ms: Set(r.started_at_ms),
-        key_id: Set(r.key_id),
-        provider: Set(r.provider),
-        method: Set(r.method),
-        path: Set(r.path),
-        model: Set(r.model),
-        agent: Set(r.agent),
-        session_id: Set(r.session_id),
-        env: Set(r.env),
-        user_id: Set(r.user_id),
-        status: Set(i32::from(r.status)),
-        latency_ms: Set(as_i64(r.latency_ms)),
-        ttfb_ms: Set(r.ttfb_ms.map(as_i64)),
-        streamed: Set(r.streamed),
-        error_code: Set(r.error_code),
-        response_bytes: Set(as_i64(r.response_bytes)),
-        answered_model: Set(r.usage.model),
-        input_tokens: Set(r.usage.input_tokens.map(as_i64)),
-        output_tokens: Set(r.usage.output_tokens.map(as_i64)),
-        cached_input_tokens: Set(r.usage.cached_input_tokens.map(as_i64)),
-        cache_write_tokens: Set(r.usage.cache_write_tokens.map(as_i64)),
-        reasoning_tokens: Set(r.usage.reasoning_tokens.map(as_i64)),
-        finish_reason: Set(r.usage.finish_reason),
-        cost_micros: Set(r.cost_micros.map(as_i64)),
-        usage_status: Set(r.usage_status.as_str().to_owned()),
-    });
-    for size in insert_chunks(rest.len()) {
-        let chunk: Vec<_> = rest.by_ref().take(size).collect();
-        request::Entity::insert_many(chunk)
-            .exec_without_returning(&txn)
-            .await?;
+    let refs: Vec<&RequestRecord> = rows.iter().collect();
+    add_requests(&txn, &refs).await?;
+    for chunk in refs.chunks(4_096) {
+        crate::records::write_rows(&txn, chunk).await?;
     }
     txn.commit().await?;
     Ok(())
