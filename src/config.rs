@@ -399,12 +399,13 @@ pub fn resolve(
         file.shutdown_grace_secs,
         DEFAULT_SHUTDOWN_GRACE_SECS,
     )?;
-    let at_least_1s = |key: &str, file: Option<u64>, default: u64| -> Result<Duration, ConfigError> {
-        match num(key, file, default)? {
-            0 => Err(invalid(key, "must be at least 1 second")),
-            secs => Ok(Duration::from_secs(secs)),
-        }
-    };
+    let at_least_1s =
+        |key: &str, file: Option<u64>, default: u64| -> Result<Duration, ConfigError> {
+            match num(key, file, default)? {
+                0 => Err(invalid(key, "must be at least 1 second")),
+                secs => Ok(Duration::from_secs(secs)),
+            }
+        };
     let client_header_timeout = at_least_1s(
         ENV_CLIENT_HEADER_TIMEOUT_SECS,
         file.client_header_timeout_secs,

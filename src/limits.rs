@@ -64,7 +64,10 @@ mod tests {
         let (before, after) = raise_nofile().unwrap();
         assert_eq!(before, Some(low));
         assert_eq!(after, Some(hard));
-        assert_eq!(connection_cap(0), nm_dataplane::conns::max_connections_for(hard));
+        assert_eq!(
+            connection_cap(0),
+            nm_dataplane::conns::max_connections_for(hard)
+        );
         assert_eq!(connection_cap(7), 7);
     }
 }

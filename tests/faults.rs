@@ -56,7 +56,10 @@ impl Tmpfs {
     fn mount(size: &str) -> Self {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let path = dir.path().display().to_string();
-        run("mount", &["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs", &path]);
+        run(
+            "mount",
+            &["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs", &path],
+        );
         Self { dir }
     }
 
@@ -190,9 +193,10 @@ async fn sqlite_on_a_full_disk_recovers_by_itself() {
         return;
     }
     let disk = Tmpfs::mount("2M");
-    let mock = MockProvider::json(r#"{"id":"x","usage":{"prompt_tokens":1,"completion_tokens":1}}"#)
-        .start()
-        .await;
+    let mock =
+        MockProvider::json(r#"{"id":"x","usage":{"prompt_tokens":1,"completion_tokens":1}}"#)
+            .start()
+            .await;
     let gw = TestGateway::builder()
         .env(
             "NM_DATABASE_URL",
@@ -215,11 +219,15 @@ async fn sqlite_on_a_full_disk_recovers_by_itself() {
     }
     let refused = refused.unwrap_or_else(|| panic!("the full disk never refused a write"));
     assert_no_database_text(&refused);
-    eventually(Duration::from_secs(15), "/health names the full disk", || async {
-        let h = gw.get("/health").await;
-        let body = String::from_utf8_lossy(&h.body).into_owned();
-        (h.status == 503 && body.contains("disk is full")).then_some(())
-    })
+    eventually(
+        Duration::from_secs(15),
+        "/health names the full disk",
+        || async {
+            let h = gw.get("/health").await;
+            let body = String::from_utf8_lossy(&h.body).into_owned();
+            (h.status == 503 && body.contains("disk is full")).then_some(())
+        },
+    )
     .await;
 
     // Proxying goes on; its records wait in the spool.
@@ -287,7 +295,7 @@ async fn a_database_refusing_writes_from_the_start_is_not_ready_until_it_takes_t
             .await;
         gw.stop().await;
     }
-    let frozen = Immutable::set(&[db_path.clone()]);
+    let frozen = Immutable::set(std::slice::from_ref(&db_path));
     let gw = TestGateway::builder()
         .env("NM_DATABASE_URL", &url)
         .shape(Shape::Split)
@@ -297,13 +305,17 @@ async fn a_database_refusing_writes_from_the_start_is_not_ready_until_it_takes_t
 
     assert_eq!(grpc_serving(&gw).await, ServingStatus::NotServing as i32);
     let r = readiness(&gw).await;
-    assert!(!r.ready && !r.database_writable && r.database_reachable, "{r:?}");
+    assert!(
+        !r.ready && !r.database_writable && r.database_reachable,
+        "{r:?}"
+    );
     assert_eq!(r.reason, "the database is read-only");
     eventually(Duration::from_secs(15), "/health says why", || async {
         let h = gw.get("/health").await;
         let body = String::from_utf8_lossy(&h.body).into_owned();
-        (h.status == 503 && body.contains("cannot store signals and records: the database is read-only"))
-            .then_some(())
+        (h.status == 503
+            && body.contains("cannot store signals and records: the database is read-only"))
+        .then_some(())
     })
     .await;
     let a = signal(&gw, "sess_ro", "ro-1").await;
@@ -356,7 +368,8 @@ async fn a_signal_answered_503_is_never_stored_later(shape: Shape) {
     for i in 0..8 {
         let gw = gw.clone();
         waiting.push(tokio::spawn(async move {
-            let body = format!(r#"{{"session_id":"sess_locked","action":"accepted","custom_label":{i}}}"#);
+            let body =
+                format!(r#"{{"session_id":"sess_locked","action":"accepted","custom_label":{i}}}"#);
             gw.raw("POST", "/v1/signal", &[("nm-key", ADMIN_KEY), JSON], body)
                 .await
         }));
@@ -364,7 +377,10 @@ async fn a_signal_answered_503_is_never_stored_later(shape: Shape) {
     for w in waiting {
         let a = w.await.unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(a.status, 503, "{:?}", String::from_utf8_lossy(&a.body));
-        let message = a.json()["error"]["message"].as_str().unwrap_or_default().to_owned();
+        let message = a.json()["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
         assert!(message.contains("nothing was stored"), "{message}");
         assert!(!message.contains("may have been stored"), "{message}");
         assert_no_database_text(&a);
@@ -391,7 +407,11 @@ async fn a_signal_answered_503_is_never_stored_later(shape: Shape) {
     })
     .await;
     assert_eq!(
-        count(&gw, "SELECT COUNT(*) AS n FROM signals WHERE session_id = 'sess_locked'").await,
+        count(
+            &gw,
+            "SELECT COUNT(*) AS n FROM signals WHERE session_id = 'sess_locked'"
+        )
+        .await,
         0,
         "a signal answered 503 was stored afterwards"
     );
@@ -540,7 +560,10 @@ async fn an_upstream_stalling_after_its_head_is_given_up() {
     )
     .await
     .unwrap_or_else(|_| panic!("the client was held: the stalled answer never ended"));
-    assert!(body.is_err(), "the stalled answer must end in an error, not look complete");
+    assert!(
+        body.is_err(),
+        "the stalled answer must end in an error, not look complete"
+    );
     eventually(Duration::from_secs(15), "the record", || async {
         let n = count(
             &gw,
@@ -572,6 +595,9 @@ async fn double_encoded_dot_segments_are_refused() {
         assert_eq!(a.status, 400, "{path}");
         assert_eq!(a.header("nm-error"), Some("invalid_path"), "{path}");
     }
-    assert!(mock.received().is_empty(), "a refused path reached the provider");
+    assert!(
+        mock.received().is_empty(),
+        "a refused path reached the provider"
+    );
     gw.stop().await;
 }

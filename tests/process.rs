@@ -672,7 +672,10 @@ async fn get_status(url: String) -> u16 {
 #[tokio::test]
 async fn silent_sockets_under_a_low_open_file_limit_do_not_stop_clients() {
     let (before, after) = nm_gateway::limits::raise_nofile().unwrap_or_else(|e| panic!("{e}"));
-    assert!(after.unwrap_or(u64::MAX) > 2_500, "the test needs 2,500 descriptors ({before:?})");
+    assert!(
+        after.unwrap_or(u64::MAX) > 2_500,
+        "the test needs 2,500 descriptors ({before:?})"
+    );
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let p = Proc::spawn_under(
         &["prlimit", "--nofile=1024:1024", "--"],
@@ -741,7 +744,10 @@ async fn accept_failures_are_logged_once_a_second_and_clients_come_back() {
     let lines = logs.lines().filter(|l| l.contains("accept failed")).count();
     let secs = started.elapsed().as_secs() as usize;
     assert!(lines >= 1, "the descriptor table never filled: {logs}");
-    assert!(lines <= secs + 2, "{lines} accept-failure lines in {secs}s:\n{logs}");
+    assert!(
+        lines <= secs + 2,
+        "{lines} accept-failure lines in {secs}s:\n{logs}"
+    );
 }
 
 /// Issue 21, 7: while the database refuses every write (its files immutable), a burst of 300
@@ -781,10 +787,24 @@ async fn an_outage_logs_a_line_a_second_not_one_per_signal() {
             let c = c.clone();
             let url = format!("http://{http}/v1/signal");
             waiting.push(tokio::spawn(async move {
-                let body = format!(r#"{{"session_id":"sess_flood","action":"accepted","custom_label":{}}}"#, wave * 30 + i);
-                read(send(&c, request("POST", &url, &[("nm-key", KEY), ("content-type", "application/json")], body)).await)
-                    .await
-                    .status
+                let body = format!(
+                    r#"{{"session_id":"sess_flood","action":"accepted","custom_label":{}}}"#,
+                    wave * 30 + i
+                );
+                read(
+                    send(
+                        &c,
+                        request(
+                            "POST",
+                            &url,
+                            &[("nm-key", KEY), ("content-type", "application/json")],
+                            body,
+                        ),
+                    )
+                    .await,
+                )
+                .await
+                .status
             }));
         }
         for w in waiting {
@@ -792,7 +812,10 @@ async fn an_outage_logs_a_line_a_second_not_one_per_signal() {
         }
     }
     let refused = answered.iter().filter(|s| **s == 503).count();
-    assert!(refused >= 290, "the outage did not refuse the signals: {answered:?}");
+    assert!(
+        refused >= 290,
+        "the outage did not refuse the signals: {answered:?}"
+    );
     let logs = p.stderr();
     let flood: Vec<&str> = logs
         .lines()

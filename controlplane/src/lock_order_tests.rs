@@ -145,5 +145,10 @@ async fn signals_and_ingest_at_once_never_deadlock_on_postgres() {
     let after = deadlocks(&pg.url).await;
     crate::scratch::drop_test_db(&pg.url).await;
     assert!(failures.is_empty(), "writes failed: {failures:?}");
-    assert_eq!(after - before, 0, "PostgreSQL detected {} deadlocks", after - before);
+    assert_eq!(
+        after - before,
+        0,
+        "PostgreSQL detected {} deadlocks",
+        after - before
+    );
 }

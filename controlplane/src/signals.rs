@@ -157,7 +157,9 @@ impl Pending {
 
     /// Answers a signal set aside unstored (nobody hears it when the caller is gone).
     fn not_stored(self) {
-        let _ = self.done.send(Err(Error::Unavailable(NOT_STORED.to_owned())));
+        let _ = self
+            .done
+            .send(Err(Error::Unavailable(NOT_STORED.to_owned())));
     }
 }
 
@@ -192,7 +194,11 @@ impl Signals {
     /// Stores a signal whose commit must begin within `commit_within`; returns once it is
     /// committed. An error means it was not stored, and dropping the future before it resolves
     /// (the caller gave up) keeps it from being stored unless its commit had already begun.
-    pub async fn record_within(&self, signal: NewSignal, commit_within: Duration) -> Result<Stored> {
+    pub async fn record_within(
+        &self,
+        signal: NewSignal,
+        commit_within: Duration,
+    ) -> Result<Stored> {
         validate(&signal)?;
         let (done, wait) = oneshot::channel();
         let deadline = Instant::now() + commit_within;
@@ -442,7 +448,10 @@ async fn write_loop(store: Store, mut rx: mpsc::Receiver<Pending>) {
                     }
                     break;
                 }
-                Err(e) if crate::store::is_conflict(&e) && conflicts + 1 < crate::store::CONFLICT_ATTEMPTS => {
+                Err(e)
+                    if crate::store::is_conflict(&e)
+                        && conflicts + 1 < crate::store::CONFLICT_ATTEMPTS =>
+                {
                     conflicts += 1;
                     debug!(error = %e, attempt = conflicts, "signal group conflicted; redone");
                     tokio::time::sleep(crate::store::conflict_backoff(conflicts)).await;

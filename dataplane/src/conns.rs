@@ -386,7 +386,10 @@ mod tests {
         assert_eq!(c.open(), 3);
         let reg = c.registry();
         assert!(reg.open.contains_key(&a.id));
-        assert!(!reg.open.contains_key(&b.id), "the oldest idle one goes first");
+        assert!(
+            !reg.open.contains_key(&b.id),
+            "the oldest idle one goes first"
+        );
         assert!(reg.open.contains_key(&d.id));
         drop(reg);
         drop(busy);

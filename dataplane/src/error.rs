@@ -110,11 +110,7 @@ impl ProxyError {
                 Side::Client,
             ),
             RequestBody(_) => (StatusCode::BAD_REQUEST, "invalid_body", Side::Client),
-            ClientTimeout(_) => (
-                StatusCode::REQUEST_TIMEOUT,
-                "request_timeout",
-                Side::Client,
-            ),
+            ClientTimeout(_) => (StatusCode::REQUEST_TIMEOUT, "request_timeout", Side::Client),
             InvalidSignal { code, .. } => (StatusCode::BAD_REQUEST, code, Side::Client),
             UnsupportedMediaType => (
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,

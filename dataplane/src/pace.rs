@@ -98,10 +98,12 @@ impl Pace {
         self.idle_deadline = Some(idle_deadline);
         let mut deadline = idle_deadline;
         let mut why = format!("no data for {}s", self.limits.idle.as_secs());
-        if self.limits.min_rate > 0 {
-            let allowed = self.limits.idle
-                + Duration::from_millis(self.received.saturating_mul(1000) / self.limits.min_rate);
-            let by_rate = started + allowed;
+        if let Some(credit_ms) = self
+            .received
+            .saturating_mul(1000)
+            .checked_div(self.limits.min_rate)
+        {
+            let by_rate = started + self.limits.idle + Duration::from_millis(credit_ms);
             if by_rate <= deadline {
                 deadline = by_rate;
                 why = format!(
@@ -168,8 +170,7 @@ where
         }
         match this.inner.poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                this.pace
-                    .progress(frame.data_ref().map_or(0, Bytes::len));
+                this.pace.progress(frame.data_ref().map_or(0, Bytes::len));
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),

@@ -230,7 +230,13 @@ mod tests {
         for _ in 0..times {
             out = out
                 .bytes()
-                .map(|b| if upper { format!("%{b:02X}") } else { format!("%{b:02x}") })
+                .map(|b| {
+                    if upper {
+                        format!("%{b:02X}")
+                    } else {
+                        format!("%{b:02x}")
+                    }
+                })
                 .collect();
         }
         out

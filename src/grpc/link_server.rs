@@ -16,8 +16,8 @@ use nm_controlplane::{Controlplane, feeds};
 use nm_types::VerifierKey;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
-use tonic::service::interceptor::InterceptedService;
 use tonic::metadata::MetadataValue;
+use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 use tracing::warn;
 
@@ -176,10 +176,9 @@ impl Link for LinkService {
                 "request records refused: unknown or revoked key"
             );
         }
-        let outcome =
-            nm_controlplane::store::retry_conflicts(|| self.cp.records.ingest(&accepted))
-                .await
-                .map_err(to_status)?;
+        let outcome = nm_controlplane::store::retry_conflicts(|| self.cp.records.ingest(&accepted))
+            .await
+            .map_err(to_status)?;
         rejected.extend(
             outcome
                 .rejected
@@ -204,12 +203,14 @@ impl Link for LinkService {
     ) -> Result<Response<link_pb::RecordSignalResponse>, Status> {
         // Every error answered here means "not stored": say so, so the dataplane can tell it
         // from a call whose answer was lost.
-        self.store_signal(req.into_inner()).await.map_err(|mut status| {
-            status
-                .metadata_mut()
-                .insert(NOT_STORED_METADATA, MetadataValue::from_static("1"));
-            status
-        })
+        self.store_signal(req.into_inner())
+            .await
+            .map_err(|mut status| {
+                status
+                    .metadata_mut()
+                    .insert(NOT_STORED_METADATA, MetadataValue::from_static("1"));
+                status
+            })
     }
 }
 

@@ -73,8 +73,8 @@ fn link_error(status: tonic::Status) -> LinkError {
 /// when no connection could be made; otherwise (a connection lost mid-call, a reset stream) the
 /// signal may have been stored.
 fn signal_error(status: tonic::Status) -> LinkError {
-    let never_sent = status.code() == tonic::Code::Unavailable
-        && status.message().contains("connect");
+    let never_sent =
+        status.code() == tonic::Code::Unavailable && status.message().contains("connect");
     if status.metadata().contains_key(NOT_STORED_METADATA)
         || never_sent
         || matches!(

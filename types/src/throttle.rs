@@ -15,8 +15,8 @@
 //!
 //! Lock-free: one atomic read on the suppressed path, a compare-and-swap when a line is due.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// One call site's allowance. Share it (a `static`, a field, an `Arc`) among the tasks whose

@@ -26,7 +26,7 @@ use crate::error::{Error, Result};
 
 pub use migration::Migrator;
 pub use sqlite_write::SqliteWrite;
-pub use writable::{WriteProblem, Writability};
+pub use writable::{Writability, WriteProblem};
 
 /// A handle on the controlplane database. Cheap to clone (a connection pool).
 #[derive(Clone, Debug)]
@@ -106,9 +106,8 @@ impl Store {
             self.backend(),
             "INSERT INTO write_probe (id, written_at_ms) VALUES (1, ",
         );
-        sql.bind(crate::now_ms()).push(
-            ") ON CONFLICT (id) DO UPDATE SET written_at_ms = excluded.written_at_ms",
-        );
+        sql.bind(crate::now_ms())
+            .push(") ON CONFLICT (id) DO UPDATE SET written_at_ms = excluded.written_at_ms");
         txn.execute_raw(sql.build()).await?;
         txn.commit().await
     }
@@ -224,8 +223,9 @@ where
 fn release_if_idle<C: sea_orm::sqlx::Connection>(
     conn: &mut C,
     _meta: sea_orm::sqlx::pool::PoolConnectionMetadata,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<bool, sea_orm::sqlx::Error>> + Send + '_>>
-{
+) -> std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<bool, sea_orm::sqlx::Error>> + Send + '_>,
+> {
     let idle = !conn.is_in_transaction();
     Box::pin(async move { Ok(idle) })
 }

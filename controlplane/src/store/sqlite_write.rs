@@ -198,7 +198,10 @@ impl ConnectionTrait for SqliteWrite {
 
     async fn query_one_raw(&self, stmt: Statement) -> Result<Option<QueryResult>, DbErr> {
         let mut conn = self.conn.lock().await;
-        let row = query(stmt).fetch_optional(&mut **conn).await.map_err(query_err);
+        let row = query(stmt)
+            .fetch_optional(&mut **conn)
+            .await
+            .map_err(query_err);
         self.seen(row).map(|r| r.map(QueryResult::from))
     }
 

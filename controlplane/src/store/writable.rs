@@ -19,8 +19,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sea_orm::{DbErr, RuntimeErr};
 use sea_orm::sqlx;
+use sea_orm::{DbErr, RuntimeErr};
 use tokio::sync::watch;
 use tracing::{error, info};
 
@@ -103,10 +103,7 @@ pub fn fault_of(e: &DbErr) -> WriteProblem {
     };
     match sqlx_error {
         sqlx::Error::Database(d) => {
-            if d.is_unique_violation()
-                || d.is_foreign_key_violation()
-                || d.is_check_violation()
-            {
+            if d.is_unique_violation() || d.is_foreign_key_violation() || d.is_check_violation() {
                 return None;
             }
             fault_of_code(&d.code().unwrap_or_default())
