@@ -1,8 +1,10 @@
 //! Database connection and schema. [`Store::connect`] opens SQLite or PostgreSQL from a URL and
 //! runs the migrations before anything else touches the database.
 
+#[forbid(unsafe_code)]
 pub mod entity;
 mod ffi;
+#[forbid(unsafe_code)]
 mod migration;
 #[forbid(unsafe_code)]
 mod nodelay;
