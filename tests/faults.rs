@@ -601,3 +601,249 @@ async fn double_encoded_dot_segments_are_refused() {
     );
     gw.stop().await;
 }
+
+// === PostgreSQL restarted under load ===
+
+/// A PostgreSQL server of the test's own (the installed binaries, a scratch directory and
+/// port), so that it can be stopped and started without touching the machine's shared server.
+/// Stopped when dropped.
+struct PrivatePostgres {
+    bin: PathBuf,
+    dir: tempfile::TempDir,
+    port: u16,
+}
+
+impl PrivatePostgres {
+    /// `None` (with a notice) without root or without the server binaries.
+    fn start() -> Option<Self> {
+        if !is_root() {
+            eprintln!("SKIPPED: a private PostgreSQL server runs as the postgres user: needs root");
+            return None;
+        }
+        let bin = std::fs::read_dir("/usr/lib/postgresql")
+            .ok()?
+            .flatten()
+            .map(|e| e.path().join("bin"))
+            .filter(|b| b.join("pg_ctl").exists() && b.join("initdb").exists())
+            .max();
+        let Some(bin) = bin else {
+            eprintln!("SKIPPED: no PostgreSQL server binaries under /usr/lib/postgresql");
+            return None;
+        };
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        run("chown", &["postgres:", &dir.path().display().to_string()]);
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let pg = Self { bin, dir, port };
+        pg.as_postgres(
+            "initdb",
+            &[
+                "-D",
+                &pg.data(),
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "--no-sync",
+            ],
+        );
+        pg.up();
+        Some(pg)
+    }
+
+    fn data(&self) -> String {
+        self.dir.path().join("data").display().to_string()
+    }
+
+    fn as_postgres(&self, tool: &str, args: &[&str]) {
+        let tool = self.bin.join(tool).display().to_string();
+        let mut all = vec!["-u", "postgres", "--", tool.as_str()];
+        all.extend_from_slice(args);
+        run("runuser", &all);
+    }
+
+    fn up(&self) {
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+            self.port,
+            self.dir.path().display()
+        );
+        let log = self.dir.path().join("log").display().to_string();
+        self.as_postgres(
+            "pg_ctl",
+            &[
+                "-D",
+                &self.data(),
+                "-o",
+                &options,
+                "-l",
+                &log,
+                "-w",
+                "start",
+            ],
+        );
+    }
+
+    /// Stops the server at once, as a crash would (no shutdown checkpoint).
+    fn kill(&self) {
+        self.as_postgres(
+            "pg_ctl",
+            &["-D", &self.data(), "-m", "immediate", "-w", "stop"],
+        );
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        let tool = self.bin.join("pg_ctl").display().to_string();
+        let _ = Command::new("runuser")
+            .args([
+                "-u",
+                "postgres",
+                "--",
+                &tool,
+                "-D",
+                &self.data(),
+                "-m",
+                "immediate",
+                "stop",
+            ])
+            .output();
+    }
+}
+
+/// Issue 21, 1 (PostgreSQL): the database server is killed and started again while signals and
+/// proxied requests keep coming. During the outage signals are answered 503 (without the
+/// database's text) and records are spooled; afterwards writes succeed by themselves: readiness
+/// returns, the spool drains, every record is stored once, every signal answered 200 is stored,
+/// and none answered "nothing was stored" is. No restart of the gateway.
+#[tokio::test]
+async fn postgres_restarted_under_load_recovers_by_itself() {
+    let Some(pg) = PrivatePostgres::start() else {
+        return;
+    };
+    let mock =
+        MockProvider::json(r#"{"id":"x","usage":{"prompt_tokens":1,"completion_tokens":1}}"#)
+            .start()
+            .await;
+    let gw = std::sync::Arc::new(
+        TestGateway::builder()
+            .env("NM_DATABASE_URL", &pg.url())
+            .shape(Shape::Split)
+            .upstream("openai", &mock.url)
+            .run()
+            .await,
+    );
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let refused = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let load = {
+        let (gw, stop, refused) = (gw.clone(), stop.clone(), refused.clone());
+        tokio::spawn(async move {
+            // (idempotency key, status, message) of every signal; 200s of proxied requests.
+            let mut signals = Vec::new();
+            let mut proxied = 0;
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                i += 1;
+                let key = format!("load-{i}");
+                let a = signal(&gw, "sess_pg", &key).await;
+                if a.status == 503 {
+                    assert_no_database_text(&a);
+                    refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                let message = if a.status == 200 {
+                    String::new()
+                } else {
+                    a.json()["error"]["message"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned()
+                };
+                signals.push((key, a.status, message));
+                let p = gw
+                    .raw(
+                        "POST",
+                        "/openai/v1/chat/completions",
+                        &[("nm-key", ADMIN_KEY), JSON, ("nm-session", "sess_pg")],
+                        r#"{"model":"gpt-4o-mini"}"#,
+                    )
+                    .await;
+                assert_eq!(p.status, 200);
+                proxied += 1;
+            }
+            (signals, proxied)
+        })
+    };
+    eventually(Duration::from_secs(10), "load under way", || async {
+        (count(&gw, "SELECT COUNT(*) AS n FROM signals").await >= 5).then_some(())
+    })
+    .await;
+
+    pg.kill();
+    eventually(
+        Duration::from_secs(30),
+        "/health 503 during the outage",
+        || async { (gw.get("/health").await.status == 503).then_some(()) },
+    )
+    .await;
+    eventually(
+        Duration::from_secs(30),
+        "a signal refused during the outage",
+        || async { (refused.load(std::sync::atomic::Ordering::Relaxed) > 0).then_some(()) },
+    )
+    .await;
+    pg.up();
+
+    eventually(Duration::from_secs(60), "/health 200 again", || async {
+        (gw.get("/health").await.status == 200).then_some(())
+    })
+    .await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (signals, proxied) = load.await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        signals.iter().any(|(_, s, _)| *s == 503),
+        "the outage refused no signal"
+    );
+    assert_eq!(
+        signal(&gw, "sess_pg", "after-restart").await.status,
+        200,
+        "signals were not stored again after the restart"
+    );
+    eventually(Duration::from_secs(60), "every record stored", || async {
+        let n = count(&gw, "SELECT COUNT(*) AS n FROM requests").await;
+        (n == proxied).then_some(())
+    })
+    .await;
+    let db = gw.database().await;
+    let stored: std::collections::HashSet<String> = db
+        .query_all_raw(Statement::from_string(
+            db.get_database_backend(),
+            "SELECT idempotency_key FROM signals".to_owned(),
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_iter()
+        .filter_map(|r| r.try_get::<String>("", "idempotency_key").ok())
+        .collect();
+    let _ = db.close().await;
+    for (key, status, message) in &signals {
+        if *status == 200 {
+            assert!(stored.contains(key), "{key} answered 200 but not stored");
+        } else if message.contains("nothing was stored") {
+            assert!(
+                !stored.contains(key),
+                "{key} answered 503 ({message}) but stored"
+            );
+        }
+    }
+    if let Ok(gw) = std::sync::Arc::try_unwrap(gw) {
+        gw.stop().await;
+    }
+    drop(pg);
+}
