@@ -6,8 +6,9 @@
 //! committing and stores it in one transaction, so many concurrent signals share one disk sync
 //! while each caller still hears "stored" only after its own signal is durable.
 //!
-//! **An error means not stored.** Each signal comes with a deadline ([`Signals::record_within`],
-//! [`DEFAULT_COMMIT_WITHIN`]): the time by which its commit must *begin*. Before it begins a
+//! **An error means not stored.** A signal from a dataplane comes with a deadline
+//! ([`Signals::record_within`]; [`DEFAULT_COMMIT_WITHIN`] when the dataplane names none): the
+//! time by which its commit must *begin*. Before it begins a
 //! transaction, and again just before `COMMIT`, the writer sets aside every signal whose deadline
 //! passed or whose caller stopped waiting (a dataplane that gave up, a cancelled gRPC call):
 //! those are answered "not stored" (or not at all, the caller being gone) and the transaction
@@ -144,15 +145,15 @@ pub struct SessionDetail {
 
 struct Pending {
     signal: NewSignal,
-    /// The commit must begin before this, or the signal is not stored.
-    deadline: Instant,
+    /// The commit must begin before this, or the signal is not stored (`None`: no deadline).
+    deadline: Option<Instant>,
     done: oneshot::Sender<Result<Stored>>,
 }
 
 impl Pending {
     /// Whether the signal may still be stored: its caller waits and its deadline has not passed.
     fn wanted(&self, now: Instant) -> bool {
-        !self.done.is_closed() && now < self.deadline
+        !self.done.is_closed() && self.deadline.is_none_or(|d| now < d)
     }
 
     /// Answers a signal set aside unstored (nobody hears it when the caller is gone).
@@ -186,9 +187,10 @@ impl Signals {
         Self { store, writer }
     }
 
-    /// Stores a signal; returns once it is committed. An error means it was not stored.
+    /// Stores a signal, without a deadline; returns once it is committed. An error means it
+    /// was not stored.
     pub async fn record(&self, signal: NewSignal) -> Result<Stored> {
-        self.record_within(signal, DEFAULT_COMMIT_WITHIN).await
+        self.submit(signal, None).await
     }
 
     /// Stores a signal whose commit must begin within `commit_within`; returns once it is
@@ -199,9 +201,13 @@ impl Signals {
         signal: NewSignal,
         commit_within: Duration,
     ) -> Result<Stored> {
+        self.submit(signal, Instant::now().checked_add(commit_within))
+            .await
+    }
+
+    async fn submit(&self, signal: NewSignal, deadline: Option<Instant>) -> Result<Stored> {
         validate(&signal)?;
         let (done, wait) = oneshot::channel();
-        let deadline = Instant::now() + commit_within;
         self.writer
             .send(Pending {
                 signal,
@@ -419,7 +425,7 @@ async fn write_loop(store: Store, mut rx: mpsc::Receiver<Pending>) {
             // The transaction must be ready to commit before the first deadline of the group;
             // past it (the write lock held elsewhere, a database that does not answer), it is
             // dropped (rolled back) and the signals whose time is up are answered "not stored".
-            let first_deadline = group.iter().map(|p| p.deadline).min();
+            let first_deadline = group.iter().filter_map(|p| p.deadline).min();
             let prepared = match first_deadline {
                 Some(at) => tokio::time::timeout_at(at, write_group(&store, &group)).await,
                 None => Ok(write_group(&store, &group).await),
