@@ -37,7 +37,10 @@ use tokio::time::Instant;
 
 use nm_types::{Action, Env, SessionId, parse_agent};
 use sea_orm::sea_query::OnConflict;
-use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, Set, TryInsertResult};
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect, Set,
+    TryInsertResult,
+};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
 
@@ -587,15 +590,24 @@ fn to_row(
     }
 }
 
+/// The group's sessions that are known. On PostgreSQL their rows are share-locked in id order
+/// (byte order, like the records ingest's upsert): a session's row guards its rollups, so a
+/// signal group and a records batch touching the same session take their locks in one order.
 async fn known_sessions<'a>(
     txn: &WriteTxn,
     ids: impl Iterator<Item = &'a str>,
 ) -> Result<HashMap<String, session::Model>> {
     let ids: HashSet<&str> = ids.collect();
-    let rows = session::Entity::find()
-        .filter(session::Column::SessionId.is_in(ids))
-        .all(txn)
-        .await?;
+    let mut find = session::Entity::find().filter(session::Column::SessionId.is_in(ids));
+    if txn.get_database_backend() == sea_orm::DatabaseBackend::Postgres {
+        find = find
+            .order_by(
+                sea_orm::sea_query::Expr::cust(r#""session_id" COLLATE "C""#),
+                sea_orm::Order::Asc,
+            )
+            .lock_shared();
+    }
+    let rows = find.all(txn).await?;
     Ok(rows
         .into_iter()
         .map(|r| (r.session_id.clone(), r))
