@@ -208,6 +208,11 @@ async fn dataplane(
         prices: settings.prices.clone(),
         reserve_output_tokens: settings.reserve_output_tokens,
         key_verifier,
+        conn_limits: nm_dataplane::conns::ConnLimits {
+            max_connections: crate::limits::connection_cap(settings.conn_limits.max_connections),
+            ..settings.conn_limits
+        },
+        upstream_idle_timeout: settings.upstream_idle_timeout,
     };
     let signals = Arc::new(PortSignals(port.clone()));
     let (dp, queue) = Dataplane::new(config, signals)?;

@@ -51,6 +51,22 @@ pub const ENV_CONNECT_TIMEOUT_SECS: &str = "NM_CONNECT_TIMEOUT_SECS";
 pub const DEFAULT_CONNECT_TIMEOUT_SECS: u64 = 10;
 pub const ENV_HEADER_TIMEOUT_SECS: &str = "NM_HEADER_TIMEOUT_SECS";
 pub const DEFAULT_HEADER_TIMEOUT_SECS: u64 = 600;
+/// Time a client connection has to send a request head (from its accept; and on HTTP/1.1 from
+/// the end of the previous answer).
+pub const ENV_CLIENT_HEADER_TIMEOUT_SECS: &str = "NM_CLIENT_HEADER_TIMEOUT_SECS";
+pub const DEFAULT_CLIENT_HEADER_TIMEOUT_SECS: u64 = 10;
+/// Longest wait for the next frame of a client's request body.
+pub const ENV_CLIENT_BODY_IDLE_TIMEOUT_SECS: &str = "NM_CLIENT_BODY_IDLE_TIMEOUT_SECS";
+pub const DEFAULT_CLIENT_BODY_IDLE_TIMEOUT_SECS: u64 = 30;
+/// Bytes per second a request body must average (after the idle timeout); 0: no minimum.
+pub const ENV_CLIENT_BODY_MIN_RATE: &str = "NM_CLIENT_BODY_MIN_RATE";
+pub const DEFAULT_CLIENT_BODY_MIN_RATE: u64 = 1024;
+/// Longest wait for the next frame of an upstream's answer body.
+pub const ENV_RESPONSE_IDLE_TIMEOUT_SECS: &str = "NM_RESPONSE_IDLE_TIMEOUT_SECS";
+pub const DEFAULT_RESPONSE_IDLE_TIMEOUT_SECS: u64 = 300;
+/// Most client connections open at once; 0: from the open-file limit.
+pub const ENV_MAX_CONNECTIONS: &str = "NM_MAX_CONNECTIONS";
+pub const DEFAULT_MAX_CONNECTIONS: u64 = 0;
 pub const ENV_SHUTDOWN_GRACE_SECS: &str = "NM_SHUTDOWN_GRACE_SECS";
 pub const DEFAULT_SHUTDOWN_GRACE_SECS: u64 = 30;
 pub const ENV_TLS_CA_FILE: &str = "NM_TLS_CA_FILE";
@@ -120,6 +136,11 @@ pub struct FileSettings {
     pub connect_timeout_secs: Option<u64>,
     pub header_timeout_secs: Option<u64>,
     pub shutdown_grace_secs: Option<u64>,
+    pub client_header_timeout_secs: Option<u64>,
+    pub client_body_idle_timeout_secs: Option<u64>,
+    pub client_body_min_rate: Option<u64>,
+    pub response_idle_timeout_secs: Option<u64>,
+    pub max_connections: Option<u64>,
     pub record_queue: Option<usize>,
     pub tls_ca_file: Option<PathBuf>,
     pub spool_dir: Option<PathBuf>,
@@ -169,6 +190,10 @@ pub struct Settings {
     pub connect_timeout: Duration,
     pub header_timeout: Duration,
     pub shutdown_grace: Duration,
+    /// Client connection limits; `max_connections` 0 here means "from the open-file limit",
+    /// decided when the dataplane starts.
+    pub conn_limits: nm_dataplane::conns::ConnLimits,
+    pub upstream_idle_timeout: Duration,
     pub record_queue: usize,
     /// CA certificates (from `NM_TLS_CA_FILE`) trusted for upstream TLS beside the web PKI.
     pub extra_ca_certs: Vec<CertificateDer<'static>>,
@@ -374,6 +399,46 @@ pub fn resolve(
         file.shutdown_grace_secs,
         DEFAULT_SHUTDOWN_GRACE_SECS,
     )?;
+    let at_least_1s =
+        |key: &str, file: Option<u64>, default: u64| -> Result<Duration, ConfigError> {
+            match num(key, file, default)? {
+                0 => Err(invalid(key, "must be at least 1 second")),
+                secs => Ok(Duration::from_secs(secs)),
+            }
+        };
+    let client_header_timeout = at_least_1s(
+        ENV_CLIENT_HEADER_TIMEOUT_SECS,
+        file.client_header_timeout_secs,
+        DEFAULT_CLIENT_HEADER_TIMEOUT_SECS,
+    )?;
+    let client_body_idle_timeout = at_least_1s(
+        ENV_CLIENT_BODY_IDLE_TIMEOUT_SECS,
+        file.client_body_idle_timeout_secs,
+        DEFAULT_CLIENT_BODY_IDLE_TIMEOUT_SECS,
+    )?;
+    let upstream_idle_timeout = at_least_1s(
+        ENV_RESPONSE_IDLE_TIMEOUT_SECS,
+        file.response_idle_timeout_secs,
+        DEFAULT_RESPONSE_IDLE_TIMEOUT_SECS,
+    )?;
+    let client_body_min_rate = num(
+        ENV_CLIENT_BODY_MIN_RATE,
+        file.client_body_min_rate,
+        DEFAULT_CLIENT_BODY_MIN_RATE,
+    )?;
+    let max_connections = num(
+        ENV_MAX_CONNECTIONS,
+        file.max_connections,
+        DEFAULT_MAX_CONNECTIONS,
+    )?;
+    let max_connections = usize::try_from(max_connections)
+        .map_err(|_| invalid(ENV_MAX_CONNECTIONS, "is too large"))?;
+    let conn_limits = nm_dataplane::conns::ConnLimits {
+        header_timeout: client_header_timeout,
+        max_connections,
+        body_idle_timeout: client_body_idle_timeout,
+        body_min_rate: client_body_min_rate,
+    };
     let record_queue = num(
         ENV_RECORD_QUEUE,
         file.record_queue.map(|v| v as u64),
@@ -498,6 +563,8 @@ pub fn resolve(
         connect_timeout: Duration::from_secs(connect),
         header_timeout: Duration::from_secs(header),
         shutdown_grace: Duration::from_secs(grace),
+        conn_limits,
+        upstream_idle_timeout,
         record_queue: usize::try_from(record_queue).unwrap_or(usize::MAX).max(1),
         extra_ca_certs,
         spool_dir,

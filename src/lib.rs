@@ -4,11 +4,14 @@
 //! ([`grpc`]), the process shapes ([`app`]), the admin CLI ([`cli`]), the demo data ([`demo`]) and the benchmarks' scratch PostgreSQL
 //! databases ([`scratch_db`]).
 
+#![forbid(unsafe_code)]
+
 pub mod app;
 pub mod cli;
 pub mod config;
 pub mod demo;
 pub mod grpc;
+pub mod limits;
 pub mod link;
 pub mod scratch_db;
 pub mod telemetry;

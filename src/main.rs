@@ -197,6 +197,15 @@ async fn run(cli: Cli) -> ExitCode {
     if let Err(e) = telemetry::init(&settings.log, settings.log_format) {
         return usage(&format!("NM_LOG: {e}"));
     }
+    if admin_cmd.is_none() {
+        match nm_gateway::limits::raise_nofile() {
+            Ok((before, after)) if before != after => {
+                tracing::info!(?before, ?after, "open-file limit raised to the hard limit");
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
+        }
+    }
 
     if let Some(seed) = demo_seed {
         let mut stdout = std::io::stdout().lock();

@@ -6,6 +6,7 @@ mod common;
 mod analytics;
 mod budgets;
 mod errors;
+mod faults;
 mod keys;
 mod link;
 mod process;

@@ -95,6 +95,7 @@ async fn every_link_call(
                 idempotency_key: Some("client-key-1".to_owned()),
                 ..Default::default()
             }),
+            commit_within_ms: 0,
         })
         .await
         .map(|_| tonic::Code::Ok);

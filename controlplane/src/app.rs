@@ -19,7 +19,19 @@ pub struct Controlplane {
 }
 
 impl Controlplane {
+    /// Opens the parts over `store`, runs the start-up write check (a failure is logged and
+    /// keeps readiness false; the controlplane still starts, so it recovers by itself when the
+    /// database takes writes again) and starts the periodic write probe, which ends with
+    /// `shutdown`.
     pub async fn open(store: Store, shutdown: watch::Receiver<bool>) -> crate::error::Result<Self> {
+        if let Err(e) = store.probe_write().await {
+            tracing::error!(
+                error = %e,
+                "start-up check: the database does not take writes; the controlplane starts \
+                 NOT_SERVING and becomes ready once a write goes through"
+            );
+        }
+        crate::store::writable::spawn_prober(store.clone(), shutdown.clone());
         let keys = Keys::load(store.clone()).await?;
         let budgets = Budgets::load(store.clone(), now_ms()).await?;
         let records = Records::new(store.clone(), budgets.clone());

@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::debug;
 
 use crate::budgets::{FeedEvent, FullState, SpendDelta};
+use crate::store::Writability;
 use crate::{Budgets, KeySnapshot, Keys, now_ms};
 
 /// How often a watcher hears the current state even when nothing changed.
@@ -23,24 +24,31 @@ pub const HEARTBEAT: Duration = Duration::from_secs(2);
 
 /// The valid keys for the dataplane `name`: the current set at once, again whenever it changes,
 /// and every [`HEARTBEAT`]. Keys are sent as verifiers under `verifier` (never their hashes).
+/// Each snapshot also says whether the database takes writes (`write_problem`), and a change of
+/// that sends one at once: a dataplane is ready only while its controlplane can store what it
+/// sends.
 pub fn key_snapshots(
     keys: &Keys,
+    writability: &Writability,
     verifier: VerifierKey,
     name: String,
     mut shutdown: watch::Receiver<bool>,
 ) -> mpsc::Receiver<KeyVerifiers> {
     let mut current = keys.cache().subscribe();
+    let mut writable = writability.subscribe();
     let (tx, rx) = mpsc::channel(4);
     tokio::spawn(async move {
         debug!(dataplane = %name, "key watcher connected");
         let mut heartbeat = tokio::time::interval(HEARTBEAT);
         loop {
-            let snapshot = verifiers(&current.borrow_and_update(), &verifier);
+            let mut snapshot = verifiers(&current.borrow_and_update(), &verifier);
+            snapshot.write_problem = writable.borrow_and_update().map(str::to_owned);
             if tx.send(snapshot).await.is_err() {
                 break;
             }
             tokio::select! {
                 changed = current.changed() => if changed.is_err() { break },
+                changed = writable.changed() => if changed.is_err() { break },
                 _ = heartbeat.tick() => {}
                 _ = shutdown.wait_for(|stop| *stop) => break,
             }
@@ -62,6 +70,7 @@ fn verifiers(snapshot: &Arc<KeySnapshot>, verifier: &VerifierKey) -> KeyVerifier
                 admin: info.admin,
             })
             .collect(),
+        write_problem: None,
     }
 }
 

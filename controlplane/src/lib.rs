@@ -5,17 +5,31 @@
 //! ([`keys`]), proxied-request records ([`records`]) and end-user signals ([`signals`]). It knows nothing of gRPC or HTTP: the
 //! root crate adapts these calls to tonic, mapping [`Error`] to a gRPC status in one place.
 
+#[forbid(unsafe_code)]
 pub mod analytics;
+#[forbid(unsafe_code)]
 mod app;
+#[forbid(unsafe_code)]
 pub mod budgets;
+#[forbid(unsafe_code)]
 pub mod error;
+#[forbid(unsafe_code)]
 pub mod feeds;
+#[forbid(unsafe_code)]
 pub mod keys;
+#[cfg(test)]
+mod lock_order_tests;
+#[forbid(unsafe_code)]
 pub mod records;
+#[forbid(unsafe_code)]
 pub mod scratch;
+#[forbid(unsafe_code)]
 pub mod signals;
+#[forbid(unsafe_code)]
 mod sql;
+/// The one module allowed `unsafe` (in its `ffi` submodule only).
 pub mod store;
+#[forbid(unsafe_code)]
 pub mod usage;
 
 pub use app::Controlplane;

@@ -81,9 +81,12 @@ impl Records {
             .collect();
         outcome.stored = u32::try_from(fresh.len()).unwrap_or(u32::MAX);
         outcome.duplicates = u32::try_from(valid.len() - fresh.len()).unwrap_or(u32::MAX);
-        rollup::add_requests(&txn, &fresh).await?;
-        let sessions = sessions_of(&fresh);
+        // Lock order (no deadlocks): the batch's sessions first, sorted by id, then their
+        // rollup rows, sorted too; a session's row guards its rollups against other batches.
+        let mut sessions = sessions_of(&fresh);
+        sessions.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         upsert_sessions(&txn, &sessions).await?;
+        rollup::add_requests(&txn, &fresh).await?;
         // Signals rarely arrive before their session's first request: one probe for the batch
         // finds the sessions that have such signals, and only those are re-attributed.
         for session_id in awaiting_attribution(&txn, &sessions).await? {

@@ -6,6 +6,24 @@
 //! committing and stores it in one transaction, so many concurrent signals share one disk sync
 //! while each caller still hears "stored" only after its own signal is durable.
 //!
+//! **An error means not stored.** A signal from a dataplane comes with a deadline
+//! ([`Signals::record_within`]; [`DEFAULT_COMMIT_WITHIN`] when the dataplane names none): the
+//! time by which its commit must *begin*. Before it begins a
+//! transaction, and again just before `COMMIT`, the writer sets aside every signal whose deadline
+//! passed or whose caller stopped waiting (a dataplane that gave up, a cancelled gRPC call):
+//! those are answered "not stored" (or not at all, the caller being gone) and the transaction
+//! is rolled back and redone without them. So a signal is never committed after its caller was
+//! told, or could have told its client, that it was not stored. What stays uncertain is only the
+//! `COMMIT` itself: a caller that stops waiting while its commit is under way (a disk that
+//! stalls mid-sync, a link lost mid-call) cannot know the outcome, and says so (the dataplane's
+//! 503 then reads "may have been stored": a retry with the same `Idempotency-Key` counts once).
+//!
+//! **Conflicts are retried.** A transaction that lost a deadlock or a serialization conflict
+//! (PostgreSQL) is redone, up to [`crate::store::CONFLICT_ATTEMPTS`] times in all. Every
+//! transaction that writes signals, sessions or rollups takes its row locks in one order (rows
+//! sorted by key, tables in the order of the records ingest), so conflicts are rare to begin with.
+//! A failure is logged at most once a second (with a count), never once per signal.
+//!
 //! **Attribution.** A signal names only its session. When the session is already known (a
 //! proxied request carried `NM-Session`), the signal is stored with the session's agent, env and
 //! user. Otherwise it is stored with the `NM-Agent` hint (or none) and re-attributed by
@@ -15,9 +33,14 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use nm_types::{Action, Env, SessionId, parse_agent};
 use sea_orm::sea_query::OnConflict;
-use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, Set, TryInsertResult};
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect, Set,
+    TryInsertResult,
+};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
 
@@ -26,6 +49,7 @@ use crate::error::{Error, Result};
 use crate::sql::{Sql, chunks_of, count};
 use crate::store::entity::{session, signal};
 use crate::store::{Store, WriteTxn};
+use nm_types::throttle::Throttle;
 
 /// Signals an agent needs before recommendations are produced.
 pub const RECOMMENDATION_THRESHOLD: u64 = 100;
@@ -35,6 +59,11 @@ pub const MAX_CUSTOM_LABEL_BYTES: usize = 1024;
 pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
 /// Most signals committed in one transaction.
 const MAX_GROUP: usize = 1024;
+/// How long after it arrives a signal's commit may begin, when the caller names no deadline.
+pub const DEFAULT_COMMIT_WITHIN: Duration = Duration::from_secs(4);
+/// What a caller hears when its signal was not stored (our words: the database's text stays in
+/// the log).
+const NOT_STORED: &str = "the signal was not stored: the database could not take it in time";
 
 /// A validated signal on its way to storage.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -119,7 +148,23 @@ pub struct SessionDetail {
 
 struct Pending {
     signal: NewSignal,
+    /// The commit must begin before this, or the signal is not stored (`None`: no deadline).
+    deadline: Option<Instant>,
     done: oneshot::Sender<Result<Stored>>,
+}
+
+impl Pending {
+    /// Whether the signal may still be stored: its caller waits and its deadline has not passed.
+    fn wanted(&self, now: Instant) -> bool {
+        !self.done.is_closed() && self.deadline.is_none_or(|d| now < d)
+    }
+
+    /// Answers a signal set aside unstored (nobody hears it when the caller is gone).
+    fn not_stored(self) {
+        let _ = self
+            .done
+            .send(Err(Error::Unavailable(NOT_STORED.to_owned())));
+    }
 }
 
 /// Signal storage and counts. Cheap to clone.
@@ -145,12 +190,33 @@ impl Signals {
         Self { store, writer }
     }
 
-    /// Stores a signal; returns once it is committed. An error means it was not stored.
+    /// Stores a signal, without a deadline; returns once it is committed. An error means it
+    /// was not stored.
     pub async fn record(&self, signal: NewSignal) -> Result<Stored> {
+        self.submit(signal, None).await
+    }
+
+    /// Stores a signal whose commit must begin within `commit_within`; returns once it is
+    /// committed. An error means it was not stored, and dropping the future before it resolves
+    /// (the caller gave up) keeps it from being stored unless its commit had already begun.
+    pub async fn record_within(
+        &self,
+        signal: NewSignal,
+        commit_within: Duration,
+    ) -> Result<Stored> {
+        self.submit(signal, Instant::now().checked_add(commit_within))
+            .await
+    }
+
+    async fn submit(&self, signal: NewSignal, deadline: Option<Instant>) -> Result<Stored> {
         validate(&signal)?;
         let (done, wait) = oneshot::channel();
         self.writer
-            .send(Pending { signal, done })
+            .send(Pending {
+                signal,
+                deadline,
+                done,
+            })
             .await
             .map_err(|_| Error::Unavailable("signal writer stopped".to_owned()))?;
         wait.await
@@ -344,6 +410,7 @@ fn validate(s: &NewSignal) -> Result<()> {
 
 /// The single writer: one transaction per group of queued signals.
 async fn write_loop(store: Store, mut rx: mpsc::Receiver<Pending>) {
+    let failures = Throttle::new(Duration::from_secs(1));
     while let Some(first) = rx.recv().await {
         let mut group = vec![first];
         while group.len() < MAX_GROUP {
@@ -352,28 +419,85 @@ async fn write_loop(store: Store, mut rx: mpsc::Receiver<Pending>) {
                 Err(_) => break,
             }
         }
-        let n = group.len();
-        match write_group(&store, &group).await {
-            Ok(results) => {
-                debug!(signals = n, "signal group committed");
-                for (p, stored) in group.into_iter().zip(results) {
-                    let _ = p.done.send(Ok(stored));
-                }
+        let mut conflicts = 0;
+        loop {
+            group = keep_wanted(group);
+            if group.is_empty() {
+                break;
             }
-            Err(e) => {
-                warn!(signals = n, error = %e, "signal group not stored");
-                let msg = e.to_string();
-                for p in group {
-                    let _ = p.done.send(Err(Error::Unavailable(msg.clone())));
+            // The transaction must be ready to commit before the first deadline of the group;
+            // past it (the write lock held elsewhere, a database that does not answer), it is
+            // dropped (rolled back) and the signals whose time is up are answered "not stored".
+            let first_deadline = group.iter().filter_map(|p| p.deadline).min();
+            let prepared = match first_deadline {
+                Some(at) => tokio::time::timeout_at(at, write_group(&store, &group)).await,
+                None => Ok(write_group(&store, &group).await),
+            };
+            let Ok(prepared) = prepared else {
+                continue;
+            };
+            let outcome = match prepared {
+                Ok((txn, results)) => {
+                    // The last look before the commit: nothing is committed for a caller who
+                    // has gone or whose deadline passed while the statements ran.
+                    let now = Instant::now();
+                    if group.iter().any(|p| !p.wanted(now)) {
+                        drop(txn);
+                        continue;
+                    }
+                    txn.commit().await.map(|()| results)
                 }
-                // Do not spin against a failing database.
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                Err(e) => Err(e),
+            };
+            match outcome {
+                Ok(results) => {
+                    debug!(signals = group.len(), "signal group committed");
+                    for (p, stored) in group.into_iter().zip(results) {
+                        let _ = p.done.send(Ok(stored));
+                    }
+                    break;
+                }
+                Err(e)
+                    if crate::store::is_conflict(&e)
+                        && conflicts + 1 < crate::store::CONFLICT_ATTEMPTS =>
+                {
+                    conflicts += 1;
+                    debug!(error = %e, attempt = conflicts, "signal group conflicted; redone");
+                    tokio::time::sleep(crate::store::conflict_backoff(conflicts)).await;
+                }
+                Err(e) => {
+                    if let Some(suppressed) = failures.allow() {
+                        warn!(signals = group.len(), error = %e, suppressed, "signal group not stored");
+                    }
+                    for p in group {
+                        p.not_stored();
+                    }
+                    // Do not spin against a failing database.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    break;
+                }
             }
         }
     }
 }
 
-async fn write_group(store: &Store, group: &[Pending]) -> Result<Vec<Stored>> {
+/// The signals that may still be stored; the others are answered "not stored".
+fn keep_wanted(group: Vec<Pending>) -> Vec<Pending> {
+    let now = Instant::now();
+    let mut keep = Vec::with_capacity(group.len());
+    for p in group {
+        if p.wanted(now) {
+            keep.push(p);
+        } else {
+            debug!(signal = %p.signal.id, "signal set aside unstored: its caller gave up or its deadline passed");
+            p.not_stored();
+        }
+    }
+    keep
+}
+
+/// Writes a group in a transaction and returns it uncommitted, with what each signal will be.
+async fn write_group(store: &Store, group: &[Pending]) -> Result<(WriteTxn, Vec<Stored>)> {
     let txn = store.begin_write().await?;
     let sessions = known_sessions(&txn, group.iter().map(|p| p.signal.session_id.as_str())).await?;
     let agents: Vec<Option<String>> = group
@@ -415,8 +539,7 @@ async fn write_group(store: &Store, group: &[Pending]) -> Result<Vec<Stored>> {
         })
         .collect();
     add_signals(&txn, &facts).await?;
-    txn.commit().await?;
-    Ok(group
+    let results = group
         .iter()
         .map(|p| {
             if new_ids.contains(&p.signal.id) {
@@ -425,7 +548,8 @@ async fn write_group(store: &Store, group: &[Pending]) -> Result<Vec<Stored>> {
                 Stored::Duplicate
             }
         })
-        .collect())
+        .collect();
+    Ok((txn, results))
 }
 
 /// The agent a signal is stored with: its session's when the session is known, else its
@@ -466,15 +590,24 @@ fn to_row(
     }
 }
 
+/// The group's sessions that are known. On PostgreSQL their rows are share-locked in id order
+/// (byte order, like the records ingest's upsert): a session's row guards its rollups, so a
+/// signal group and a records batch touching the same session take their locks in one order.
 async fn known_sessions<'a>(
     txn: &WriteTxn,
     ids: impl Iterator<Item = &'a str>,
 ) -> Result<HashMap<String, session::Model>> {
     let ids: HashSet<&str> = ids.collect();
-    let rows = session::Entity::find()
-        .filter(session::Column::SessionId.is_in(ids))
-        .all(txn)
-        .await?;
+    let mut find = session::Entity::find().filter(session::Column::SessionId.is_in(ids));
+    if txn.get_database_backend() == sea_orm::DatabaseBackend::Postgres {
+        find = find
+            .order_by(
+                sea_orm::sea_query::Expr::cust(r#""session_id" COLLATE "C""#),
+                sea_orm::Order::Asc,
+            )
+            .lock_shared();
+    }
+    let rows = find.all(txn).await?;
     Ok(rows
         .into_iter()
         .map(|r| (r.session_id.clone(), r))

@@ -34,6 +34,8 @@ use pin_project_lite::pin_project;
 use tracing::Span;
 
 use crate::budget::Reservation;
+use crate::forward::UpstreamBody;
+use crate::pace::{PaceLimits, Paced};
 use crate::pricing::{Cost, PriceTable};
 use crate::records::{self, RecordSink, RequestRecord, UsageStatus};
 use crate::usage::Meter;
@@ -53,25 +55,26 @@ impl ReadToEnd {
 
 pin_project! {
     /// A client's request body, passed through unchanged, noting when it has been read to the
-    /// end. An error answered before that leaves bytes on the connection that hyper will not
-    /// read; the answer must then close the connection (see the rescue layer).
+    /// end, and given up when it stalls ([`crate::pace`]). An error answered before its end
+    /// leaves bytes on the connection that hyper will not read; the answer must then close the
+    /// connection (see the rescue layer).
     #[derive(Debug)]
     pub struct RequestBody {
         #[pin]
-        inner: Incoming,
+        inner: Paced<Incoming>,
         // `None` for a body that was empty from the start (nothing to track).
         read: Option<ReadToEnd>,
     }
 }
 
 impl RequestBody {
-    /// Wraps `inner`; the second value tells, later, whether it was read to the end (`None` for
-    /// an empty body, which always is).
-    pub fn new(inner: Incoming) -> (Self, Option<ReadToEnd>) {
+    /// Wraps `inner`, paced by `limits`; the second value tells, later, whether it was read to
+    /// the end (`None` for an empty body, which always is).
+    pub fn new(inner: Incoming, limits: PaceLimits) -> (Self, Option<ReadToEnd>) {
         let read = (!inner.is_end_stream()).then(ReadToEnd::default);
         (
             Self {
-                inner,
+                inner: Paced::new(inner, limits, "the request body"),
                 read: read.clone(),
             },
             read,
@@ -81,12 +84,12 @@ impl RequestBody {
 
 impl Body for RequestBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let mut this = self.project();
         let polled = this.inner.as_mut().poll_frame(cx);
         if let Some(read) = this.read
@@ -384,7 +387,7 @@ pin_project! {
     /// An upstream body passed through untouched while its progress is observed.
     pub struct ObservedBody {
         #[pin]
-        inner: Incoming,
+        inner: UpstreamBody,
         // Until the body ends (or is dropped).
         tracked: Option<Box<Tracked>>,
     }
@@ -402,7 +405,7 @@ pin_project! {
 
 impl ObservedBody {
     /// `meter` reads usage from the frames; None when the answer cannot carry any we understand.
-    pub fn new(inner: Incoming, completion: Completion, meter: Option<Meter>) -> Self {
+    pub fn new(inner: UpstreamBody, completion: Completion, meter: Option<Meter>) -> Self {
         Self {
             inner,
             tracked: Some(Box::new(Tracked {
@@ -417,12 +420,12 @@ impl ObservedBody {
 
 impl Body for ObservedBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let mut this = self.project();
         let polled = this.inner.as_mut().poll_frame(cx);
         let Some(t) = this.tracked.as_deref_mut() else {

@@ -43,12 +43,21 @@ pub enum ProxyError {
     PayloadTooLarge { limit: usize },
     #[error("could not read the request body: {0}")]
     RequestBody(String),
+    /// The client stopped sending its request body (or sent it too slowly).
+    #[error("{0}")]
+    ClientTimeout(String),
     #[error("{message}")]
     InvalidSignal { code: &'static str, message: String },
     #[error("unsupported media type: send Content-Type: application/json")]
     UnsupportedMediaType,
     #[error("temporarily unavailable, nothing was stored; retry later: {0}")]
     Unavailable(String),
+    /// A signal whose commit the controlplane did not confirm in time.
+    #[error(
+        "temporarily unavailable: {0}; the signal may have been stored, so retry with the same \
+         Idempotency-Key to have it counted once"
+    )]
+    Unconfirmed(String),
     #[error("budget exceeded: {reason}")]
     BudgetExceeded {
         reason: String,
@@ -101,13 +110,14 @@ impl ProxyError {
                 Side::Client,
             ),
             RequestBody(_) => (StatusCode::BAD_REQUEST, "invalid_body", Side::Client),
+            ClientTimeout(_) => (StatusCode::REQUEST_TIMEOUT, "request_timeout", Side::Client),
             InvalidSignal { code, .. } => (StatusCode::BAD_REQUEST, code, Side::Client),
             UnsupportedMediaType => (
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "unsupported_media_type",
                 Side::Client,
             ),
-            Unavailable(_) => (
+            Unavailable(_) | Unconfirmed(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "unavailable",
                 Side::Gateway,

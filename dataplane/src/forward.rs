@@ -20,6 +20,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
 use crate::error::ProxyError;
+use crate::pace::{PaceLimits, Paced};
 use crate::providers::{AuthStyle, Provider};
 use crate::usage::{Scanner, Select, text};
 
@@ -48,7 +49,16 @@ type UpstreamClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 pub struct Upstream {
     clients: std::sync::Arc<[UpstreamClient]>,
     header_timeout: Duration,
+    /// Longest wait for the next frame of an answer's body ([`crate::pace`]).
+    body_idle_timeout: Duration,
 }
+
+/// An upstream's answer body, given up when it stalls for the body idle timeout.
+pub type UpstreamBody = Paced<Incoming>;
+
+/// Default longest wait for the next frame of an upstream answer (Envoy's stream idle default:
+/// long enough for a model that thinks before it streams).
+pub const DEFAULT_UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
 impl Upstream {
     /// `extra_roots` are trusted beside the public web PKI (private endpoints, test servers).
@@ -92,15 +102,30 @@ impl Upstream {
         Ok(Self {
             clients,
             header_timeout,
+            body_idle_timeout: DEFAULT_UPSTREAM_IDLE_TIMEOUT,
         })
     }
 
-    /// Sends the request and waits for the response head (not the body).
-    pub async fn send(&self, req: Request<Full<Bytes>>) -> Result<Response<Incoming>, ProxyError> {
+    /// Answers whose body gives no frame for `idle` are given up (see [`crate::pace`]).
+    pub fn with_body_idle_timeout(mut self, idle: Duration) -> Self {
+        self.body_idle_timeout = idle;
+        self
+    }
+
+    /// Sends the request and waits for the response head (not the body, which is given up if
+    /// it then stalls for the body idle timeout).
+    pub async fn send(
+        &self,
+        req: Request<Full<Bytes>>,
+    ) -> Result<Response<UpstreamBody>, ProxyError> {
         let client = &self.clients[crate::workers::current() % self.clients.len()];
+        let pace = PaceLimits {
+            idle: self.body_idle_timeout,
+            min_rate: 0,
+        };
         match tokio::time::timeout(self.header_timeout, client.request(req)).await {
             Err(_) => Err(ProxyError::UpstreamTimeout(self.header_timeout)),
-            Ok(Ok(resp)) => Ok(resp),
+            Ok(Ok(resp)) => Ok(resp.map(|body| Paced::new(body, pace, "the upstream's answer"))),
             Ok(Err(e)) if e.is_connect() => Err(ProxyError::UpstreamUnreachable(source_chain(&e))),
             Ok(Err(e)) => Err(ProxyError::UpstreamUnreachable(format!(
                 "connection failed before the response head: {}",

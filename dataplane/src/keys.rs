@@ -151,6 +151,9 @@ struct HealthState {
     /// Whether the first end-user budget state has arrived (requests naming an end user are
     /// refused until then).
     budgets_loaded: bool,
+    /// Why the controlplane's database does not take writes (from its key snapshots); `None`
+    /// while it does.
+    write_problem: Option<String>,
     draining: bool,
 }
 
@@ -162,6 +165,7 @@ impl Default for Health {
                     "waiting for the first key snapshot from the controlplane".to_owned(),
                 ),
                 budgets_loaded: false,
+                write_problem: None,
                 draining: false,
             })),
         }
@@ -185,6 +189,11 @@ impl Health {
         self.with(|s| s.controlplane_problem = Some(reason));
     }
 
+    /// What the controlplane last said about its database taking writes.
+    pub fn set_write_problem(&self, problem: Option<String>) {
+        self.with(|s| s.write_problem = problem);
+    }
+
     pub fn set_budgets_loaded(&self) {
         self.with(|s| s.budgets_loaded = true);
     }
@@ -203,7 +212,12 @@ impl Health {
                 None if !s.budgets_loaded => {
                     Err("waiting for the end-user budgets from the controlplane".to_owned())
                 }
-                None => Ok(()),
+                None => match &s.write_problem {
+                    None => Ok(()),
+                    Some(p) => Err(format!(
+                        "the controlplane cannot store signals and records: {p}"
+                    )),
+                },
                 Some(p) => Err(format!("controlplane unreachable: {p}")),
             }
         })

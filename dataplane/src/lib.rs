@@ -6,14 +6,18 @@
 //! answering, through a [`SignalSink`] the root provides. The root crate connects all of these
 //! to the controlplane; this crate knows nothing of gRPC or SQL.
 
+#![forbid(unsafe_code)]
+
 pub mod attribution;
 pub mod body;
 pub mod budget;
+pub mod conns;
 pub mod error;
 pub mod forward;
 pub mod keys;
 pub mod layers;
 pub mod metrics;
+pub mod pace;
 pub mod path;
 pub mod pricing;
 pub mod providers;
@@ -62,6 +66,10 @@ pub struct DataplaneConfig {
     pub reserve_output_tokens: u64,
     /// Makes the verifiers the controlplane's key snapshots hold (from the link secret).
     pub key_verifier: nm_types::VerifierKey,
+    /// Client connections: header timeout, cap, request-body pace ([`conns`], [`pace`]).
+    pub conn_limits: conns::ConnLimits,
+    /// Longest wait for the next frame of an upstream's answer ([`pace`]).
+    pub upstream_idle_timeout: Duration,
 }
 
 /// Answer length assumed for a budget reservation when a request sets no `max_tokens`.
@@ -96,7 +104,9 @@ impl Dataplane {
                 config.connect_timeout,
                 config.header_timeout,
                 &config.extra_roots,
-            )?,
+            )?
+            .with_body_idle_timeout(config.upstream_idle_timeout),
+            conn_limits: config.conn_limits,
             records,
             signals,
             max_body_bytes: config.max_body_bytes,

@@ -30,6 +30,7 @@ struct Inner {
     spool_records: Gauge,
     spool_bytes: Gauge,
     budget_rules: Gauge,
+    connections_closed: Family<Reason, Counter>,
 }
 
 impl Default for Metrics {
@@ -71,8 +72,15 @@ impl Default for Metrics {
             "End-user budget rules (default and overrides) this dataplane enforces, as last received",
             budget_rules.clone(),
         );
+        let connections_closed = Family::<Reason, Counter>::default();
+        registry.register(
+            "connections_closed",
+            "Client connections the gateway closed itself, by reason (header_timeout: no request head in time; shed: idle the longest when the connection cap was reached; refused: at the cap with none idle)",
+            connections_closed.clone(),
+        );
         Self {
             inner: Arc::new(Inner {
+                connections_closed,
                 registry,
                 records_dropped,
                 records_dead_lettered,
@@ -117,6 +125,14 @@ impl Metrics {
         self.inner
             .budget_rules
             .set(i64::try_from(rules).unwrap_or(i64::MAX));
+    }
+
+    /// A client connection closed by the gateway (see [`crate::conns`]).
+    pub fn connection_closed(&self, reason: &'static str) {
+        self.inner
+            .connections_closed
+            .get_or_create(&Reason { reason })
+            .inc();
     }
 
     /// The text exposition format.

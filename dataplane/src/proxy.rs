@@ -13,14 +13,14 @@ use std::time::{Instant, SystemTime};
 
 use http::{Request, Response, header};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
 
 use crate::attribution::Attribution;
 use crate::body::{Completion, GatewayBody, ObservedBody, RequestBody};
 use crate::budget::{Refusal, Reservation};
 use crate::error::ProxyError;
 use crate::forward::{
-    RequestFacts, request_facts, strip_response_headers, upstream_headers, upstream_uri,
+    RequestFacts, UpstreamBody, request_facts, strip_response_headers, upstream_headers,
+    upstream_uri,
 };
 use crate::keys::Principal;
 use crate::layers::RequestId;
@@ -224,7 +224,7 @@ async fn forward(
     record: &mut RequestRecord,
     reservation: &mut Option<Reservation>,
     span: &tracing::Span,
-) -> Result<Response<Incoming>, ProxyError> {
+) -> Result<Response<UpstreamBody>, ProxyError> {
     check_native_path(&record.path)?;
     let attribution = Attribution::from_headers(req.headers())?;
     if let Some(a) = &attribution.agent {
@@ -255,6 +255,8 @@ async fn forward(
     let body = Limited::new(body, limit).collect().await.map_err(|e| {
         if e.is::<http_body_util::LengthLimitError>() {
             ProxyError::PayloadTooLarge { limit }
+        } else if e.is::<crate::pace::BodyTimeout>() {
+            ProxyError::ClientTimeout(e.to_string())
         } else {
             ProxyError::RequestBody(e.to_string())
         }

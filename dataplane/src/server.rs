@@ -3,7 +3,9 @@
 //! `/health` turns 503, and in-flight requests and streams get up to the grace period to finish.
 //!
 //! Connections are served on the [`Workers`] (one single-threaded runtime per CPU), each
-//! connection wholly on one of them.
+//! connection wholly on one of them. How many may be open, how long a new one may stay silent,
+//! and which are closed at the cap: [`crate::conns`]. Accept failures (no file descriptor
+//! left) are logged at most once a second.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -11,11 +13,12 @@ use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use nm_types::throttle::Throttle;
 use tokio::net::TcpListener;
 use tracing::{debug, info, warn};
 
+use crate::conns::{Conns, Track};
 use crate::stack::{State, service};
 use crate::workers::{self, Workers};
 
@@ -34,25 +37,51 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
     grace: Duration,
 ) -> Drained {
+    let limits = state.conn_limits;
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(30));
+        .header_read_timeout(limits.header_timeout);
     builder.http2().timer(hyper_util::rt::TokioTimer::new());
-    let graceful = GracefulShutdown::new();
+    let conns = Conns::new(limits);
     let workers = Workers::start(workers::default_count())
         .map_err(|e| warn!(error = %e, "cannot start the HTTP worker threads; serving on the main runtime"))
         .ok();
+    info!(
+        max_connections = limits.max_connections,
+        header_timeout_secs = limits.header_timeout.as_secs(),
+        "accepting connections"
+    );
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
+                    let registered = match conns.admit() {
+                        Ok((registered, shed)) => {
+                            if shed {
+                                state.metrics.connection_closed("shed");
+                            }
+                            registered
+                        }
+                        Err(_) => {
+                            // At the cap with every connection busy: this one is closed unserved.
+                            state.metrics.connection_closed("refused");
+                            if let Some(suppressed) = REFUSED_LOGGED.allow() {
+                                warn!(%peer, suppressed, max = limits.max_connections,
+                                    "connection refused: at the connection cap, none idle");
+                            }
+                            continue;
+                        }
+                    };
                     let _ = stream.set_nodelay(true);
-                    let svc = TowerToHyperService::new(service(state.clone()));
+                    let svc = TowerToHyperService::new(Track::new(
+                        service(state.clone()),
+                        registered.state.clone(),
+                    ));
                     let builder = builder.clone();
-                    let watcher = graceful.watcher();
+                    let metrics = state.metrics.clone();
                     // The socket moves to the worker's own I/O driver.
                     let stream = match stream.into_std() {
                         Ok(s) => s,
@@ -69,10 +98,42 @@ pub async fn serve(
                                 return;
                             }
                         };
+                        // Until it ends: closed when no request head arrives within the header
+                        // timeout of the accept; shut down gracefully (requests in flight
+                        // finish) when the registry says so (shed at the cap, or the drain).
                         let conn = builder.serve_connection(TokioIo::new(stream), svc);
-                        if let Err(e) = watcher.watch(conn).await {
-                            debug!(%peer, error = %e, "connection ended with an error");
+                        tokio::pin!(conn);
+                        let first_head = tokio::time::sleep(limits.header_timeout);
+                        tokio::pin!(first_head);
+                        let (mut waiting_first, mut closing) = (true, false);
+                        loop {
+                            tokio::select! {
+                                ended = conn.as_mut() => {
+                                    if let Err(e) = ended {
+                                        // hyper's own header timeout (a request line or the
+                                        // next request's head too slow) counts like ours.
+                                        if e.downcast_ref::<hyper::Error>().is_some_and(hyper::Error::is_timeout) {
+                                            metrics.connection_closed("header_timeout");
+                                        }
+                                        debug!(%peer, error = %e, "connection ended with an error");
+                                    }
+                                    break;
+                                }
+                                () = &mut first_head, if waiting_first => {
+                                    waiting_first = false;
+                                    if !registered.state.has_started() {
+                                        metrics.connection_closed("header_timeout");
+                                        debug!(%peer, "connection closed: no request head within the header timeout");
+                                        break;
+                                    }
+                                }
+                                () = registered.state.closing(), if !closing => {
+                                    closing = true;
+                                    conn.as_mut().graceful_shutdown();
+                                }
+                            }
                         }
+                        drop(registered);
                     };
                     match &workers {
                         Some(w) => w.spawn(task),
@@ -80,8 +141,11 @@ pub async fn serve(
                     }
                 }
                 Err(e) => {
-                    // Usually EMFILE: back off a little instead of spinning.
-                    warn!(error = %e, "accept failed");
+                    // Usually EMFILE (no file descriptor left): back off a little instead of
+                    // spinning, and log at most a line a second.
+                    if let Some(suppressed) = ACCEPT_LOGGED.allow() {
+                        warn!(error = %e, suppressed, "accept failed");
+                    }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             },
@@ -94,7 +158,8 @@ pub async fn serve(
         grace_secs = grace.as_secs(),
         "draining: listener closed, waiting for in-flight requests"
     );
-    let drained = match tokio::time::timeout(grace, graceful.shutdown()).await {
+    conns.drain();
+    let drained = match tokio::time::timeout(grace, conns.drained()).await {
         Ok(()) => {
             info!("drained");
             Drained::Clean
@@ -109,3 +174,8 @@ pub async fn serve(
     }
     drained
 }
+
+/// Accept failures' allowance: at most a line a second (see [`nm_types::throttle`]).
+static ACCEPT_LOGGED: Throttle = Throttle::new(Duration::from_secs(1));
+/// Connections refused at the cap: likewise.
+static REFUSED_LOGGED: Throttle = Throttle::new(Duration::from_secs(1));

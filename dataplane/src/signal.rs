@@ -65,6 +65,10 @@ pub enum SubmitError {
     /// Refused for breaking a rule (the dataplane's own checks should have caught it).
     #[error("{0}")]
     Rejected(String),
+    /// No answer in time: the signal was being committed when the wait ended (or the answer
+    /// was lost), so it may have been stored.
+    #[error("{0}")]
+    Unconfirmed(String),
 }
 
 pub type SubmitFuture = Pin<Box<dyn Future<Output = Result<(), SubmitError>> + Send>>;
@@ -291,6 +295,8 @@ pub async fn handle(
                 ProxyError::PayloadTooLarge {
                     limit: MAX_SIGNAL_BYTES,
                 }
+            } else if e.is::<crate::pace::BodyTimeout>() {
+                ProxyError::ClientTimeout(e.to_string())
             } else {
                 ProxyError::RequestBody(e.to_string())
             }
@@ -314,6 +320,7 @@ pub async fn handle(
     match state.signals.submit(submission).await {
         Ok(()) => {}
         Err(SubmitError::Unavailable(why)) => return Err(ProxyError::Unavailable(why)),
+        Err(SubmitError::Unconfirmed(why)) => return Err(ProxyError::Unconfirmed(why)),
         Err(SubmitError::Rejected(why)) => return Err(bad(invalid("invalid_field", why))),
     }
     span.record("http.response.status_code", 200);

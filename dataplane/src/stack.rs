@@ -45,6 +45,8 @@ pub struct State {
     pub metrics: crate::metrics::Metrics,
     /// Answer length assumed for a budget reservation when the request sets no cap.
     pub reserve_output_tokens: u64,
+    /// Client connection limits (header timeout, cap, request-body pace).
+    pub conn_limits: crate::conns::ConnLimits,
 }
 
 /// Builds the dataplane service for one connection (cheap: clones of `Arc`s).
@@ -59,7 +61,13 @@ pub fn service(
         // The span wraps everything below, so every log line has the request id.
         .layer(TraceLayer)
         // Errors from auth, routing and forwarding become native-shaped responses here.
-        .layer(RescueLayer::new(state.registry.clone()))
+        .layer(RescueLayer::new(
+            state.registry.clone(),
+            crate::pace::PaceLimits {
+                idle: state.conn_limits.body_idle_timeout,
+                min_rate: state.conn_limits.body_min_rate,
+            },
+        ))
         // Before routing: no provider sees a request without a valid key.
         .layer(AuthLayer::new(state.keys.clone()))
         .service(Router { state })

@@ -198,6 +198,7 @@ pub fn key_verifiers_to_pb(k: nm_types::KeyVerifiers) -> link_pb::KeySnapshot {
                 admin: k.admin,
             })
             .collect(),
+        write_problem: k.write_problem.unwrap_or_default(),
     }
 }
 
@@ -217,6 +218,7 @@ pub fn key_verifiers_from_pb(k: link_pb::KeySnapshot) -> nm_types::KeyVerifiers 
                 })
             })
             .collect(),
+        write_problem: Some(k.write_problem).filter(|p| !p.is_empty()),
     }
 }
 

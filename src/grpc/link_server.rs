@@ -16,13 +16,14 @@ use nm_controlplane::{Controlplane, feeds};
 use nm_types::VerifierKey;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
+use tonic::metadata::MetadataValue;
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 use tracing::warn;
 
 use super::link_pb::{self, link_server::Link, link_server::LinkServer};
 use super::status::to_status;
-use super::{LINK_SECRET_METADATA, MAX_LINK_MESSAGE_BYTES, convert};
+use super::{LINK_SECRET_METADATA, MAX_LINK_MESSAGE_BYTES, NOT_STORED_METADATA, convert};
 use crate::config::Secret;
 
 /// Largest batch of request records accepted in one call.
@@ -109,6 +110,7 @@ impl Link for LinkService {
         let name = dataplane_name(req.into_inner().dataplane)?;
         let rx = feeds::key_snapshots(
             &self.cp.keys,
+            self.cp.store.writability(),
             self.verifier.clone(),
             name,
             self.cp.shutdown(),
@@ -174,7 +176,9 @@ impl Link for LinkService {
                 "request records refused: unknown or revoked key"
             );
         }
-        let outcome = self.cp.records.ingest(&accepted).await.map_err(to_status)?;
+        let outcome = nm_controlplane::store::retry_conflicts(|| self.cp.records.ingest(&accepted))
+            .await
+            .map_err(to_status)?;
         rejected.extend(
             outcome
                 .rejected
@@ -197,8 +201,29 @@ impl Link for LinkService {
         &self,
         req: Request<link_pb::RecordSignalRequest>,
     ) -> Result<Response<link_pb::RecordSignalResponse>, Status> {
+        // Every error answered here means "not stored": say so, so the dataplane can tell it
+        // from a call whose answer was lost.
+        self.store_signal(req.into_inner())
+            .await
+            .map_err(|mut status| {
+                status
+                    .metadata_mut()
+                    .insert(NOT_STORED_METADATA, MetadataValue::from_static("1"));
+                status
+            })
+    }
+}
+
+impl LinkService {
+    async fn store_signal(
+        &self,
+        req: link_pb::RecordSignalRequest,
+    ) -> Result<Response<link_pb::RecordSignalResponse>, Status> {
+        let commit_within = match req.commit_within_ms {
+            0 => nm_controlplane::signals::DEFAULT_COMMIT_WITHIN,
+            ms => std::time::Duration::from_millis(u64::from(ms)),
+        };
         let signal = req
-            .into_inner()
             .signal
             .ok_or_else(|| Status::invalid_argument("signal is required"))?;
         let signal = convert::signal_from_pb(signal).map_err(to_status)?;
@@ -213,7 +238,12 @@ impl Link for LinkService {
                 "key_id must name a key that was valid when the signal was sent",
             ));
         }
-        let stored = self.cp.signals.record(signal).await.map_err(to_status)?;
+        let stored = self
+            .cp
+            .signals
+            .record_within(signal, commit_within)
+            .await
+            .map_err(to_status)?;
         Ok(Response::new(link_pb::RecordSignalResponse {
             duplicate: stored == nm_controlplane::Stored::Duplicate,
         }))

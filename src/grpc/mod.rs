@@ -40,6 +40,9 @@ pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("nm_d
 pub const NM_KEY_METADATA: &str = "nm-key";
 /// Metadata key carrying the link secret on link calls.
 pub const LINK_SECRET_METADATA: &str = "nm-link-secret";
+/// Metadata on every error `RecordSignal` answers: the signal was not stored. Without it (a
+/// connection lost mid-call) a dataplane cannot know, and says so.
+pub const NOT_STORED_METADATA: &str = "nm-not-stored";
 /// Largest message either side of the link sends or accepts, set explicitly on both: record
 /// batches are cut well below it (see `link::shipper::MAX_BATCH_BYTES`).
 pub const MAX_LINK_MESSAGE_BYTES: usize = 16 * 1024 * 1024;

@@ -356,18 +356,29 @@ impl StatusApi for StatusService {
             Ok(()) => store.migrations_current().await,
             Err(_) => Ok(false),
         };
-        let reason = match (&reachable, &current) {
-            (Err(e), _) => format!("database unreachable: {e}"),
-            (Ok(()), Err(e)) => format!("cannot read migrations: {e}"),
-            (Ok(()), Ok(false)) => "database migrations are not current".to_owned(),
-            (Ok(()), Ok(true)) => String::new(),
+        let write_problem = store.writability().problem();
+        // The database's own text stays in the log.
+        let reason = match (&reachable, &current, write_problem) {
+            (Err(e), _, _) => {
+                warn!(error = %e, "readiness: database unreachable");
+                "database unreachable".to_owned()
+            }
+            (Ok(()), Err(e), _) => {
+                warn!(error = %e, "readiness: cannot read the migrations");
+                "cannot read the database's migrations".to_owned()
+            }
+            (Ok(()), Ok(false), _) => "database migrations are not current".to_owned(),
+            (Ok(()), Ok(true), Some(problem)) => problem.to_owned(),
+            (Ok(()), Ok(true), None) => String::new(),
         };
         let database_reachable = reachable.is_ok();
         let migrations_current = matches!(current, Ok(true));
+        let database_writable = write_problem.is_none();
         Ok(Response::new(pb::Readiness {
-            ready: database_reachable && migrations_current,
+            ready: database_reachable && migrations_current && database_writable,
             database_reachable,
             migrations_current,
+            database_writable,
             database: store.system().to_owned(),
             version: crate::app::VERSION.to_owned(),
             reason,
@@ -435,22 +446,32 @@ pub async fn serve(
 }
 
 /// Keeps `grpc.health.v1` truthful: the whole server is NOT_SERVING while the database does not
-/// answer.
+/// answer or does not take writes (the store's write probe and every write transaction keep the
+/// latter current; a change is reported at once, the ping every 5 s).
 fn spawn_readiness(
     store: Store,
     reporter: Arc<tonic_health::server::HealthReporter>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let mut last_ok = true;
+        let mut last = None;
+        let mut writable = store.writability().subscribe();
         let mut tick = tokio::time::interval(Duration::from_secs(5));
+        let mut reachable = true;
         loop {
-            tick.tick().await;
-            let ok = store.ping().await.is_ok();
-            if ok != last_ok {
-                if ok {
-                    info!("database reachable again");
-                } else {
-                    warn!("database unreachable; gRPC health is NOT_SERVING");
+            tokio::select! {
+                _ = tick.tick() => reachable = store.ping().await.is_ok(),
+                changed = writable.changed() => if changed.is_err() { return },
+            }
+            let problem = *writable.borrow_and_update();
+            let ok = reachable && problem.is_none();
+            if last != Some(ok) {
+                match (ok, reachable) {
+                    (true, _) => info!("database reachable and writable; gRPC health is SERVING"),
+                    (false, false) => warn!("database unreachable; gRPC health is NOT_SERVING"),
+                    (false, true) => warn!(
+                        reason = problem.unwrap_or_default(),
+                        "database does not take writes; gRPC health is NOT_SERVING"
+                    ),
                 }
                 let status = if ok {
                     ServingStatus::Serving
@@ -458,7 +479,7 @@ fn spawn_readiness(
                     ServingStatus::NotServing
                 };
                 reporter.set_service_status("", status).await;
-                last_ok = ok;
+                last = Some(ok);
             }
         }
     })

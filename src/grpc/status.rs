@@ -1,6 +1,7 @@
 //! The one place a controlplane error becomes a gRPC status.
 
 use nm_controlplane::Error;
+use nm_types::throttle::Throttle;
 use tonic::Status;
 
 pub fn to_status(e: Error) -> Status {
@@ -14,8 +15,12 @@ pub fn to_status(e: Error) -> Status {
     }
 }
 
-/// The database's own text stays in the log: it can name tables, values and hosts.
+/// The database's own text stays in the log: it can name tables, values and hosts. At most a
+/// line a second (with the count left out): an outage fails every call.
 fn unavailable(e: &dyn std::fmt::Display) -> Status {
-    tracing::error!(error = %e, "database error");
+    static LOGGED: Throttle = Throttle::new(std::time::Duration::from_secs(1));
+    if let Some(suppressed) = LOGGED.allow() {
+        tracing::error!(error = %e, suppressed, "database error");
+    }
     Status::unavailable("the controlplane's database is unavailable; nothing was stored")
 }

@@ -4,6 +4,7 @@
 use nm_controlplane::{Controlplane, NewSignal};
 use nm_types::budget::Feed;
 use nm_types::record::RequestRecord;
+use nm_types::throttle::Throttle;
 use nm_types::{KeyVerifiers, VerifierKey};
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
@@ -23,12 +24,16 @@ impl InProcess {
 }
 
 /// The one mapping of a controlplane error for an in-process caller: invalid data is refused
-/// for good, anything else is "try again"; the database's text stays in the log.
+/// for good, anything else is "try again"; the database's text stays in the log (at most a line
+/// a second: an outage fails every call).
 fn link_error(e: nm_controlplane::Error) -> LinkError {
+    static LOGGED: Throttle = Throttle::new(std::time::Duration::from_secs(1));
     match e {
         nm_controlplane::Error::InvalidArgument(m) => LinkError::Rejected(m),
         other => {
-            tracing::error!(error = %other, "controlplane error");
+            if let Some(suppressed) = LOGGED.allow() {
+                tracing::warn!(error = %other, suppressed, "controlplane could not store it");
+            }
             LinkError::Unavailable("the controlplane could not store it".to_owned())
         }
     }
@@ -39,6 +44,7 @@ impl Port for InProcess {
     async fn watch_keys(&self, dataplane: &str) -> Result<LinkStream<KeyVerifiers>, LinkError> {
         let rx = nm_controlplane::feeds::key_snapshots(
             &self.cp.keys,
+            self.cp.store.writability(),
             self.verifier.clone(),
             dataplane.to_owned(),
             self.cp.shutdown(),
@@ -56,7 +62,9 @@ impl Port for InProcess {
     }
 
     async fn ingest(&self, batch: &[RequestRecord]) -> Result<Ingested, LinkError> {
-        let outcome = self.cp.records.ingest(batch).await.map_err(link_error)?;
+        let outcome = nm_controlplane::store::retry_conflicts(|| self.cp.records.ingest(batch))
+            .await
+            .map_err(link_error)?;
         Ok(Ingested {
             epoch: outcome.epoch,
             seq: outcome.seq,
@@ -64,10 +72,14 @@ impl Port for InProcess {
         })
     }
 
-    async fn record_signal(&self, signal: NewSignal) -> Result<(), LinkError> {
+    async fn record_signal(
+        &self,
+        signal: NewSignal,
+        commit_within: std::time::Duration,
+    ) -> Result<(), LinkError> {
         self.cp
             .signals
-            .record(signal)
+            .record_within(signal, commit_within)
             .await
             .map(drop)
             .map_err(link_error)

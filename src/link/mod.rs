@@ -56,6 +56,10 @@ pub enum LinkError {
     /// client certificate it does not trust).
     #[error("not accepted by the controlplane: {0}")]
     Unauthenticated(String),
+    /// The call may have been carried out, but its answer was lost (the link broke mid-call, or
+    /// the controlplane gave no answer in time): its outcome is unknown.
+    #[error("no answer from the controlplane: {0}")]
+    Unconfirmed(String),
 }
 
 /// What the controlplane did with a batch of records.
@@ -80,8 +84,14 @@ pub trait Port: fmt::Debug + Send + Sync + 'static {
     /// Stores a batch of records (each once per request id; a resent batch is harmless).
     async fn ingest(&self, batch: &[RequestRecord]) -> Result<Ingested, LinkError>;
 
-    /// Stores one signal; resolves after the commit.
-    async fn record_signal(&self, signal: NewSignal) -> Result<(), LinkError>;
+    /// Stores one signal; resolves after the commit. Its commit must begin within
+    /// `commit_within`, or it is not stored. Any error but [`LinkError::Unconfirmed`] means it
+    /// was not stored.
+    async fn record_signal(
+        &self,
+        signal: NewSignal,
+        commit_within: std::time::Duration,
+    ) -> Result<(), LinkError>;
 }
 
 /// The dataplane state the link keeps current, and where its records wait.

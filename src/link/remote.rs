@@ -13,7 +13,7 @@ use tonic::transport::Channel;
 
 use super::{Ingested, LinkError, LinkStream, Port};
 use crate::grpc::link_pb::{self, link_client::LinkClient};
-use crate::grpc::{LINK_SECRET_METADATA, MAX_LINK_MESSAGE_BYTES, convert};
+use crate::grpc::{LINK_SECRET_METADATA, MAX_LINK_MESSAGE_BYTES, NOT_STORED_METADATA, convert};
 
 /// Adds the link secret to every call.
 #[derive(Clone)]
@@ -68,6 +68,29 @@ fn link_error(status: tonic::Status) -> LinkError {
     }
 }
 
+/// A failed `RecordSignal`: "not stored" only when the controlplane said so (every error its
+/// handler answers carries [`NOT_STORED_METADATA`]), when the call was refused at the door, or
+/// when no connection could be made; otherwise (a connection lost mid-call, a reset stream) the
+/// signal may have been stored.
+fn signal_error(status: tonic::Status) -> LinkError {
+    let never_sent =
+        status.code() == tonic::Code::Unavailable && status.message().contains("connect");
+    if status.metadata().contains_key(NOT_STORED_METADATA)
+        || never_sent
+        || matches!(
+            status.code(),
+            tonic::Code::InvalidArgument
+                | tonic::Code::OutOfRange
+                | tonic::Code::ResourceExhausted
+                | tonic::Code::Unauthenticated
+                | tonic::Code::PermissionDenied
+        )
+    {
+        return link_error(status);
+    }
+    LinkError::Unconfirmed(format!("{}: {}", status.code(), status.message()))
+}
+
 #[async_trait::async_trait]
 impl Port for Grpc {
     async fn watch_keys(&self, dataplane: &str) -> Result<LinkStream<KeyVerifiers>, LinkError> {
@@ -120,14 +143,19 @@ impl Port for Grpc {
         })
     }
 
-    async fn record_signal(&self, signal: NewSignal) -> Result<(), LinkError> {
+    async fn record_signal(
+        &self,
+        signal: NewSignal,
+        commit_within: std::time::Duration,
+    ) -> Result<(), LinkError> {
         self.client
             .clone()
             .record_signal(link_pb::RecordSignalRequest {
                 signal: Some(convert::signal_to_pb(signal)),
+                commit_within_ms: u32::try_from(commit_within.as_millis()).unwrap_or(u32::MAX),
             })
             .await
             .map(drop)
-            .map_err(link_error)
+            .map_err(signal_error)
     }
 }

@@ -29,8 +29,13 @@ use crate::grpc::convert::signal_to_stored;
 pub const STALE_AFTER: Duration = Duration::from_secs(6);
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
-/// How long a signal request waits for the controlplane's commit before answering 503.
-pub const SIGNAL_TIMEOUT: Duration = Duration::from_secs(5);
+/// By when the controlplane must have begun a signal's commit; a signal not begun by then is
+/// not stored, and the answer says so (503, "nothing was stored").
+pub const SIGNAL_COMMIT_WITHIN: Duration = Duration::from_secs(4);
+/// The longest a signal request waits for the controlplane's answer. Past it (a commit that
+/// began in time but stalls, as on a frozen disk) the outcome is unknown: 503 saying the signal
+/// may have been stored. Shorter than the official clients' 10 s timeout, so they hear why.
+pub const SIGNAL_TIMEOUT: Duration = Duration::from_secs(8);
 
 /// Sends each signal through the port and resolves once it is committed.
 #[derive(Debug, Clone)]
@@ -41,13 +46,20 @@ impl SignalSink for PortSignals {
         let port = self.0.clone();
         Box::pin(async move {
             let signal = signal_to_stored(signal);
-            match tokio::time::timeout(SIGNAL_TIMEOUT, port.record_signal(signal)).await {
-                Err(_) => Err(SubmitError::Unavailable(format!(
-                    "controlplane did not answer within {}s",
+            let call = port.record_signal(signal, SIGNAL_COMMIT_WITHIN);
+            match tokio::time::timeout(SIGNAL_TIMEOUT, call).await {
+                Err(_) => Err(SubmitError::Unconfirmed(format!(
+                    "the controlplane did not confirm the commit within {}s",
                     SIGNAL_TIMEOUT.as_secs()
                 ))),
                 Ok(Ok(())) => Ok(()),
                 Ok(Err(LinkError::Rejected(why))) => Err(SubmitError::Rejected(why)),
+                Ok(Err(LinkError::Unconfirmed(e))) => {
+                    debug!(error = %e, "signal outcome unknown");
+                    Err(SubmitError::Unconfirmed(
+                        "the answer from the controlplane was lost".to_owned(),
+                    ))
+                }
                 Ok(Err(e)) => {
                     debug!(error = %e, "signal not stored");
                     Err(SubmitError::Unavailable(
@@ -81,6 +93,7 @@ pub async fn watch_keys(
             );
             last_version = Some(snapshot.version);
         }
+        health.set_write_problem(snapshot.write_problem.clone());
         keys.replace(principals(snapshot));
         health.set_controlplane_ok();
     };

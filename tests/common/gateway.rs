@@ -93,7 +93,14 @@ impl Builder {
 
     /// Starts the gateway and waits until `/health` is 200 (the dataplane has its keys).
     /// Returns `None` only for PostgreSQL when `NM_TEST_POSTGRES_URL` is not set.
-    pub async fn start(mut self) -> Option<TestGateway> {
+    pub async fn start(self) -> Option<TestGateway> {
+        let gw = self.start_unready().await?;
+        gw.wait_healthy().await;
+        Some(gw)
+    }
+
+    /// Starts the gateway without waiting for it to become ready (for tests of readiness).
+    pub async fn start_unready(mut self) -> Option<TestGateway> {
         // NM_TEST_LOG=debug shows the gateways' logs (with --nocapture).
         if let Ok(filter) = std::env::var("NM_TEST_LOG") {
             let _ = nm_gateway::telemetry::init(&filter, nm_gateway::config::LogFormat::Text);
@@ -103,9 +110,12 @@ impl Builder {
             Db::Sqlite => format!("sqlite://{}/nm.db?mode=rwc", dir.path().display()),
             Db::Postgres => fresh_postgres_db().await?,
         };
-        self.env
+        // A test may name its own database (a file on a small disk, say).
+        let db_url = self
+            .env
             .entry("NM_DATABASE_URL".into())
-            .or_insert(db_url.clone());
+            .or_insert(db_url)
+            .clone();
         self.env
             .entry("NM_BOOTSTRAP_KEY".into())
             .or_insert(ADMIN_KEY.into());
@@ -189,7 +199,6 @@ impl Builder {
             client: client(),
             _dir: dir,
         };
-        gw.wait_healthy().await;
         Some(gw)
     }
 }

@@ -4,9 +4,12 @@
 //! The dataplane parses these from untrusted headers and bodies; the controlplane stores them.
 //! Keeping the parsers in one place means both sides accept exactly the same values.
 
+#![forbid(unsafe_code)]
+
 pub mod budget;
 pub mod money;
 pub mod record;
+pub mod throttle;
 
 use std::fmt;
 use std::str::FromStr;
@@ -257,6 +260,10 @@ pub struct KeyVerifiers {
     /// Grows whenever the key set changes.
     pub version: u64,
     pub keys: Vec<VerifiedKey>,
+    /// Why the controlplane's database does not take writes now; `None` while it does. A
+    /// dataplane is not ready (`/health` 503) while this is set: signals and records it sends
+    /// would not be stored.
+    pub write_problem: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

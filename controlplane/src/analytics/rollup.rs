@@ -222,11 +222,23 @@ fn signals_sql(backend: DatabaseBackend, rows: usize) -> String {
 }
 
 /// The upsert of `rows` requests (bound in [`REQUEST_VALUES`] order).
+///
+/// **Lock order.** On PostgreSQL every transaction that writes `session_rollups` takes its row
+/// locks in ascending `(agent, session_id)` byte order: [`add_signals`] binds its rows from a
+/// `BTreeMap` (a `VALUES` list is processed in order), and this statement, which groups first,
+/// sorts its groups the same way (`COLLATE "C"` compares bytes, like Rust's `String`), over
+/// chunks cut from rows sorted likewise. Two writers touching the same sessions then wait for
+/// each other instead of deadlocking. SQLite locks the whole database: no order needed.
 fn requests_sql(backend: DatabaseBackend, rows: usize) -> String {
-    upsert(&request_rows(
+    let mut sql = upsert(&request_rows(
         "agent, session_id",
         &format!("({}) AS r", values(backend, rows, &REQUEST_VALUES)),
-    ))
+    ));
+    if backend == DatabaseBackend::Postgres {
+        let at = sql.find(" ON CONFLICT").unwrap_or(sql.len());
+        sql.insert_str(at, r#" ORDER BY agent COLLATE "C", session_id COLLATE "C""#);
+    }
+    sql
 }
 
 /// One new signal, as the rollup sees it.
@@ -330,7 +342,7 @@ pub(crate) async fn add_requests<C: ConnectionTrait>(
     db: &C,
     records: &[&RequestRecord],
 ) -> Result<()> {
-    let rows: Vec<&RequestRecord> = records
+    let mut rows: Vec<&RequestRecord> = records
         .iter()
         .copied()
         .filter(|r| r.agent.is_some() && r.session_id.is_some())
@@ -338,6 +350,8 @@ pub(crate) async fn add_requests<C: ConnectionTrait>(
     if rows.is_empty() {
         return Ok(());
     }
+    // Row locks in key order (see `requests_sql`): chunks follow the sorted rows.
+    rows.sort_by(|a, b| (&a.agent, &a.session_id).cmp(&(&b.agent, &b.session_id)));
     let backend = db.get_database_backend();
     let count = |v: Option<u64>| Value::BigInt(v.map(|v| i64::try_from(v).unwrap_or(i64::MAX)));
     for chunk in chunks_of(&rows) {

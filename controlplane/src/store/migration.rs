@@ -19,6 +19,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0004_unpriced_index::Migration),
             Box::new(m0005_analytics::Migration),
             Box::new(m0006_session_rollups::Migration),
+            Box::new(m0101_write_probe::Migration),
         ]
     }
 }
@@ -753,6 +754,41 @@ mod m0006_session_rollups {
         fn stored_band_follows_the_analytics_bands() {
             let band = ttfb_band("MAX(ttfb)", false);
             assert!(BACKFILL.contains(&band), "{band}");
+        }
+    }
+}
+
+/// The table the write probe upserts (`Store::probe_write`): one row, the time of the last
+/// probe. Numbered apart from the feature migrations (m01xx: operational tables), so branches
+/// adding m0007 and later merge without renumbering.
+mod m0101_write_probe {
+    use super::*;
+
+    pub struct Migration;
+
+    impl MigrationName for Migration {
+        fn name(&self) -> &str {
+            "m0101_write_probe"
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl MigrationTrait for Migration {
+        async fn up(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            m.get_connection()
+                .execute_unprepared(
+                    "CREATE TABLE IF NOT EXISTS write_probe \
+                     (id BIGINT PRIMARY KEY, written_at_ms BIGINT NOT NULL)",
+                )
+                .await?;
+            Ok(())
+        }
+
+        async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            m.get_connection()
+                .execute_unprepared("DROP TABLE IF EXISTS write_probe")
+                .await?;
+            Ok(())
         }
     }
 }

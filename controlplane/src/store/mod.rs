@@ -1,10 +1,17 @@
 //! Database connection and schema. [`Store::connect`] opens SQLite or PostgreSQL from a URL and
 //! runs the migrations before anything else touches the database.
 
+#[forbid(unsafe_code)]
 pub mod entity;
+mod ffi;
+#[forbid(unsafe_code)]
 mod migration;
+#[forbid(unsafe_code)]
 mod nodelay;
+#[forbid(unsafe_code)]
 mod sqlite_write;
+#[forbid(unsafe_code)]
+pub mod writable;
 
 use std::path::Path;
 use std::time::Duration;
@@ -21,11 +28,13 @@ use crate::error::{Error, Result};
 
 pub use migration::Migrator;
 pub use sqlite_write::SqliteWrite;
+pub use writable::{Writability, WriteProblem};
 
 /// A handle on the controlplane database. Cheap to clone (a connection pool).
 #[derive(Clone, Debug)]
 pub struct Store {
     db: DatabaseConnection,
+    writability: Writability,
 }
 
 impl Store {
@@ -61,6 +70,7 @@ impl Store {
                     .busy_timeout(Duration::from_secs(10))
                     .foreign_keys(true)
             });
+            opts.map_sqlx_sqlite_pool_opts(|pool| pool.after_release(release_if_idle));
         } else {
             opts.max_connections(16).min_connections(1);
             if let Some(port) = postgres_tcp_port(url) {
@@ -74,11 +84,34 @@ impl Store {
                     })
                 });
             }
+            opts.map_sqlx_postgres_pool_opts(|pool| pool.after_release(release_if_idle));
         }
         let db = Database::connect(opts).await?;
         Migrator::up(&db, None).await?;
         info!(db.system = backend, url = %redact_url(url), "database ready");
-        Ok(Self { db })
+        Ok(Self {
+            db,
+            writability: Writability::new(),
+        })
+    }
+
+    /// Whether the database takes writes (see [`writable`]).
+    pub fn writability(&self) -> &Writability {
+        &self.writability
+    }
+
+    /// The write probe: a one-row upsert in a write transaction of its own. Its outcome (like
+    /// every write transaction's) updates [`Store::writability`].
+    pub async fn probe_write(&self) -> Result<()> {
+        let txn = self.begin_write().await?;
+        let mut sql = crate::sql::Sql::new(
+            self.backend(),
+            "INSERT INTO write_probe (id, written_at_ms) VALUES (1, ",
+        );
+        sql.bind(crate::now_ms())
+            .push(") ON CONFLICT (id) DO UPDATE SET written_at_ms = excluded.written_at_ms");
+        txn.execute_raw(sql.build()).await?;
+        txn.commit().await
     }
 
     pub fn conn(&self) -> &DatabaseConnection {
@@ -106,9 +139,19 @@ impl Store {
     pub async fn begin_write(&self) -> Result<WriteTxn> {
         if self.backend() == DatabaseBackend::Sqlite {
             let pool = self.db.get_sqlite_connection_pool();
-            return Ok(WriteTxn::Sqlite(SqliteWrite::begin(pool).await?));
+            let txn = SqliteWrite::begin(pool, self.writability.clone()).await?;
+            return Ok(WriteTxn::Sqlite(txn));
         }
-        Ok(WriteTxn::Pooled(self.db.begin().await?))
+        match self.db.begin().await {
+            Ok(txn) => Ok(WriteTxn::Pooled(PooledWrite {
+                txn,
+                writability: self.writability.clone(),
+            })),
+            Err(e) => {
+                self.writability.failed(&e);
+                Err(e.into())
+            }
+        }
     }
 
     /// True when the database answers a trivial query.
@@ -129,23 +172,111 @@ impl Store {
     }
 }
 
+/// How many times in all a transaction that lost a deadlock or a serialization conflict is run.
+pub const CONFLICT_ATTEMPTS: u32 = 4;
+
+/// Whether `e` is a conflict between transactions that running the transaction again resolves:
+/// PostgreSQL's `deadlock_detected` (40P01) or `serialization_failure` (40001).
+pub fn is_conflict(e: &Error) -> bool {
+    let Error::Database(db) = e else {
+        return false;
+    };
+    let (DbErr::Exec(sea_orm::RuntimeErr::SqlxError(sqlx))
+    | DbErr::Query(sea_orm::RuntimeErr::SqlxError(sqlx))) = db
+    else {
+        return false;
+    };
+    sqlx.as_database_error()
+        .and_then(|d| d.code())
+        .is_some_and(|code| code == "40P01" || code == "40001")
+}
+
+/// The pause before the `attempt`-th rerun of a conflicted transaction: 5, 10, 20 ms, with up
+/// to as much again at random, so the transactions that collided do not collide again.
+pub fn conflict_backoff(attempt: u32) -> Duration {
+    let base = 5u64 << attempt.saturating_sub(1).min(4);
+    Duration::from_millis(base + rand::random_range(0..=base))
+}
+
+/// Runs `op` (one transaction) again when it lost a deadlock or a serialization conflict, up to
+/// [`CONFLICT_ATTEMPTS`] times in all.
+pub async fn retry_conflicts<T, F, Fut>(mut op: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let mut attempt = 1;
+    loop {
+        match op().await {
+            Err(e) if is_conflict(&e) && attempt < CONFLICT_ATTEMPTS => {
+                tracing::debug!(error = %e, attempt, "transaction conflicted; running it again");
+                tokio::time::sleep(conflict_backoff(attempt)).await;
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Gives a pooled connection back only when no transaction is open on it. A transaction whose
+/// commit failed can leave sqlx counting one open (its `ROLLBACK` then finds none, or the
+/// connection broke): such a connection is closed instead, and the pool opens a fresh one. One
+/// atomic read per release.
+fn release_if_idle<C: sea_orm::sqlx::Connection>(
+    conn: &mut C,
+    _meta: sea_orm::sqlx::pool::PoolConnectionMetadata,
+) -> std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<bool, sea_orm::sqlx::Error>> + Send + '_>,
+> {
+    let idle = !conn.is_in_transaction();
+    Box::pin(async move { Ok(idle) })
+}
+
 /// A write transaction from [`Store::begin_write`]. Dropped without [`WriteTxn::commit`], it
 /// rolls back.
 #[derive(Debug)]
 pub enum WriteTxn {
-    /// SQLite: sqlx's transaction on one connection, which rusqlite can also use.
+    /// SQLite: our transaction on one sqlx connection, which rusqlite can also use.
     Sqlite(SqliteWrite),
     /// PostgreSQL: sea-orm's.
-    Pooled(DatabaseTransaction),
+    Pooled(PooledWrite),
+}
+
+/// sea-orm's transaction (PostgreSQL), reporting its outcome to the [`Writability`].
+#[derive(Debug)]
+pub struct PooledWrite {
+    txn: DatabaseTransaction,
+    writability: Writability,
+}
+
+impl std::ops::Deref for PooledWrite {
+    type Target = DatabaseTransaction;
+    fn deref(&self) -> &DatabaseTransaction {
+        &self.txn
+    }
 }
 
 impl WriteTxn {
     pub async fn commit(self) -> Result<()> {
         match self {
             WriteTxn::Sqlite(t) => t.commit().await?,
-            WriteTxn::Pooled(t) => t.commit().await?,
+            WriteTxn::Pooled(PooledWrite { txn, writability }) => match txn.commit().await {
+                Ok(()) => writability.succeeded(),
+                Err(e) => {
+                    writability.failed(&e);
+                    return Err(e.into());
+                }
+            },
         }
         Ok(())
+    }
+
+    /// Reports a failed statement of a PostgreSQL transaction (SQLite's report themselves).
+    fn seen<T>(&self, r: Result<T, DbErr>) -> Result<T, DbErr> {
+        if let (WriteTxn::Pooled(t), Err(e)) = (self, &r) {
+            t.writability.failed(e);
+        }
+        r
     }
 }
 
@@ -161,28 +292,28 @@ impl ConnectionTrait for WriteTxn {
     async fn execute_raw(&self, stmt: Statement) -> Result<ExecResult, DbErr> {
         match self {
             WriteTxn::Sqlite(t) => t.execute_raw(stmt).await,
-            WriteTxn::Pooled(t) => t.execute_raw(stmt).await,
+            WriteTxn::Pooled(t) => self.seen(t.txn.execute_raw(stmt).await),
         }
     }
 
     async fn execute_unprepared(&self, sql: &str) -> Result<ExecResult, DbErr> {
         match self {
             WriteTxn::Sqlite(t) => t.execute_unprepared(sql).await,
-            WriteTxn::Pooled(t) => t.execute_unprepared(sql).await,
+            WriteTxn::Pooled(t) => self.seen(t.txn.execute_unprepared(sql).await),
         }
     }
 
     async fn query_one_raw(&self, stmt: Statement) -> Result<Option<QueryResult>, DbErr> {
         match self {
             WriteTxn::Sqlite(t) => t.query_one_raw(stmt).await,
-            WriteTxn::Pooled(t) => t.query_one_raw(stmt).await,
+            WriteTxn::Pooled(t) => self.seen(t.txn.query_one_raw(stmt).await),
         }
     }
 
     async fn query_all_raw(&self, stmt: Statement) -> Result<Vec<QueryResult>, DbErr> {
         match self {
             WriteTxn::Sqlite(t) => t.query_all_raw(stmt).await,
-            WriteTxn::Pooled(t) => t.query_all_raw(stmt).await,
+            WriteTxn::Pooled(t) => self.seen(t.txn.query_all_raw(stmt).await),
         }
     }
 }

@@ -12,7 +12,11 @@
 //! sets the option on them. On another socket that happens to talk to the same port it is
 //! equally right. It costs a `getpeername` per open descriptor, once per new database
 //! connection (the pool holds at most 16). Linux only (`/proc/self/fd`); elsewhere it does
-//! nothing. Remove it once a sqlx release sets the option again.
+//! nothing. Remove it once a sqlx release sets the option again: the test
+//! `sqlx_still_leaves_nagle_on` fails on that day. The foreign calls are in [`super::ffi`].
+
+#[cfg(target_os = "linux")]
+use super::ffi;
 
 /// Sets `TCP_NODELAY` on every socket of this process connected to a peer on `port`; returns
 /// how many it set.
@@ -23,66 +27,27 @@ pub(crate) fn set_on_sockets_to(port: u16) -> usize {
     };
     fds.flatten()
         .filter_map(|entry| entry.file_name().to_str()?.parse::<libc::c_int>().ok())
-        .filter(|&fd| peer_port(fd) == Some(port) && set_nodelay(fd))
+        .filter(|&fd| ffi::peer_port(fd) == Some(port) && ffi::set_nodelay(fd))
         .count()
+}
+
+/// The descriptors of this process's TCP sockets connected to a peer on `port`, with whether
+/// `TCP_NODELAY` is set on each.
+#[cfg(all(test, target_os = "linux"))]
+pub(crate) fn sockets_to(port: u16) -> Vec<(libc::c_int, bool)> {
+    let Ok(fds) = std::fs::read_dir("/proc/self/fd") else {
+        return Vec::new();
+    };
+    fds.flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<libc::c_int>().ok())
+        .filter(|&fd| ffi::peer_port(fd) == Some(port))
+        .filter_map(|fd| Some((fd, ffi::nodelay(fd)?)))
+        .collect()
 }
 
 #[cfg(not(target_os = "linux"))]
 pub(crate) fn set_on_sockets_to(_port: u16) -> usize {
     0
-}
-
-/// The port of the peer `fd` is connected to, if it is a connected IPv4 or IPv6 socket.
-///
-/// `fd` is only a number here: one that was closed meanwhile, or is not a socket, makes the
-/// call fail, and one reused by another socket is judged by its own peer.
-#[cfg(target_os = "linux")]
-#[allow(unsafe_code, reason = "getpeername is a foreign function")]
-fn peer_port(fd: libc::c_int) -> Option<u16> {
-    // SAFETY: an all-zero `sockaddr_storage` is a valid value of that plain C struct.
-    let mut addr: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let mut len = libc::socklen_t::try_from(std::mem::size_of::<libc::sockaddr_storage>()).ok()?;
-    // SAFETY: `addr` is writable for `len` bytes and `len` is a valid pointer; the kernel
-    // writes at most `len` bytes and checks the descriptor itself.
-    let rc = unsafe { libc::getpeername(fd, (&raw mut addr).cast(), &raw mut len) };
-    if rc != 0 {
-        return None;
-    }
-    match libc::c_int::from(addr.ss_family) {
-        libc::AF_INET => {
-            // SAFETY: for AF_INET the kernel wrote a `sockaddr_in`, which fits in the storage
-            // and has no stricter alignment.
-            let v4 = unsafe { &*(&raw const addr).cast::<libc::sockaddr_in>() };
-            Some(u16::from_be(v4.sin_port))
-        }
-        libc::AF_INET6 => {
-            // SAFETY: as above, for `sockaddr_in6`.
-            let v6 = unsafe { &*(&raw const addr).cast::<libc::sockaddr_in6>() };
-            Some(u16::from_be(v6.sin6_port))
-        }
-        _ => None,
-    }
-}
-
-/// Sets `TCP_NODELAY` on `fd`; false when the call failed (not a TCP socket, closed).
-#[cfg(target_os = "linux")]
-#[allow(unsafe_code, reason = "setsockopt is a foreign function")]
-fn set_nodelay(fd: libc::c_int) -> bool {
-    let on: libc::c_int = 1;
-    let Ok(len) = libc::socklen_t::try_from(std::mem::size_of::<libc::c_int>()) else {
-        return false;
-    };
-    // SAFETY: `on` is a readable `c_int` of `len` bytes; the kernel checks the descriptor.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_NODELAY,
-            (&raw const on).cast(),
-            len,
-        )
-    };
-    rc == 0
 }
 
 #[cfg(all(test, target_os = "linux"))]
@@ -103,5 +68,37 @@ mod tests {
         assert!(client.nodelay().unwrap());
         // The server's end is peered to the client's ephemeral port, not to `port`.
         assert!(!served.nodelay().unwrap());
+    }
+
+    /// The canary for this module: a connection sqlx opens by itself still has Nagle's
+    /// algorithm on. The day this fails, a sqlx release sets `TCP_NODELAY` again: delete this
+    /// module and its call in `Store::connect`.
+    #[tokio::test]
+    async fn sqlx_still_leaves_nagle_on() {
+        use sea_orm::sqlx::{Connection, PgConnection};
+        let Ok(server) = std::env::var(crate::scratch::TEST_POSTGRES_ENV) else {
+            eprintln!("SKIPPED PostgreSQL variant: set NM_TEST_POSTGRES_URL to run it");
+            return;
+        };
+        let opts: sea_orm::sqlx::postgres::PgConnectOptions = server.parse().unwrap();
+        if opts.get_host().starts_with('/') {
+            eprintln!("SKIPPED: NM_TEST_POSTGRES_URL names a Unix socket, not TCP");
+            return;
+        }
+        let port = opts.get_port();
+        let before: Vec<libc::c_int> = sockets_to(port).into_iter().map(|(fd, _)| fd).collect();
+        let mut conn = PgConnection::connect_with(&opts).await.unwrap();
+        conn.ping().await.unwrap();
+        let new: Vec<(libc::c_int, bool)> = sockets_to(port)
+            .into_iter()
+            .filter(|(fd, _)| !before.contains(fd))
+            .collect();
+        assert!(!new.is_empty(), "no new socket to port {port} found");
+        assert!(
+            new.iter().all(|(_, on)| !on),
+            "sqlx now sets TCP_NODELAY itself on its PostgreSQL sockets: remove \
+             controlplane/src/store/nodelay.rs and its after_connect hook in Store::connect"
+        );
+        conn.close().await.unwrap();
     }
 }

@@ -1,4 +1,5 @@
-//! Write transactions on SQLite that can lend their connection to rusqlite.
+//! Write transactions on SQLite that can lend their connection to rusqlite, and that never
+//! leave a broken connection in the pool.
 //!
 //! Storing request records is most of what the controlplane writes, and `nm-gateway serve` does it
 //! on the same CPUs that proxy the requests. Through sea-orm, a batch's rows went in as multi-row
@@ -9,10 +10,25 @@
 //! other statements (sessions, rollups, spend) go through sea-orm's [`ConnectionTrait`] as before,
 //! and [`SqliteWrite::with_rusqlite`] hands the same connection, inside the same transaction, to
 //! rusqlite, which binds a prepared single-row statement straight from the records.
+//!
+//! **Failure.** The transaction is ours, not sqlx's: `BEGIN IMMEDIATE`, `COMMIT` and `ROLLBACK`
+//! are plain statements on the connection, and sqlx's transaction depth stays 0. When a
+//! statement or the commit fails (a full disk, a file that became read-only, an I/O error),
+//! SQLite may already have rolled the transaction back by itself, and sqlx's own transactions
+//! then lost count: their `ROLLBACK` failed ("no transaction is active"), the depth stayed at 1,
+//! and every later `BEGIN` on that connection failed with "attempted to call begin_with at
+//! non-zero transaction depth" until a restart. Here, a transaction that did not commit is never
+//! given back to the pool: its connection is closed (which rolls back whatever SQLite still
+//! held), and the pool opens a fresh one for the next writer. So once the cause is gone (space
+//! back, the file writable again), the next transaction succeeds by itself. A connection closed
+//! this way costs one `open` of the database file (well under a millisecond); it happens only
+//! after a failure or a cancelled write.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use sea_orm::sqlx::{self, Sqlite, SqlitePool, Transaction};
+use sea_orm::sqlx::pool::PoolConnection;
+use sea_orm::sqlx::{self, Sqlite, SqlitePool};
 use sea_orm::{
     ConnectionTrait, DatabaseBackend, DbErr, ExecResult, QueryResult, RuntimeErr, Statement, Values,
 };
@@ -20,12 +36,17 @@ use sea_query_sqlx::SqlxValues;
 use tokio::runtime::{Handle, RuntimeFlavor};
 use tokio::sync::Mutex;
 
+use super::ffi;
+use super::writable::Writability;
 use crate::error::{Error, Result};
 
-/// A `BEGIN IMMEDIATE` transaction on one SQLite connection of the pool. Dropped without
-/// [`SqliteWrite::commit`], it rolls back (sqlx's [`Transaction`] does that).
+/// A `BEGIN IMMEDIATE` transaction on one SQLite connection of the pool. Dropped without a
+/// successful [`SqliteWrite::commit`], its connection is closed, which rolls it back.
 pub struct SqliteWrite {
-    txn: Mutex<Transaction<'static, Sqlite>>,
+    conn: Mutex<PoolConnection<Sqlite>>,
+    /// Set once `COMMIT` succeeded: only then does the connection go back to the pool.
+    committed: AtomicBool,
+    writability: Writability,
 }
 
 impl std::fmt::Debug for SqliteWrite {
@@ -34,17 +55,60 @@ impl std::fmt::Debug for SqliteWrite {
     }
 }
 
+impl Drop for SqliteWrite {
+    fn drop(&mut self) {
+        if !self.committed.load(Ordering::Relaxed) {
+            // Not committed (an error, or the caller went away): closing the connection rolls
+            // back whatever SQLite still holds, and keeps a connection in an unknown state out
+            // of the pool.
+            self.conn.get_mut().close_on_drop();
+        }
+    }
+}
+
 impl SqliteWrite {
     /// Takes the write lock up front, like [`super::Store::begin_write`].
-    pub(super) async fn begin(pool: &SqlitePool) -> Result<Self, DbErr> {
-        let txn = pool.begin_with("BEGIN IMMEDIATE").await.map_err(exec_err)?;
+    pub(super) async fn begin(pool: &SqlitePool, writability: Writability) -> Result<Self, DbErr> {
+        let conn = pool.acquire().await.map_err(exec_err)?;
+        // Until `BEGIN` has succeeded, the connection is closed if this future is dropped (the
+        // caller's deadline passed while `BEGIN IMMEDIATE` waited for the write lock): sqlx's
+        // worker would still run it, and a connection holding the write lock must not go back
+        // to the pool.
+        let mut pending = CloseUnlessKept(Some(conn));
+        let Some(conn) = pending.0.as_mut() else {
+            return Err(DbErr::Custom("no connection".to_owned()));
+        };
+        if let Err(e) = sqlx::raw_sql("BEGIN IMMEDIATE").execute(&mut **conn).await {
+            let e = exec_err(e);
+            writability.failed(&e);
+            return Err(e);
+        }
+        let Some(conn) = pending.keep() else {
+            return Err(DbErr::Custom("no connection".to_owned()));
+        };
         Ok(Self {
-            txn: Mutex::new(txn),
+            conn: Mutex::new(conn),
+            committed: AtomicBool::new(false),
+            writability,
         })
     }
 
     pub async fn commit(self) -> Result<(), DbErr> {
-        self.txn.into_inner().commit().await.map_err(exec_err)
+        let mut conn = self.conn.lock().await;
+        match sqlx::raw_sql("COMMIT").execute(&mut **conn).await {
+            Ok(_) => {
+                self.committed.store(true, Ordering::Relaxed);
+                self.writability.succeeded();
+                Ok(())
+            }
+            Err(e) => {
+                // SQLite may have rolled back by itself, or may still hold the transaction open;
+                // either way the connection is closed when `self` drops (not committed).
+                let e = exec_err(e);
+                self.writability.failed(&e);
+                Err(e)
+            }
+        }
     }
 
     /// Runs `f` with rusqlite on this transaction's connection, so what it writes commits or
@@ -55,27 +119,46 @@ impl SqliteWrite {
         &self,
         f: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<R>,
     ) -> Result<R> {
-        let mut txn = self.txn.lock().await;
-        let mut locked = txn.lock_handle().await.map_err(exec_err)?;
-        let raw = locked.as_raw_handle().as_ptr();
+        let mut conn = self.conn.lock().await;
+        let mut locked = conn.lock_handle().await.map_err(exec_err)?;
+        let raw = locked.as_raw_handle();
         // `locked` keeps sqlx's worker off the connection until it is dropped, after `run`.
-        let run = || f(&borrow(raw)?);
+        let run = || f(&ffi::borrow_sqlite(raw)?);
         let out = match Handle::try_current().map(|h| h.runtime_flavor()) {
             Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(run),
             _ => run(),
         };
         drop(locked);
-        out.map_err(Error::Sqlite)
+        out.map_err(|e| {
+            self.writability.failed_sqlite(&e);
+            Error::Sqlite(e)
+        })
+    }
+
+    /// Reports a failed statement to the writability state and passes it on.
+    fn seen<T>(&self, r: Result<T, DbErr>) -> Result<T, DbErr> {
+        if let Err(e) = &r {
+            self.writability.failed(e);
+        }
+        r
     }
 }
 
-/// A rusqlite connection on a handle it does not own: dropping it finalizes the statements
-/// prepared on it, never the connection.
-#[allow(unsafe_code, reason = "rusqlite takes a foreign connection handle")]
-fn borrow(raw: *mut rusqlite::ffi::sqlite3) -> rusqlite::Result<rusqlite::Connection> {
-    // SAFETY: `raw` is an open connection (sqlx's, from `LockedSqliteHandle`) on which no other
-    // thread makes calls while the caller holds the lock; the caller drops the result first.
-    unsafe { rusqlite::Connection::from_handle(raw) }
+/// A pooled connection that is closed, not given back, unless [`CloseUnlessKept::keep`] takes it.
+struct CloseUnlessKept(Option<PoolConnection<Sqlite>>);
+
+impl CloseUnlessKept {
+    fn keep(&mut self) -> Option<PoolConnection<Sqlite>> {
+        self.0.take()
+    }
+}
+
+impl Drop for CloseUnlessKept {
+    fn drop(&mut self) {
+        if let Some(conn) = self.0.as_mut() {
+            conn.close_on_drop();
+        }
+    }
 }
 
 fn exec_err(e: sqlx::Error) -> DbErr {
@@ -99,32 +182,33 @@ impl ConnectionTrait for SqliteWrite {
     }
 
     async fn execute_raw(&self, stmt: Statement) -> Result<ExecResult, DbErr> {
-        let mut txn = self.txn.lock().await;
-        let done = query(stmt).execute(&mut **txn).await.map_err(exec_err)?;
-        Ok(done.into())
+        let mut conn = self.conn.lock().await;
+        let done = query(stmt).execute(&mut **conn).await.map_err(exec_err);
+        self.seen(done).map(Into::into)
     }
 
     async fn execute_unprepared(&self, sql: &str) -> Result<ExecResult, DbErr> {
-        let mut txn = self.txn.lock().await;
+        let mut conn = self.conn.lock().await;
         let done = sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
-            .execute(&mut **txn)
+            .execute(&mut **conn)
             .await
-            .map_err(exec_err)?;
-        Ok(done.into())
+            .map_err(exec_err);
+        self.seen(done).map(Into::into)
     }
 
     async fn query_one_raw(&self, stmt: Statement) -> Result<Option<QueryResult>, DbErr> {
-        let mut txn = self.txn.lock().await;
+        let mut conn = self.conn.lock().await;
         let row = query(stmt)
-            .fetch_optional(&mut **txn)
+            .fetch_optional(&mut **conn)
             .await
-            .map_err(query_err)?;
-        Ok(row.map(QueryResult::from))
+            .map_err(query_err);
+        self.seen(row).map(|r| r.map(QueryResult::from))
     }
 
     async fn query_all_raw(&self, stmt: Statement) -> Result<Vec<QueryResult>, DbErr> {
-        let mut txn = self.txn.lock().await;
-        let rows = query(stmt).fetch_all(&mut **txn).await.map_err(query_err)?;
-        Ok(rows.into_iter().map(QueryResult::from).collect())
+        let mut conn = self.conn.lock().await;
+        let rows = query(stmt).fetch_all(&mut **conn).await.map_err(query_err);
+        self.seen(rows)
+            .map(|rows| rows.into_iter().map(QueryResult::from).collect())
     }
 }

@@ -17,22 +17,29 @@ use std::task::{Context, Poll};
 
 use http::{HeaderValue, Request, Response, header};
 use hyper::body::Incoming;
+use nm_types::throttle::Throttle;
 use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
 use crate::body::{GatewayBody, ReadToEnd, RequestBody};
 use crate::error::{ErrorFlavor, ProxyError, Side};
+use crate::pace::PaceLimits;
 use crate::path::split_prefix;
 use crate::providers::{ErrorStyle, Registry};
+
+/// The 503 lines' allowance (see [`nm_types::throttle`]).
+static UNAVAILABLE_LOGGED: Throttle = Throttle::new(std::time::Duration::from_secs(1));
 
 #[derive(Debug, Clone)]
 pub struct RescueLayer {
     registry: Arc<Registry>,
+    /// How request bodies must keep moving ([`crate::pace`]).
+    pace: PaceLimits,
 }
 
 impl RescueLayer {
-    pub fn new(registry: Arc<Registry>) -> Self {
-        Self { registry }
+    pub fn new(registry: Arc<Registry>, pace: PaceLimits) -> Self {
+        Self { registry, pace }
     }
 }
 
@@ -42,6 +49,7 @@ impl<S> Layer<S> for RescueLayer {
         Rescue {
             inner,
             registry: self.registry.clone(),
+            pace: self.pace,
         }
     }
 }
@@ -50,6 +58,7 @@ impl<S> Layer<S> for RescueLayer {
 pub struct Rescue<S> {
     inner: S,
     registry: Arc<Registry>,
+    pace: PaceLimits,
 }
 
 impl<S> Rescue<S> {
@@ -90,7 +99,7 @@ where
     fn call(&mut self, req: Request<Incoming>) -> Self::Future {
         let flavor = self.flavor(req.uri().path());
         let (parts, body) = req.into_parts();
-        let (body, read) = RequestBody::new(body);
+        let (body, read) = RequestBody::new(body, self.pace);
         ResponseFuture {
             inner: self.inner.call(Request::from_parts(parts, body)),
             flavor,
@@ -127,6 +136,13 @@ where
         match side {
             Side::Client => tracing::debug!(nm.error = code, error = %err, "request refused"),
             Side::Upstream => tracing::warn!(nm.error = code, error = %err, "upstream failed"),
+            // An outage answers every request 503: at most a line a second, with the count of
+            // the others.
+            Side::Gateway if status == http::StatusCode::SERVICE_UNAVAILABLE => {
+                if let Some(suppressed) = UNAVAILABLE_LOGGED.allow() {
+                    tracing::warn!(nm.error = code, error = %err, suppressed, "unavailable");
+                }
+            }
             Side::Gateway => tracing::error!(nm.error = code, error = %err, "gateway error"),
         }
         let mut resp = err.into_response(*this.flavor);
