@@ -2,7 +2,7 @@
 # Instructions per proxied request, counted by callgrind: a measure of hot-path cost that does not
 # move with the machine's noise (see bench/README.md, "Counting instructions instead of seconds").
 #
-#   cargo build --release --bin nm-gateway --bin nm-bench
+#   cargo build --profile dist -p nm-gateway -p nm-bench --bin nm-gateway --bin nm-bench
 #   bench/callgrind.sh            # nm-gateway serve (metered, budget path on)
 #   bench/callgrind.sh forwarder  # the minimal hyper forwarder, for comparison
 #
@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 target=${1:-gateway}
 secs=${SECS:-15}
 stream=$([ "${STREAM:-0}" = 1 ] && echo ',"stream":true,"stream_options":{"include_usage":true}' || true)
-bin=target/release
+bin=target/dist
 key=nmk_5d8a1f3c7e9b2d4f6a8c0e1b3d5f7a9c2e4b6d8f0a1c3e57
 for tool in valgrind callgrind_control callgrind_annotate wrk; do
   command -v "$tool" >/dev/null || { echo "callgrind.sh: $tool not found" >&2; exit 1; }

@@ -213,6 +213,7 @@ async fn dataplane(
             ..settings.conn_limits
         },
         upstream_idle_timeout: settings.upstream_idle_timeout,
+        hot_path: settings.hot_path,
     };
     let signals = Arc::new(PortSignals(port.clone()));
     let (dp, queue) = Dataplane::new(config, signals)?;

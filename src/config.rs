@@ -9,7 +9,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use nm_dataplane::{AuthStyle, ErrorStyle, ProviderSpec, Registry};
+use nm_dataplane::hot_path::HotPath;
+use nm_dataplane::{AuthStyle, ProviderSpec, Registry, WireFormat};
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 use serde::Deserialize;
@@ -80,6 +81,8 @@ pub const ENV_RESERVE_OUTPUT_TOKENS: &str = "NM_RESERVE_OUTPUT_TOKENS";
 pub const DEFAULT_RESERVE_OUTPUT_TOKENS: u64 = nm_dataplane::DEFAULT_RESERVE_OUTPUT_TOKENS;
 /// Seconds between the controlplane's scheduled analytics recomputations; 0 turns them off.
 pub const ENV_ANALYTICS_INTERVAL_SECS: &str = "NM_ANALYTICS_INTERVAL_SECS";
+/// Hot-path mechanisms to turn off, comma-separated (benchmarks only; [`nm_dataplane::hot_path`]).
+pub const ENV_HOT_PATH_OFF: &str = "NM_HOT_PATH_OFF";
 pub const DEFAULT_ANALYTICS_INTERVAL_SECS: u64 = 600;
 
 /// Which process shape is starting; some defaults depend on it.
@@ -162,7 +165,10 @@ pub struct FileSettings {
 pub struct FileProvider {
     pub base_url: Option<String>,
     pub auth: Option<AuthStyle>,
-    pub errors: Option<ErrorStyle>,
+    /// The API family it speaks: how its answers report usage, and its error shape.
+    pub format: Option<WireFormat>,
+    /// The older name of `format`, from when it chose only the error shape; still accepted.
+    pub errors: Option<WireFormat>,
     pub aliases: Option<Vec<String>>,
     pub api_key: Option<String>,
 }
@@ -205,6 +211,8 @@ pub struct Settings {
     pub prices: nm_dataplane::pricing::PriceTable,
     /// Interval of the scheduled analytics recomputation (controlplane); `None`: off.
     pub analytics_interval: Option<Duration>,
+    /// The hot path's mechanisms: all on, unless a benchmark turns some off.
+    pub hot_path: HotPath,
 }
 
 /// A secret setting: never printed by `Debug`.
@@ -445,6 +453,19 @@ pub fn resolve(
         DEFAULT_RECORD_QUEUE as u64,
     )?;
 
+    let hot_path = match env_get(ENV_HOT_PATH_OFF) {
+        None => HotPath::default(),
+        Some(off) => HotPath::all_but(&off).ok_or_else(|| {
+            invalid(
+                ENV_HOT_PATH_OFF,
+                format!(
+                    "{off:?}: name mechanisms from {}",
+                    nm_dataplane::hot_path::NAMES.join(", ")
+                ),
+            )
+        })?,
+    };
+
     let spool_max_bytes = num(
         ENV_SPOOL_MAX_BYTES,
         file.spool_max_bytes,
@@ -572,6 +593,7 @@ pub fn resolve(
         reserve_output_tokens,
         prices,
         analytics_interval,
+        hot_path,
     })
 }
 
@@ -773,13 +795,22 @@ fn providers(
 
     for (name, fp) in file {
         let key = format!("providers.{name}");
+        let format = match (fp.format, fp.errors) {
+            (Some(f), Some(e)) if f != e => {
+                return Err(invalid(
+                    &key,
+                    "format and errors (its older name) disagree; set format only",
+                ));
+            }
+            (f, e) => f.or(e),
+        };
         let spec = match specs.remove(&name) {
             Some(mut s) => {
                 if let Some(u) = fp.base_url {
                     s.base_url = u;
                 }
                 s.auth = fp.auth.unwrap_or(s.auth);
-                s.errors = fp.errors.unwrap_or(s.errors);
+                s.format = format.unwrap_or(s.format);
                 if let Some(a) = fp.aliases {
                     s.aliases = a;
                 }
@@ -796,7 +827,7 @@ fn providers(
                         "a new provider needs auth (bearer, x_api_key or goog_api_key)",
                     )
                 })?,
-                errors: fp.errors.unwrap_or(ErrorStyle::Openai),
+                format: format.unwrap_or(WireFormat::Openai),
                 aliases: fp.aliases.unwrap_or_default(),
                 api_key: fp.api_key,
             },

@@ -1,8 +1,7 @@
 //! nm-gateway: the binary's library. It wires the two halves together — the dataplane
 //! (`nm-dataplane`, HTTP proxy) and the controlplane (`nm-controlplane`, storage) — and owns
 //! everything between them and the outside: settings ([`config`]), logging ([`telemetry`]), gRPC
-//! ([`grpc`]), the process shapes ([`app`]), the admin CLI ([`cli`]), the demo data ([`demo`]) and the benchmarks' scratch PostgreSQL
-//! databases ([`scratch_db`]).
+//! ([`grpc`]), the process shapes ([`app`]), the admin CLI ([`cli`]) and the demo data ([`demo`]).
 
 #![forbid(unsafe_code)]
 
@@ -13,5 +12,4 @@ pub mod demo;
 pub mod grpc;
 pub mod limits;
 pub mod link;
-pub mod scratch_db;
 pub mod telemetry;

@@ -22,6 +22,7 @@ mod lock_order_tests;
 #[forbid(unsafe_code)]
 pub mod records;
 #[forbid(unsafe_code)]
+#[cfg(any(test, feature = "test-support"))]
 pub mod scratch;
 #[forbid(unsafe_code)]
 pub mod signals;

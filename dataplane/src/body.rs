@@ -276,6 +276,16 @@ thread_local! {
     };
 }
 
+/// Whether completions wait for the running task to yield ([`Finish::later`]); off only to
+/// measure what that buys ([`crate::hot_path`]).
+static DEFER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Sets whether request records are completed after the answer is written (the default) or
+/// before. Process-wide: it is read where no request state reaches.
+pub fn defer_completions(on: bool) {
+    DEFER.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// A thread's waiting completions and the task that runs them.
 struct Pending {
     queue: Vec<Finish>,
@@ -340,6 +350,9 @@ impl Finish {
     /// runtime, where a task may move between threads, it gets a task of its own; without a
     /// runtime it is done at once.
     fn later(self) {
+        if !DEFER.load(std::sync::atomic::Ordering::Relaxed) {
+            return drop(self);
+        }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return drop(self);
         };
@@ -477,8 +490,9 @@ mod tests {
 
     use super::*;
     use crate::metrics::Metrics;
+    use crate::providers::WireFormat;
     use crate::records::{RecordQueue, record_queue};
-    use crate::usage::{Dialect, Framing};
+    use crate::usage::Framing;
 
     const ANSWER: &[u8] = br#"{"id":"c1","object":"chat.completion","model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":3,"total_tokens":15}}"#;
 
@@ -507,7 +521,7 @@ mod tests {
         let finish = Finish {
             tracked: Some(Box::new(Tracked {
                 completion,
-                meter: Some(Meter::new(Dialect::OpenAi, Framing::Json)),
+                meter: Some(Meter::new(WireFormat::Openai, Framing::Json)),
                 first_byte: Some(started + Duration::from_millis(5)),
                 bytes: ANSWER.len() as u64,
             })),
@@ -562,7 +576,7 @@ mod tests {
 
     #[tokio::test]
     async fn on_a_worker_completions_queue_until_the_running_task_yields() {
-        let workers = crate::workers::Workers::start(1).unwrap();
+        let workers = crate::workers::Workers::start(1, true).unwrap();
         let (done_tx, done_rx) = tokio::sync::oneshot::channel();
         workers.spawn(async move {
             let started = Instant::now();
@@ -591,7 +605,7 @@ mod tests {
 
     #[tokio::test]
     async fn records_queued_on_a_worker_survive_its_stop() {
-        let workers = crate::workers::Workers::start(1).unwrap();
+        let workers = crate::workers::Workers::start(1, true).unwrap();
         let (finish, mut queue) = finish(Instant::now());
         let (queued_tx, queued_rx) = tokio::sync::oneshot::channel();
         workers.spawn(async move {

@@ -12,7 +12,7 @@ use http::{HeaderValue, Response, StatusCode, header};
 use serde_json::json;
 
 use crate::body::GatewayBody;
-use crate::providers::ErrorStyle;
+use crate::providers::WireFormat;
 
 /// Header naming the gateway's error code on every gateway-made error.
 pub const NM_ERROR: &str = "nm-error";
@@ -83,7 +83,7 @@ pub enum Side {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorFlavor {
     /// A provider route: the provider's native shape.
-    Provider(ErrorStyle),
+    Provider(WireFormat),
     /// A gateway API route (`/v1/...`, `/health`): `{"ok": false, "error": {...}}`.
     Gateway,
 }
@@ -164,14 +164,14 @@ impl ProxyError {
             ErrorFlavor::Gateway => {
                 json!({"ok": false, "error": {"code": code, "message": message}})
             }
-            ErrorFlavor::Provider(ErrorStyle::Openai) => json!({
+            ErrorFlavor::Provider(WireFormat::Openai) => json!({
                 "error": {"message": message, "type": openai_type(status), "param": null, "code": code}
             }),
-            ErrorFlavor::Provider(ErrorStyle::Anthropic) => json!({
+            ErrorFlavor::Provider(WireFormat::Anthropic) => json!({
                 "type": "error",
                 "error": {"type": anthropic_type(status), "message": message}
             }),
-            ErrorFlavor::Provider(ErrorStyle::Gemini) => json!({
+            ErrorFlavor::Provider(WireFormat::Gemini) => json!({
                 "error": {"code": status.as_u16(), "message": message, "status": google_status(status)}
             }),
         };
@@ -266,7 +266,7 @@ mod tests {
     async fn native_shapes() {
         let (s, c, b) = render(
             ProxyError::InvalidApiKey,
-            ErrorFlavor::Provider(ErrorStyle::Openai),
+            ErrorFlavor::Provider(WireFormat::Openai),
         )
         .await;
         assert_eq!((s.as_u16(), c.as_str()), (401, "invalid_api_key"));
@@ -275,7 +275,7 @@ mod tests {
 
         let (s, _, b) = render(
             ProxyError::PayloadTooLarge { limit: 1 },
-            ErrorFlavor::Provider(ErrorStyle::Anthropic),
+            ErrorFlavor::Provider(WireFormat::Anthropic),
         )
         .await;
         assert_eq!(s.as_u16(), 413);
@@ -284,7 +284,7 @@ mod tests {
 
         let (s, _, b) = render(
             ProxyError::UpstreamTimeout(Duration::from_secs(1)),
-            ErrorFlavor::Provider(ErrorStyle::Gemini),
+            ErrorFlavor::Provider(WireFormat::Gemini),
         )
         .await;
         assert_eq!(s.as_u16(), 504);

@@ -62,10 +62,13 @@ pub const DEFAULT_UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
 impl Upstream {
     /// `extra_roots` are trusted beside the public web PKI (private endpoints, test servers).
+    /// `pools`: how many clients (each with its connection pool) to make, one per HTTP worker;
+    /// a request uses its worker's ([`crate::workers::current`]).
     pub fn new(
         connect_timeout: Duration,
         header_timeout: Duration,
         extra_roots: &[rustls::pki_types::CertificateDer<'static>],
+        pools: usize,
     ) -> Result<Self, rustls::Error> {
         let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
         let mut roots = rustls::RootCertStore {
@@ -81,7 +84,7 @@ impl Upstream {
         // Each worker's client gets a connector of its own, not a clone: the client clones its
         // connector on every request, and clones of one connector share their `Arc`s' counts
         // across the workers' CPUs.
-        let clients = (0..crate::workers::default_count())
+        let clients = (0..pools.max(1))
             .map(|_| {
                 let mut http = HttpConnector::new();
                 http.enforce_http(false);
@@ -315,7 +318,7 @@ pub fn request_facts(body: &Bytes, native_path: &str) -> RequestFacts {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::providers::{ErrorStyle, Registry, builtin};
+    use crate::providers::{Registry, WireFormat, builtin};
 
     fn provider(name: &str, key: Option<&str>) -> Provider {
         let specs = builtin().into_iter().map(|(n, mut s)| {
@@ -331,7 +334,7 @@ mod tests {
                 authority: http::uri::Authority::from_static("x"),
                 base_path: String::new(),
                 auth: AuthStyle::Bearer,
-                errors: ErrorStyle::Openai,
+                format: WireFormat::Openai,
                 api_key: None,
             })
     }

@@ -12,8 +12,10 @@ pub mod attribution;
 pub mod body;
 pub mod budget;
 pub mod conns;
+pub mod edge;
 pub mod error;
 pub mod forward;
+pub mod hot_path;
 pub mod keys;
 pub mod layers;
 pub mod metrics;
@@ -23,6 +25,7 @@ pub mod pricing;
 pub mod providers;
 pub mod proxy;
 pub mod records;
+pub mod routes;
 pub mod server;
 pub mod signal;
 pub mod spool;
@@ -38,7 +41,7 @@ use tokio::net::TcpListener;
 
 pub use error::ProxyError;
 pub use keys::{Health, KeySet, Principal};
-pub use providers::{AuthStyle, ErrorStyle, ProviderSpec, Registry};
+pub use providers::{AuthStyle, ProviderSpec, Registry, WireFormat};
 pub use records::{RecordQueue, RecordSink, RequestRecord};
 pub use server::Drained;
 pub use signal::{SignalSink, SignalSubmission, SubmitError, SubmitFuture};
@@ -70,6 +73,8 @@ pub struct DataplaneConfig {
     pub conn_limits: conns::ConnLimits,
     /// Longest wait for the next frame of an upstream's answer ([`pace`]).
     pub upstream_idle_timeout: Duration,
+    /// The hot path's per-thread mechanisms (all on but for benchmarks).
+    pub hot_path: hot_path::HotPath,
 }
 
 /// Answer length assumed for a budget reservation when a request sets no `max_tokens`.
@@ -95,15 +100,22 @@ impl Dataplane {
         signals: Arc<dyn SignalSink>,
     ) -> Result<(Self, RecordQueue), Error> {
         let metrics = metrics::Metrics::default();
+        let hot_path = config.hot_path;
+        body::defer_completions(hot_path.deferred_completion);
         let (records, queue) = records::record_queue(config.record_queue_capacity, metrics.clone());
         let state = stack::State {
             registry: Arc::new(config.registry),
-            keys: KeySet::new(config.key_verifier),
+            keys: KeySet::with_cache(config.key_verifier, hot_path.key_cache),
             health: Health::default(),
             upstream: forward::Upstream::new(
                 config.connect_timeout,
                 config.header_timeout,
                 &config.extra_roots,
+                if hot_path.worker_pools {
+                    workers::default_count()
+                } else {
+                    1
+                },
             )?
             .with_body_idle_timeout(config.upstream_idle_timeout),
             conn_limits: config.conn_limits,
@@ -115,6 +127,7 @@ impl Dataplane {
             budgets: budget::Budgets::default(),
             metrics,
             reserve_output_tokens: config.reserve_output_tokens,
+            hot_path,
         };
         Ok((
             Self {

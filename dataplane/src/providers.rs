@@ -1,5 +1,6 @@
 //! The provider registry: which `/<prefix>/` maps to which upstream base URL, how the provider
-//! expects credentials, and which native error shape its SDKs understand.
+//! expects credentials, and which wire format it speaks ([`WireFormat`]: how its answers report
+//! usage and what error shape its SDKs parse).
 //!
 //! Built-in providers come from [`builtin`]; the config file may add more or change a built-in's
 //! base URL; `NM_UPSTREAM_<NAME>` and `NM_PROVIDER_KEY_<NAME>` override the URL and the
@@ -23,15 +24,20 @@ pub enum AuthStyle {
     GoogApiKey,
 }
 
-/// The native error body a provider's SDKs parse.
+/// The family of APIs a provider speaks. It decides both what the gateway reads from the answers
+/// ([`crate::usage::Meter::new`]: where the token counts are) and the shape of the errors the
+/// gateway makes on the provider's routes ([`crate::error::ProxyError::into_response`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum ErrorStyle {
-    /// `{"error": {"message", "type", "param", "code"}}`
+pub enum WireFormat {
+    /// OpenAI and the OpenAI-compatible providers (groq, mistral, deepseek, xai, together,
+    /// fireworks, openrouter): chat completions, completions, embeddings and the Responses API.
+    /// Errors: `{"error": {"message", "type", "param", "code"}}`.
     Openai,
-    /// `{"type": "error", "error": {"type", "message"}}`
+    /// Anthropic messages. Errors: `{"type": "error", "error": {"type", "message"}}`.
     Anthropic,
-    /// `{"error": {"code", "message", "status"}}`
+    /// Gemini `generateContent` / `streamGenerateContent` (SSE with `alt=sse`, a JSON array
+    /// without). Errors: `{"error": {"code", "message", "status"}}`.
     Gemini,
 }
 
@@ -45,7 +51,7 @@ pub struct Provider {
     pub authority: http::uri::Authority,
     pub base_path: String,
     pub auth: AuthStyle,
-    pub errors: ErrorStyle,
+    pub format: WireFormat,
     /// Credential the gateway adds when the client sends none.
     pub api_key: Option<String>,
 }
@@ -56,29 +62,29 @@ pub struct Provider {
 pub struct ProviderSpec {
     pub base_url: String,
     pub auth: AuthStyle,
-    #[serde(default = "default_error_style")]
-    pub errors: ErrorStyle,
+    #[serde(default = "default_format")]
+    pub format: WireFormat,
     #[serde(default)]
     pub aliases: Vec<String>,
     #[serde(default)]
     pub api_key: Option<String>,
 }
 
-fn default_error_style() -> ErrorStyle {
-    ErrorStyle::Openai
+fn default_format() -> WireFormat {
+    WireFormat::Openai
 }
 
 /// Built-in providers: name -> spec. Aliases are listed in the spec.
 pub fn builtin() -> Vec<(&'static str, ProviderSpec)> {
-    let spec = |base: &str, auth, errors, aliases: &[&str]| ProviderSpec {
+    let spec = |base: &str, auth, format, aliases: &[&str]| ProviderSpec {
         base_url: base.to_owned(),
         auth,
-        errors,
+        format,
         aliases: aliases.iter().map(|a| (*a).to_owned()).collect(),
         api_key: None,
     };
     use AuthStyle::*;
-    use ErrorStyle::*;
+    use WireFormat::*;
     vec![
         (
             "openai",
@@ -194,11 +200,8 @@ impl Registry {
     }
 }
 
-/// Path prefixes the gateway serves itself.
-const RESERVED: [&str; 3] = ["v1", "health", "metrics"];
-
 fn valid_name(name: &str) -> bool {
-    !RESERVED.contains(&name)
+    !crate::routes::is_reserved(name)
         && !name.is_empty()
         && name.len() <= 64
         && name
@@ -231,7 +234,7 @@ fn validate(name: &str, spec: &ProviderSpec) -> Result<Provider, RegistryError> 
         authority,
         base_path: uri.path().trim_end_matches('/').to_owned(),
         auth: spec.auth,
-        errors: spec.errors,
+        format: spec.format,
         api_key: spec.api_key.clone().filter(|k| !k.is_empty()),
     })
 }
@@ -292,7 +295,7 @@ mod tests {
         let spec = |url: &str| ProviderSpec {
             base_url: url.to_owned(),
             auth: AuthStyle::Bearer,
-            errors: ErrorStyle::Openai,
+            format: WireFormat::Openai,
             aliases: vec![],
             api_key: None,
         };

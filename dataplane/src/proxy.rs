@@ -12,24 +12,22 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use http::{Request, Response, header};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 
 use crate::attribution::Attribution;
 use crate::body::{Completion, GatewayBody, ObservedBody, RequestBody};
 use crate::budget::{Refusal, Reservation};
+use crate::edge;
 use crate::error::ProxyError;
 use crate::forward::{
     RequestFacts, UpstreamBody, request_facts, strip_response_headers, upstream_headers,
     upstream_uri,
 };
-use crate::keys::Principal;
-use crate::layers::RequestId;
-use crate::layers::trace::RequestSpan;
 use crate::path::{check_native_path, split_prefix};
-use crate::providers::{ErrorStyle, Provider};
+use crate::providers::Provider;
 use crate::records::{self, RequestRecord};
 use crate::stack::State;
-use crate::usage::{Dialect, Framing, Meter};
+use crate::usage::{Framing, Meter};
 
 /// Handles one proxy request. Gateway-made errors after authentication are recorded too, so the
 /// controlplane sees every request a key made.
@@ -39,21 +37,9 @@ pub async fn handle(
 ) -> Result<Response<GatewayBody>, ProxyError> {
     let started = Instant::now();
     let started_at = SystemTime::now();
-    // What the layers above attached is taken, not cloned: nothing below reads it.
-    let span = req
-        .extensions_mut()
-        .remove::<RequestSpan>()
-        .map(|s| s.0)
-        .unwrap_or_else(tracing::Span::current);
-    let principal = req
-        .extensions_mut()
-        .remove::<Principal>()
-        .ok_or_else(|| ProxyError::Internal("proxy reached without a principal".to_owned()))?;
-    let request_id = req
-        .extensions_mut()
-        .remove::<RequestId>()
-        .map(|r| r.0)
-        .unwrap_or_default();
+    let span = edge::take_span(req.extensions_mut());
+    let principal = edge::take_principal(req.extensions_mut())?;
+    let request_id = edge::take_request_id(req.extensions_mut());
     let path = req.uri().path();
     let (prefix, native) =
         split_prefix(path).ok_or_else(|| ProxyError::UnknownProvider(String::new()))?;
@@ -135,12 +121,7 @@ fn meter_for(provider: &Provider, headers: &http::HeaderMap, framing: Framing) -
     {
         return None;
     }
-    let dialect = match provider.errors {
-        ErrorStyle::Openai => Dialect::OpenAi,
-        ErrorStyle::Anthropic => Dialect::Anthropic,
-        ErrorStyle::Gemini => Dialect::Gemini,
-    };
-    Some(Meter::new(dialect, framing))
+    Some(Meter::new(provider.format, framing))
 }
 
 /// Prompt tokens assumed per body byte when estimating a reservation (JSON text runs about four
@@ -241,27 +222,8 @@ async fn forward(
     record.env = attribution.env;
     record.user_id = attribution.user;
 
-    let limit = state.max_body_bytes;
-    let declared = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(ProxyError::PayloadTooLarge { limit });
-    }
-
     let (parts, body) = req.into_parts();
-    let body = Limited::new(body, limit).collect().await.map_err(|e| {
-        if e.is::<http_body_util::LengthLimitError>() {
-            ProxyError::PayloadTooLarge { limit }
-        } else if e.is::<crate::pace::BodyTimeout>() {
-            ProxyError::ClientTimeout(e.to_string())
-        } else {
-            ProxyError::RequestBody(e.to_string())
-        }
-    })?;
-    let body = body.to_bytes();
+    let body = edge::read_body(&parts.headers, body, state.max_body_bytes).await?;
     let facts = request_facts(&body, &record.path);
     record.model = facts.model.clone();
     if let Some(m) = &record.model {

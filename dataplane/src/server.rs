@@ -45,7 +45,7 @@ pub async fn serve(
         .header_read_timeout(limits.header_timeout);
     builder.http2().timer(hyper_util::rt::TokioTimer::new());
     let conns = Conns::new(limits);
-    let workers = Workers::start(workers::default_count())
+    let workers = Workers::start(workers::default_count(), state.hot_path.timer_tick)
         .map_err(|e| warn!(error = %e, "cannot start the HTTP worker threads; serving on the main runtime"))
         .ok();
     info!(

@@ -19,15 +19,13 @@ use std::time::SystemTime;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, header};
-use http_body_util::{BodyExt, Limited};
 use nm_types::{Action, SessionId, parse_agent};
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
 use crate::body::{GatewayBody, RequestBody};
+use crate::edge;
 use crate::error::ProxyError;
-use crate::keys::Principal;
-use crate::layers::RequestId;
 use crate::stack::State;
 
 /// Largest signal body.
@@ -235,7 +233,7 @@ fn is_json(headers: &HeaderMap) -> bool {
 /// Handles `POST /v1/signal`.
 pub async fn handle(
     state: Arc<State>,
-    req: Request<RequestBody>,
+    mut req: Request<RequestBody>,
 ) -> Result<Response<GatewayBody>, ProxyError> {
     let received_at = SystemTime::now();
     tracing::Span::current().record("http.route", "/v1/signal");
@@ -246,16 +244,8 @@ pub async fn handle(
         code: i.code,
         message: i.message,
     };
-    let principal = req
-        .extensions()
-        .get::<Principal>()
-        .cloned()
-        .ok_or_else(|| ProxyError::Internal("signal reached without a principal".to_owned()))?;
-    let id = req
-        .extensions()
-        .get::<RequestId>()
-        .map(|r| r.0.clone())
-        .unwrap_or_default();
+    let principal = edge::take_principal(req.extensions_mut())?;
+    let id = edge::take_request_id(req.extensions_mut());
     let agent_hint = match header_str(req.headers(), "nm-agent")? {
         None => None,
         Some(a) => Some(
@@ -278,30 +268,8 @@ pub async fn handle(
     if !is_json(req.headers()) {
         return Err(ProxyError::UnsupportedMediaType);
     }
-    let declared = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > MAX_SIGNAL_BYTES as u64) {
-        return Err(ProxyError::PayloadTooLarge {
-            limit: MAX_SIGNAL_BYTES,
-        });
-    }
-    let body: Bytes = Limited::new(req.into_body(), MAX_SIGNAL_BYTES)
-        .collect()
-        .await
-        .map_err(|e| {
-            if e.is::<http_body_util::LengthLimitError>() {
-                ProxyError::PayloadTooLarge {
-                    limit: MAX_SIGNAL_BYTES,
-                }
-            } else if e.is::<crate::pace::BodyTimeout>() {
-                ProxyError::ClientTimeout(e.to_string())
-            } else {
-                ProxyError::RequestBody(e.to_string())
-            }
-        })?
-        .to_bytes();
+    let (parts, body) = req.into_parts();
+    let body = edge::read_body(&parts.headers, body, MAX_SIGNAL_BYTES).await?;
     let signal = parse_body(&body).map_err(bad)?;
     let span = tracing::Span::current();
     span.record("nm.session", signal.session_id.as_str());

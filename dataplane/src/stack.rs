@@ -5,8 +5,8 @@
 //! | [`RequestIdLayer`] | adds `RequestId`; sets `NM-Request-Id` on every response |
 //! | [`TraceLayer`] | reads `RequestId`; adds `RequestSpan` (the request's span) |
 //! | [`RescueLayer`] | turns every `ProxyError` below into a native-shaped response, logs it once |
-//! | [`AuthLayer`] | reads `NM-Key`; adds `Principal` (allow-list: `/health`) |
-//! | [`Router`] | `/health`, `/v1/signal` ([`crate::signal`]), else `/<provider>/...` ([`crate::proxy`]) |
+//! | [`AuthLayer`] | reads `NM-Key`; adds `Principal` (routes that need none: [`crate::routes`]) |
+//! | [`Router`] | the gateway's own routes ([`crate::routes::TABLE`]), else `/<provider>/...` ([`crate::proxy`]) |
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -27,6 +27,7 @@ use crate::keys::{Health, KeySet};
 use crate::layers::{AuthLayer, RequestIdLayer, RescueLayer, TraceLayer};
 use crate::providers::Registry;
 use crate::records::RecordSink;
+use crate::routes::{Own, Route};
 use crate::signal::SignalSink;
 
 /// Everything a request handler needs. Shared, read-only apart from the key set and health.
@@ -47,6 +48,7 @@ pub struct State {
     pub reserve_output_tokens: u64,
     /// Client connection limits (header timeout, cap, request-body pace).
     pub conn_limits: crate::conns::ConnLimits,
+    pub hot_path: crate::hot_path::HotPath,
 }
 
 /// Builds the dataplane service for one connection (cheap: clones of `Arc`s).
@@ -90,28 +92,22 @@ impl Service<Request<RequestBody>> for Router {
 
     fn call(&mut self, req: Request<RequestBody>) -> Self::Future {
         let state = self.state.clone();
-        match req.uri().path() {
-            "/health" => {
-                let method = req.method().clone();
+        let method = req.method().clone();
+        match Route::of(req.uri().path()) {
+            Route::Own(Own::Ready) => {
                 Box::pin(async move { health(&state, &method, Probe::Ready) })
             }
-            "/health/live" => {
-                let method = req.method().clone();
-                Box::pin(async move { health(&state, &method, Probe::Live) })
-            }
-            "/metrics" => {
-                let method = req.method().clone();
-                Box::pin(async move { metrics(&state, &method) })
-            }
-            "/v1/signal" => Box::pin(crate::signal::handle(state, req)),
-            p if p.starts_with("/v1/") => {
+            Route::Own(Own::Live) => Box::pin(async move { health(&state, &method, Probe::Live) }),
+            Route::Own(Own::Metrics) => Box::pin(async move { metrics(&state, &method) }),
+            Route::Own(Own::Signal) => Box::pin(crate::signal::handle(state, req)),
+            Route::Unknown => {
                 let err = ProxyError::NotFound {
-                    method: req.method().clone(),
-                    path: p.to_owned(),
+                    method,
+                    path: req.uri().path().to_owned(),
                 };
                 Box::pin(async move { Err(err) })
             }
-            _ => Box::pin(crate::proxy::handle(state, req)),
+            Route::Proxy => Box::pin(crate::proxy::handle(state, req)),
         }
     }
 }

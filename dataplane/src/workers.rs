@@ -45,8 +45,8 @@ pub struct Workers {
 }
 
 impl Workers {
-    /// Starts `count` workers (at least one).
-    pub fn start(count: usize) -> std::io::Result<Self> {
+    /// Starts `count` workers (at least one), each with its timer tick unless `tick` is off.
+    pub fn start(count: usize, tick: bool) -> std::io::Result<Self> {
         let count = count.max(1);
         let mut workers = Self {
             handles: Vec::with_capacity(count),
@@ -68,7 +68,7 @@ impl Workers {
                     runtime.block_on(async move {
                         tokio::select! {
                             _ = stopped => {}
-                            () = keep_timer_armed() => {}
+                            () = keep_timer_armed(), if tick => {}
                         }
                     });
                 })?;

@@ -9,7 +9,7 @@ world-writable /tmp and a working directory owned by that user. It writes one la
 image layout (oci-layout, index.json, blobs/sha256/...) with a Docker-compatible manifest.json
 beside it, packed as a tar:
 
-    helm/image/build-oci.py --binary target/release/nm-gateway --out target/nm-gateway-oci.tar
+    helm/image/build-oci.py --binary target/dist/nm-gateway --out target/nm-gateway-oci.tar
 
 Load it with `docker load -i FILE`, `podman load -i FILE` or
 `skopeo copy oci-archive:FILE docker://REGISTRY/nm-gateway:TAG`. The output is reproducible:
@@ -202,7 +202,7 @@ def build(binary: Path, out: Path, tag: str, version: str, strip: bool, gzip_lev
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--binary", required=True, type=Path, help="the nm-gateway binary (a release build for a real image)")
+    ap.add_argument("--binary", required=True, type=Path, help="the nm-gateway binary (cargo build --profile dist for a real image)")
     ap.add_argument("--out", required=True, type=Path, help="the OCI archive to write (.tar)")
     ap.add_argument("--tag", default=None, help="image name:tag (default nm-gateway:<binary --version>)")
     ap.add_argument("--strip", action="store_true", help="drop the binary's debug sections (strip --strip-debug)")

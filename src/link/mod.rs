@@ -17,11 +17,14 @@
 //! for everything. The dataplane's side of each flow ([`watch`], [`shipper`]) is written once,
 //! against the port.
 
+mod backoff;
 pub mod dead_letter;
 pub mod local;
 pub mod remote;
 pub mod shipper;
 pub mod watch;
+
+pub use backoff::Backoff;
 
 use std::fmt;
 use std::pin::Pin;

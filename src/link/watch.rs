@@ -22,13 +22,11 @@ use tokio::sync::watch;
 use tokio_stream::StreamExt;
 use tracing::{debug, warn};
 
-use super::{LinkError, LinkStream, Port};
+use super::{Backoff, LinkError, LinkStream, Port};
 use crate::grpc::convert::signal_to_stored;
 
 /// Without a snapshot or heartbeat for this long, the controlplane counts as unreachable.
 pub const STALE_AFTER: Duration = Duration::from_secs(6);
-const MIN_BACKOFF: Duration = Duration::from_millis(100);
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// By when the controlplane must have begun a signal's commit; a signal not begun by then is
 /// not stored, and the answer says so (503, "nothing was stored").
 pub const SIGNAL_COMMIT_WITHIN: Duration = Duration::from_secs(4);
@@ -145,7 +143,7 @@ pub async fn watch_budgets(
 /// Follows one of the controlplane's streams for as long as the link runs: opens it, hands
 /// every message to `on_message`, and when it fails, closes or stays silent for
 /// [`STALE_AFTER`] (the controlplane sends heartbeats), reports the problem to `on_lost` and
-/// reopens it with backoff (100 ms, doubling to 2 s).
+/// reopens it with [`Backoff`].
 async fn follow<T, Open, Fut>(
     what: &'static str,
     mut open: Open,
@@ -156,7 +154,7 @@ async fn follow<T, Open, Fut>(
     Open: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<LinkStream<T>, LinkError>>,
 {
-    let mut backoff = MIN_BACKOFF;
+    let mut backoff = Backoff::default();
     loop {
         let problem = match open().await {
             Err(e) => e.to_string(),
@@ -164,7 +162,7 @@ async fn follow<T, Open, Fut>(
                 match tokio::time::timeout(STALE_AFTER, stream.next()).await {
                     Ok(Some(Ok(msg))) => {
                         on_message(msg);
-                        backoff = MIN_BACKOFF;
+                        backoff.reset();
                     }
                     Ok(None) => break format!("{what} closed by the controlplane"),
                     Ok(Some(Err(e))) => break e.to_string(),
@@ -177,10 +175,9 @@ async fn follow<T, Open, Fut>(
         }
         on_lost(problem);
         tokio::select! {
-            () = tokio::time::sleep(backoff) => {}
+            () = tokio::time::sleep(backoff.next_delay()) => {}
             _ = stop.wait_for(|s| *s) => return,
         }
-        backoff = (backoff * 2).min(MAX_BACKOFF);
     }
 }
 

@@ -33,6 +33,7 @@ pub mod query;
 pub mod recommend;
 pub mod report;
 pub(crate) mod rollup;
+#[cfg(any(test, feature = "test-support"))]
 pub mod simulate;
 pub mod stats;
 pub mod synthetic;

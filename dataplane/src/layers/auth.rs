@@ -1,5 +1,5 @@
 //! Checks `NM-Key` against the in-memory [`KeySet`] and stores the [`Principal`] as an extension.
-//! Routes that need no key are an explicit allow-list ([`UNAUTHENTICATED_ROUTES`]).
+//! Which routes need no key is [`crate::routes::TABLE`]'s to say.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -12,11 +12,9 @@ use tower::{Layer, Service};
 use crate::body::GatewayBody;
 use crate::error::ProxyError;
 use crate::keys::KeySet;
+use crate::routes::Route;
 
 pub const NM_KEY: http::HeaderName = http::HeaderName::from_static("nm-key");
-
-/// Paths served without a service key.
-pub const UNAUTHENTICATED_ROUTES: &[&str] = &["/health", "/health/live", "/metrics"];
 
 #[derive(Debug, Clone)]
 pub struct AuthLayer {
@@ -58,7 +56,7 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        if UNAUTHENTICATED_ROUTES.contains(&req.uri().path()) {
+        if !Route::of(req.uri().path()).needs_key() {
             return ResponseFuture::Inner {
                 inner: self.inner.call(req),
             };

@@ -1,5 +1,5 @@
 //! The one place where a [`ProxyError`] becomes an HTTP response: in the provider's native error
-//! shape on proxy routes, in the gateway envelope on `/v1/...` and `/health`. Also the one place
+//! shape on proxy routes, in the gateway envelope on the gateway's own ([`crate::routes`]). Also the one place
 //! errors are logged: client errors at debug, upstream and gateway errors at warn.
 //!
 //! It also hands the layers below the request body as a [`RequestBody`], which notes whether it
@@ -25,7 +25,8 @@ use crate::body::{GatewayBody, ReadToEnd, RequestBody};
 use crate::error::{ErrorFlavor, ProxyError, Side};
 use crate::pace::PaceLimits;
 use crate::path::split_prefix;
-use crate::providers::{ErrorStyle, Registry};
+use crate::providers::{Registry, WireFormat};
+use crate::routes::Route;
 
 /// The 503 lines' allowance (see [`nm_types::throttle`]).
 static UNAVAILABLE_LOGGED: Throttle = Throttle::new(std::time::Duration::from_secs(1));
@@ -62,15 +63,16 @@ pub struct Rescue<S> {
 }
 
 impl<S> Rescue<S> {
-    /// The error shape for a path: its provider's, or the gateway envelope for our own routes.
-    /// Unknown prefixes get the OpenAI shape, the one most clients parse.
+    /// The error shape for a path: the gateway envelope for its own routes and reserved names
+    /// ([`Route`]), else its provider's. Unknown prefixes get the OpenAI shape, the one most
+    /// clients parse.
     fn flavor(&self, path: &str) -> ErrorFlavor {
-        if path == "/health" || path.starts_with("/health/") || path.starts_with("/v1/") {
+        if Route::of(path).gateway_shaped() {
             return ErrorFlavor::Gateway;
         }
         let style = split_prefix(path)
             .and_then(|(prefix, _)| self.registry.get(prefix))
-            .map_or(ErrorStyle::Openai, |p| p.errors);
+            .map_or(WireFormat::Openai, |p| p.format);
         ErrorFlavor::Provider(style)
     }
 }

@@ -31,18 +31,7 @@ mod tests;
 
 pub(crate) use json_scan::{Scanner, Select};
 
-/// Which family of wire formats a provider's answers use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Dialect {
-    /// OpenAI and the OpenAI-compatible providers (groq, mistral, deepseek, xai, together,
-    /// fireworks, openrouter): chat completions, completions, embeddings and the Responses API.
-    OpenAi,
-    /// Anthropic messages.
-    Anthropic,
-    /// Gemini `generateContent` / `streamGenerateContent` (SSE with `alt=sse`, a JSON array
-    /// without).
-    Gemini,
-}
+use crate::providers::WireFormat;
 
 /// How the response body is framed, from its `Content-Type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,11 +53,12 @@ pub struct Meter {
 }
 
 impl Meter {
-    pub fn new(dialect: Dialect, framing: Framing) -> Self {
-        let reader = match dialect {
-            Dialect::OpenAi => Reader::OpenAi(openai::Reader::default()),
-            Dialect::Anthropic => Reader::Anthropic(anthropic::Reader::default()),
-            Dialect::Gemini => Reader::Gemini(gemini::Reader::default()),
+    /// The meter for a provider's answers: the one place a wire format picks its usage reader.
+    pub fn new(format: WireFormat, framing: Framing) -> Self {
+        let reader = match format {
+            WireFormat::Openai => Reader::OpenAi(openai::Reader::default()),
+            WireFormat::Anthropic => Reader::Anthropic(anthropic::Reader::default()),
+            WireFormat::Gemini => Reader::Gemini(gemini::Reader::default()),
         };
         let decoder = match framing {
             Framing::Sse => Decoder::Sse(sse::Splitter::default()),

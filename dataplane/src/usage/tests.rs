@@ -3,11 +3,12 @@
 
 use proptest::prelude::*;
 
-use super::{Dialect, Framing, Meter, Usage};
+use super::{Framing, Meter, Usage};
+use crate::providers::WireFormat;
 
 /// A recorded answer and how it is metered.
 struct Fixture<'a> {
-    dialect: Dialect,
+    dialect: WireFormat,
     framing: Framing,
     bytes: &'a [u8],
 }
@@ -15,24 +16,24 @@ struct Fixture<'a> {
 macro_rules! fixture {
     ($dialect:ident, $framing:ident, $file:literal) => {
         Fixture {
-            dialect: Dialect::$dialect,
+            dialect: WireFormat::$dialect,
             framing: Framing::$framing,
             bytes: include_bytes!(concat!("fixtures/", $file)),
         }
     };
 }
 
-const OPENAI_CHAT: Fixture<'static> = fixture!(OpenAi, Json, "openai_chat.json");
-const OPENAI_CHAT_STREAM: Fixture<'static> = fixture!(OpenAi, Sse, "openai_chat_stream_usage.sse");
+const OPENAI_CHAT: Fixture<'static> = fixture!(Openai, Json, "openai_chat.json");
+const OPENAI_CHAT_STREAM: Fixture<'static> = fixture!(Openai, Sse, "openai_chat_stream_usage.sse");
 const OPENAI_CHAT_STREAM_NO_USAGE: Fixture<'static> =
-    fixture!(OpenAi, Sse, "openai_chat_stream_no_usage.sse");
-const OPENAI_RESPONSES: Fixture<'static> = fixture!(OpenAi, Json, "openai_responses.json");
+    fixture!(Openai, Sse, "openai_chat_stream_no_usage.sse");
+const OPENAI_RESPONSES: Fixture<'static> = fixture!(Openai, Json, "openai_responses.json");
 const OPENAI_RESPONSES_STREAM: Fixture<'static> =
-    fixture!(OpenAi, Sse, "openai_responses_stream.sse");
-const OPENAI_EMBEDDINGS: Fixture<'static> = fixture!(OpenAi, Json, "openai_embeddings.json");
-const GROQ_STREAM: Fixture<'static> = fixture!(OpenAi, Sse, "groq_stream.sse");
-const DEEPSEEK: Fixture<'static> = fixture!(OpenAi, Json, "deepseek.json");
-const MISTRAL_STREAM: Fixture<'static> = fixture!(OpenAi, Sse, "mistral_stream.sse");
+    fixture!(Openai, Sse, "openai_responses_stream.sse");
+const OPENAI_EMBEDDINGS: Fixture<'static> = fixture!(Openai, Json, "openai_embeddings.json");
+const GROQ_STREAM: Fixture<'static> = fixture!(Openai, Sse, "groq_stream.sse");
+const DEEPSEEK: Fixture<'static> = fixture!(Openai, Json, "deepseek.json");
+const MISTRAL_STREAM: Fixture<'static> = fixture!(Openai, Sse, "mistral_stream.sse");
 const ANTHROPIC: Fixture<'static> = fixture!(Anthropic, Json, "anthropic.json");
 const ANTHROPIC_STREAM: Fixture<'static> = fixture!(Anthropic, Sse, "anthropic_stream.sse");
 const ANTHROPIC_STREAM_CUT: Fixture<'static> = fixture!(Anthropic, Sse, "anthropic_stream_cut.sse");
@@ -59,7 +60,7 @@ const FIXTURES: [&Fixture<'static>; 15] = [
 ];
 
 fn meter<'a>(
-    dialect: Dialect,
+    dialect: WireFormat,
     framing: Framing,
     frames: impl IntoIterator<Item = &'a [u8]>,
 ) -> Usage {
@@ -194,7 +195,7 @@ fn openai_responses_incomplete_gives_the_reason() {
         r#"data: {"type":"response.incomplete","response":{"model":"gpt-5","status":"incomplete","incomplete_details":{"reason":"max_output_tokens"},"usage":{"input_tokens":10,"output_tokens":64}}}"#,
         "\n\n",
     );
-    let got = meter(Dialect::OpenAi, Framing::Sse, [stream.as_bytes()]);
+    let got = meter(WireFormat::Openai, Framing::Sse, [stream.as_bytes()]);
     assert_eq!(
         got,
         usage(
@@ -210,11 +211,11 @@ fn openai_responses_incomplete_gives_the_reason() {
 
     // A stream cut before the end has no finish reason: `in_progress` is not one.
     let cut = &stream[..stream.find("event: response.incomplete").unwrap()];
-    let got = meter(Dialect::OpenAi, Framing::Sse, [cut.as_bytes()]);
+    let got = meter(WireFormat::Openai, Framing::Sse, [cut.as_bytes()]);
     assert_eq!(got, usage("gpt-5", None, None, None, None, None, None));
 
     let json = r#"{"object":"response","incomplete_details":{"reason":"content_filter"},"status":"incomplete","model":"gpt-5"}"#;
-    let got = meter(Dialect::OpenAi, Framing::Json, [json.as_bytes()]);
+    let got = meter(WireFormat::Openai, Framing::Json, [json.as_bytes()]);
     assert_eq!(got.finish_reason.as_deref(), Some("content_filter"));
 }
 
@@ -236,7 +237,7 @@ fn openai_embeddings_have_no_output() {
 fn embeddings_whatever_the_key_order() {
     let json =
         r#"{"usage":{"prompt_tokens":3,"total_tokens":3},"model":"e5","object":"list","data":[]}"#;
-    let got = meter(Dialect::OpenAi, Framing::Json, [json.as_bytes()]);
+    let got = meter(WireFormat::Openai, Framing::Json, [json.as_bytes()]);
     assert_eq!(got, usage("e5", Some(3), Some(0), None, None, None, None));
 }
 
@@ -249,35 +250,35 @@ fn only_the_first_choice_finishes() {
         r#"data: {"model":"m","choices":[{"index":1,"delta":{},"finish_reason":"length"}]}"#,
         "\n\n",
     );
-    let got = meter(Dialect::OpenAi, Framing::Sse, [stream.as_bytes()]);
+    let got = meter(WireFormat::Openai, Framing::Sse, [stream.as_bytes()]);
     assert_eq!(got.finish_reason.as_deref(), Some("stop"));
 }
 
 #[test]
 fn errors_and_strangers_yield_nothing() {
-    let cases: [(Dialect, Framing, &str); 5] = [
+    let cases: [(WireFormat, Framing, &str); 5] = [
         (
-            Dialect::Anthropic,
+            WireFormat::Anthropic,
             Framing::Sse,
             "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n",
         ),
         (
-            Dialect::OpenAi,
+            WireFormat::Openai,
             Framing::Json,
             r#"{"error":{"message":"Rate limit reached","type":"requests","param":null,"code":"rate_limit_exceeded"}}"#,
         ),
         (
-            Dialect::Gemini,
+            WireFormat::Gemini,
             Framing::Json,
             r#"[{"error":{"code":429,"status":"RESOURCE_EXHAUSTED"}}]"#,
         ),
         (
-            Dialect::OpenAi,
+            WireFormat::Openai,
             Framing::Sse,
             "data: [DONE]\n\ndata: not json\n\n: comment\n\n",
         ),
         (
-            Dialect::OpenAi,
+            WireFormat::Openai,
             Framing::Json,
             r#""just a string" 42 [1,2]"#,
         ),
@@ -295,7 +296,7 @@ fn errors_and_strangers_yield_nothing() {
 fn odd_values_cost_only_themselves() {
     // Counts as strings or floats are read; a count of the wrong kind is unknown, not fatal.
     let json = r#"{"model":7,"usage":{"prompt_tokens":"12","completion_tokens":5.0,"completion_tokens_details":{"reasoning_tokens":{}}},"choices":[{"finish_reason":null}]}"#;
-    let got = meter(Dialect::OpenAi, Framing::Json, [json.as_bytes()]);
+    let got = meter(WireFormat::Openai, Framing::Json, [json.as_bytes()]);
     let want = Usage {
         input_tokens: Some(12),
         output_tokens: Some(5),
@@ -434,7 +435,7 @@ fn gemini_array_stream() {
 #[test]
 fn usage_so_far_is_visible_before_the_end() {
     let bytes = ANTHROPIC_STREAM.bytes;
-    let mut meter = Meter::new(Dialect::Anthropic, Framing::Sse);
+    let mut meter = Meter::new(WireFormat::Anthropic, Framing::Sse);
     let first_event = bytes.windows(2).position(|w| w == b"\n\n").unwrap() + 2;
     meter.feed(&bytes[..first_event]);
     assert_eq!(meter.usage().output_tokens, Some(3));
@@ -451,7 +452,7 @@ fn every_line_end_reads_the_same() {
     for end in ["\r\n", "\r"] {
         let other = lf.replace('\n', end);
         assert_eq!(
-            meter(Dialect::OpenAi, Framing::Sse, [other.as_bytes()]),
+            meter(WireFormat::Openai, Framing::Sse, [other.as_bytes()]),
             want,
             "{end:?}"
         );
@@ -503,11 +504,11 @@ cut_anywhere! {
 
 // === no input panics ===
 
-fn dialect() -> impl Strategy<Value = Dialect> {
+fn dialect() -> impl Strategy<Value = WireFormat> {
     prop_oneof![
-        Just(Dialect::OpenAi),
-        Just(Dialect::Anthropic),
-        Just(Dialect::Gemini)
+        Just(WireFormat::Openai),
+        Just(WireFormat::Anthropic),
+        Just(WireFormat::Gemini)
     ]
 }
 
@@ -575,7 +576,7 @@ fn throughput() {
     ] {
         let start = std::time::Instant::now();
         for _ in 0..rounds {
-            let usage = meter(Dialect::OpenAi, Framing::Sse, frames.iter().copied());
+            let usage = meter(WireFormat::Openai, Framing::Sse, frames.iter().copied());
             assert_eq!(usage.model.as_deref(), Some("gpt-4o-2024-08-06"));
         }
         let secs = start.elapsed().as_secs_f64();
@@ -593,7 +594,7 @@ fn throughput() {
     let start = std::time::Instant::now();
     for _ in 0..rounds {
         let usage = meter(
-            Dialect::OpenAi,
+            WireFormat::Openai,
             Framing::Json,
             json.as_bytes().chunks(16 * 1024),
         );

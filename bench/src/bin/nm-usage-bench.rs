@@ -1,7 +1,7 @@
 //! `nm-usage-bench`: how long the usage and cost reports take on millions of request records,
 //! computed by the database, and how fast those records are stored.
 //!
-//! `cargo build --release --bin nm-usage-bench && target/release/nm-usage-bench`
+//! `cargo build --profile dist -p nm-bench --bin nm-usage-bench && target/dist/nm-usage-bench`
 //!
 //! For each database (SQLite on a file in a temporary directory; PostgreSQL in a fresh
 //! `nm_usage_bench_<random>` database created on the server named by `--postgres`, dropped at the
@@ -22,7 +22,7 @@
 //! in production (otherwise the timings depend on whether it has run yet); SQLite is queried
 //! as the gateway leaves it.
 
-use nm_gateway::scratch_db::{DatabaseArgs, ScratchPg};
+use nm_bench::{DatabaseArgs, ScratchPg};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

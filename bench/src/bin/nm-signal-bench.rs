@@ -1,7 +1,8 @@
 //! `nm-signal-bench`: how many signals per second the gateway acknowledges — each one committed
 //! to the database before `{"ok": true}` — and how long one takes.
 //!
-//! `cargo build --release --bin nm-gateway && cargo run --release --bin nm-signal-bench`
+//! `cargo build --profile dist -p nm-gateway -p nm-bench --bin nm-gateway --bin nm-signal-bench &&
+//! target/dist/nm-signal-bench`
 //!
 //! For each database (SQLite on a temporary file; PostgreSQL in a fresh database on the server
 //! named by `--postgres`, skipped with a notice when it cannot be reached) it starts the real
@@ -82,7 +83,7 @@ fn gateway_bin() -> anyhow::Result<PathBuf> {
     let bin = exe.with_file_name("nm-gateway");
     if !bin.exists() {
         bail!(
-            "{} not found: build it first (cargo build --release --bin nm-gateway)",
+            "{} not found: build it first (cargo build --profile dist -p nm-gateway)",
             bin.display()
         );
     }
@@ -309,7 +310,7 @@ async fn main() -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "signals: {} clients, {} s measured after {} s warm-up, nm-gateway serve (release)",
+        "signals: {} clients, {} s measured after {} s warm-up, nm-gateway serve",
         cli.clients, cli.duration, cli.warmup
     )?;
     writeln!(

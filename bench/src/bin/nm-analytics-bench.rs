@@ -1,7 +1,7 @@
 //! `nm-analytics-bench`: how long one agent's analytics take to compute with a million signals
 //! and a million requests stored, on SQLite and PostgreSQL.
 //!
-//! `cargo build --release --bin nm-analytics-bench && target/release/nm-analytics-bench`
+//! `cargo build --profile dist -p nm-bench --bin nm-analytics-bench && target/dist/nm-analytics-bench`
 //!
 //! For each database (SQLite on a file in a temporary directory; PostgreSQL in a fresh
 //! `nm_analytics_bench_<random>` database created on the server named by `--postgres`, dropped
@@ -29,7 +29,7 @@
 //! first correct `best_model` before and after the anytime-valid intervals, and a steady agent
 //! past its first 30 days. `--agents` (default 4,000) per row; Markdown tables on stdout.
 
-use nm_gateway::scratch_db::{DatabaseArgs, ScratchPg};
+use nm_bench::{DatabaseArgs, ScratchPg};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;

@@ -1,5 +1,5 @@
-//! The benchmarks' database flags, and their throwaway PostgreSQL database
-//! ([`ScratchPg`], shared with the tests).
+//! What the benchmark programs share: the database flags of `nm-usage-bench` and
+//! `nm-analytics-bench`, and their throwaway PostgreSQL database ([`ScratchPg`], the tests' own).
 
 use anyhow::Context;
 use clap::Args;

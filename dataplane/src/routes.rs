@@ -1,0 +1,160 @@
+//! Every path the gateway answers itself, in one table ([`TABLE`]), and what any request path
+//! resolves to ([`Route::of`]). The router ([`crate::stack`]), the key check
+//! ([`crate::layers::auth`]) and the error shape ([`crate::layers::rescue`]) all ask
+//! [`Route::of`]; the provider registry refuses a provider named like a route's first segment
+//! ([`is_reserved`]). A new route is one line here and one arm in the router.
+
+use crate::path::split_prefix;
+
+/// A route the gateway serves itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Own {
+    /// `GET /health`: ready to serve.
+    Ready,
+    /// `GET /health/live`: the process serves HTTP.
+    Live,
+    /// `GET /metrics`: Prometheus exposition.
+    Metrics,
+    /// `POST /v1/signal`: what an end user did with an output.
+    Signal,
+}
+
+/// One of the gateway's own routes.
+#[derive(Debug)]
+pub struct Entry {
+    pub path: &'static str,
+    pub route: Own,
+    /// Whether the request must carry a valid `NM-Key`.
+    pub needs_key: bool,
+}
+
+/// The gateway's own routes. Their first segments (`health`, `metrics`, `v1`) are reserved: a
+/// path under one of them that is not in the table is the gateway's 404, never a provider's.
+/// Errors on all of them take the gateway's envelope.
+pub const TABLE: [Entry; 4] = [
+    Entry {
+        path: "/health",
+        route: Own::Ready,
+        needs_key: false,
+    },
+    Entry {
+        path: "/health/live",
+        route: Own::Live,
+        needs_key: false,
+    },
+    Entry {
+        path: "/metrics",
+        route: Own::Metrics,
+        needs_key: false,
+    },
+    Entry {
+        path: "/v1/signal",
+        route: Own::Signal,
+        needs_key: true,
+    },
+];
+
+/// What a request path resolves to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// One of the gateway's own routes.
+    Own(Own),
+    /// Under a reserved name but in no route (`/v1/nope`, `/metrics/x`): 404.
+    Unknown,
+    /// `/<provider>/<native path>`, or a path with no provider at all.
+    Proxy,
+}
+
+impl Route {
+    /// Resolves a request path (exact match; no normalisation).
+    pub fn of(path: &str) -> Self {
+        if let Some(entry) = TABLE.iter().find(|e| e.path == path) {
+            return Self::Own(entry.route);
+        }
+        match split_prefix(path) {
+            Some((first, _)) if is_reserved(first) => Self::Unknown,
+            _ => Self::Proxy,
+        }
+    }
+
+    /// Whether the request must carry a valid `NM-Key` before anything else happens. Only the
+    /// table's open routes are served without one: an unknown path is judged after the key, so
+    /// an outsider learns nothing about what exists.
+    pub fn needs_key(self) -> bool {
+        match self {
+            Self::Own(own) => TABLE.iter().any(|e| e.route == own && e.needs_key),
+            Self::Unknown | Self::Proxy => true,
+        }
+    }
+
+    /// Whether errors take the gateway's envelope; otherwise the provider's native shape.
+    pub fn gateway_shaped(self) -> bool {
+        !matches!(self, Self::Proxy)
+    }
+}
+
+/// Whether a first path segment belongs to the gateway (no provider may be called so).
+pub fn is_reserved(name: &str) -> bool {
+    TABLE
+        .iter()
+        .any(|e| split_prefix(e.path).is_some_and(|(first, _)| first == name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_resolve_by_the_table() {
+        assert_eq!(Route::of("/health"), Route::Own(Own::Ready));
+        assert_eq!(Route::of("/health/live"), Route::Own(Own::Live));
+        assert_eq!(Route::of("/metrics"), Route::Own(Own::Metrics));
+        assert_eq!(Route::of("/v1/signal"), Route::Own(Own::Signal));
+        for unknown in [
+            "/v1/nope",
+            "/v1",
+            "/v1/",
+            "/metrics/x",
+            "/health/",
+            "/health/x",
+        ] {
+            assert_eq!(Route::of(unknown), Route::Unknown, "{unknown}");
+        }
+        for proxy in [
+            "/openai/v1/chat/completions",
+            "/",
+            "",
+            "/V1/signal",
+            "/healthz",
+        ] {
+            assert_eq!(Route::of(proxy), Route::Proxy, "{proxy}");
+        }
+    }
+
+    #[test]
+    fn only_the_probes_and_metrics_are_open() {
+        let open: Vec<_> = TABLE
+            .iter()
+            .filter(|e| !e.needs_key)
+            .map(|e| e.path)
+            .collect();
+        assert_eq!(open, ["/health", "/health/live", "/metrics"]);
+        assert!(Route::of("/v1/signal").needs_key());
+        assert!(Route::of("/health/x").needs_key());
+        assert!(Route::of("/openai/v1/models").needs_key());
+    }
+
+    #[test]
+    fn every_own_route_and_reserved_name_errs_in_the_gateway_shape() {
+        for e in &TABLE {
+            assert!(Route::of(e.path).gateway_shaped(), "{}", e.path);
+        }
+        assert!(Route::of("/metrics/x").gateway_shaped());
+        assert!(!Route::of("/openai/v1/models").gateway_shaped());
+        for name in ["health", "metrics", "v1"] {
+            assert!(is_reserved(name), "{name}");
+        }
+        assert!(!is_reserved("openai"));
+        assert!(!is_reserved("live"));
+    }
+}
