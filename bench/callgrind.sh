@@ -6,6 +6,8 @@
 #   bench/callgrind.sh            # nm-gateway serve (metered, budget path on)
 #   bench/callgrind.sh forwarder  # the minimal hyper forwarder, for comparison
 #
+# GATEWAY_BIN=PATH measures another nm-gateway binary (an older build, say); BIN_DIR=DIR takes
+# both binaries from DIR. Settings such as NM_HOT_PATH_OFF pass through to the gateway.
 # KEEP=FILE keeps the callgrind profile (for callgrind_annotate). STREAM=1 asks for the streamed
 # answer (20 SSE content chunks + finish + usage + [DONE]) instead of the JSON one.
 # Needs valgrind and wrk (Debian: apt-get install valgrind wrk). Prints the requests served, the
@@ -15,7 +17,8 @@ cd "$(dirname "$0")/.."
 target=${1:-gateway}
 secs=${SECS:-15}
 stream=$([ "${STREAM:-0}" = 1 ] && echo ',"stream":true,"stream_options":{"include_usage":true}' || true)
-bin=target/dist
+bin=${BIN_DIR:-target/dist}
+gateway=${GATEWAY_BIN:-$bin/nm-gateway}
 key=nmk_5d8a1f3c7e9b2d4f6a8c0e1b3d5f7a9c2e4b6d8f0a1c3e57
 for tool in valgrind callgrind_control callgrind_annotate wrk; do
   command -v "$tool" >/dev/null || { echo "callgrind.sh: $tool not found" >&2; exit 1; }
@@ -53,11 +56,11 @@ gateway)
   NM_LOG=warn NM_HTTP_ADDR=127.0.0.1:18590 NM_GRPC_ADDR=127.0.0.1:18591 \
     NM_DATABASE_URL="sqlite://$dir/gw.db?mode=rwc" NM_SPOOL_DIR="$dir/spool" \
     NM_BOOTSTRAP_KEY=$key NM_UPSTREAM_OPENAI=http://$mock \
-    valgrind --tool=callgrind --callgrind-out-file="$dir/cg.out" "$bin/nm-gateway" serve \
+    valgrind --tool=callgrind --callgrind-out-file="$dir/cg.out" "$gateway" serve \
     >"$dir/target.log" 2>&1 &
   pids+=($!)
   wait_for http://127.0.0.1:18590/health
-  NM_CONTROLPLANE_URL=http://127.0.0.1:18591 NM_ADMIN_KEY=$key "$bin/nm-gateway" budgets set \
+  NM_CONTROLPLANE_URL=http://127.0.0.1:18591 NM_ADMIN_KEY=$key "$gateway" budgets set \
     --default --usd-per-day 1000000 --rpm 1000000 >/dev/null
   url=http://127.0.0.1:18590/openai/v1/chat/completions
   ;;

@@ -12,6 +12,7 @@ mod link;
 mod process;
 mod proxy;
 mod records;
+mod routes;
 mod sdk;
 mod signals;
 mod streaming;
