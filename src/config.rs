@@ -1116,6 +1116,75 @@ mod tests {
     }
 
     #[test]
+    fn a_providers_wire_format_is_format_or_its_older_name_errors() {
+        let resolve_file = |text: &str| {
+            let file: FileSettings = toml::from_str(text).unwrap_or_else(|e| panic!("{e}"));
+            resolve(Mode::Serve, &Flags::default(), &HashMap::new(), file)
+        };
+        let format_of = |text: &str| {
+            resolve_file(text)
+                .ok()
+                .and_then(|s| s.registry.get("acme").map(|p| p.format))
+        };
+        let acme = "[providers.acme]\nbase_url = \"http://127.0.0.1:7000\"\nauth = \"bearer\"\n";
+        assert_eq!(format_of(acme), Some(WireFormat::Openai));
+        assert_eq!(
+            format_of(&format!("{acme}format = \"anthropic\"\n")),
+            Some(WireFormat::Anthropic)
+        );
+        assert_eq!(
+            format_of(&format!("{acme}errors = \"gemini\"\n")),
+            Some(WireFormat::Gemini)
+        );
+        assert_eq!(
+            format_of(&format!("{acme}format = \"gemini\"\nerrors = \"gemini\"\n")),
+            Some(WireFormat::Gemini)
+        );
+        let err = resolve_file(&format!("{acme}format = \"gemini\"\nerrors = \"openai\"\n"))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            err.contains("providers.acme") && err.contains("disagree"),
+            "{err}"
+        );
+        // A built-in keeps its own format unless told otherwise.
+        let s = resolve_file("[providers.anthropic]\nbase_url = \"http://127.0.0.1:7001\"\n").ok();
+        assert_eq!(
+            s.and_then(|s| s.registry.get("anthropic").map(|p| p.format)),
+            Some(WireFormat::Anthropic)
+        );
+    }
+
+    #[test]
+    fn hot_path_mechanisms_are_all_on_unless_a_benchmark_turns_them_off() {
+        let with = |v: &str| {
+            resolve(
+                Mode::Serve,
+                &Flags::default(),
+                &env(&[(ENV_HOT_PATH_OFF, v)]),
+                FileSettings::default(),
+            )
+        };
+        let default = resolve(
+            Mode::Serve,
+            &Flags::default(),
+            &HashMap::new(),
+            FileSettings::default(),
+        );
+        assert_eq!(default.ok().map(|s| s.hot_path), Some(HotPath::default()));
+        assert_eq!(
+            with("key_cache").ok().map(|s| s.hot_path.key_cache),
+            Some(false)
+        );
+        let err = with("key_cache,warp").err().map(|e| e.to_string());
+        assert!(
+            err.as_deref().is_some_and(|e| e.contains(ENV_HOT_PATH_OFF)),
+            "{err:?}"
+        );
+    }
+
+    #[test]
     fn bad_values_name_the_setting() {
         let cases = [
             (ENV_HTTP_ADDR, "nonsense"),
