@@ -14,6 +14,7 @@ pub mod budget;
 pub mod conns;
 pub mod error;
 pub mod forward;
+pub mod journal;
 pub mod keys;
 pub mod layers;
 pub mod metrics;
