@@ -1143,7 +1143,16 @@ mod tests {
         resolve(
             Mode::Dataplane,
             &Flags::default(),
-            &env(&[&[(ENV_CONTROLPLANE_URL, "http://127.0.0.1:9090")], pairs].concat()),
+            &env(
+                &[
+                    &[
+                        (ENV_CONTROLPLANE_URL, "http://127.0.0.1:9090"),
+                        ("NM_LINK_SECRET", "lnk_8e2d4f6a1b3c5d7e9f0a2b4c6d8e0f1a3b5c7d9e"),
+                    ],
+                    pairs,
+                ]
+                .concat(),
+            ),
             FileSettings::default(),
         )
     }

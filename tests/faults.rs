@@ -974,6 +974,10 @@ async fn a_dataplane_killed_under_load(durability: &str) {
         .await;
         assert_eq!(stored, answered.len() as i64);
         assert_eq!(lost, 0, "{}", dp.stderr());
+        // The crash left records in the journal, and they came back from it.
+        let replayed = metric(&client, dp.http, "nm_records_journal_replayed_total").await;
+        assert!(replayed > 0, "{}", dp.stderr());
+        eprintln!("spool mode: {} answered, {replayed} replayed from the journal", answered.len());
     } else {
         let stored = stored_of(&gw, &answered).await;
         let missing = answered.len() as u64 - u64::try_from(stored).unwrap_or(0);
