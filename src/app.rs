@@ -233,12 +233,12 @@ async fn dataplane(
         Ok::<_, nm_dataplane::spool::SpoolError>((spool, durable))
     })
     .await?
-        .with_context(|| {
-            format!(
-                "cannot open the record spool in NM_SPOOL_DIR {}",
-                settings.spool_dir.display()
-            )
-        })?;
+    .with_context(|| {
+        format!(
+            "cannot open the record spool in NM_SPOOL_DIR {}",
+            settings.spool_dir.display()
+        )
+    })?;
     let targets = LinkTargets {
         keys: dp.keys().clone(),
         health: dp.health().clone(),

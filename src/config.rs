@@ -1143,16 +1143,17 @@ mod tests {
         resolve(
             Mode::Dataplane,
             &Flags::default(),
-            &env(
+            &env(&[
                 &[
-                    &[
-                        (ENV_CONTROLPLANE_URL, "http://127.0.0.1:9090"),
-                        ("NM_LINK_SECRET", "lnk_8e2d4f6a1b3c5d7e9f0a2b4c6d8e0f1a3b5c7d9e"),
-                    ],
-                    pairs,
-                ]
-                .concat(),
-            ),
+                    (ENV_CONTROLPLANE_URL, "http://127.0.0.1:9090"),
+                    (
+                        "NM_LINK_SECRET",
+                        "lnk_8e2d4f6a1b3c5d7e9f0a2b4c6d8e0f1a3b5c7d9e",
+                    ),
+                ],
+                pairs,
+            ]
+            .concat()),
             FileSettings::default(),
         )
     }
@@ -1160,7 +1161,10 @@ mod tests {
     /// A refusal naming `key` (`main` exits 64 on every `ConfigError`).
     fn refused(key: &str, value: &str) -> String {
         match resolved(&[(key, value)]) {
-            Err(ConfigError::Invalid { key: named, problem }) => {
+            Err(ConfigError::Invalid {
+                key: named,
+                problem,
+            }) => {
                 assert_eq!(named, key, "{key}={value}: {problem}");
                 problem
             }
@@ -1172,15 +1176,24 @@ mod tests {
     fn connection_limits_default() {
         let s = resolved(&[]).unwrap();
         let l = s.conn_limits;
-        assert_eq!(l.header_timeout, Duration::from_secs(DEFAULT_CLIENT_HEADER_TIMEOUT_SECS));
-        assert_eq!(l.body_idle_timeout, Duration::from_secs(DEFAULT_CLIENT_BODY_IDLE_TIMEOUT_SECS));
+        assert_eq!(
+            l.header_timeout,
+            Duration::from_secs(DEFAULT_CLIENT_HEADER_TIMEOUT_SECS)
+        );
+        assert_eq!(
+            l.body_idle_timeout,
+            Duration::from_secs(DEFAULT_CLIENT_BODY_IDLE_TIMEOUT_SECS)
+        );
         assert_eq!(l.body_min_rate, DEFAULT_CLIENT_BODY_MIN_RATE);
         assert_eq!(l.max_connections, 0, "0: from the open-file limit at start");
         assert_eq!(
             s.upstream_idle_timeout,
             Duration::from_secs(DEFAULT_RESPONSE_IDLE_TIMEOUT_SECS)
         );
-        assert_eq!(s.record_durability, nm_dataplane::journal::Durability::Memory);
+        assert_eq!(
+            s.record_durability,
+            nm_dataplane::journal::Durability::Memory
+        );
     }
 
     #[test]
@@ -1200,7 +1213,10 @@ mod tests {
         assert_eq!(l.body_min_rate, 0);
         assert_eq!(l.max_connections, 5000);
         assert_eq!(s.upstream_idle_timeout, Duration::from_secs(45));
-        assert_eq!(s.record_durability, nm_dataplane::journal::Durability::Spool);
+        assert_eq!(
+            s.record_durability,
+            nm_dataplane::journal::Durability::Spool
+        );
     }
 
     #[test]

@@ -851,7 +851,11 @@ async fn postgres_restarted_under_load_recovers_by_itself() {
 // === a dataplane killed under load (issue 21, 6) ===
 
 /// A value of the dataplane's `/metrics`, 0 when absent.
-async fn metric(client: &crate::common::http::TestClient, http: std::net::SocketAddr, name: &str) -> u64 {
+async fn metric(
+    client: &crate::common::http::TestClient,
+    http: std::net::SocketAddr,
+    name: &str,
+) -> u64 {
     let url = format!("http://{http}/metrics");
     let a = crate::common::http::read(
         crate::common::http::send(client, crate::common::http::request("GET", &url, &[], "")).await,
@@ -865,7 +869,10 @@ async fn metric(client: &crate::common::http::TestClient, http: std::net::Socket
 
 /// Runs requests against a dataplane process until it is killed; returns the request ids of
 /// the answers the client read to their end with 200.
-async fn load_until_killed(http: std::net::SocketAddr, answered: std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+async fn load_until_killed(
+    http: std::net::SocketAddr,
+    answered: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+) {
     let client = crate::common::http::client();
     let url = format!("http://{http}/openai/v1/chat/completions");
     loop {
@@ -883,7 +890,10 @@ async fn load_until_killed(http: std::net::SocketAddr, answered: std::sync::Arc<
             return;
         };
         if parts.status == 200
-            && let Some(id) = parts.headers.get("nm-request-id").and_then(|v| v.to_str().ok())
+            && let Some(id) = parts
+                .headers
+                .get("nm-request-id")
+                .and_then(|v| v.to_str().ok())
             && let Ok(mut a) = answered.lock()
         {
             a.push(id.to_owned());
@@ -933,13 +943,21 @@ async fn a_dataplane_killed_under_load(durability: &str) {
     let mut dp = DataplaneProcess::start(&env).await;
     let client = crate::common::http::client();
     let health = format!("http://{}/health", dp.http);
-    eventually(Duration::from_secs(15), "the dataplane has its keys", || async {
-        let a = crate::common::http::read(
-            crate::common::http::send(&client, crate::common::http::request("GET", &health, &[], "")).await,
-        )
-        .await;
-        (a.status == 200).then_some(())
-    })
+    eventually(
+        Duration::from_secs(15),
+        "the dataplane has its keys",
+        || async {
+            let a = crate::common::http::read(
+                crate::common::http::send(
+                    &client,
+                    crate::common::http::request("GET", &health, &[], ""),
+                )
+                .await,
+            )
+            .await;
+            (a.status == 200).then_some(())
+        },
+    )
     .await;
 
     let answered = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -967,17 +985,24 @@ async fn a_dataplane_killed_under_load(durability: &str) {
     .await;
     let lost = metric(&client, dp.http, "nm_records_lost_in_crash_total").await;
     if durability == "spool" {
-        let stored = eventually(Duration::from_secs(30), "every answered record stored", || async {
-            let stored = stored_of(&gw, &answered).await;
-            (stored == answered.len() as i64).then_some(stored)
-        })
+        let stored = eventually(
+            Duration::from_secs(30),
+            "every answered record stored",
+            || async {
+                let stored = stored_of(&gw, &answered).await;
+                (stored == answered.len() as i64).then_some(stored)
+            },
+        )
         .await;
         assert_eq!(stored, answered.len() as i64);
         assert_eq!(lost, 0, "{}", dp.stderr());
         // The crash left records in the journal, and they came back from it.
         let replayed = metric(&client, dp.http, "nm_records_journal_replayed_total").await;
         assert!(replayed > 0, "{}", dp.stderr());
-        eprintln!("spool mode: {} answered, {replayed} replayed from the journal", answered.len());
+        eprintln!(
+            "spool mode: {} answered, {replayed} replayed from the journal",
+            answered.len()
+        );
     } else {
         let stored = stored_of(&gw, &answered).await;
         let missing = answered.len() as u64 - u64::try_from(stored).unwrap_or(0);
@@ -986,8 +1011,14 @@ async fn a_dataplane_killed_under_load(durability: &str) {
             assert!(lost > 0, "{missing} records lost, none counted");
             assert!(dp.stderr().contains("were lost"), "{}", dp.stderr());
         }
-        assert!(lost < answered.len() as u64 / 2, "lost {lost} of {}", answered.len());
-        eprintln!("memory mode: {missing} answered records missing, {lost} counted lost at restart");
+        assert!(
+            lost < answered.len() as u64 / 2,
+            "lost {lost} of {}",
+            answered.len()
+        );
+        eprintln!(
+            "memory mode: {missing} answered records missing, {lost} counted lost at restart"
+        );
     }
     drop(dp);
     gw.stop().await;
@@ -1022,7 +1053,11 @@ async fn a_stream_the_upstream_breaks_is_recorded_as_partial_usage() {
         )
         .await;
     assert_eq!(resp.status(), 200);
-    assert!(http_body_util::BodyExt::collect(resp.into_body()).await.is_err());
+    assert!(
+        http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .is_err()
+    );
     eventually(Duration::from_secs(15), "the record", || async {
         let n = count(
             &gw,
@@ -1066,7 +1101,11 @@ async fn an_idle_http2_connection_is_closed() {
         .await
         .unwrap_or_else(|e| panic!("h2 request: {e}"));
     assert_eq!(resp.status(), 200);
-    assert!(http_body_util::BodyExt::collect(resp.into_body()).await.is_ok());
+    assert!(
+        http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .is_ok()
+    );
     // Now idle, with the client keeping it open: the gateway ends it.
     tokio::time::timeout(Duration::from_secs(30), conn)
         .await

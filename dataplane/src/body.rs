@@ -38,8 +38,8 @@ use pin_project_lite::pin_project;
 use tracing::Span;
 
 use crate::budget::Reservation;
-use crate::journal::Commit;
 use crate::forward::UpstreamBody;
+use crate::journal::Commit;
 use crate::pace::{PaceLimits, Paced};
 use crate::pricing::{Cost, PriceTable};
 use crate::records::{self, RecordSink, RequestRecord, UsageStatus};

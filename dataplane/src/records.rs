@@ -8,8 +8,8 @@
 //! [`crate::journal`].
 
 use std::borrow::Cow;
-use std::sync::{Arc, OnceLock};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use crate::journal::{Commit, Journal, Settler, Tally};

@@ -141,7 +141,10 @@ pub fn encode_batch(records: &[RequestRecord]) -> Vec<u8> {
 /// Drains `queue` until `stop` turns true and the queue is empty. Every record taken from it
 /// is reported to `settler` once it is delivered, refused for good, spooled or counted as lost
 /// (the crash ledger and the journal, `nm_dataplane::journal`).
-#[expect(clippy::too_many_arguments, reason = "the shipper's parts, named at its one call")]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the shipper's parts, named at its one call"
+)]
 pub async fn ship(
     port: Arc<dyn Port>,
     mut queue: RecordQueue,

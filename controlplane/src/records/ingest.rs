@@ -253,4 +253,3 @@ async fn attribute_signals<C: ConnectionTrait>(db: &C, session_id: &str) -> Resu
     let changed = update.exec(db).await?.rows_affected;
     Ok(s.agent.filter(|_| changed > 0))
 }
-

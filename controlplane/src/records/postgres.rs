@@ -2,7 +2,9 @@
 
 use std::collections::HashSet;
 
-use sea_orm::{ConnectionTrait, DatabaseBackend, DatabaseTransaction, Statement, TransactionTrait, Value};
+use sea_orm::{
+    ConnectionTrait, DatabaseBackend, DatabaseTransaction, Statement, TransactionTrait, Value,
+};
 
 use super::row::{insert_sql, row_cells};
 use super::{Fresh, RequestRecord, RowWriter};

@@ -139,8 +139,7 @@ async fn rows_inserted_on_sqlite_roll_back_with_their_transaction() {
     let url = format!("sqlite://{}/t.db?mode=rwc", dir.path().display());
     let store = Store::connect(&url).await.unwrap();
     let sql = InsertSql::new(store.backend());
-    let batch: Vec<RequestRecord> =
-        (0..50).map(|i| record(&format!("x{i}"), None, i)).collect();
+    let batch: Vec<RequestRecord> = (0..50).map(|i| record(&format!("x{i}"), None, i)).collect();
     let refs: Vec<&RequestRecord> = batch.iter().collect();
     let count = |store: Store| async move {
         crate::store::entity::request::Entity::find()
