@@ -229,7 +229,8 @@ impl Ledger {
             accepted: 0,
             settled: 0,
         };
-        write_ledger(&file, first)
+        file.set_len(LEDGER_BYTES as u64)
+            .and_then(|()| write_ledger(&file, first))
             .and_then(|()| file.sync_data())
             .map_err(io_err("write", &path))?;
         let file = Arc::new(file);
