@@ -220,14 +220,26 @@ async fn dataplane(
     let name = format!("dataplane-{}", std::process::id());
     let spool_dir = settings.spool_dir.clone();
     let spool_cap = settings.spool_max_bytes;
-    let spool = tokio::task::spawn_blocking(move || Spool::open(&spool_dir, spool_cap))
-        .await?
-        .with_context(|| {
-            format!(
-                "cannot open the record spool in NM_SPOOL_DIR {}",
-                settings.spool_dir.display()
-            )
-        })?;
+    let (durability, sink) = (settings.record_durability, dp.records().clone());
+    let (spool, durable) = tokio::task::spawn_blocking(move || {
+        let mut spool = Spool::open(&spool_dir, spool_cap)?;
+        let durable = nm_dataplane::journal::start(
+            &spool_dir,
+            spool_cap,
+            durability,
+            &sink,
+            crate::link::shipper::encode_batch,
+            &mut spool,
+        )?;
+        Ok::<_, nm_dataplane::spool::SpoolError>((spool, durable))
+    })
+    .await?
+    .with_context(|| {
+        format!(
+            "cannot open the record spool in NM_SPOOL_DIR {}",
+            settings.spool_dir.display()
+        )
+    })?;
     let targets = LinkTargets {
         keys: dp.keys().clone(),
         health: dp.health().clone(),
@@ -235,6 +247,7 @@ async fn dataplane(
         metrics: dp.metrics().clone(),
         spool: SharedSpool::new(spool),
         dead_letters: DeadLetters::in_dir(&settings.spool_dir),
+        settler: dp.records().settler(),
     };
     let link = Link::spawn(port, targets, queue, name);
     let listener = TcpListener::bind(settings.http_addr)
@@ -245,6 +258,9 @@ async fn dataplane(
     let task = tokio::spawn(async move {
         let drained = dp.serve(listener, signalled(stop)).await;
         link.stop().await;
+        // The shipper is done: the journal applies its last settlements, the ledger says the
+        // run ended cleanly.
+        tokio::task::spawn_blocking(move || durable.stop()).await?;
         info!(?drained, "dataplane stopped");
         Ok(())
     });

@@ -77,6 +77,11 @@ pub const ENV_SPOOL_DIR: &str = "NM_SPOOL_DIR";
 pub const DEFAULT_SPOOL_DIR: &str = "./nm-data/spool";
 pub const ENV_SPOOL_MAX_BYTES: &str = "NM_SPOOL_MAX_BYTES";
 pub const DEFAULT_SPOOL_MAX_BYTES: u64 = 256 * 1024 * 1024;
+/// Where a request record waits before the controlplane has it: `memory` or `spool` (on disk
+/// before the answer ends), see `nm_dataplane::journal`.
+pub const ENV_RECORD_DURABILITY: &str = "NM_RECORD_DURABILITY";
+pub const DEFAULT_RECORD_DURABILITY: nm_dataplane::journal::Durability =
+    nm_dataplane::journal::Durability::Memory;
 pub const ENV_RESERVE_OUTPUT_TOKENS: &str = "NM_RESERVE_OUTPUT_TOKENS";
 pub const DEFAULT_RESERVE_OUTPUT_TOKENS: u64 = nm_dataplane::DEFAULT_RESERVE_OUTPUT_TOKENS;
 /// Seconds between the controlplane's scheduled analytics recomputations; 0 turns them off.
@@ -148,6 +153,7 @@ pub struct FileSettings {
     pub tls_ca_file: Option<PathBuf>,
     pub spool_dir: Option<PathBuf>,
     pub spool_max_bytes: Option<u64>,
+    pub record_durability: Option<String>,
     pub reserve_output_tokens: Option<u64>,
     pub analytics_interval_secs: Option<u64>,
     /// Extra providers, or changes to built-in ones, by name.
@@ -206,6 +212,8 @@ pub struct Settings {
     /// Where a dataplane spools records while its controlplane is unreachable, and the cap.
     pub spool_dir: PathBuf,
     pub spool_max_bytes: u64,
+    /// Whether a record is on disk before its answer ends (`NM_RECORD_DURABILITY`).
+    pub record_durability: nm_dataplane::journal::Durability,
     /// Answer length assumed for a budget reservation when a request sets no cap.
     pub reserve_output_tokens: u64,
     pub prices: nm_dataplane::pricing::PriceTable,
@@ -477,6 +485,15 @@ pub fn resolve(
             "must be at least 1048576 (1 MiB)",
         ));
     }
+    let record_durability = match env_get(ENV_RECORD_DURABILITY).or(file.record_durability) {
+        None => DEFAULT_RECORD_DURABILITY,
+        Some(v) => nm_dataplane::journal::Durability::parse(v.trim()).ok_or_else(|| {
+            invalid(
+                ENV_RECORD_DURABILITY,
+                format!("is {v:?}; use `memory` (the default) or `spool`"),
+            )
+        })?,
+    };
     let reserve_output_tokens = num(
         ENV_RESERVE_OUTPUT_TOKENS,
         file.reserve_output_tokens,
@@ -590,6 +607,7 @@ pub fn resolve(
         extra_ca_certs,
         spool_dir,
         spool_max_bytes,
+        record_durability,
         reserve_output_tokens,
         prices,
         analytics_interval,
@@ -1217,5 +1235,106 @@ mod tests {
         let f: Result<FileSettings, _> =
             toml::from_str("[providers.openai]\nbase_url = \"http://127.0.0.1:1\"\n");
         assert!(f.is_ok());
+    }
+
+    // === connection and body limits, record durability (issue 21) ===
+
+    fn resolved(pairs: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+        resolve(
+            Mode::Dataplane,
+            &Flags::default(),
+            &env(&[
+                &[
+                    (ENV_CONTROLPLANE_URL, "http://127.0.0.1:9090"),
+                    (
+                        "NM_LINK_SECRET",
+                        "lnk_8e2d4f6a1b3c5d7e9f0a2b4c6d8e0f1a3b5c7d9e",
+                    ),
+                ],
+                pairs,
+            ]
+            .concat()),
+            FileSettings::default(),
+        )
+    }
+
+    /// A refusal naming `key` (`main` exits 64 on every `ConfigError`).
+    fn refused(key: &str, value: &str) -> String {
+        match resolved(&[(key, value)]) {
+            Err(ConfigError::Invalid {
+                key: named,
+                problem,
+            }) => {
+                assert_eq!(named, key, "{key}={value}: {problem}");
+                problem
+            }
+            other => panic!("{key}={value} was not refused: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn connection_limits_default() {
+        let s = resolved(&[]).unwrap();
+        let l = s.conn_limits;
+        assert_eq!(
+            l.header_timeout,
+            Duration::from_secs(DEFAULT_CLIENT_HEADER_TIMEOUT_SECS)
+        );
+        assert_eq!(
+            l.body_idle_timeout,
+            Duration::from_secs(DEFAULT_CLIENT_BODY_IDLE_TIMEOUT_SECS)
+        );
+        assert_eq!(l.body_min_rate, DEFAULT_CLIENT_BODY_MIN_RATE);
+        assert_eq!(l.max_connections, 0, "0: from the open-file limit at start");
+        assert_eq!(
+            s.upstream_idle_timeout,
+            Duration::from_secs(DEFAULT_RESPONSE_IDLE_TIMEOUT_SECS)
+        );
+        assert_eq!(
+            s.record_durability,
+            nm_dataplane::journal::Durability::Memory
+        );
+    }
+
+    #[test]
+    fn connection_limits_take_valid_values() {
+        let s = resolved(&[
+            (ENV_CLIENT_HEADER_TIMEOUT_SECS, "3"),
+            (ENV_CLIENT_BODY_IDLE_TIMEOUT_SECS, "7"),
+            (ENV_CLIENT_BODY_MIN_RATE, "0"),
+            (ENV_RESPONSE_IDLE_TIMEOUT_SECS, "45"),
+            (ENV_MAX_CONNECTIONS, "5000"),
+            (ENV_RECORD_DURABILITY, "spool"),
+        ])
+        .unwrap();
+        let l = s.conn_limits;
+        assert_eq!(l.header_timeout, Duration::from_secs(3));
+        assert_eq!(l.body_idle_timeout, Duration::from_secs(7));
+        assert_eq!(l.body_min_rate, 0);
+        assert_eq!(l.max_connections, 5000);
+        assert_eq!(s.upstream_idle_timeout, Duration::from_secs(45));
+        assert_eq!(
+            s.record_durability,
+            nm_dataplane::journal::Durability::Spool
+        );
+    }
+
+    #[test]
+    fn connection_limits_refuse_bad_values_naming_the_setting() {
+        for key in [
+            ENV_CLIENT_HEADER_TIMEOUT_SECS,
+            ENV_CLIENT_BODY_IDLE_TIMEOUT_SECS,
+            ENV_RESPONSE_IDLE_TIMEOUT_SECS,
+        ] {
+            assert!(refused(key, "0").contains("at least 1 second"), "{key}");
+            refused(key, "soon");
+            refused(key, "-1");
+        }
+        for key in [ENV_CLIENT_BODY_MIN_RATE, ENV_MAX_CONNECTIONS] {
+            refused(key, "fast");
+            refused(key, "-5");
+            refused(key, "1.5");
+        }
+        assert!(refused(ENV_RECORD_DURABILITY, "disk").contains("`spool`"));
     }
 }

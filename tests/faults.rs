@@ -847,3 +847,281 @@ async fn postgres_restarted_under_load_recovers_by_itself() {
     }
     drop(pg);
 }
+
+// === a dataplane killed under load (issue 21, 6) ===
+
+/// A value of the dataplane's `/metrics`, 0 when absent.
+async fn metric(
+    client: &crate::common::http::TestClient,
+    http: std::net::SocketAddr,
+    name: &str,
+) -> u64 {
+    let url = format!("http://{http}/metrics");
+    let a = crate::common::http::read(
+        crate::common::http::send(client, crate::common::http::request("GET", &url, &[], "")).await,
+    )
+    .await;
+    String::from_utf8_lossy(&a.body)
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Runs requests against a dataplane process until it is killed; returns the request ids of
+/// the answers the client read to their end with 200.
+async fn load_until_killed(
+    http: std::net::SocketAddr,
+    answered: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+) {
+    let client = crate::common::http::client();
+    let url = format!("http://{http}/openai/v1/chat/completions");
+    loop {
+        let req = crate::common::http::request(
+            "POST",
+            &url,
+            &[("nm-key", ADMIN_KEY), JSON],
+            r#"{"model":"gpt-4o-mini"}"#,
+        );
+        let Ok(resp) = client.request(req).await else {
+            return;
+        };
+        let (parts, body) = resp.into_parts();
+        let Ok(_) = http_body_util::BodyExt::collect(body).await else {
+            return;
+        };
+        if parts.status == 200
+            && let Some(id) = parts
+                .headers
+                .get("nm-request-id")
+                .and_then(|v| v.to_str().ok())
+            && let Ok(mut a) = answered.lock()
+        {
+            a.push(id.to_owned());
+        }
+    }
+}
+
+/// How many of `ids` the controlplane stored.
+async fn stored_of(gw: &TestGateway, ids: &[String]) -> i64 {
+    let list = ids
+        .iter()
+        .map(|id| format!("'{id}'"))
+        .collect::<Vec<_>>()
+        .join(",");
+    count(
+        gw,
+        &format!("SELECT COUNT(*) AS n FROM requests WHERE request_id IN ({list})"),
+    )
+    .await
+}
+
+/// Issue 21, 6: a split dataplane is killed with SIGKILL while clients keep it busy, then
+/// started again on the same spool directory. With `NM_RECORD_DURABILITY=spool` every answer a
+/// client read to its end has its record at the controlplane; with `memory` what was lost is
+/// counted and logged by the restarted dataplane. (Before: 83–97 records lost, silently.)
+async fn a_dataplane_killed_under_load(durability: &str) {
+    use crate::common::child::DataplaneProcess;
+    let mock = MockProvider::json(crate::common::fixture("openai/chat_response.json"))
+        .start()
+        .await;
+    let gw = TestGateway::builder()
+        .shape(Shape::Split)
+        .upstream("openai", &mock.url)
+        .run()
+        .await;
+    let spool = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let spool_dir = spool.path().display().to_string();
+    let cp_url = gw.grpc_url();
+    let env = [
+        ("NM_CONTROLPLANE_URL", cp_url.as_str()),
+        ("NM_LINK_SECRET", crate::common::gateway::LINK_SECRET),
+        ("NM_UPSTREAM_OPENAI", mock.url.as_str()),
+        ("NM_SPOOL_DIR", spool_dir.as_str()),
+        ("NM_RECORD_DURABILITY", durability),
+        ("NM_LOG", "info"),
+    ];
+    let mut dp = DataplaneProcess::start(&env).await;
+    let client = crate::common::http::client();
+    let health = format!("http://{}/health", dp.http);
+    eventually(
+        Duration::from_secs(15),
+        "the dataplane has its keys",
+        || async {
+            let a = crate::common::http::read(
+                crate::common::http::send(
+                    &client,
+                    crate::common::http::request("GET", &health, &[], ""),
+                )
+                .await,
+            )
+            .await;
+            (a.status == 200).then_some(())
+        },
+    )
+    .await;
+
+    let answered = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let load: Vec<_> = (0..8)
+        .map(|_| tokio::spawn(load_until_killed(dp.http, answered.clone())))
+        .collect();
+    let count_answered = || answered.lock().map(|a| a.len()).unwrap_or(0);
+    eventually(Duration::from_secs(60), "400 answers under load", || {
+        let n = count_answered();
+        async move { (n >= 400).then_some(()) }
+    })
+    .await;
+    dp.kill9();
+    for task in load {
+        let _ = task.await;
+    }
+    let answered: Vec<String> = answered.lock().map(|a| a.clone()).unwrap_or_default();
+
+    let dp = DataplaneProcess::start(&env).await;
+    // The restarted dataplane replays its spool; wait until that is empty.
+    eventually(Duration::from_secs(30), "the spool drained", || async {
+        let spooled = metric(&client, dp.http, "nm_spool_records").await;
+        (spooled == 0).then_some(())
+    })
+    .await;
+    let lost = metric(&client, dp.http, "nm_records_lost_in_crash_total").await;
+    if durability == "spool" {
+        let stored = eventually(
+            Duration::from_secs(30),
+            "every answered record stored",
+            || async {
+                let stored = stored_of(&gw, &answered).await;
+                (stored == answered.len() as i64).then_some(stored)
+            },
+        )
+        .await;
+        assert_eq!(stored, answered.len() as i64);
+        assert_eq!(lost, 0, "{}", dp.stderr());
+        // The crash left records in the journal, and they came back from it.
+        let replayed = metric(&client, dp.http, "nm_records_journal_replayed_total").await;
+        assert!(replayed > 0, "{}", dp.stderr());
+        eprintln!(
+            "spool mode: {} answered, {replayed} replayed from the journal",
+            answered.len()
+        );
+    } else {
+        let stored = stored_of(&gw, &answered).await;
+        let missing = answered.len() as u64 - u64::try_from(stored).unwrap_or(0);
+        // What was lost is noticed and said; it is the last moments' records, not the run's.
+        if missing > 0 {
+            assert!(lost > 0, "{missing} records lost, none counted");
+            assert!(dp.stderr().contains("were lost"), "{}", dp.stderr());
+        }
+        assert!(
+            lost < answered.len() as u64 / 2,
+            "lost {lost} of {}",
+            answered.len()
+        );
+        eprintln!(
+            "memory mode: {missing} answered records missing, {lost} counted lost at restart"
+        );
+    }
+    drop(dp);
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_dataplane_killed_under_load_with_a_journal_loses_no_answered_record() {
+    a_dataplane_killed_under_load("spool").await;
+}
+
+#[tokio::test]
+async fn a_dataplane_killed_under_load_in_memory_mode_counts_what_it_lost() {
+    a_dataplane_killed_under_load("memory").await;
+}
+
+/// Issue 21, 8: a stream the upstream breaks mid-way keeps the usage read before the break and
+/// says `partial` (before: `missing`, though the stream had named its model).
+#[tokio::test]
+async fn a_stream_the_upstream_breaks_is_recorded_as_partial_usage() {
+    let chunks = crate::common::sse_events(&crate::common::fixture("openai/chat_stream.sse"));
+    let mock = MockProvider::sse(chunks).fail_after(2).start().await;
+    let gw = TestGateway::builder()
+        .upstream("openai", &mock.url)
+        .run()
+        .await;
+    let resp = gw
+        .send(
+            "POST",
+            "/openai/v1/chat/completions",
+            &[("nm-key", ADMIN_KEY), JSON],
+            r#"{"model":"gpt-4o-mini","stream":true}"#,
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert!(
+        http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .is_err()
+    );
+    eventually(Duration::from_secs(15), "the record", || async {
+        let n = count(
+            &gw,
+            "SELECT COUNT(*) AS n FROM requests WHERE error_code = 'upstream_body_error' \
+             AND usage_status = 'partial' AND answered_model = 'gpt-4o-mini' \
+             AND input_tokens IS NULL AND cost_micros IS NULL",
+        )
+        .await;
+        (n == 1).then_some(())
+    })
+    .await;
+    gw.stop().await;
+}
+
+/// An HTTP/2 connection that has served a request and then keeps no stream open is closed once
+/// it has been idle for the header timeout (before: only the connection cap ever closed it).
+#[tokio::test]
+async fn an_idle_http2_connection_is_closed() {
+    let mock = MockProvider::json("{}").start().await;
+    let gw = TestGateway::builder()
+        .env("NM_CLIENT_HEADER_TIMEOUT_SECS", "1")
+        .upstream("openai", &mock.url)
+        .run()
+        .await;
+    let tcp = tokio::net::TcpStream::connect(gw.http)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("h2 handshake: {e}"));
+    let conn = tokio::spawn(conn);
+    let req = http::Request::builder()
+        .uri(gw.url("/health"))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let resp = sender
+        .send_request(req)
+        .await
+        .unwrap_or_else(|e| panic!("h2 request: {e}"));
+    assert_eq!(resp.status(), 200);
+    assert!(
+        http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .is_ok()
+    );
+    // Now idle, with the client keeping it open: the gateway ends it.
+    tokio::time::timeout(Duration::from_secs(30), conn)
+        .await
+        .unwrap_or_else(|_| panic!("the idle HTTP/2 connection was never closed"))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let metrics = gw.get("/metrics").await;
+    let text = String::from_utf8_lossy(&metrics.body);
+    let closed: u64 = text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(r#"nm_connections_closed_total{reason="idle_timeout"} "#)?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0);
+    assert!(closed >= 1, "{text}");
+    gw.stop().await;
+}

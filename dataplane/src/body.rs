@@ -16,6 +16,10 @@
 //! and yielded. So it adds nothing to the latency the client sees. The end time is taken when the
 //! last frame passes; a completion whose task never runs (the runtime is shutting down) is done
 //! when the task is dropped, so no record is lost.
+//!
+//! With `NM_RECORD_DURABILITY=spool` ([`crate::journal`]) an answer that ends completely is
+//! completed at once instead, and its last frame (or its end) is held until the record is in the
+//! journal on disk: a crash after the client saw the end cannot lose the record.
 
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -35,6 +39,7 @@ use tracing::Span;
 
 use crate::budget::Reservation;
 use crate::forward::UpstreamBody;
+use crate::journal::Commit;
 use crate::pace::{PaceLimits, Paced};
 use crate::pricing::{Cost, PriceTable};
 use crate::records::{self, RecordSink, RequestRecord, UsageStatus};
@@ -180,6 +185,8 @@ pub struct Completion {
 }
 
 impl Completion {
+    /// Completes and queues the record; with `wait`, in `spool` durability, returns the
+    /// journal's [`Commit`] to wait on before the answer may end.
     fn finish(
         mut self,
         ending: Ending,
@@ -187,7 +194,8 @@ impl Completion {
         first_byte: Option<Instant>,
         bytes: u64,
         meter: Option<Meter>,
-    ) {
+        wait: bool,
+    ) -> Option<Arc<Commit>> {
         let r = &mut self.record;
         r.latency_ms = records::millis(ended.duration_since(self.started));
         r.ttfb_ms = first_byte.map(|t| records::millis(t.duration_since(self.started)));
@@ -198,10 +206,16 @@ impl Completion {
             Ending::ClientGone => Some(Cow::Borrowed("client_disconnected")),
         };
         r.usage = meter.map(Meter::finish).unwrap_or_default();
+        // A metered answer cut short (the upstream broke, the client left) is `partial` once
+        // anything of its usage was read (its counts, or only its model before the counts
+        // came): the usage seen so far. `missing` is for an answer that ended without usage, or
+        // was cut before the meter learned anything.
+        let seen = r.usage != nm_types::Usage::default();
         r.usage_status = match (ending, r.usage.is_known()) {
-            (_, false) => UsageStatus::Missing,
             (Ending::Complete, true) => UsageStatus::Reported,
-            (_, true) => UsageStatus::Partial,
+            (Ending::Complete, false) => UsageStatus::Missing,
+            (Ending::UpstreamError | Ending::ClientGone, _) if seen => UsageStatus::Partial,
+            (Ending::UpstreamError | Ending::ClientGone, _) => UsageStatus::Missing,
         };
         let model = r.usage.model.as_deref().or(r.model.as_deref());
         r.cost_micros = match self.prices.cost(&r.provider, model, &r.usage) {
@@ -241,7 +255,11 @@ impl Completion {
                 "request completed"
             );
         });
+        if wait {
+            return self.sink.commit(self.record);
+        }
         self.sink.send(self.record);
+        None
     }
 }
 
@@ -380,9 +398,19 @@ impl Finish {
 
 impl Drop for Finish {
     fn drop(&mut self) {
-        let Some(tracked) = self.tracked.take() else {
-            return;
-        };
+        self.complete(false);
+    }
+}
+
+impl Finish {
+    /// Completes the record now, on this thread; in `spool` durability returns what to wait on
+    /// before the answer may end.
+    fn commit(mut self) -> Option<Arc<Commit>> {
+        self.complete(true)
+    }
+
+    fn complete(&mut self, wait: bool) -> Option<Arc<Commit>> {
+        let tracked = self.tracked.take()?;
         let Tracked {
             completion,
             mut meter,
@@ -392,7 +420,7 @@ impl Drop for Finish {
         if let (Some(m), Some(last)) = (meter.as_mut(), &self.last) {
             m.feed(last);
         }
-        completion.finish(self.ending, self.ended, first_byte, bytes, meter);
+        completion.finish(self.ending, self.ended, first_byte, bytes, meter, wait)
     }
 }
 
@@ -403,6 +431,8 @@ pin_project! {
         inner: UpstreamBody,
         // Until the body ends (or is dropped).
         tracked: Option<Box<Tracked>>,
+        // In `spool` durability: the last frame (or the end), held until its record is on disk.
+        held: Option<Held>,
     }
 
     impl PinnedDrop for ObservedBody {
@@ -416,6 +446,12 @@ pin_project! {
     }
 }
 
+/// The end of an answer, held until its record is durable ([`crate::journal`]).
+struct Held {
+    frame: Option<Frame<Bytes>>,
+    commit: Arc<Commit>,
+}
+
 impl ObservedBody {
     /// `meter` reads usage from the frames; None when the answer cannot carry any we understand.
     pub fn new(inner: UpstreamBody, completion: Completion, meter: Option<Meter>) -> Self {
@@ -427,6 +463,7 @@ impl ObservedBody {
                 first_byte: None,
                 bytes: 0,
             })),
+            held: None,
         }
     }
 }
@@ -440,6 +477,12 @@ impl Body for ObservedBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let mut this = self.project();
+        if let Some(held) = this.held.as_mut() {
+            if held.commit.poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            return Poll::Ready(this.held.take().and_then(|h| h.frame).map(Ok));
+        }
         let polled = this.inner.as_mut().poll_frame(cx);
         let Some(t) = this.tracked.as_deref_mut() else {
             return polled;
@@ -469,13 +512,31 @@ impl Body for ObservedBody {
         if let Some(ending) = ending
             && let Some(tracked) = this.tracked.take()
         {
-            Finish::now(tracked, ending, last).later();
+            let durable = tracked.completion.sink.is_durable();
+            let finish = Finish::now(tracked, ending, last);
+            if !(durable && ending == Ending::Complete) {
+                finish.later();
+                return polled;
+            }
+            // The client must not see the end before the record is on disk: hold the last frame
+            // (or the end of the stream) until the journal says so.
+            if let Some(commit) = finish.commit() {
+                let frame = match polled {
+                    Poll::Ready(Some(Ok(frame))) => Some(frame),
+                    _ => None,
+                };
+                let held = this.held.insert(Held { frame, commit });
+                if held.commit.poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                return Poll::Ready(this.held.take().and_then(|h| h.frame).map(Ok));
+            }
         }
         polled
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.held.is_none() && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {

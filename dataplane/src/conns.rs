@@ -11,6 +11,10 @@
 //!   (hyper's own header timeout starts only once it knows the protocol). Afterwards hyper
 //!   applies the same timeout to every following HTTP/1.1 request head, which also closes a
 //!   kept-alive connection idle for that long.
+//! - **Idle timeout.** A connection that has served requests and has none in flight for the
+//!   same `header_timeout` is shut down gracefully by its task (checked by one timer per
+//!   connection, re-armed at most once per timeout). That is what closes an HTTP/2 connection
+//!   left open with no stream: hyper has no idle timeout for HTTP/2.
 //! - **A cap on open connections** (`max_connections`). A connection accepted at the cap makes
 //!   room by closing the connection that has been idle (no request in flight) the longest —
 //!   silent sockets first, since they have been idle since they were accepted — and an idle
@@ -114,6 +118,16 @@ impl ConnState {
 
     fn is_idle(&self) -> bool {
         self.in_flight.load(Ordering::Acquire) == 0
+    }
+
+    /// How long it has been without a request in flight; `None` while one is.
+    pub fn idle_for(&self) -> Option<Duration> {
+        if !self.is_idle() {
+            return None;
+        }
+        let since = self.idle_since_ms.load(Ordering::Relaxed);
+        let now = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        Some(Duration::from_millis(now.saturating_sub(since)))
     }
 
     /// Resolves when the connection is told to close.

@@ -16,6 +16,7 @@ pub mod edge;
 pub mod error;
 pub mod forward;
 pub mod hot_path;
+pub mod journal;
 pub mod keys;
 pub mod layers;
 pub mod metrics;

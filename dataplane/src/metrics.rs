@@ -31,6 +31,8 @@ struct Inner {
     spool_bytes: Gauge,
     budget_rules: Gauge,
     connections_closed: Family<Reason, Counter>,
+    records_lost_in_crash: Counter,
+    records_journal_replayed: Counter,
 }
 
 impl Default for Metrics {
@@ -75,11 +77,25 @@ impl Default for Metrics {
         let connections_closed = Family::<Reason, Counter>::default();
         registry.register(
             "connections_closed",
-            "Client connections the gateway closed itself, by reason (header_timeout: no request head in time; shed: idle the longest when the connection cap was reached; refused: at the cap with none idle)",
+            "Client connections the gateway closed itself, by reason (header_timeout: no request head in time; idle_timeout: no request in flight for the header timeout after serving some; shed: idle the longest when the connection cap was reached; refused: at the cap with none idle)",
             connections_closed.clone(),
+        );
+        let records_lost_in_crash = Counter::default();
+        registry.register(
+            "records_lost_in_crash",
+            "Request records the previous run of this dataplane had accepted and neither delivered nor spooled when it died (NM_RECORD_DURABILITY=memory), learned at start",
+            records_lost_in_crash.clone(),
+        );
+        let records_journal_replayed = Counter::default();
+        registry.register(
+            "records_journal_replayed",
+            "Request records a previous run journaled (NM_RECORD_DURABILITY=spool) and had not shipped when it ended (a crash, or a shipper stopped first), replayed at start",
+            records_journal_replayed.clone(),
         );
         Self {
             inner: Arc::new(Inner {
+                records_lost_in_crash,
+                records_journal_replayed,
                 connections_closed,
                 registry,
                 records_dropped,
@@ -125,6 +141,16 @@ impl Metrics {
         self.inner
             .budget_rules
             .set(i64::try_from(rules).unwrap_or(i64::MAX));
+    }
+
+    /// Records a crash of the previous run lost (see [`crate::journal`]).
+    pub fn records_lost_in_crash(&self, n: u64) {
+        self.inner.records_lost_in_crash.inc_by(n);
+    }
+
+    /// Records a previous run left in the journal, replayed.
+    pub fn records_journal_replayed(&self, n: u64) {
+        self.inner.records_journal_replayed.inc_by(n);
     }
 
     /// A client connection closed by the gateway (see [`crate::conns`]).

@@ -4,13 +4,15 @@
 //! a non-blocking `try_send`, so a slow or absent controlplane never slows a request. The root
 //! drains the queue ([`RecordQueue`]) and ships batches over gRPC. If the queue is full the record
 //! is dropped and counted (logged at each power of two, readable through
-//! [`RecordSink::dropped`]).
+//! [`RecordSink::dropped`]). What a crash can lose of them, and the mode that loses nothing:
+//! [`crate::journal`].
 
 use std::borrow::Cow;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
+use crate::journal::{Commit, Journal, Settler, Tally};
 use crate::metrics::Metrics;
 use tokio::sync::mpsc;
 use tracing::warn;
@@ -68,6 +70,9 @@ pub struct RecordSink {
     tx: mpsc::Sender<RequestRecord>,
     dropped: Arc<AtomicU64>,
     metrics: Metrics,
+    tally: Arc<Tally>,
+    /// Set once at start with `NM_RECORD_DURABILITY=spool` ([`crate::journal`]).
+    journal: Arc<OnceLock<Journal>>,
 }
 
 /// The consuming side, drained by the root's shipper.
@@ -81,14 +86,22 @@ pub fn record_queue(capacity: usize, metrics: Metrics) -> (RecordSink, RecordQue
             tx,
             dropped: Arc::default(),
             metrics,
+            tally: Arc::default(),
+            journal: Arc::default(),
         },
         rx,
     )
 }
 
 impl RecordSink {
-    /// Queues a record without waiting.
+    /// Queues a record without waiting (in `spool` durability, hands it to the journal, whose
+    /// thread queues it once it is on disk).
     pub fn send(&self, record: RequestRecord) {
+        if let Some(journal) = self.journal.get() {
+            self.tally.accept();
+            journal.submit(record, false);
+            return;
+        }
         if self.tx.try_send(record).is_err() {
             let n = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
             self.metrics.records_dropped("queue_full", 1);
@@ -98,11 +111,57 @@ impl RecordSink {
                     "request record queue full or closed; record dropped"
                 );
             }
+        } else {
+            self.tally.accept();
+        }
+    }
+
+    /// Whether records are journaled before an answer ends (`NM_RECORD_DURABILITY=spool`).
+    pub fn is_durable(&self) -> bool {
+        self.journal.get().is_some()
+    }
+
+    /// Like [`send`](Self::send); in `spool` durability the returned [`Commit`] resolves once
+    /// the record is on disk.
+    pub fn commit(&self, record: RequestRecord) -> Option<Arc<Commit>> {
+        match self.journal.get() {
+            Some(journal) => {
+                self.tally.accept();
+                journal.submit(record, true)
+            }
+            None => {
+                self.send(record);
+                None
+            }
         }
     }
 
     /// Records dropped so far because the queue was full or closed.
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// The shipper's handle for reporting records it is done with.
+    pub fn settler(&self) -> Settler {
+        Settler {
+            tally: self.tally.clone(),
+            journal: self.journal.clone(),
+        }
+    }
+
+    pub(crate) fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    pub(crate) fn tally(&self) -> Arc<Tally> {
+        self.tally.clone()
+    }
+
+    pub(crate) fn queue_sender(&self) -> mpsc::Sender<RequestRecord> {
+        self.tx.clone()
+    }
+
+    pub(crate) fn attach_journal(&self, journal: Journal) {
+        let _ = self.journal.set(journal);
     }
 }

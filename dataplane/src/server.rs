@@ -3,8 +3,8 @@
 //! `/health` turns 503, and in-flight requests and streams get up to the grace period to finish.
 //!
 //! Connections are served on the [`Workers`] (one single-threaded runtime per CPU), each
-//! connection wholly on one of them. How many may be open, how long a new one may stay silent,
-//! and which are closed at the cap: [`crate::conns`]. Accept failures (no file descriptor
+//! connection wholly on one of them. How many may be open, how long a new one may stay silent
+//! or a served one idle, and which are closed at the cap: [`crate::conns`]. Accept failures (no file descriptor
 //! left) are logged at most once a second.
 
 use std::future::Future;
@@ -105,6 +105,10 @@ pub async fn serve(
                         tokio::pin!(conn);
                         let first_head = tokio::time::sleep(limits.header_timeout);
                         tokio::pin!(first_head);
+                        // Once requests have come: the idle check (an HTTP/2 connection with no
+                        // open stream is otherwise kept for ever).
+                        let idle_check = tokio::time::sleep(limits.header_timeout);
+                        tokio::pin!(idle_check);
                         let (mut waiting_first, mut closing) = (true, false);
                         loop {
                             tokio::select! {
@@ -125,6 +129,20 @@ pub async fn serve(
                                         metrics.connection_closed("header_timeout");
                                         debug!(%peer, "connection closed: no request head within the header timeout");
                                         break;
+                                    }
+                                }
+                                () = &mut idle_check, if !waiting_first && !closing => {
+                                    let timeout = limits.header_timeout;
+                                    let now = tokio::time::Instant::now();
+                                    match registered.state.idle_for() {
+                                        Some(idle) if idle >= timeout => {
+                                            closing = true;
+                                            metrics.connection_closed("idle_timeout");
+                                            debug!(%peer, "connection closed: idle for the header timeout");
+                                            conn.as_mut().graceful_shutdown();
+                                        }
+                                        Some(idle) => idle_check.as_mut().reset(now + (timeout - idle)),
+                                        None => idle_check.as_mut().reset(now + timeout),
                                     }
                                 }
                                 () = registered.state.closing(), if !closing => {

@@ -358,6 +358,66 @@ impl Spool {
         Ok(())
     }
 
+    /// Consumes the `batches` oldest batches without reading their payloads, with one cursor
+    /// write for all: like that many `peek`s and `pop`s, for an owner that has the batches in
+    /// memory already (the record journal). Fewer are consumed when fewer are left. On error
+    /// nothing changes.
+    pub fn skip(&mut self, batches: u64) -> Result<(), SpoolError> {
+        use std::os::unix::fs::FileExt;
+        self.peeked = None;
+        let (mut done, mut offset, mut left) = (0, self.offset, batches);
+        // Batches and records consumed in the segment where reading stops.
+        let (mut in_front, mut in_front_records) = (0, 0);
+        while left > 0 {
+            let Some(segment) = self.segments.get(done) else {
+                break;
+            };
+            let path = segment_path(&self.dir, segment.seq);
+            let mut header = [0; FRAME_HEADER_BYTES as usize];
+            File::open(&path)
+                .and_then(|f| f.read_exact_at(&mut header, offset))
+                .map_err(io_err("read", &path))?;
+            if header[0] != FRAME_MAGIC || header[1] != FRAME_VERSION {
+                return Err(io_err("skip in", &path)(io::Error::other(
+                    "no frame where one was expected",
+                )));
+            }
+            let len = u32::from_le_bytes([header[2], header[3], header[4], header[5]]);
+            let records = u32::from_le_bytes([header[6], header[7], header[8], header[9]]);
+            offset += FRAME_HEADER_BYTES + u64::from(len);
+            (in_front, in_front_records) = (in_front + 1, in_front_records + u64::from(records));
+            left -= 1;
+            if offset >= segment.len {
+                (done, offset, in_front, in_front_records) = (done + 1, 0, 0, 0);
+            }
+        }
+        if done == 0 && in_front == 0 {
+            return Ok(());
+        }
+        let seq = self.segments.get(done).map_or(self.next_seq, |s| s.seq);
+        self.store_cursor(seq, offset, self.dropped_total)?;
+        for segment in self.segments.drain(..done) {
+            if self.reader.as_ref().is_some_and(|(s, _)| *s == segment.seq) {
+                self.reader = None;
+            }
+            let path = segment_path(&self.dir, segment.seq);
+            if let Err(e) = fs::remove_file(&path)
+                && e.kind() != io::ErrorKind::NotFound
+            {
+                warn!(segment = %path.display(), error = %e, "spool: cannot delete a segment");
+            }
+        }
+        self.offset = offset;
+        match self.segments.front_mut() {
+            Some(front) => {
+                front.batches -= in_front;
+                front.records -= in_front_records;
+            }
+            None => self.writer = None,
+        }
+        Ok(())
+    }
+
     pub fn is_empty(&self) -> bool {
         self.segments.is_empty()
     }
@@ -843,6 +903,31 @@ mod tests {
         let mut bytes = fs::read(path).unwrap();
         bytes[at as usize] ^= 0xFF;
         fs::write(path, bytes).unwrap();
+    }
+
+    #[test]
+    fn skip_consumes_across_segments_durably_and_appends_go_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spool = Spool::open(dir.path(), 4096).unwrap();
+        for id in 0..30 {
+            spool.append(&payload(id, 100), 2).unwrap();
+        }
+        assert!(segment_files(dir.path()).len() >= 3);
+        spool.skip(13).unwrap();
+        assert_eq!(spool.pending_batches(), 17);
+        assert_eq!(spool.pending_records(), 34);
+        spool.append(&payload(30, 100), 2).unwrap();
+        drop(spool);
+        // The skipped batches are not replayed; the rest are, in order.
+        let mut spool = Spool::open(dir.path(), 4096).unwrap();
+        assert_eq!(drain(&mut spool), (13..31).collect::<Vec<_>>());
+        // Skipping more than there is consumes everything and leaves no segment behind.
+        spool.append(&payload(31, 100), 1).unwrap();
+        spool.skip(5).unwrap();
+        assert!(spool.is_empty());
+        assert!(segment_files(dir.path()).is_empty());
+        spool.append(&payload(32, 100), 1).unwrap();
+        assert_eq!(drain(&mut spool), vec![32]);
     }
 
     #[test]

@@ -108,6 +108,8 @@ pub struct LinkTargets {
     pub spool: shipper::SharedSpool,
     /// Where records the controlplane refused for good are set aside.
     pub dead_letters: dead_letter::DeadLetters,
+    /// Told of every record the shipper is done with (crash ledger, journal).
+    pub settler: nm_dataplane::journal::Settler,
 }
 
 /// The dataplane's side of the link, running: the key and budget watchers and the record
@@ -150,6 +152,7 @@ impl Link {
             targets.spool,
             targets.dead_letters,
             targets.metrics,
+            targets.settler,
             stop_rx,
         ));
         Self {

@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use nm_dataplane::RecordQueue;
 use nm_dataplane::budget::Budgets;
+use nm_dataplane::journal::Settler;
 use nm_dataplane::metrics::Metrics;
 use nm_dataplane::spool::{Spool, SpoolError, SpooledBatch};
 use prost::Message;
@@ -131,7 +132,19 @@ fn chunks(records: &[RequestRecord]) -> Vec<&[RequestRecord]> {
     out
 }
 
-/// Drains `queue` until `stop` turns true and the queue is empty.
+/// A batch as the spool (and the record journal) stores it: the `IngestRequests` message.
+pub fn encode_batch(records: &[RequestRecord]) -> Vec<u8> {
+    let records = records.iter().map(record_to_pb).collect();
+    link_pb::IngestRequestsRequest { records }.encode_to_vec()
+}
+
+/// Drains `queue` until `stop` turns true and the queue is empty. Every record taken from it
+/// is reported to `settler` once it is delivered, refused for good, spooled or counted as lost
+/// (the crash ledger and the journal, `nm_dataplane::journal`).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the shipper's parts, named at its one call"
+)]
 pub async fn ship(
     port: Arc<dyn Port>,
     mut queue: RecordQueue,
@@ -139,6 +152,7 @@ pub async fn ship(
     spool: SharedSpool,
     dead_letters: DeadLetters,
     metrics: Metrics,
+    settler: Settler,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut shipper = Shipper {
@@ -193,6 +207,7 @@ pub async fn ship(
             take_queued(&mut queue, &mut batch);
         }
         let records = std::mem::replace(&mut batch, Vec::with_capacity(MAX_BATCH));
+        let n = records.len();
         if shipper.spool_empty() {
             if !shipper.send(&records).await {
                 shipper.append(records).await;
@@ -201,6 +216,7 @@ pub async fn ship(
             // Behind what is spooled already: keep the order.
             shipper.append(records).await;
         }
+        settler.settled(n);
     }
 
     // Shutting down: the server has drained, so the queue holds everything there will be.
@@ -218,8 +234,10 @@ pub async fn ship(
     while !batch.is_empty() {
         let rest = batch.split_off(batch.len().min(MAX_BATCH));
         let chunk = std::mem::replace(&mut batch, rest);
+        let n = chunk.len();
         if !shipper.spool_empty() || Instant::now() >= deadline {
             shipper.append(chunk).await;
+            settler.settled(n);
             continue;
         }
         // A send cut off by the deadline may still have been stored: spooling it too is
@@ -228,6 +246,7 @@ pub async fn ship(
             Ok(true) => {}
             Ok(false) | Err(_) => shipper.append(chunk).await,
         }
+        settler.settled(n);
     }
     let spooled = shipper.spool.with(Spool::pending_records);
     if spooled > 0 {
@@ -352,8 +371,7 @@ impl Shipper {
 
     async fn append(&mut self, records: Vec<RequestRecord>) {
         let n = records.len();
-        let records = records.iter().map(record_to_pb).collect();
-        let bytes = link_pb::IngestRequestsRequest { records }.encode_to_vec();
+        let bytes = encode_batch(&records);
         let count = u32::try_from(n).unwrap_or(u32::MAX);
         let dropped_before = self.spool.with(Spool::dropped_records);
         match self.spool.run(move |s| s.append(&bytes, count)).await {

@@ -6,6 +6,7 @@
     reason = "each test module uses a different part of the harness"
 )]
 
+pub mod child;
 pub mod gateway;
 pub mod http;
 pub mod mock;

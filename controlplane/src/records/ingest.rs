@@ -1,0 +1,255 @@
+//! The flow of one batch of records: checked one by one, new rows written by the database's
+//! row writer, then folded into `sessions`, the analytics rollups and `user_spend`, signals that
+//! came before their session re-attributed, all in one transaction.
+
+use std::collections::{HashMap, HashSet};
+
+use sea_orm::sea_query::Expr;
+use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, Statement, Value};
+use tracing::warn;
+
+use super::{InsertSql, RequestRecord, insert_new};
+use crate::analytics::rollup;
+use crate::budgets::{Budgets, SpendItem, add_to_rollup};
+use crate::error::Result;
+use crate::sql::{Sql, chunks_of, insert_values};
+use crate::store::Store;
+use crate::store::entity::{session, signal};
+
+/// What [`Records::ingest`] did with a batch.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct IngestOutcome {
+    /// Records stored for the first time.
+    pub stored: u32,
+    /// Records already stored (a resent batch).
+    pub duplicates: u32,
+    /// Records refused for breaking a rule: (index in the batch, the rule). A retry would not
+    /// help them; the dataplane sets them aside.
+    pub rejected: Vec<(usize, String)>,
+    /// The budget feed position that includes this batch's spend.
+    pub epoch: u64,
+    pub seq: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Records {
+    store: Store,
+    budgets: Budgets,
+    /// The batch INSERTs for this database (see [`super::row::insert_sql`]).
+    insert_sql: std::sync::Arc<InsertSql>,
+}
+
+impl Records {
+    pub fn new(store: Store, budgets: Budgets) -> Self {
+        let insert_sql = InsertSql::new(store.backend()).into();
+        Self {
+            store,
+            budgets,
+            insert_sql,
+        }
+    }
+
+    /// Stores a batch in one transaction. A record whose request id is already stored is skipped,
+    /// so a dataplane may resend a batch it is unsure about.
+    #[tracing::instrument(skip_all, fields(batch = batch.len()))]
+    pub async fn ingest(&self, batch: &[RequestRecord]) -> Result<IngestOutcome> {
+        let mut outcome = IngestOutcome::default();
+        let mut valid = Vec::with_capacity(batch.len());
+        for (i, record) in batch.iter().enumerate() {
+            match record.check() {
+                Ok(()) => valid.push(record),
+                Err(why) => {
+                    warn!(index = i, why, "request record rejected");
+                    outcome.rejected.push((i, why.to_owned()));
+                }
+            }
+        }
+        let txn = self.store.begin_write().await?;
+        let new_ids = insert_new(&txn, &self.insert_sql, &valid).await?;
+        let fresh: Vec<&RequestRecord> = valid
+            .iter()
+            .copied()
+            .filter(|r| new_ids.contains(&r.request_id))
+            .collect();
+        outcome.stored = u32::try_from(fresh.len()).unwrap_or(u32::MAX);
+        outcome.duplicates = u32::try_from(valid.len() - fresh.len()).unwrap_or(u32::MAX);
+        // Lock order (no deadlocks): the batch's sessions first, sorted by id, then their
+        // rollup rows, sorted too; a session's row guards its rollups against other batches.
+        let mut sessions = sessions_of(&fresh);
+        sessions.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        upsert_sessions(&txn, &sessions).await?;
+        rollup::add_requests(&txn, &fresh).await?;
+        // Signals rarely arrive before their session's first request: one probe for the batch
+        // finds the sessions that have such signals, and only those are re-attributed.
+        for session_id in awaiting_attribution(&txn, &sessions).await? {
+            if let Some(agent) = attribute_signals(&txn, &session_id).await? {
+                rollup::rebuild_session(&txn, &session_id, &agent).await?;
+            }
+        }
+        let spend: Vec<SpendItem> = fresh
+            .iter()
+            .filter_map(|r| {
+                Some(SpendItem {
+                    user_id: r.user_id.clone()?,
+                    started_at_ms: r.started_at_ms,
+                    micros: r.budget_micros?,
+                })
+            })
+            .collect();
+        add_to_rollup(&txn, &spend).await?;
+        txn.commit().await?;
+        (outcome.epoch, outcome.seq) = self.budgets.apply(&spend, crate::now_ms());
+        Ok(outcome)
+    }
+}
+
+/// What one batch says about a session.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct SessionSeen {
+    agent: Option<String>,
+    env: Option<String>,
+    user_id: Option<String>,
+    first_ms: i64,
+    last_ms: i64,
+    requests: i64,
+}
+
+/// Folds new records into one [`SessionSeen`] per session, in first-seen order.
+fn sessions_of(records: &[&RequestRecord]) -> Vec<(String, SessionSeen)> {
+    let mut out: Vec<(String, SessionSeen)> = Vec::new();
+    let mut index: HashMap<&str, usize> = HashMap::new();
+    for r in records {
+        let Some(id) = &r.session_id else { continue };
+        let i = *index.entry(id.as_str()).or_insert_with(|| {
+            let seen = SessionSeen {
+                first_ms: r.started_at_ms,
+                last_ms: r.started_at_ms,
+                ..Default::default()
+            };
+            out.push((id.as_str().to_owned(), seen));
+            out.len() - 1
+        });
+        let seen = &mut out[i].1;
+        seen.agent = seen.agent.take().or_else(|| r.agent.clone());
+        seen.env = seen
+            .env
+            .take()
+            .or_else(|| r.env.map(|e| e.as_str().to_owned()));
+        seen.user_id = seen.user_id.take().or_else(|| r.user_id.clone());
+        seen.first_ms = seen.first_ms.min(r.started_at_ms);
+        seen.last_ms = seen.last_ms.max(r.started_at_ms);
+        seen.requests += 1;
+    }
+    out
+}
+
+/// `sessions` columns, in the order [`upsert_sessions`] binds them.
+const SESSION_COLUMNS: [&str; 7] = [
+    "session_id",
+    "agent",
+    "env",
+    "user_id",
+    "first_seen_ms",
+    "last_seen_ms",
+    "request_count",
+];
+
+/// What an upsert does to a session already stored: the first agent, env and user seen stick,
+/// activity times widen, the request count grows.
+const SESSION_MERGE: &str = " ON CONFLICT (session_id) DO UPDATE SET \
+    agent = COALESCE(sessions.agent, excluded.agent), \
+    env = COALESCE(sessions.env, excluded.env), \
+    user_id = COALESCE(sessions.user_id, excluded.user_id), \
+    first_seen_ms = CASE WHEN excluded.first_seen_ms < sessions.first_seen_ms \
+        THEN excluded.first_seen_ms ELSE sessions.first_seen_ms END, \
+    last_seen_ms = CASE WHEN excluded.last_seen_ms > sessions.last_seen_ms \
+        THEN excluded.last_seen_ms ELSE sessions.last_seen_ms END, \
+    request_count = sessions.request_count + excluded.request_count";
+
+/// Adds a batch's requests to their sessions, a few multi-row statements for the whole batch
+/// (each session appears once in `sessions`, as one statement may not update a row twice).
+async fn upsert_sessions<C: ConnectionTrait>(
+    db: &C,
+    sessions: &[(String, SessionSeen)],
+) -> Result<()> {
+    let backend = db.get_database_backend();
+    for chunk in chunks_of(sessions) {
+        let size = chunk.len();
+        let mut sql = insert_values(backend, "sessions", &SESSION_COLUMNS, size);
+        sql.push_str(SESSION_MERGE);
+        let mut values = Vec::with_capacity(size * SESSION_COLUMNS.len());
+        for (id, seen) in chunk {
+            values.extend([
+                Value::String(Some(id.clone())),
+                Value::String(seen.agent.clone()),
+                Value::String(seen.env.clone()),
+                Value::String(seen.user_id.clone()),
+                Value::BigInt(Some(seen.first_ms)),
+                Value::BigInt(Some(seen.last_ms)),
+                Value::BigInt(Some(seen.requests)),
+            ]);
+        }
+        db.execute_raw(Statement::from_sql_and_values(backend, sql, values))
+            .await?;
+    }
+    Ok(())
+}
+
+/// The sessions among `sessions` with signals stored before the session was known (not yet
+/// attributed by it), in the order given.
+async fn awaiting_attribution<C: ConnectionTrait>(
+    db: &C,
+    sessions: &[(String, SessionSeen)],
+) -> Result<Vec<String>> {
+    let backend = db.get_database_backend();
+    let mut found = HashSet::new();
+    for chunk in chunks_of(sessions) {
+        let mut sql = Sql::new(
+            backend,
+            "SELECT DISTINCT session_id FROM signals WHERE attributed_by_session = ",
+        );
+        sql.bind(false).push(" AND session_id IN (");
+        for (i, (id, _)) in chunk.iter().enumerate() {
+            if i > 0 {
+                sql.push(", ");
+            }
+            sql.bind(id.clone());
+        }
+        sql.push(")");
+        for row in db.query_all_raw(sql.build()).await? {
+            found.insert(row.try_get::<String>("", "session_id")?);
+        }
+    }
+    Ok(sessions
+        .iter()
+        .filter(|(id, _)| found.contains(id))
+        .map(|(id, _)| id.clone())
+        .collect())
+}
+
+/// Gives signals that arrived before their session was known the session's agent, env and user.
+/// Returns the session's agent when signals were re-attributed to it (their rollups then need
+/// rebuilding).
+async fn attribute_signals<C: ConnectionTrait>(db: &C, session_id: &str) -> Result<Option<String>> {
+    let Some(s) = session::Entity::find_by_id(session_id.to_owned())
+        .one(db)
+        .await?
+    else {
+        return Ok(None);
+    };
+    if s.agent.is_none() && s.env.is_none() && s.user_id.is_none() {
+        return Ok(None);
+    }
+    let mut update = signal::Entity::update_many()
+        .col_expr(signal::Column::Env, Expr::value(s.env.clone()))
+        .col_expr(signal::Column::UserId, Expr::value(s.user_id.clone()))
+        .filter(signal::Column::SessionId.eq(session_id))
+        .filter(signal::Column::AttributedBySession.eq(false));
+    if let Some(agent) = &s.agent {
+        update = update
+            .col_expr(signal::Column::Agent, Expr::value(agent.clone()))
+            .col_expr(signal::Column::AttributedBySession, Expr::value(true));
+    }
+    let changed = update.exec(db).await?.rows_affected;
+    Ok(s.agent.filter(|_| changed > 0))
+}
