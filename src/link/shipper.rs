@@ -37,7 +37,7 @@ use tracing::{debug, error, info, warn};
 use nm_types::record::{RequestRecord, shorten_path};
 
 use super::dead_letter::DeadLetters;
-use super::{Ingested, LinkError, Port};
+use super::{Backoff, Ingested, LinkError, Port};
 use crate::grpc::convert::{record_from_pb, record_to_pb};
 use crate::grpc::link_pb;
 
@@ -52,8 +52,6 @@ pub const WARN_EVERY: Duration = Duration::from_secs(30);
 pub const LINGER: Duration = Duration::from_millis(50);
 /// How long shutdown tries to deliver the last records before spooling them.
 pub const FLUSH_DEADLINE: Duration = Duration::from_secs(10);
-const MIN_BACKOFF: Duration = Duration::from_millis(100);
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 /// The spool, shared with the blocking pool.
 #[derive(Debug, Clone)]
@@ -161,7 +159,7 @@ pub async fn ship(
         spool,
         dead_letters,
         metrics,
-        backoff: MIN_BACKOFF,
+        backoff: Backoff::default(),
         retry_at: Instant::now(),
         warned_at: None,
         quiet_failures: 0,
@@ -283,7 +281,7 @@ struct Shipper {
     spool: SharedSpool,
     dead_letters: DeadLetters,
     metrics: Metrics,
-    backoff: Duration,
+    backoff: Backoff,
     retry_at: Instant,
     /// When a delivery problem was last logged at WARN, and how many failures since then went
     /// unreported at that level.
@@ -409,7 +407,7 @@ impl Shipper {
         });
         self.budgets
             .delivered(budgeted, ingested.epoch, ingested.seq);
-        self.backoff = MIN_BACKOFF;
+        self.backoff.reset();
         self.retry_at = Instant::now();
     }
 
@@ -478,8 +476,7 @@ impl Shipper {
     }
 
     fn retry_later(&mut self) {
-        self.retry_at = Instant::now() + self.backoff;
-        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+        self.retry_at = Instant::now() + self.backoff.next_delay();
     }
 
     fn publish_spool_gauges(&self) {
