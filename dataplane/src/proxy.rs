@@ -93,7 +93,11 @@ pub async fn handle(
                 hold.settle(0);
                 record.budget_micros = Some(0);
             }
-            state.records.send(record);
+            // In `spool` durability the error is answered once its record is on disk, like
+            // any other answer's end.
+            if let Some(commit) = state.records.commit(record) {
+                std::future::poll_fn(|cx| commit.poll(cx)).await;
+            }
             Err(e)
         }
     }
