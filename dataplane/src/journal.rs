@@ -22,9 +22,9 @@
 //!   settled ([`Settler`]); the journal consumes that many records, in order, and advances its
 //!   cursor at most every [`SKIP_EVERY`] while busy. At start, what the journal still holds is
 //!   moved to the spool and replayed (`nm_records_journal_replayed_total`); a record
-//!   replayed although it was stored is stored once (keyed by request id). Records of answers
-//!   the gateway made itself (errors), and of answers cut short, are journaled at once, but no
-//!   client waits for them.
+//!   replayed although it was stored is stored once (keyed by request id). An error the gateway
+//!   makes itself is answered once its record is on disk (`proxy.rs`); the record of an answer
+//!   cut short is journaled at once, with no end left to hold back.
 //!
 //! The journal runs on a thread of its own: no runtime thread ever waits on the disk in either
 //! mode. It holds at most what the record queue holds plus the shipper's batch (it waits when
