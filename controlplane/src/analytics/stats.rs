@@ -57,21 +57,36 @@
 //! If `Cₙ` is a confidence sequence for a fixed rate, so is `C₁ ∩ … ∩ Cₙ` (the event "every `Cₙ`
 //! covers the rate" is the same for both; Howard et al. 2021): the intervals only shrink, so a
 //! claim, once the evidence supports it, is not taken back by the next batch's noise.
-//! [`Intersections`] keeps them per comparison across looks; the caller carries them only while the
-//! data only grows (`super::Analytics` stores them with the answer and drops them once sessions
-//! leave the window, see the guarantee below). An empty intersection means the sessions no longer
-//! behave like the earlier ones: that comparison restarts from the current look.
+//! [`Intersections`] keeps them per comparison across looks; the caller carries them only while
+//! the data only grows (within one stretch of the agent's life, below). An empty intersection
+//! means the sessions no longer behave like the earlier ones: that comparison restarts from the
+//! current look.
 //!
-//! # The guarantee
+//! # The guarantee: the whole life of an agent
 //!
-//! For one agent and one rule, over the looks at a set of sessions that only grows (the window
-//! before any session has left it: the agent's first 30 days; for the trend, this calendar week
-//! against the last), the probability that any look, at any schedule, shows a false claim is at
-//! most [`FAMILY_ALPHA`] (exactly for levels, by simulation for differences). Once sessions leave
-//! the window, every answer is still an anytime-valid 95% statement about the sessions in its
-//! window, but later windows are different samples: the bound is per stretch of growing data,
-//! not for the agent's whole life (a steady agent with equal models, looked at every 2 hours:
-//! 1.9% in its first 30 days, then 2.2–2.5% for each further 30; `bench/README.md`).
+//! A confidence sequence is valid over one sample that only grows. An agent's recommendations
+//! follow its recent sessions, so `super::periods_at` cuts its life into *stretches* in which
+//! the sessions compared only grow: for the window's rules its first 60 days, then each further
+//! 30 days (the window starting 30 days before the stretch); for the trend, each calendar week
+//! (this week so far against the last). Stretch `k` (counted from the agent's first signal,
+//! which is stored with the answer and never moves) spends `6/(π² k²)` of [`FAMILY_ALPHA`]
+//! ([`stretch_share`]; [`Intersections::spending`]): 60.8% in the first, 15.2% in the second,
+//! 6.8% in the third. The shares sum to 1 (`Σ 1/k² = π²/6`), so by a union bound over the
+//! stretches:
+//!
+//! > for one agent and one rule, over the agent's whole life, with a recompute at any schedule
+//! > (even one chosen by looking at the answers), the probability that any look shows a false
+//! > claim is at most 5%
+//!
+//! (exact for the level rules, which rest on one sequence each; for the differences, as exact
+//! as their combination, checked by simulation in `simulate.rs`: 18 and 48 looks on every
+//! rule's null situation, and whole lives of 180 days looked at up to three times a day). A
+//! false claim is one about the sessions its look compares: equal models that stay equal.
+//! The price: a later stretch decides at a stricter level (stretch 2 at 0.76%, stretch 10 at
+//! 0.03%), so it needs more sessions for the same effect; since its window starts with 30 days
+//! of sessions, an effect that is there is usually still shown (`bench/README.md` has the
+//! figures). Without the spending, each stretch would spend the whole 5% and a year of
+//! recomputes would show a false best model to about one equal-models agent in five.
 //!
 //! Each decision returns its [`Evidence`] (counts, rates, intervals, the difference, the
 //! always-valid p-value and the Bayesian probability that one arm is better), so a
@@ -293,6 +308,19 @@ pub fn bonferroni_z(comparisons: u32) -> f64 {
 /// The per-comparison two-sided level: `FAMILY_ALPHA / m` (`m` of 0 counts as 1).
 pub fn bonferroni_alpha(comparisons: u32) -> f64 {
     FAMILY_ALPHA / f64::from(comparisons.max(1))
+}
+
+/// The share of the family level that stretch `k` (1, 2, …) of an agent's life may spend:
+/// `6 / (π² k²)`, which sums to 1 over all stretches (`Σ 1/k² = π²/6`), so the chance of a
+/// false claim in *any* stretch of the agent's life is at most [`FAMILY_ALPHA`]: 60.8% of it for
+/// the first stretch, 15.2% for the second, 6.8% for the third (see the module doc). Stretch
+/// 0 spends nothing (a stretch with no data to compare: the trend in the agent's first week).
+pub fn stretch_share(k: u64) -> f64 {
+    if k == 0 {
+        return 0.0;
+    }
+    let k = k as f64;
+    6.0 / (std::f64::consts::PI * std::f64::consts::PI * k * k)
 }
 
 // === fixed-sample intervals (one look) ===
@@ -574,20 +602,23 @@ pub fn level_p_value(p: Proportion, level: f64) -> f64 {
 // === impl Intersections ===
 
 /// The running intersection of the confidence sequences of the comparisons made, by key (see
-/// the module doc): the intervals earlier looks kept, and the ones this look meets.
+/// the module doc): the intervals earlier looks kept, and the ones this look meets; and the
+/// share of [`FAMILY_ALPHA`] each key's stretch may spend.
 ///
-/// A key names one comparison at one level (say `window|best|success|model|a|b|m1`); the caller
-/// keeps the same key for the same comparison, oriented the same way, and carries the intervals
-/// only while the sessions compared only grow. Keys not met at this look are not carried
-/// further.
+/// A key names one comparison at one level in one stretch (say
+/// `window1795392000000|best|success|model|a|b|m1`); the caller keeps the same key for the same
+/// comparison, oriented the same way, and carries the intervals only while the sessions compared
+/// only grow. Keys not met at this look are not carried further.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Intersections {
     earlier: BTreeMap<String, Interval>,
     met: BTreeMap<String, Interval>,
+    /// Key prefix → share of the family level (see [`Intersections::spending`]).
+    shares: BTreeMap<String, f64>,
 }
 
 impl Intersections {
-    /// No earlier look: every interval is this look's own.
+    /// No earlier look: every interval is this look's own, at the whole family level.
     pub fn fresh() -> Self {
         Self::default()
     }
@@ -596,8 +627,30 @@ impl Intersections {
     pub fn carried(earlier: BTreeMap<String, Interval>) -> Self {
         Self {
             earlier,
-            met: BTreeMap::new(),
+            ..Self::default()
         }
+    }
+
+    /// The comparisons whose keys start with `prefix` spend `share` (in `[0, 1]`) of the family
+    /// level: their stretch's share of the agent's whole-life budget ([`stretch_share`]). Keys
+    /// under no prefix spend all of it (one stretch: the tests of one growing sample).
+    #[must_use]
+    pub fn spending(mut self, prefix: &str, share: f64) -> Self {
+        self.shares.insert(prefix.to_owned(), share.clamp(0.0, 1.0));
+        self
+    }
+
+    /// The two-sided level of the comparison under `key`, one of `comparisons` of its question:
+    /// `FAMILY_ALPHA · share / m`, the share of the longest prefix of `key` given to
+    /// [`Intersections::spending`] (1 when none is).
+    pub fn alpha(&self, key: &str, comparisons: u32) -> f64 {
+        let share = self
+            .shares
+            .iter()
+            .filter(|(prefix, _)| key.starts_with(prefix.as_str()))
+            .max_by_key(|(prefix, _)| prefix.len())
+            .map_or(1.0, |(_, share)| *share);
+        bonferroni_alpha(comparisons) * share
     }
 
     /// This look's interval for `key` intersected with the earlier looks'. When they do not
@@ -724,8 +777,9 @@ pub struct Evidence {
     /// Anytime-valid interval of the difference at [`Evidence::confidence`]: the running
     /// intersection over the looks at this growing set of sessions.
     pub difference_interval: Interval,
-    /// Confidence of each interval here, Bonferroni-adjusted: `1 − FAMILY_ALPHA / comparisons`
-    /// (so `1 − FAMILY_ALPHA` family-wise), valid at every look at once.
+    /// Confidence of each interval here, Bonferroni-adjusted and at the stretch's share:
+    /// `1 − FAMILY_ALPHA · share / comparisons` (so `1 − FAMILY_ALPHA` family-wise over the
+    /// agent's life), valid at every look at once.
     pub confidence: f64,
     /// Comparisons made for the same question (the Bonferroni `m`).
     pub comparisons: u32,
@@ -736,17 +790,17 @@ pub struct Evidence {
     pub prob_b_greater: f64,
 }
 
-/// The evidence comparing `b` with `a` at the confidence adjusted for `comparisons`, with the
-/// (intersected) difference interval `difference_interval`; the p-value is that of the
-/// difference `null`.
+/// The evidence comparing `b` with `a` at level `1 − alpha` (the family level split over the
+/// `comparisons` and the stretch, see [`Intersections::alpha`]), with the (intersected)
+/// difference interval `difference_interval`; the p-value is that of the difference `null`.
 pub fn evidence(
     a: Proportion,
     b: Proportion,
     comparisons: u32,
+    alpha: f64,
     difference_interval: Interval,
     null: f64,
 ) -> Evidence {
-    let alpha = bonferroni_alpha(comparisons);
     let arm = |p: Proportion| ArmEvidence {
         successes: p.successes,
         n: p.n,
@@ -795,10 +849,8 @@ fn met_difference(
     key: &str,
     run: &mut Intersections,
 ) -> Interval {
-    run.meet(
-        key,
-        difference_interval(a, b, bonferroni_alpha(comparisons)),
-    )
+    let alpha = run.alpha(key, comparisons);
+    run.meet(key, difference_interval(a, b, alpha))
 }
 
 /// The direction the interval `i` of `rate(b) − rate(a)` supports, when the estimate agrees
@@ -832,7 +884,14 @@ pub fn differs(
     let direction = direction_of(interval, b.rate() - a.rate())?;
     Some(Shift {
         direction,
-        evidence: evidence(a, b, comparisons, interval, 0.0),
+        evidence: evidence(
+            a,
+            b,
+            comparisons,
+            run.alpha(key, comparisons),
+            interval,
+            0.0,
+        ),
     })
 }
 
@@ -898,7 +957,7 @@ pub fn best_arm(arms: &[(&str, Proportion)], key: &str, run: &mut Intersections)
             } else {
                 (j, i)
             };
-            let pair_key = format!("{key}|{}|{}|m{comparisons}", arms[lo].0, arms[hi].0);
+            let pair_key = pair_key(key, arms[lo].0, arms[hi].0, comparisons);
             let met = met_difference(arms[lo].1, arms[hi].1, comparisons, &pair_key, run);
             above.insert((lo, hi), met);
             above.insert(
@@ -923,9 +982,27 @@ pub fn best_arm(arms: &[(&str, Proportion)], key: &str, run: &mut Intersections)
         .map(|&i| {
             let interval = *above.get(&(i, leader))?;
             let difference = arms[leader].1.rate() - arms[i].1.rate();
-            (direction_of(interval, difference) == Some(Direction::Higher)).then(|| Beaten {
-                arm: i,
-                evidence: evidence(arms[i].1, arms[leader].1, comparisons, interval, 0.0),
+            (direction_of(interval, difference) == Some(Direction::Higher)).then(|| {
+                let (lo, hi) = if arms[i].0 <= arms[leader].0 {
+                    (i, leader)
+                } else {
+                    (leader, i)
+                };
+                let alpha = run.alpha(
+                    &pair_key(key, arms[lo].0, arms[hi].0, comparisons),
+                    comparisons,
+                );
+                Beaten {
+                    arm: i,
+                    evidence: evidence(
+                        arms[i].1,
+                        arms[leader].1,
+                        comparisons,
+                        alpha,
+                        interval,
+                        0.0,
+                    ),
+                }
             })
         })
         .collect::<Option<Vec<_>>>()?;
@@ -934,6 +1011,11 @@ pub fn best_arm(arms: &[(&str, Proportion)], key: &str, run: &mut Intersections)
         comparisons,
         against,
     })
+}
+
+/// The key of the comparison of the arms labelled `lo` and `hi` (in order) in [`best_arm`].
+fn pair_key(key: &str, lo: &str, hi: &str, comparisons: u32) -> String {
+    format!("{key}|{lo}|{hi}|m{comparisons}")
 }
 
 /// Whether `candidate` (say, a cheaper model) performs as well as `reference`: its rate is not
@@ -963,6 +1045,7 @@ pub fn performs_as_well(
             reference,
             candidate,
             comparisons,
+            run.alpha(key, comparisons),
             interval,
             -NON_INFERIORITY_MARGIN,
         )
@@ -1011,7 +1094,7 @@ pub fn exceeds(
         run.carry(key);
         return None;
     }
-    let alpha = bonferroni_alpha(comparisons);
+    let alpha = run.alpha(key, comparisons);
     let interval = run.meet(key, p.sequence(alpha));
     (interval.lower > level && p.rate() > level).then(|| AboveLevel {
         arm: ArmEvidence {
