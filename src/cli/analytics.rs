@@ -278,12 +278,21 @@ fn evidence_line(e: &EvidenceItem) -> String {
         s.push_str(&format!(" vs {}", arm(b)));
     }
     if let (Some(d), Some(i)) = (e.difference, e.difference_interval) {
-        s.push_str(&format!(
-            "; difference {:+.1} pts [{:+.1}, {:+.1}]",
-            d * 100.0,
-            i.lower * 100.0,
-            i.upper * 100.0
-        ));
+        if i.upper >= 1.0 {
+            // A one-sided bound (a claim with its direction fixed in advance).
+            s.push_str(&format!(
+                "; difference {:+.1} pts, at least {:+.1}",
+                d * 100.0,
+                i.lower * 100.0
+            ));
+        } else {
+            s.push_str(&format!(
+                "; difference {:+.1} pts [{:+.1}, {:+.1}]",
+                d * 100.0,
+                i.lower * 100.0,
+                i.upper * 100.0
+            ));
+        }
     }
     if let Some(level) = e.level {
         s.push_str(&format!("; level {}", pct(level)));

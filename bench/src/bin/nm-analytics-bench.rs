@@ -26,8 +26,9 @@
 //!
 //! `--power` measures the statistics instead, on simulated counts (no database; see
 //! `analytics::simulate`): the false claims at any look for every rule, the sessions to the
-//! first correct `best_model` before and after the anytime-valid intervals, and a steady agent
-//! past its first 30 days. `--agents` (default 4,000) per row; Markdown tables on stdout.
+//! first correct `best_model` before and after the anytime-valid intervals, the price of each
+//! stretch's share of the 5%, and whole lives of agents (a year, looked at up to 12 times a
+//! day). `--agents` (default 4,000) per row; Markdown tables on stdout.
 
 use nm_bench::{DatabaseArgs, ScratchPg};
 use std::io::Write;

@@ -380,37 +380,63 @@ async fn a_better_model_is_named_and_kept_across_recomputes() {
     assert!(first.iter().all(Option::is_some), "{first:?}");
 }
 
-/// The stored intervals are carried while every session of the agent is in the window, and
-/// dropped (the window's, not this week's) once the first ones have left it.
+/// The stored intervals are carried within a stretch of the agent's life (its first 60 days,
+/// though the sessions of day 1 are then more than 30 days old), and dropped once the next
+/// stretch starts; the origin the stretches count from is stored with them and never moves.
 #[tokio::test]
-async fn intervals_are_carried_only_while_the_window_only_grows() {
+async fn intervals_are_carried_within_a_stretch_only() {
     let (_dir, store) = store().await;
     let analytics = Analytics::new(store.clone());
     add_batch(&store, "win", 1, (0.5, 0.7), 400, 1, NOW).await;
     analytics.recompute_at("win-0", NOW).await.unwrap();
+    let first = analytics
+        .stored_with_sequences("win-0")
+        .await
+        .unwrap()
+        .unwrap();
+    let origin = first.origin_ms.unwrap();
+    assert_eq!(Some(origin), first.report.progress.first_signal_ms);
+    let window = recommend::window_keys(origin);
+    assert!(
+        first.sequences.keys().any(|k| k.starts_with(&window)),
+        "{:?}",
+        first.sequences
+    );
+    // 31 days on: still stretch 1, the window still starts at the origin and the intervals
+    // are met with the earlier ones (never wider).
+    let later = NOW + 31 * DAY_MS;
+    add_batch(&store, "win", 1, (0.5, 0.7), 400, 2, later).await;
+    let r = analytics.recompute_at("win-0", later).await.unwrap();
+    assert_eq!(r.window.since_ms, origin);
     let kept = analytics
         .stored_with_sequences("win-0")
         .await
         .unwrap()
-        .unwrap()
-        .sequences;
-    assert!(
-        kept.keys().any(|k| k.starts_with(recommend::WINDOW_KEYS)),
-        "{kept:?}"
-    );
-    // 31 days on, the first sessions have left the window: a new look stands on its own, and
-    // what it stores is its own intervals (met with nothing earlier).
-    let later = NOW + 31 * DAY_MS;
-    add_batch(&store, "win", 1, (0.5, 0.7), 400, 2, later).await;
-    let periods = periods_at(later);
-    let r = analytics.recompute_at("win-0", later).await.unwrap();
-    assert!(
-        r.progress
-            .first_signal_ms
-            .is_some_and(|f| f < periods.window.since_ms)
-    );
+        .unwrap();
+    for (key, i) in &first.sequences {
+        if key.starts_with(&window) {
+            let j = kept.sequences[key];
+            assert!(
+                j.lower >= i.lower - 1e-12 && j.upper <= i.upper + 1e-12,
+                "{key}"
+            );
+        }
+    }
+    // 61 days on, stretch 2: the window starts 30 days after the origin, and a look stands on
+    // its own (what it stores is its own intervals, met with nothing earlier).
+    let last = NOW + 61 * DAY_MS;
+    add_batch(&store, "win", 1, (0.5, 0.7), 400, 3, last).await;
+    let r = analytics.recompute_at("win-0", last).await.unwrap();
+    assert_eq!(r.window.since_ms, origin + 30 * DAY_MS);
     let fresh = analytics
-        .compute_from("win-0", later, BTreeMap::new())
+        .compute_from(
+            "win-0",
+            last,
+            Earlier {
+                sequences: BTreeMap::new(),
+                origin_ms: Some(origin),
+            },
+        )
         .await
         .unwrap();
     let stored = analytics
@@ -418,10 +444,17 @@ async fn intervals_are_carried_only_while_the_window_only_grows() {
         .await
         .unwrap()
         .unwrap();
+    assert_eq!(stored.origin_ms, Some(origin));
     // The same intervals (up to the JSON's last digit).
     assert_eq!(
         stored.sequences.keys().collect::<Vec<_>>(),
         fresh.sequences.keys().collect::<Vec<_>>()
+    );
+    assert!(
+        stored
+            .sequences
+            .keys()
+            .all(|k| !k.starts_with(&window) && !k.starts_with("window|"))
     );
     for (key, i) in &stored.sequences {
         let j = fresh.sequences[key];

@@ -20,13 +20,17 @@
 //! answer (a primary-key lookup), computing it first when there is none, or when the stored one
 //! is still collecting (cheap: two indexed counts), so progress is always current.
 //!
-//! A stored answer also keeps, per comparison, the running intersection of its confidence
-//! sequence ([`stats::Intersections`]), so a claim does not come and go with each batch. The
-//! next computation carries them only while they are still about the same, grown, sessions:
-//! the window's comparisons while the agent's first signal is still inside the window (no
-//! session has left it), the trend's for the same calendar week. Once sessions leave the
-//! window, each look stands on its own window (intersecting across different samples would
-//! freeze old evidence in place, when the window is there to follow change).
+//! An agent's life is cut into stretches in which the data only grows (see [`periods_at`]):
+//! for the window's comparisons, its first 60 days, then each further 30 days (the window then
+//! starts 30 days before the stretch, so it holds 30 to 60 days); for the trend, each calendar
+//! week. A stored answer keeps, per comparison, the running intersection of its confidence
+//! sequence in the current stretch ([`stats::Intersections`]), so a claim does not come and go
+//! with each batch, and the agent's origin (its first signal), from which the stretches are
+//! counted. Stretch `k` spends `6/(π² k²)` of the 5% ([`stats::stretch_share`]): the shares
+//! sum to 1, so over the whole life of an agent, whatever the schedule of recomputes, the chance
+//! of ever showing a false claim is at most 5% per rule. A new stretch starts its
+//! intersections afresh (intersecting across different samples would freeze old evidence in
+//! place, when the window is there to follow change).
 
 pub mod outcome;
 pub mod query;
@@ -58,7 +62,10 @@ use crate::store::Store;
 use crate::store::entity::analytics_result;
 
 pub const DAY_MS: i64 = 86_400_000;
-/// Days of data the recommendations rest on (ending at the computation).
+/// Length of a stretch of an agent's life: the recommendations rest on the sessions of the
+/// current stretch and the one before (see [`periods_at`]), so on 30 to 60 days of data
+/// (the first 60 days of the agent's life, all of it). Also the default range of outcome
+/// queries.
 pub const WINDOW_DAYS: i64 = 30;
 /// Length of each of the two trend periods: this calendar week so far (UTC, from Monday)
 /// against the last.
@@ -69,16 +76,29 @@ pub const RATE_WINDOW_DAYS: i64 = 7;
 /// Default interval of the scheduled recomputation.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(600);
 
-/// What `analytics_results.report` holds: the answer, and the intervals the rules keep from
-/// look to look, which stay in the controlplane (the gRPC answer has no place for them).
+/// What `analytics_results.report` holds: the answer, and what the rules keep from look to
+/// look, which stays in the controlplane (the gRPC answer has no place for it).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct Stored {
     #[serde(flatten)]
     report: AgentAnalytics,
     /// The running intersection of each comparison's confidence sequence at this look, by key
-    /// (see [`recommend::WINDOW_KEYS`]); absent from answers stored before there were any.
+    /// (see [`recommend::window_keys`]); absent from answers stored before there were any.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     sequences: BTreeMap<String, Interval>,
+    /// The start of the agent's life: its first signal when it was first stored. The stretches
+    /// (and so the share of the level each may spend) count from it, and it never moves, so
+    /// no stretch's share is spent twice. Absent from answers stored before it was kept: the
+    /// first signal then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    origin_ms: Option<i64>,
+}
+
+/// What a look carries from the stored answer: the intervals kept and the agent's origin.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Earlier {
+    sequences: BTreeMap<String, Interval>,
+    origin_ms: Option<i64>,
 }
 
 /// The start (Monday 00:00 UTC) of the calendar week holding `ms`.
@@ -88,12 +108,37 @@ pub fn week_start_ms(ms: i64) -> i64 {
     (day - (day + 3).rem_euclid(7)) * DAY_MS
 }
 
-/// The window and trend periods of a computation at `now_ms`.
-pub fn periods_at(now_ms: i64) -> query::Periods {
+/// Which stretch of its life an agent born at `origin_ms` is in at `now_ms`, for the window's
+/// comparisons: 1 in its first 60 days, then `k` from `k` × 30 days of age to `k + 1` × 30 days.
+pub fn window_stretch(now_ms: i64, origin_ms: i64) -> u64 {
+    let age = now_ms.saturating_sub(origin_ms).max(0);
+    u64::try_from(age / (WINDOW_DAYS * DAY_MS))
+        .unwrap_or(0)
+        .max(1)
+}
+
+/// Which stretch of its life an agent born at `origin_ms` is in at `now_ms`, for the trend:
+/// the calendar weeks since the one holding the origin (0 in that week, when there is no
+/// earlier week to compare with).
+pub fn week_stretch(now_ms: i64, origin_ms: i64) -> u64 {
+    let weeks = (week_start_ms(now_ms) - week_start_ms(origin_ms)) / (TREND_DAYS * DAY_MS);
+    u64::try_from(weeks).unwrap_or(0)
+}
+
+/// The window and trend periods of a computation at `now_ms` for an agent born at `origin_ms`.
+///
+/// The window only grows within a stretch, so each stretch's confidence sequences stay valid
+/// at every look in it: in stretch 1 (the first 60 days) it starts at the origin; in stretch
+/// `k ≥ 2` (from `k` × 30 days of age) it starts at the beginning of stretch `k − 1`, so it
+/// holds 30 to 60 days. The trend compares this calendar week (UTC, from Monday), which only
+/// grows, with the last.
+pub fn periods_at(now_ms: i64, origin_ms: i64) -> query::Periods {
     let recent_since = week_start_ms(now_ms);
+    let k = i64::try_from(window_stretch(now_ms, origin_ms)).unwrap_or(i64::MAX);
+    let since_ms = origin_ms.saturating_add((k - 1).saturating_mul(WINDOW_DAYS * DAY_MS));
     query::Periods {
         window: Window {
-            since_ms: now_ms - WINDOW_DAYS * DAY_MS,
+            since_ms: since_ms.min(now_ms),
             until_ms: now_ms,
         },
         recent_since,
@@ -101,22 +146,26 @@ pub fn periods_at(now_ms: i64) -> query::Periods {
     }
 }
 
-/// The intervals of an earlier look that still apply at this one: the window's while the
-/// agent's first signal is inside the window (every session ever is in it, so the sessions only
-/// grew), this week's trend keys always (last week is fixed, this week only grows).
+/// The intervals of an earlier look that still apply at this one (the window's, in the same
+/// stretch; this week's trend), and each stretch's share of the family level
+/// ([`stats::stretch_share`]): over the agent's whole life the shares sum to at most 1, so the
+/// chance of a false claim at any look in any stretch is at most [`stats::FAMILY_ALPHA`] per
+/// rule.
 fn carried(
     mut earlier: BTreeMap<String, Interval>,
-    progress: &Progress,
     periods: &query::Periods,
+    origin_ms: i64,
 ) -> Intersections {
-    let whole = progress
-        .first_signal_ms
-        .is_some_and(|first| first >= periods.window.since_ms);
+    let window = recommend::window_keys(periods.window.since_ms);
     let week = recommend::week_keys(periods.recent_since);
-    earlier.retain(|key, _| {
-        key.starts_with(&week) || (whole && key.starts_with(recommend::WINDOW_KEYS))
-    });
+    earlier.retain(|key, _| key.starts_with(&week) || key.starts_with(&window));
+    let now_ms = periods.window.until_ms;
     Intersections::carried(earlier)
+        .spending(
+            &window,
+            stats::stretch_share(window_stretch(now_ms, origin_ms)),
+        )
+        .spending(&week, stats::stretch_share(week_stretch(now_ms, origin_ms)))
 }
 
 /// Analytics over the controlplane's database. Cheap to clone.
@@ -166,24 +215,21 @@ impl Analytics {
     /// from an earlier look; not stored).
     pub async fn compute(&self, agent: &str, now_ms: i64) -> Result<AgentAnalytics> {
         Ok(self
-            .compute_from(agent, now_ms, BTreeMap::new())
+            .compute_from(agent, now_ms, Earlier::default())
             .await?
             .report)
     }
 
     /// Computes an agent's analytics at `now_ms`, meeting each comparison's interval with
-    /// those of `earlier` that still apply (see [`carried`]).
+    /// those of `earlier` that still apply, in the stretch of the agent's life that `now_ms` is
+    /// in (see [`carried`]).
     #[tracing::instrument(skip_all, fields(nm.agent = %agent, status = tracing::field::Empty, recommendations = tracing::field::Empty))]
-    async fn compute_from(
-        &self,
-        agent: &str,
-        now_ms: i64,
-        earlier: BTreeMap<String, Interval>,
-    ) -> Result<Stored> {
+    async fn compute_from(&self, agent: &str, now_ms: i64, earlier: Earlier) -> Result<Stored> {
         let agent = nm_types::parse_agent(agent)
             .map_err(|e| Error::InvalidArgument(format!("agent: {e}")))?;
         let progress = self.progress(&agent, now_ms).await?;
-        let periods = periods_at(now_ms);
+        let origin_ms = earlier.origin_ms.or(progress.first_signal_ms);
+        let periods = periods_at(now_ms, origin_ms.unwrap_or(now_ms));
         let window = periods.window;
         let span = tracing::Span::current();
         if progress.signals < RECOMMENDATION_THRESHOLD {
@@ -200,10 +246,11 @@ impl Analytics {
                     recommendations: Vec::new(),
                 },
                 sequences: BTreeMap::new(),
+                origin_ms,
             });
         }
         let aggregates = query::aggregates(&self.store, &agent, periods).await?;
-        let mut run = carried(earlier, &progress, &periods);
+        let mut run = carried(earlier.sequences, &periods, origin_ms.unwrap_or(now_ms));
         let recommendations = recommend::recommend(&aggregates, &periods, &mut run);
         span.record("status", "ready");
         span.record("recommendations", recommendations.len());
@@ -219,6 +266,7 @@ impl Analytics {
                 recommendations,
             },
             sequences: run.into_met(),
+            origin_ms,
         })
     }
 
@@ -236,7 +284,10 @@ impl Analytics {
         let earlier = self
             .stored_with_sequences(&agent)
             .await?
-            .map(|s| s.sequences)
+            .map(|s| Earlier {
+                sequences: s.sequences,
+                origin_ms: s.origin_ms,
+            })
             .unwrap_or_default();
         let stored = self.compute_from(&agent, now_ms, earlier).await?;
         if stored.report.progress.signals > 0 {
@@ -318,6 +369,7 @@ impl Analytics {
         self.save_stored(&Stored {
             report: r.clone(),
             sequences: BTreeMap::new(),
+            origin_ms: r.progress.first_signal_ms,
         })
         .await
     }
@@ -478,24 +530,64 @@ mod tests {
         assert_eq!(week_start_ms(monday + 7 * DAY_MS - 1), monday);
         assert_eq!(week_start_ms(monday - 1), monday - 7 * DAY_MS);
         assert_eq!(week_start_ms(0), -3 * DAY_MS);
-        let p = periods_at(monday + DAY_MS);
+        let p = periods_at(monday + DAY_MS, monday - 90 * DAY_MS);
         assert_eq!(
             (p.recent_since, p.previous_since),
             (monday, monday - 7 * DAY_MS)
         );
-        assert_eq!(p.window.until_ms - p.window.since_ms, WINDOW_DAYS * DAY_MS);
     }
 
     #[test]
-    fn intervals_are_carried_while_they_are_about_the_same_sessions() {
-        let periods = periods_at(NOW);
+    fn the_window_grows_within_each_stretch() {
+        let origin = NOW;
+        let at = |days: i64, ms: i64| periods_at(origin + days * DAY_MS + ms, origin).window;
+        // The first 60 days: everything since the origin, stretch 1.
+        for days in [0, 1, 29, 30, 59] {
+            assert_eq!(at(days, 0).since_ms, origin, "day {days}");
+            assert_eq!(window_stretch(origin + days * DAY_MS, origin), 1);
+        }
+        assert_eq!(at(59, DAY_MS - 1).since_ms, origin);
+        // Then stretch k from k × 30 days, the window starting 30 days before it.
+        for k in 2..6 {
+            let start = origin + k * 30 * DAY_MS;
+            assert_eq!(window_stretch(start, origin), k as u64);
+            assert_eq!(window_stretch(start - 1, origin), (k - 1).max(1) as u64);
+            for ms in [0, DAY_MS, 30 * DAY_MS - 1] {
+                let w = periods_at(start + ms, origin).window;
+                assert_eq!(w.since_ms, start - 30 * DAY_MS, "stretch {k}");
+                let days = (w.until_ms - w.since_ms) as f64 / DAY_MS as f64;
+                assert!((30.0..60.0).contains(&days), "{days}");
+            }
+        }
+        // A clock before the origin stays in stretch 1 with an empty window.
+        let w = periods_at(origin - DAY_MS, origin).window;
+        assert_eq!(window_stretch(origin - DAY_MS, origin), 1);
+        assert!(w.since_ms <= w.until_ms);
+    }
+
+    #[test]
+    fn weeks_are_counted_from_the_origin() {
+        let monday = 1_795_392_000_000;
+        let origin = monday + 3 * DAY_MS;
+        assert_eq!(week_stretch(origin, origin), 0);
+        assert_eq!(week_stretch(monday + 7 * DAY_MS - 1, origin), 0);
+        assert_eq!(week_stretch(monday + 7 * DAY_MS, origin), 1);
+        assert_eq!(week_stretch(monday + 70 * DAY_MS, origin), 10);
+    }
+
+    #[test]
+    fn intervals_are_carried_within_their_stretch_at_its_share() {
+        let origin = NOW - 10 * DAY_MS;
+        let periods = periods_at(NOW, origin);
         let week = recommend::week_keys(periods.recent_since);
+        let window = recommend::window_keys(periods.window.since_ms);
         let i = Interval {
             lower: 0.1,
             upper: 0.2,
         };
         let earlier: BTreeMap<String, Interval> = [
-            (format!("{}best|x", recommend::WINDOW_KEYS), i),
+            (format!("{window}best|x"), i),
+            (format!("{}best|x", recommend::window_keys(origin - 1)), i),
             (format!("{week}trend|x"), i),
             (
                 format!("{}trend|x", recommend::week_keys(periods.previous_since)),
@@ -504,30 +596,40 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        let progress = |first: i64| Progress {
-            first_signal_ms: Some(first),
-            ..Progress::default()
-        };
-        let kept = |first: i64| {
-            let mut run = carried(earlier.clone(), &progress(first), &periods);
-            for key in earlier.keys() {
-                run.carry(key);
-            }
-            run.into_met().into_keys().collect::<Vec<_>>()
-        };
-        // A young agent: the window's and this week's; last week's trend is another question.
+        let mut run = carried(earlier.clone(), &periods, origin);
+        for key in earlier.keys() {
+            run.carry(key);
+        }
+        // Another stretch's window and last week's trend are other questions.
         assert_eq!(
-            kept(periods.window.since_ms),
-            [
-                format!("{week}trend|x"),
-                format!("{}best|x", recommend::WINDOW_KEYS)
-            ]
+            run.clone().into_met().into_keys().collect::<Vec<_>>(),
+            [format!("{week}trend|x"), format!("{window}best|x")]
         );
-        // Sessions have left the window: this week's only.
-        assert_eq!(
-            kept(periods.window.since_ms - 1),
-            [format!("{week}trend|x")]
-        );
+        // Stretch 1 of the window spends 6/π² of the level; the trend, in week 1 or 2 of the
+        // agent's life, its week's share; anything else all of it.
+        let w = week_stretch(NOW, origin);
+        assert!((1..=2).contains(&w));
+        let close = |x: f64, y: f64| (x - y).abs() < 1e-15;
+        assert!(close(
+            run.alpha(&format!("{window}best|x"), 2),
+            stats::FAMILY_ALPHA * stats::stretch_share(1) / 2.0
+        ));
+        assert!(close(
+            run.alpha(&format!("{week}trend|x"), 1),
+            stats::FAMILY_ALPHA * stats::stretch_share(w)
+        ));
+        assert!(close(run.alpha("other", 1), stats::FAMILY_ALPHA));
+        // Sixty days on, stretch 2: a new window, a new start, a quarter of the first share.
+        let later = periods_at(origin + 60 * DAY_MS, origin);
+        let run = carried(earlier, &later, origin);
+        assert!(run.into_met().is_empty());
+        let window2 = recommend::window_keys(later.window.since_ms);
+        assert_ne!(window2, window);
+        let run = carried(BTreeMap::new(), &later, origin);
+        assert!(close(
+            run.alpha(&format!("{window2}best|x"), 1),
+            stats::FAMILY_ALPHA * stats::stretch_share(2)
+        ));
     }
 
     #[test]

@@ -6,11 +6,13 @@
 //! intervals that separate (Bonferroni-adjusted for the comparisons the question makes), or the
 //! lower bound of a rate's confidence sequence above a level, each intersected with the same
 //! comparison's intervals from earlier looks under a key (see [`Intersections`]). Keys start
-//! with [`WINDOW_KEYS`] when they compare sessions of the whole window (carried only while no
-//! session has left it) or with [`week_keys`] when they compare this week with the last (carried
-//! for the week). A null situation (equal models, rates below their levels, no trend, no latency
-//! effect, spend spread evenly) produces no recommendation, at any look, but with probability
-//! at most 5% per rule.
+//! with [`window_keys`] when they compare sessions of the whole window (named by the window's
+//! start, so carried for the stretch of the agent's life that the window grows in) or with
+//! [`week_keys`] when they compare this week with the last (carried for the week); the caller
+//! gives each prefix its stretch's share of the level. A null situation (equal models, rates
+//! below their levels, no trend, no latency effect, spend spread evenly) produces no
+//! recommendation, at any look of the agent's whole life, but with probability at most 5% per
+//! rule.
 
 use nm_types::money::format_usd;
 
@@ -35,8 +37,11 @@ pub const CHEAPER_MAX_COST_SHARE: f64 = 0.9;
 /// End users listed in the outcome-weighted cost (the costliest).
 pub const TOP_COST_USERS: usize = 10;
 
-/// Where the keys of comparisons over the whole window start.
-pub const WINDOW_KEYS: &str = "window|";
+/// Where the keys of comparisons over the whole window start (`window_since_ms` is the
+/// window's start, which names the stretch of the agent's life: see `super::periods_at`).
+pub fn window_keys(window_since_ms: i64) -> String {
+    format!("window{window_since_ms}|")
+}
 
 /// Where the keys of this week's trend comparisons start (`week_since_ms` is the week's start).
 pub fn week_keys(week_since_ms: i64) -> String {
@@ -190,7 +195,11 @@ fn best_model(a: &Aggregates, window: Window, run: &mut Intersections) -> Option
         winner,
         winner_name,
         evidence,
-    } = leader(&arms, &format!("{WINDOW_KEYS}best|success|model"), run)?;
+    } = leader(
+        &arms,
+        &format!("{}best|success|model", window_keys(window.since_ms)),
+        run,
+    )?;
     let runner_up = best
         .against
         .iter()
@@ -251,7 +260,11 @@ fn best_provider(
         winner_name,
         evidence,
         ..
-    } = leader(&arms, &format!("{WINDOW_KEYS}best|success|provider"), run)?;
+    } = leader(
+        &arms,
+        &format!("{}best|success|provider", window_keys(window.since_ms)),
+        run,
+    )?;
     let gain = winner.success_rate() - a.total.success_rate();
     Some(Recommendation {
         kind: Kind::BestProvider,
@@ -304,7 +317,8 @@ fn cheaper_model(
         .into_iter()
         .filter_map(|(r, c, rc, cc)| {
             let key = format!(
-                "{WINDOW_KEYS}as_good|success|model|{}|{}|m{m}",
+                "{}as_good|success|model|{}|{}|m{m}",
+                window_keys(window.since_ms),
                 name(r).unwrap_or("-"),
                 name(c).unwrap_or("-")
             );
@@ -413,7 +427,7 @@ fn high_rates(
             None => "no significant change from last week".to_owned(),
         };
         let label = metric.replace('_', " ");
-        let level_key = format!("{WINDOW_KEYS}level|{metric}|m{m}");
+        let level_key = format!("{}level|{metric}|m{m}", window_keys(window.since_ms));
         if let Some(above) = exceeds(overall, level, m, &level_key, run) {
             let mut evidence = vec![EvidenceItem::above(metric, "all sessions", &above, m)];
             evidence.extend(trend_evidence);
@@ -493,7 +507,8 @@ fn env_difference(
     for i in 0..arms.len() {
         for j in (i + 1)..arms.len() {
             let key = format!(
-                "{WINDOW_KEYS}differs|success|env|{}|{}|m{m}",
+                "{}differs|success|env|{}|{}|m{m}",
+                window_keys(window.since_ms),
                 name(arms[i]).unwrap_or("-"),
                 name(arms[j]).unwrap_or("-")
             );
@@ -575,7 +590,10 @@ fn latency_abandonment(
         .and_then(|(band, _)| band.checked_sub(1))
         .and_then(|b| TTFB_BANDS_MS.get(b))
         .copied()?;
-    let key = format!("{WINDOW_KEYS}latency|abandonment|cut{cut_ms}|m{LATENCY_CUTS}");
+    let key = format!(
+        "{}latency|abandonment|cut{cut_ms}|m{LATENCY_CUTS}",
+        window_keys(window.since_ms)
+    );
     let ev = better(fast, slow, LATENCY_CUTS, &key, run)?;
     let ratio = if ev.a.rate > 0.0 {
         ev.b.rate / ev.a.rate
@@ -796,14 +814,14 @@ mod tests {
         let keys: Vec<String> = run.into_met().into_keys().collect();
         for key in &keys {
             assert!(
-                key.starts_with(WINDOW_KEYS) || key.starts_with(&week_keys(7 * 86_400_000)),
+                key.starts_with(&window_keys(0)) || key.starts_with(&week_keys(7 * 86_400_000)),
                 "{key}"
             );
         }
         for want in [
-            "window|best|success|model|a|b|m1",
-            "window|as_good|success|model|a|b|m1",
-            "window|level|regeneration|m3",
+            "window0|best|success|model|a|b|m1",
+            "window0|as_good|success|model|a|b|m1",
+            "window0|level|regeneration|m3",
             "week604800000|trend|regeneration|m3",
         ] {
             assert!(keys.iter().any(|k| k == want), "{want} not in {keys:?}");

@@ -232,8 +232,9 @@ pub struct EvidenceItem {
     pub difference_interval: Option<Interval>,
     /// The level `a`'s rate is compared with, when there is no `b`.
     pub level: Option<f64>,
-    /// Confidence of each interval, anytime-valid and Bonferroni-adjusted:
-    /// `1 − 0.05 / comparisons`, so 95% family-wise.
+    /// Confidence of each interval, anytime-valid, Bonferroni-adjusted and at the share of the
+    /// stretch of the agent's life: `1 − 0.05 · share / comparisons` (share 6/(π² k²) in
+    /// stretch `k`: 96.96% family-wise in the first), so 95% family-wise over the whole life.
     pub confidence: f64,
     /// Comparisons made for the same question (the Bonferroni `m`).
     pub comparisons: u32,

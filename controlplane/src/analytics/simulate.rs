@@ -336,8 +336,12 @@ impl FalseClaims {
 /// How the rules decide.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Rule {
-    /// As they are: anytime-valid, intervals carried from look to look.
+    /// As they are in the first stretch of an agent's life: anytime-valid, intervals carried
+    /// from look to look, at the stretch's share of the level ([`stats::stretch_share`]`(1)`).
     Anytime,
+    /// The same, at another share of the level (1: the whole level, as if the agent lived one
+    /// stretch only; 1/2: the first stretch of a spending by halves).
+    AnytimeShare(f64),
     /// The same anytime-valid intervals, each look on its own (no running intersection).
     AnytimeNoIntersection,
     /// As they were: the fixed-sample Newcombe–Wilson interval at Bonferroni 95%, each look on
@@ -349,15 +353,42 @@ pub enum Rule {
     FixedAt(f64),
 }
 
+impl Rule {
+    /// The share of the level the anytime-valid rules spend in the simulated stretch.
+    fn share(self) -> f64 {
+        match self {
+            Rule::AnytimeShare(share) => share,
+            _ => stats::stretch_share(1),
+        }
+    }
+
+    /// The intervals this look starts from: `earlier`'s when the rule keeps the running
+    /// intersection, none otherwise; at the rule's share of the level.
+    fn look(self, earlier: Intersections) -> Intersections {
+        let carried = match self {
+            Rule::Anytime | Rule::AnytimeShare(_) => Intersections::carried(earlier.into_met()),
+            _ => Intersections::fresh(),
+        };
+        carried
+            .spending(
+                &recommend::window_keys(PERIODS.window.since_ms),
+                self.share(),
+            )
+            .spending(&recommend::week_keys(PERIODS.recent_since), self.share())
+    }
+}
+
 /// The claims of one look: the recommendations (or, for [`Rule::Fixed`], the best model the
 /// old rule would name) that `null` makes false.
 fn false_claim_at(null: &Null, a: &Aggregates, rule: Rule, run: &mut Intersections) -> bool {
     match rule {
         Rule::Fixed => fixed_best_model(a).is_some(),
         Rule::FixedAt(z) => fixed_best_model_at(a, Some(z)).is_some(),
-        Rule::Anytime | Rule::AnytimeNoIntersection => recommend::recommend(a, &PERIODS, run)
-            .iter()
-            .any(|r| null.is_false_claim(r)),
+        Rule::Anytime | Rule::AnytimeShare(_) | Rule::AnytimeNoIntersection => {
+            recommend::recommend(a, &PERIODS, run)
+                .iter()
+                .any(|r| null.is_false_claim(r))
+        }
     }
 }
 
@@ -427,13 +458,9 @@ pub fn false_claims(
             if sessions < schedule.first {
                 continue;
             }
-            let mut this = Intersections::carried(run.into_met());
+            let mut this = rule.look(run);
             last = false_claim_at(null, &agent.aggregates(), rule, &mut this);
-            run = if rule == Rule::Anytime {
-                this
-            } else {
-                Intersections::fresh()
-            };
+            run = this;
             back |= last && gone;
             gone |= seen && !last;
             seen |= last;
@@ -517,17 +544,13 @@ pub fn power(
             let named = match rule {
                 Rule::Fixed => fixed_best_model(&a),
                 Rule::FixedAt(z) => fixed_best_model_at(&a, Some(z)),
-                Rule::Anytime | Rule::AnytimeNoIntersection => {
-                    let mut this = Intersections::carried(run.into_met());
+                Rule::Anytime | Rule::AnytimeShare(_) | Rule::AnytimeNoIntersection => {
+                    let mut this = rule.look(run);
                     let named = recommend::recommend(&a, &PERIODS, &mut this)
                         .into_iter()
                         .find(|r| r.kind == Kind::BestModel)
                         .and_then(|r| r.subject);
-                    run = if rule == Rule::Anytime {
-                        this
-                    } else {
-                        Intersections::fresh()
-                    };
+                    run = this;
                     named
                 }
             };
@@ -567,105 +590,134 @@ pub fn calibrated_z(schedule: Schedule, agents: u64, seed: u64) -> f64 {
     hi
 }
 
-// === the sliding window ===
+// === a whole life ===
 
-/// What happens once sessions leave the window: equal models, `per_day` sessions a day for
-/// `days` days, a look every `looks_per_day` of a day over the last 30 days' counts, the
-/// intervals carried only while no session has left the window (as
-/// [`super::Analytics::recompute_at`] does). Returns, per 30-day stretch of the agent's life
-/// (the first one growing, the later ones sliding), the agents with a false best model in it.
-pub fn sliding_window(
+/// How often equal models showed a false best model over agents' whole lives.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Lifetime {
+    /// Per stretch of the agents' lives (1, 2, …; see [`super::window_stretch`]): the agents
+    /// with a false best model at some look in it.
+    pub stretches: Vec<FalseClaims>,
+    /// The agents with a false best model at some look of their lives.
+    pub life: FalseClaims,
+    /// Looks made, over all agents.
+    pub looks: u64,
+}
+
+/// What happens over an agent's whole life, with the code of a real recompute: equal models at
+/// `success`, `per_day` sessions a day for `days` days, and each day a look after a random
+/// share of the day's sessions, from 1 to `max_looks_per_day` of them (the schedule drawn from
+/// the seed: any schedule is allowed). Each look counts the sessions of its window
+/// ([`super::periods_at`]), meets them with the intervals carried within the stretch, at the
+/// stretch's share of the level ([`super::carried`]), as [`super::Analytics::recompute_at`]
+/// does. With `spending` off, every stretch gets the whole level instead: what the bound would
+/// be without the spending.
+pub fn lifetime(
     success: f64,
     per_day: u64,
     days: u64,
-    looks_per_day: u64,
+    max_looks_per_day: u64,
+    spending: bool,
     agents: u64,
     seed: u64,
-) -> Vec<FalseClaims> {
-    let window_days = WINDOW_DAYS as usize;
-    let stretches = days.div_ceil(WINDOW_DAYS as u64) as usize;
-    let mut out = vec![
-        FalseClaims {
+) -> Lifetime {
+    let origin = 0;
+    let stretches = super::window_stretch(days as i64 * DAY_MS - 1, origin) as usize;
+    let mut out = Lifetime {
+        stretches: vec![
+            FalseClaims {
+                agents,
+                ..FalseClaims::default()
+            };
+            stretches
+        ],
+        life: FalseClaims {
             agents,
             ..FalseClaims::default()
-        };
-        stretches
-    ];
-    let null = Null::EqualModels {
-        success,
-        weights: vec![1.0, 1.0],
+        },
+        looks: 0,
     };
-    let looks_per_day = looks_per_day.max(1);
+    let max_looks_per_day = max_looks_per_day.max(1);
     for i in 0..agents {
         let mut rng = Rng::new(seed.wrapping_add(i));
-        // Per day: the day's sessions, by model.
-        let mut days_seen: Vec<Agent> = Vec::new();
-        let mut run = Intersections::fresh();
+        // Sessions and successes per model before each day: `before[d]` sums days 0..d.
+        let mut before: Vec<[(u64, u64); 2]> = vec![[(0, 0); 2]];
         let mut fired = vec![false; stretches];
-        for day in 0..days as usize {
-            let mut today = Agent::default();
-            for look in 0..looks_per_day {
-                let share = per_day * (look + 1) / looks_per_day - per_day * look / looks_per_day;
-                for _ in 0..share {
-                    today.add(&null.draw(&mut rng, true));
+        let mut earlier = std::collections::BTreeMap::new();
+        for day in 0..days {
+            let mut today = before[before.len() - 1];
+            let looks = 1 + rng.below(max_looks_per_day);
+            let mut cuts: Vec<u64> = (0..looks).map(|_| rng.below(per_day + 1)).collect();
+            cuts.sort_unstable();
+            let mut drawn = 0;
+            for (look, cut) in cuts.into_iter().enumerate() {
+                for _ in drawn..cut {
+                    let model = rng.below(2) as usize;
+                    today[model].0 += 1;
+                    today[model].1 += u64::from(rng.chance(success));
                 }
-                let mut window = Agent::default();
-                let from = (day + 1).saturating_sub(window_days);
-                for d in days_seen[from.min(days_seen.len())..]
-                    .iter()
-                    .chain([&today])
-                {
-                    merge(&mut window, d);
-                }
-                if window.total.sessions < Schedule::ISSUE.first {
+                drawn = drawn.max(cut);
+                // The look's time: inside the day, after the earlier looks.
+                let now = day as i64 * DAY_MS + (look as i64 + 1) * DAY_MS / (looks as i64 + 1);
+                let periods = super::periods_at(now, origin);
+                let from = before[usize::try_from(periods.window.since_ms / DAY_MS).unwrap_or(0)];
+                let counts: Vec<(u64, u64)> = (0..2)
+                    .map(|m| (today[m].0 - from[m].0, today[m].1 - from[m].1))
+                    .collect();
+                if counts.iter().map(|c| c.0).sum::<u64>() < Schedule::ISSUE.first {
                     continue;
                 }
-                // Nothing has left the window until the agent is older than it.
-                let whole = day < window_days;
-                let mut this = if whole {
-                    Intersections::carried(run.into_met())
-                } else {
-                    Intersections::fresh()
-                };
-                let claim = recommend::recommend(&window.aggregates(), &PERIODS, &mut this)
+                let mut run = super::carried(std::mem::take(&mut earlier), &periods, origin);
+                if !spending {
+                    run = run.spending(&recommend::window_keys(periods.window.since_ms), 1.0);
+                }
+                let claim = recommend::recommend(&two_models(&counts), &periods, &mut run)
                     .iter()
-                    .any(|r| null.is_false_claim(r));
-                run = this;
-                fired[day / window_days] |= claim;
+                    .any(|r| r.kind == Kind::BestModel);
+                earlier = run.into_met();
+                out.looks += 1;
+                let k = super::window_stretch(now, origin) as usize;
+                if let Some(f) = fired.get_mut(k - 1) {
+                    *f |= claim;
+                }
             }
-            days_seen.push(today);
+            for _ in drawn..per_day {
+                let model = rng.below(2) as usize;
+                today[model].0 += 1;
+                today[model].1 += u64::from(rng.chance(success));
+            }
+            before.push(today);
         }
-        for (stretch, f) in out.iter_mut().zip(fired) {
-            stretch.any_look += u64::from(f);
+        for (stretch, f) in out.stretches.iter_mut().zip(&fired) {
+            stretch.any_look += u64::from(*f);
         }
+        out.life.any_look += u64::from(fired.iter().any(|f| *f));
     }
     out
 }
 
-fn merge(into: &mut Agent, from: &Agent) {
-    let add = |a: &mut OutcomeRow, b: &OutcomeRow| {
-        a.sessions += b.sessions;
-        a.signals += b.signals;
-        a.requests += b.requests;
-        a.successes += b.successes;
-        a.abandoned += b.abandoned;
-        a.regenerated += b.regenerated;
-        a.regenerations += b.regenerations;
-        a.heavily_edited += b.heavily_edited;
-        a.cost_micros += b.cost_micros;
+/// The aggregates of an agent with two models and these `(sessions, successes)`.
+fn two_models(counts: &[(u64, u64)]) -> Aggregates {
+    let row = |key: Option<String>, sessions: u64, successes: u64| OutcomeRow {
+        key: vec![key],
+        sessions,
+        signals: sessions,
+        requests: sessions,
+        successes,
+        ..OutcomeRow::default()
     };
-    add(&mut into.total, &from.total);
-    add(&mut into.recent, &from.recent);
-    add(&mut into.previous, &from.previous);
-    for (rows, other) in [
-        (&mut into.models, &from.models),
-        (&mut into.providers, &from.providers),
-        (&mut into.envs, &from.envs),
-        (&mut into.bands, &from.bands),
-    ] {
-        for (i, r) in other.iter().enumerate() {
-            add(slot(rows, i), r);
-        }
+    Aggregates {
+        total: row(
+            None,
+            counts.iter().map(|c| c.0).sum(),
+            counts.iter().map(|c| c.1).sum(),
+        ),
+        by_model: counts
+            .iter()
+            .enumerate()
+            .map(|(i, c)| row(Some(format!("model-{i}")), c.0, c.1))
+            .collect(),
+        ..Aggregates::default()
     }
 }
 
@@ -801,7 +853,7 @@ pub fn report(agents: u64, seed: u64, out: &mut impl std::io::Write) -> std::io:
         for (name, p, note) in [
             ("before: fixed-sample 95%", &before, String::new()),
             (
-                "after: anytime-valid 95%",
+                "after: anytime-valid, the first stretch's share (3.04%)",
                 &after,
                 format!(
                     "{}, {}",
@@ -840,33 +892,95 @@ pub fn report(agents: u64, seed: u64, out: &mut impl std::io::Write) -> std::io:
     }
     writeln!(out)?;
 
-    let steady = (agents / 4).max(1);
-    let stretches = sliding_window(0.6, 60, 90, 12, steady, seed);
     writeln!(
         out,
-        "### Past the first 30 days: equal models at 0.6, 60 sessions a day, a look every 2 hours ({steady} agents)"
+        "### The spending's price: sessions to the first correct `best_model` at a stretch's share of the 5% ({agents} agents per row, same batches)"
     )?;
     writeln!(out)?;
     writeln!(
         out,
-        "| days of the agent's life | the window | agents with a false `best_model` in those days | rate |"
+        "| share of the 5% | spent by | {} |",
+        EFFECTS
+            .map(|(a, b)| format!("median, {a:.2} vs {b:.2} | p90"))
+            .join(" | ")
     )?;
-    writeln!(out, "|---|---|---|---|")?;
-    for (i, f) in stretches.iter().enumerate() {
+    writeln!(out, "|---|---|---|---|---|---|---|---|")?;
+    let shares = [
+        (1.0, "no spending (one stretch only)".to_owned()),
+        (
+            stats::stretch_share(1),
+            "6/(π²k²): stretch 1 (the first 60 days)".to_owned(),
+        ),
+        (0.5, "1/2^k: stretch 1".to_owned()),
+        (0.25, "1/2^k: stretch 2".to_owned()),
+        (stats::stretch_share(2), "6/(π²k²): stretch 2".to_owned()),
+        (stats::stretch_share(4), "6/(π²k²): stretch 4".to_owned()),
+        (1.0 / 16.0, "1/2^k: stretch 4".to_owned()),
+        (1.0 / 1024.0, "1/2^k: stretch 10".to_owned()),
+        (stats::stretch_share(10), "6/(π²k²): stretch 10".to_owned()),
+    ];
+    for (share, by) in shares {
+        let rule = Rule::AnytimeShare(share);
+        let cells: Vec<String> = EFFECTS
+            .iter()
+            .map(|&(a, b)| {
+                let p = power(a, b, rule, POWER_CAP, 0, agents, seed);
+                format!(
+                    "{} | {}",
+                    sessions(p.quantile(0.5)),
+                    sessions(p.quantile(0.9))
+                )
+            })
+            .collect();
         writeln!(
             out,
-            "| {}-{} | {} | {} | {:.2}% |",
-            i * 30,
-            (i + 1) * 30,
-            if i == 0 {
-                "grows (intervals intersected)"
-            } else {
-                "slides (each look on its own)"
-            },
-            f.any_look,
-            100.0 * f.rate()
+            "| {:.2}% | {by} | {} |",
+            100.0 * share,
+            cells.join(" | ")
         )?;
     }
+    writeln!(out)?;
+
+    let steady = (agents / 4).max(1);
+    let days = 360;
+    writeln!(
+        out,
+        "### A whole life: equal models at 0.6, 60 sessions a day for {days} days, 1 to 12 looks a day at random times ({steady} agents)"
+    )?;
+    writeln!(out)?;
+    writeln!(
+        out,
+        "| days of the agent's life | stretch | the window | share of the 5% | agents with a false `best_model` (spending) | rate | without the spending (5% each stretch) | rate |"
+    )?;
+    writeln!(out, "|---|---|---|---|---|---|---|---|")?;
+    let spent = lifetime(0.6, 60, days, 12, true, steady, seed);
+    let unspent = lifetime(0.6, 60, days, 12, false, steady, seed);
+    for (i, (f, g)) in spent.stretches.iter().zip(&unspent.stretches).enumerate() {
+        let k = i as u64 + 1;
+        let (from, to) = if k == 1 {
+            (0, 60)
+        } else {
+            (30 * k, 30 * (k + 1))
+        };
+        writeln!(
+            out,
+            "| {from}-{to} | {k} | days {}-{to} | {:.1}% | {} | {:.2}% | {} | {:.2}% |",
+            if k == 1 { 0 } else { from - 30 },
+            100.0 * stats::stretch_share(k),
+            f.any_look,
+            100.0 * f.rate(),
+            g.any_look,
+            100.0 * g.rate()
+        )?;
+    }
+    writeln!(
+        out,
+        "| 0-{days}, the whole life | all | | 100% | {} | {:.2}% | {} | {:.2}% |",
+        spent.life.any_look,
+        100.0 * spent.life.rate(),
+        unspent.life.any_look,
+        100.0 * unspent.life.rate()
+    )?;
     Ok(())
 }
 
@@ -989,6 +1103,38 @@ mod tests {
             loose.first, p.first,
             "the intersection never changes the first claim"
         );
+    }
+
+    /// The whole-life guarantee, with the code of a real recompute: 1,000 agents with equal
+    /// models live 180 days (stretches 1 to 5), looked at 1 to 3 times a day at random times;
+    /// at most 5% of them (plus the binomial margin) ever show a false best model, and no
+    /// stretch shows more than its share.
+    #[test]
+    fn a_whole_life_shows_a_false_claim_at_most_five_percent() {
+        let l = lifetime(0.6, 60, 180, 3, true, 1_000, 77);
+        eprintln!("{l:?}");
+        assert_eq!(l.stretches.len(), 5);
+        assert!(l.life.within(stats::FAMILY_ALPHA), "{:?}", l.life);
+        for (k, f) in (1..).zip(&l.stretches) {
+            let alpha = stats::FAMILY_ALPHA * stats::stretch_share(k);
+            assert!(f.within(alpha), "stretch {k}: {f:?}");
+        }
+    }
+
+    /// The check above catches a missing spending: the same lives with the whole 5% in every
+    /// stretch, over a year, show a false best model far more often than 5%.
+    #[test]
+    fn without_the_spending_a_long_life_breaks_the_bound() {
+        let l = lifetime(0.6, 60, 360, 3, false, 400, 77);
+        eprintln!("{l:?}");
+        assert!(!l.life.within(stats::FAMILY_ALPHA), "{:?}", l.life);
+    }
+
+    #[test]
+    fn stretch_shares_sum_to_at_most_one() {
+        let total: f64 = (0..1_000_000).map(stats::stretch_share).sum();
+        assert!(total <= 1.0 && total > 0.999_998, "{total}");
+        assert_eq!(stats::stretch_share(0), 0.0);
     }
 
     #[test]

@@ -36,6 +36,18 @@
 //! the same level (about `z = 3.0–3.3` instead of 1.96 at 95%): that is the price of looking as
 //! often as one likes.
 //!
+//! # One-sided claims
+//!
+//! A rule whose claim has one direction fixed before looking (a rate *above* its level, a
+//! cheaper model *not worse* by the margin, slow answers abandoned *more*) needs only one
+//! bound. Cutting the mixture's prior to the rates on the claim's side of `p` and renormalizing
+//! it gives `M⁺ₙ(p)`, still a mixture of likelihood ratios by a probability measure, so still a
+//! martingale of mean 1 and exact by Ville's inequality ([`ln_one_sided_mixture`],
+//! [`one_sided_bound`]); where the data sit on that side it is about twice `Mₙ(p)`, so a
+//! one-sided bound at `α` is about as tight as a two-sided one at `2α`: some 10% fewer
+//! sessions for the same claim. Choosing the direction after looking (which model is best,
+//! which way a trend went) still takes the two-sided sequence.
+//!
 //! # Differences and multiplicity
 //!
 //! The interval of a difference `rate(b) − rate(a)` combines the two arms' sequences the way
@@ -57,21 +69,36 @@
 //! If `Cₙ` is a confidence sequence for a fixed rate, so is `C₁ ∩ … ∩ Cₙ` (the event "every `Cₙ`
 //! covers the rate" is the same for both; Howard et al. 2021): the intervals only shrink, so a
 //! claim, once the evidence supports it, is not taken back by the next batch's noise.
-//! [`Intersections`] keeps them per comparison across looks; the caller carries them only while the
-//! data only grows (`super::Analytics` stores them with the answer and drops them once sessions
-//! leave the window, see the guarantee below). An empty intersection means the sessions no longer
-//! behave like the earlier ones: that comparison restarts from the current look.
+//! [`Intersections`] keeps them per comparison across looks; the caller carries them only while
+//! the data only grows (within one stretch of the agent's life, below). An empty intersection
+//! means the sessions no longer behave like the earlier ones: that comparison restarts from the
+//! current look.
 //!
-//! # The guarantee
+//! # The guarantee: the whole life of an agent
 //!
-//! For one agent and one rule, over the looks at a set of sessions that only grows (the window
-//! before any session has left it: the agent's first 30 days; for the trend, this calendar week
-//! against the last), the probability that any look, at any schedule, shows a false claim is at
-//! most [`FAMILY_ALPHA`] (exactly for levels, by simulation for differences). Once sessions leave
-//! the window, every answer is still an anytime-valid 95% statement about the sessions in its
-//! window, but later windows are different samples: the bound is per stretch of growing data,
-//! not for the agent's whole life (a steady agent with equal models, looked at every 2 hours:
-//! 1.9% in its first 30 days, then 2.2–2.5% for each further 30; `bench/README.md`).
+//! A confidence sequence is valid over one sample that only grows. An agent's recommendations
+//! follow its recent sessions, so `super::periods_at` cuts its life into *stretches* in which
+//! the sessions compared only grow: for the window's rules its first 60 days, then each further
+//! 30 days (the window starting 30 days before the stretch); for the trend, each calendar week
+//! (this week so far against the last). Stretch `k` (counted from the agent's first signal,
+//! which is stored with the answer and never moves) spends `6/(π² k²)` of [`FAMILY_ALPHA`]
+//! ([`stretch_share`]; [`Intersections::spending`]): 60.8% in the first, 15.2% in the second,
+//! 6.8% in the third. The shares sum to 1 (`Σ 1/k² = π²/6`), so by a union bound over the
+//! stretches:
+//!
+//! > for one agent and one rule, over the agent's whole life, with a recompute at any schedule
+//! > (even one chosen by looking at the answers), the probability that any look shows a false
+//! > claim is at most 5%
+//!
+//! (exact for the level rules, which rest on one sequence each; for the differences, as exact
+//! as their combination, checked by simulation in `simulate.rs`: 18 and 48 looks on every
+//! rule's null situation, and whole lives of 180 days looked at up to three times a day). A
+//! false claim is one about the sessions its look compares: equal models that stay equal.
+//! The price: a later stretch decides at a stricter level (stretch 2 at 0.76%, stretch 10 at
+//! 0.03%), so it needs more sessions for the same effect; but its window starts with 30 days
+//! of sessions. Without the spending, each stretch would spend the whole 5%: a year of
+//! recomputes (up to 12 a day) showed a false best model to 13.6% of equal-models agents,
+//! against 3.6% with it (the README's "Agent analytics" has the figures).
 //!
 //! Each decision returns its [`Evidence`] (counts, rates, intervals, the difference, the
 //! always-valid p-value and the Bayesian probability that one arm is better), so a
@@ -295,6 +322,19 @@ pub fn bonferroni_alpha(comparisons: u32) -> f64 {
     FAMILY_ALPHA / f64::from(comparisons.max(1))
 }
 
+/// The share of the family level that stretch `k` (1, 2, …) of an agent's life may spend:
+/// `6 / (π² k²)`, which sums to 1 over all stretches (`Σ 1/k² = π²/6`), so the chance of a
+/// false claim in *any* stretch of the agent's life is at most [`FAMILY_ALPHA`]: 60.8% of it for
+/// the first stretch, 15.2% for the second, 6.8% for the third (see the module doc). Stretch
+/// 0 spends nothing (a stretch with no data to compare: the trend in the agent's first week).
+pub fn stretch_share(k: u64) -> f64 {
+    if k == 0 {
+        return 0.0;
+    }
+    let k = k as f64;
+    6.0 / (std::f64::consts::PI * std::f64::consts::PI * k * k)
+}
+
 // === fixed-sample intervals (one look) ===
 
 /// The Wilson score interval for `successes` out of `n` at normal critical value `z` (1.96 for
@@ -444,10 +484,7 @@ pub fn confidence_sequence(successes: u64, n: u64, alpha: f64) -> (f64, f64) {
     let constant = mixture_constant(n);
     let excess = |p: f64| ln_mixture_from(s, f, p, constant) - level;
     let p_hat = (s as f64 / n as f64).clamp(RATE_EDGE, 1.0 - RATE_EDGE);
-    // The normal mixture's boundary: z² = 2(1 + r)(ln(1/α) + ½ ln((1 + r)/r)), r = (c + 1)/n.
-    let r = (MIXTURE_SESSIONS + 1.0) / n as f64;
-    let z = (2.0 * (1.0 + r) * (level + 0.5 * ((1.0 + r) / r).ln())).sqrt();
-    let (guess_lo, guess_hi) = wilson_interval(s, n, z);
+    let (guess_lo, guess_hi) = sequence_guess(s, n, level);
     let lower = if s == 0 {
         0.0
     } else {
@@ -459,6 +496,15 @@ pub fn confidence_sequence(successes: u64, n: u64, alpha: f64) -> (f64, f64) {
         crossing(&excess, 1.0 - RATE_EDGE, guess_hi, p_hat).unwrap_or(1.0)
     };
     (lower, upper)
+}
+
+/// A first guess at a sequence's bounds at `level = ln(1/α)`: the Wilson interval at the `z`
+/// of a normal mixture of the same weight, `z² = 2(1 + r)(ln(1/α) + ½ ln((1 + r)/r))`,
+/// `r = (c + 1)/n`.
+fn sequence_guess(s: u64, n: u64, level: f64) -> (f64, f64) {
+    let r = (MIXTURE_SESSIONS + 1.0) / n as f64;
+    let z = (2.0 * (1.0 + r) * (level + 0.5 * ((1.0 + r) / r).ln())).sqrt();
+    wilson_interval(s, n, z)
 }
 
 /// Where `g` crosses 0 between `edge` and `estimate` (`g(estimate) < 0`), starting near
@@ -524,6 +570,115 @@ fn crossing(g: &impl Fn(f64) -> f64, edge: f64, guess: f64, estimate: f64) -> Op
     Some(out)
 }
 
+/// Which side of a rate a one-sided sequence bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// A lower bound: the rate is at least it (the mixture over rates above `p`).
+    Lower,
+    /// An upper bound: the rate is at most it (the mixture over rates below `p`).
+    Upper,
+}
+
+/// `ln Iₓ(a, b)`, the log of the regularized incomplete beta function `P(Beta(a, b) ≤ x)`, by
+/// its continued fraction (Lentz's method) on the side of `x` where it converges fast, so
+/// both a tiny value and one close to 1 keep their digits.
+pub(crate) fn ln_incomplete_beta(x: f64, a: f64, b: f64) -> f64 {
+    if x.is_nan() || x <= 0.0 {
+        return f64::NEG_INFINITY;
+    }
+    if x >= 1.0 {
+        return 0.0;
+    }
+    let ln_front = ln_gamma(a + b) - ln_gamma(a) - ln_gamma(b) + a * x.ln() + b * (-x).ln_1p();
+    if x < (a + 1.0) / (a + b + 2.0) {
+        ln_front + (beta_fraction(x, a, b) / a).ln()
+    } else {
+        // I_x(a, b) = 1 − I_{1−x}(b, a).
+        (-(ln_front + (beta_fraction(1.0 - x, b, a) / b).ln()).exp()).ln_1p()
+    }
+}
+
+/// The continued fraction of `Iₓ(a, b)` (Numerical Recipes §6.4, modified Lentz), to a
+/// relative 1e-15; it needs about `√max(a, b)` terms.
+fn beta_fraction(x: f64, a: f64, b: f64) -> f64 {
+    const TINY: f64 = 1e-300;
+    const TERMS: u32 = 100_000;
+    let nonzero = |v: f64| if v.abs() < TINY { TINY } else { v };
+    let (qab, qap, qam) = (a + b, a + 1.0, a - 1.0);
+    let mut c = 1.0;
+    let mut d = 1.0 / nonzero(1.0 - qab * x / qap);
+    let mut h = d;
+    for m in 1..=TERMS {
+        let m = f64::from(m);
+        let m2 = 2.0 * m;
+        let even = m * (b - m) * x / ((qam + m2) * (a + m2));
+        d = 1.0 / nonzero(1.0 + even * d);
+        c = nonzero(1.0 + even / c);
+        h *= d * c;
+        let odd = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2));
+        d = 1.0 / nonzero(1.0 + odd * d);
+        c = nonzero(1.0 + odd / c);
+        let step = d * c;
+        h *= step;
+        if (step - 1.0).abs() < 1e-15 {
+            break;
+        }
+    }
+    h
+}
+
+/// `ln M⁺ₙ(p)` (`side` [`Side::Lower`]) or `ln M⁻ₙ(p)` ([`Side::Upper`]): the beta-binomial
+/// mixture of the module doc with its prior cut to the rates above `p` (below `p`) and
+/// renormalized,
+///
+/// ```text
+/// M⁺ₙ(p) = Mₙ(p) · P(Beta(c·p + s, c·(1 − p) + f) > p) / P(Beta(c·p, c·(1 − p)) > p)
+/// ```
+///
+/// still a mixture of likelihood ratios by a probability measure, so a martingale of mean 1
+/// when `p` is the rate, and Ville's inequality bounds the chance that it ever reaches `1/α`
+/// by `α`. It only grows large when the data sit on its side of `p` (about twice `Mₙ` there):
+/// a one-sided bound at `α` is about as tight as a two-sided one at `2α`.
+pub fn ln_one_sided_mixture(successes: u64, failures: u64, p: f64, side: Side) -> f64 {
+    let (s, f) = (successes as f64, failures as f64);
+    let (a, b) = (MIXTURE_SESSIONS * p, MIXTURE_SESSIONS * (1.0 - p));
+    let cut = match side {
+        // P(Beta(a, b) > p) = I_{1−p}(b, a).
+        Side::Lower => {
+            ln_incomplete_beta(1.0 - p, b + f, a + s) - ln_incomplete_beta(1.0 - p, b, a)
+        }
+        Side::Upper => ln_incomplete_beta(p, a + s, b + f) - ln_incomplete_beta(p, a, b),
+    };
+    ln_mixture(successes, failures, p) + cut
+}
+
+/// The one-sided confidence sequence of a rate at level `1 − alpha`, at `successes` out of
+/// `n`: the bound on `side` of the rates `p` with `M±ₙ(p) < 1/α` ([`ln_one_sided_mixture`]),
+/// found as [`confidence_sequence`] finds its bounds. The rate is on the right side of it at
+/// every `n` at once with probability at least `1 − α`. `n = 0` gives 0 (lower) or 1 (upper).
+pub fn one_sided_bound(successes: u64, n: u64, alpha: f64, side: Side) -> f64 {
+    let edge = match side {
+        Side::Lower => 0.0,
+        Side::Upper => 1.0,
+    };
+    if n == 0 || alpha.is_nan() || alpha <= 0.0 {
+        return edge;
+    }
+    let s = successes.min(n);
+    let f = n - s;
+    let level = (1.0 / alpha.min(1.0)).ln();
+    let excess = |p: f64| ln_one_sided_mixture(s, f, p, side) - level;
+    let p_hat = (s as f64 / n as f64).clamp(RATE_EDGE, 1.0 - RATE_EDGE);
+    // Start from the two-sided guess at 2α (the one-sided bound is close to it).
+    let (guess_lo, guess_hi) = sequence_guess(s, n, (level - std::f64::consts::LN_2).max(0.0));
+    match side {
+        Side::Lower if s == 0 => 0.0,
+        Side::Lower => crossing(&excess, RATE_EDGE, guess_lo, p_hat).unwrap_or(0.0),
+        Side::Upper if f == 0 => 1.0,
+        Side::Upper => crossing(&excess, 1.0 - RATE_EDGE, guess_hi, p_hat).unwrap_or(1.0),
+    }
+}
+
 /// The anytime-valid interval of `rate(b) − rate(a)` at level `1 − alpha`: the two arms'
 /// [`confidence_sequence`]s at `alpha` combined as Newcombe combines Wilson intervals (see the
 /// module doc for what that combination assumes, and `simulate.rs` for its check).
@@ -531,22 +686,32 @@ pub fn difference_interval(a: Proportion, b: Proportion, alpha: f64) -> Interval
     newcombe(a, b, a.sequence(alpha), b.sequence(alpha))
 }
 
-/// The always-valid p-value, at this look, of "`rate(b) − rate(a)` is `null`" (0: the same
-/// rate; `−δ` for non-inferiority): the smallest level at which [`difference_interval`]
-/// excludes `null` (Johari et al.), found by bisection on its logarithm to about 0.2%. 1 when
-/// the estimate is `null` or an arm is empty; at least [`P_VALUE_FLOOR`].
-pub fn always_valid_p_value(a: Proportion, b: Proportion, null: f64) -> f64 {
-    let excludes = |alpha: f64| {
-        let i = difference_interval(a, b, alpha);
-        i.lower > null || i.upper < null
-    };
-    if a.n == 0 || b.n == 0 || b.rate() - a.rate() == null || !excludes(1.0) {
+/// The one-sided anytime-valid lower bound of `rate(b) − rate(a)` at level `1 − alpha`, as the
+/// interval `[lower, 1]`: `b`'s lower and `a`'s upper [`one_sided_bound`] combined as in
+/// [`difference_interval`]. For claims with one direction fixed before looking ("the slow half
+/// is abandoned more", "not worse by the margin"): about as tight as the two-sided interval at
+/// `2α`.
+pub fn difference_lower_bound(a: Proportion, b: Proportion, alpha: f64) -> Interval {
+    let (pa, pb) = (a.rate(), b.rate());
+    let lb = one_sided_bound(b.successes, b.n, alpha, Side::Lower);
+    let ua = one_sided_bound(a.successes, a.n, alpha, Side::Upper);
+    Interval {
+        lower: pb - pa - ((pb - lb).powi(2) + (ua - pa).powi(2)).sqrt(),
+        upper: 1.0,
+    }
+}
+
+/// The smallest level at which `excludes` holds (it holds at every level above it), by
+/// bisection on its logarithm to about 0.2%; 1 when it does not hold at 1, at least
+/// [`P_VALUE_FLOOR`].
+fn smallest_level(excludes: impl Fn(f64) -> bool) -> f64 {
+    if !excludes(1.0) {
         return 1.0;
     }
     if excludes(P_VALUE_FLOOR) {
         return P_VALUE_FLOOR;
     }
-    // ln α: `lo` does not exclude 0, `hi` does.
+    // ln α: `lo` does not exclude, `hi` does.
     let (mut lo, mut hi) = (P_VALUE_FLOOR.ln(), 0.0_f64);
     for _ in 0..14 {
         let mid = 0.5 * (lo + hi);
@@ -559,14 +724,38 @@ pub fn always_valid_p_value(a: Proportion, b: Proportion, null: f64) -> f64 {
     hi.exp()
 }
 
-/// The always-valid p-value, at this look, of "the rate is `level`": `1 / Mₙ(level)`, the
-/// smallest level at which the sequence excludes `level` (exact). 1 when `level` is not in
-/// `(0, 1)`.
-pub fn level_p_value(p: Proportion, level: f64) -> f64 {
-    if level.is_nan() || level <= 0.0 || level >= 1.0 {
+/// The one-sided always-valid p-value, at this look, of "`rate(b) − rate(a)` is at most
+/// `null`": the smallest level at which [`difference_lower_bound`] is above `null`. 1 when the
+/// estimate is not above `null` or an arm is empty.
+pub fn always_valid_p_value_above(a: Proportion, b: Proportion, null: f64) -> f64 {
+    if a.n == 0 || b.n == 0 || b.rate() - a.rate() <= null {
         return 1.0;
     }
-    (-ln_mixture(p.successes, p.failures(), level))
+    smallest_level(|alpha| difference_lower_bound(a, b, alpha).lower > null)
+}
+
+/// The always-valid p-value, at this look, of "`rate(b) − rate(a)` is `null`" (0: the same
+/// rate; `−δ` for non-inferiority): the smallest level at which [`difference_interval`]
+/// excludes `null` (Johari et al.), found by bisection on its logarithm to about 0.2%. 1 when
+/// the estimate is `null` or an arm is empty; at least [`P_VALUE_FLOOR`].
+pub fn always_valid_p_value(a: Proportion, b: Proportion, null: f64) -> f64 {
+    if a.n == 0 || b.n == 0 || b.rate() - a.rate() == null {
+        return 1.0;
+    }
+    smallest_level(|alpha| {
+        let i = difference_interval(a, b, alpha);
+        i.lower > null || i.upper < null
+    })
+}
+
+/// The one-sided always-valid p-value, at this look, of "the rate is at most `level`":
+/// `1 / M⁺ₙ(level)`, the smallest level at which the one-sided sequence's lower bound is above
+/// `level` (exact). 1 when `level` is not in `(0, 1)` or the rate is not above it.
+pub fn level_p_value(p: Proportion, level: f64) -> f64 {
+    if level.is_nan() || level <= 0.0 || level >= 1.0 || p.rate() <= level {
+        return 1.0;
+    }
+    (-ln_one_sided_mixture(p.successes, p.failures(), level, Side::Lower))
         .exp()
         .clamp(P_VALUE_FLOOR, 1.0)
 }
@@ -574,20 +763,23 @@ pub fn level_p_value(p: Proportion, level: f64) -> f64 {
 // === impl Intersections ===
 
 /// The running intersection of the confidence sequences of the comparisons made, by key (see
-/// the module doc): the intervals earlier looks kept, and the ones this look meets.
+/// the module doc): the intervals earlier looks kept, and the ones this look meets; and the
+/// share of [`FAMILY_ALPHA`] each key's stretch may spend.
 ///
-/// A key names one comparison at one level (say `window|best|success|model|a|b|m1`); the caller
-/// keeps the same key for the same comparison, oriented the same way, and carries the intervals
-/// only while the sessions compared only grow. Keys not met at this look are not carried
-/// further.
+/// A key names one comparison at one level in one stretch (say
+/// `window1795392000000|best|success|model|a|b|m1`); the caller keeps the same key for the same
+/// comparison, oriented the same way, and carries the intervals only while the sessions compared
+/// only grow. Keys not met at this look are not carried further.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Intersections {
     earlier: BTreeMap<String, Interval>,
     met: BTreeMap<String, Interval>,
+    /// Key prefix → share of the family level (see [`Intersections::spending`]).
+    shares: BTreeMap<String, f64>,
 }
 
 impl Intersections {
-    /// No earlier look: every interval is this look's own.
+    /// No earlier look: every interval is this look's own, at the whole family level.
     pub fn fresh() -> Self {
         Self::default()
     }
@@ -596,8 +788,30 @@ impl Intersections {
     pub fn carried(earlier: BTreeMap<String, Interval>) -> Self {
         Self {
             earlier,
-            met: BTreeMap::new(),
+            ..Self::default()
         }
+    }
+
+    /// The comparisons whose keys start with `prefix` spend `share` (in `[0, 1]`) of the family
+    /// level: their stretch's share of the agent's whole-life budget ([`stretch_share`]). Keys
+    /// under no prefix spend all of it (one stretch: the tests of one growing sample).
+    #[must_use]
+    pub fn spending(mut self, prefix: &str, share: f64) -> Self {
+        self.shares.insert(prefix.to_owned(), share.clamp(0.0, 1.0));
+        self
+    }
+
+    /// The two-sided level of the comparison under `key`, one of `comparisons` of its question:
+    /// `FAMILY_ALPHA · share / m`, the share of the longest prefix of `key` given to
+    /// [`Intersections::spending`] (1 when none is).
+    pub fn alpha(&self, key: &str, comparisons: u32) -> f64 {
+        let share = self
+            .shares
+            .iter()
+            .filter(|(prefix, _)| key.starts_with(prefix.as_str()))
+            .max_by_key(|(prefix, _)| prefix.len())
+            .map_or(1.0, |(_, share)| *share);
+        bonferroni_alpha(comparisons) * share
     }
 
     /// This look's interval for `key` intersected with the earlier looks'. When they do not
@@ -724,8 +938,9 @@ pub struct Evidence {
     /// Anytime-valid interval of the difference at [`Evidence::confidence`]: the running
     /// intersection over the looks at this growing set of sessions.
     pub difference_interval: Interval,
-    /// Confidence of each interval here, Bonferroni-adjusted: `1 − FAMILY_ALPHA / comparisons`
-    /// (so `1 − FAMILY_ALPHA` family-wise), valid at every look at once.
+    /// Confidence of each interval here, Bonferroni-adjusted and at the stretch's share:
+    /// `1 − FAMILY_ALPHA · share / comparisons` (so `1 − FAMILY_ALPHA` family-wise over the
+    /// agent's life), valid at every look at once.
     pub confidence: f64,
     /// Comparisons made for the same question (the Bonferroni `m`).
     pub comparisons: u32,
@@ -736,31 +951,50 @@ pub struct Evidence {
     pub prob_b_greater: f64,
 }
 
-/// The evidence comparing `b` with `a` at the confidence adjusted for `comparisons`, with the
-/// (intersected) difference interval `difference_interval`; the p-value is that of the
-/// difference `null`.
+/// The evidence comparing `b` with `a` at level `1 − alpha` (the family level split over the
+/// `comparisons` and the stretch, see [`Intersections::alpha`]), with the (intersected)
+/// difference interval `difference_interval`; the p-value is that of the difference `null`.
+///
+/// With `one_sided`, the claim is that `b`'s rate is above `a`'s plus `null` (a direction fixed
+/// before looking): the arms' intervals are one-sided (`a`'s upper bound, `b`'s lower), as is
+/// the p-value ([`always_valid_p_value_above`]).
 pub fn evidence(
     a: Proportion,
     b: Proportion,
     comparisons: u32,
+    alpha: f64,
     difference_interval: Interval,
     null: f64,
+    one_sided: bool,
 ) -> Evidence {
-    let alpha = bonferroni_alpha(comparisons);
-    let arm = |p: Proportion| ArmEvidence {
+    let arm = |p: Proportion, side: Side| ArmEvidence {
         successes: p.successes,
         n: p.n,
         rate: p.rate(),
-        interval: p.sequence(alpha),
+        interval: match (one_sided, side) {
+            (false, _) => p.sequence(alpha),
+            (true, Side::Upper) => Interval {
+                lower: 0.0,
+                upper: one_sided_bound(p.successes, p.n, alpha, Side::Upper),
+            },
+            (true, Side::Lower) => Interval {
+                lower: one_sided_bound(p.successes, p.n, alpha, Side::Lower),
+                upper: 1.0,
+            },
+        },
     };
     Evidence {
-        a: arm(a),
-        b: arm(b),
+        a: arm(a, Side::Upper),
+        b: arm(b, Side::Lower),
         difference: b.rate() - a.rate(),
         difference_interval,
         confidence: 1.0 - alpha,
         comparisons: comparisons.max(1),
-        p_value: always_valid_p_value(a, b, null),
+        p_value: if one_sided {
+            always_valid_p_value_above(a, b, null)
+        } else {
+            always_valid_p_value(a, b, null)
+        },
         prob_b_greater: prob_greater(a, b),
     }
 }
@@ -795,10 +1029,8 @@ fn met_difference(
     key: &str,
     run: &mut Intersections,
 ) -> Interval {
-    run.meet(
-        key,
-        difference_interval(a, b, bonferroni_alpha(comparisons)),
-    )
+    let alpha = run.alpha(key, comparisons);
+    run.meet(key, difference_interval(a, b, alpha))
 }
 
 /// The direction the interval `i` of `rate(b) − rate(a)` supports, when the estimate agrees
@@ -832,13 +1064,24 @@ pub fn differs(
     let direction = direction_of(interval, b.rate() - a.rate())?;
     Some(Shift {
         direction,
-        evidence: evidence(a, b, comparisons, interval, 0.0),
+        evidence: evidence(
+            a,
+            b,
+            comparisons,
+            run.alpha(key, comparisons),
+            interval,
+            0.0,
+            false,
+        ),
     })
 }
 
-/// Whether `b`'s rate is higher than `a`'s ([`differs`], one direction). The interval is
-/// two-sided, so this holds the family level even when the direction was picked after looking
-/// at the data.
+/// Whether `b`'s rate is higher than `a`'s, a direction fixed before looking (say, "the slow
+/// half is abandoned more"): both arms have [`MIN_SAMPLES_PER_ARM`], and the one-sided
+/// anytime-valid lower bound of `rate(b) − rate(a)` ([`difference_lower_bound`], level
+/// adjusted for `comparisons`, intersected over the looks under `key`) and the estimate are
+/// above 0. Only that direction is ever claimed, so the whole level goes to its side. (When
+/// the data pick the direction, use [`differs`].)
 pub fn better(
     a: Proportion,
     b: Proportion,
@@ -846,9 +1089,13 @@ pub fn better(
     key: &str,
     run: &mut Intersections,
 ) -> Option<Evidence> {
-    differs(a, b, comparisons, key, run)
-        .filter(|shift| shift.direction == Direction::Higher)
-        .map(|shift| shift.evidence)
+    if !enough_samples(a, b) {
+        return None;
+    }
+    let alpha = run.alpha(key, comparisons);
+    let interval = run.meet(key, difference_lower_bound(a, b, alpha));
+    (interval.lower > 0.0 && b.rate() > a.rate())
+        .then(|| evidence(a, b, comparisons, alpha, interval, 0.0, true))
 }
 
 /// The arm with the highest rate, when it beats every other arm.
@@ -898,7 +1145,7 @@ pub fn best_arm(arms: &[(&str, Proportion)], key: &str, run: &mut Intersections)
             } else {
                 (j, i)
             };
-            let pair_key = format!("{key}|{}|{}|m{comparisons}", arms[lo].0, arms[hi].0);
+            let pair_key = pair_key(key, arms[lo].0, arms[hi].0, comparisons);
             let met = met_difference(arms[lo].1, arms[hi].1, comparisons, &pair_key, run);
             above.insert((lo, hi), met);
             above.insert(
@@ -923,9 +1170,28 @@ pub fn best_arm(arms: &[(&str, Proportion)], key: &str, run: &mut Intersections)
         .map(|&i| {
             let interval = *above.get(&(i, leader))?;
             let difference = arms[leader].1.rate() - arms[i].1.rate();
-            (direction_of(interval, difference) == Some(Direction::Higher)).then(|| Beaten {
-                arm: i,
-                evidence: evidence(arms[i].1, arms[leader].1, comparisons, interval, 0.0),
+            (direction_of(interval, difference) == Some(Direction::Higher)).then(|| {
+                let (lo, hi) = if arms[i].0 <= arms[leader].0 {
+                    (i, leader)
+                } else {
+                    (leader, i)
+                };
+                let alpha = run.alpha(
+                    &pair_key(key, arms[lo].0, arms[hi].0, comparisons),
+                    comparisons,
+                );
+                Beaten {
+                    arm: i,
+                    evidence: evidence(
+                        arms[i].1,
+                        arms[leader].1,
+                        comparisons,
+                        alpha,
+                        interval,
+                        0.0,
+                        false,
+                    ),
+                }
             })
         })
         .collect::<Option<Vec<_>>>()?;
@@ -936,16 +1202,20 @@ pub fn best_arm(arms: &[(&str, Proportion)], key: &str, run: &mut Intersections)
     })
 }
 
+/// The key of the comparison of the arms labelled `lo` and `hi` (in order) in [`best_arm`].
+fn pair_key(key: &str, lo: &str, hi: &str, comparisons: u32) -> String {
+    format!("{key}|{lo}|{hi}|m{comparisons}")
+}
+
 /// Whether `candidate` (say, a cheaper model) performs as well as `reference`: its rate is not
 /// lower by more than [`NON_INFERIORITY_MARGIN`], i.e. the lower bound of the anytime-valid
 /// interval of `rate(candidate) − rate(reference)` (intersected over the looks under `key`) is
 /// above `−δ`, and so is the estimate.
 ///
-/// The lower bound of a two-sided `1 − α/m` sequence errs on that side with probability at
-/// most `α/m` (about half of it in practice). Pass the number of candidate pairs as
-/// `comparisons`. "As good" needs more evidence than "better": with equal true rates near 0.7,
-/// the bound clears 5 points half the time at about 1,700 sessions per arm, and nine times in
-/// ten at about 3,500.
+/// The claim has one side, so the bound is one-sided ([`difference_lower_bound`]): it errs
+/// with probability at most `α/m` at every look at once. Pass the number of candidate pairs as
+/// `comparisons`. "As good" needs more evidence than "better": with equal true rates near
+/// 0.7, thousands of sessions per arm.
 pub fn performs_as_well(
     reference: Proportion,
     candidate: Proportion,
@@ -956,15 +1226,18 @@ pub fn performs_as_well(
     if !enough_samples(reference, candidate) {
         return None;
     }
-    let interval = met_difference(reference, candidate, comparisons, key, run);
+    let alpha = run.alpha(key, comparisons);
+    let interval = run.meet(key, difference_lower_bound(reference, candidate, alpha));
     let difference = candidate.rate() - reference.rate();
     (interval.lower > -NON_INFERIORITY_MARGIN && difference > -NON_INFERIORITY_MARGIN).then(|| {
         evidence(
             reference,
             candidate,
             comparisons,
+            alpha,
             interval,
             -NON_INFERIORITY_MARGIN,
+            true,
         )
     })
 }
@@ -989,13 +1262,14 @@ pub struct AboveLevel {
     pub level: f64,
     /// Confidence of the interval, Bonferroni-adjusted, valid at every look at once.
     pub confidence: f64,
-    /// Always-valid p-value of "the rate is the level" at this look.
+    /// One-sided always-valid p-value of "the rate is at most the level" at this look.
     pub p_value: f64,
 }
 
 /// Whether a rate (say, regenerations) is above `level`: at least [`MIN_SAMPLES_PER_ARM`]
-/// observations, and the lower bound of the rate's confidence sequence (level adjusted for
-/// `comparisons`, intersected over the looks under `key`) and the rate itself above it.
+/// observations, and the lower bound of the rate's one-sided confidence sequence
+/// ([`one_sided_bound`]; level adjusted for `comparisons`, intersected over the looks under
+/// `key`; shown as `[lower, 1]`) and the rate itself above it.
 pub fn exceeds(
     p: Proportion,
     level: f64,
@@ -1011,8 +1285,9 @@ pub fn exceeds(
         run.carry(key);
         return None;
     }
-    let alpha = bonferroni_alpha(comparisons);
-    let interval = run.meet(key, p.sequence(alpha));
+    let alpha = run.alpha(key, comparisons);
+    let lower = one_sided_bound(p.successes, p.n, alpha, Side::Lower);
+    let interval = run.meet(key, Interval { lower, upper: 1.0 });
     (interval.lower > level && p.rate() > level).then(|| AboveLevel {
         arm: ArmEvidence {
             successes: p.successes,

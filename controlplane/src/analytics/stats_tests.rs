@@ -214,6 +214,152 @@ fn the_rate_rarely_ever_leaves_its_sequence() {
 }
 
 #[test]
+fn incomplete_beta_known_values() {
+    let i = |x: f64, a: f64, b: f64| ln_incomplete_beta(x, a, b).exp();
+    for x in [1e-6, 0.01, 0.3, 0.5, 0.77, 0.999] {
+        assert!(close(i(x, 1.0, 1.0), x, 1e-13), "{x}");
+        assert!(close(i(x, 3.5, 1.0), x.powf(3.5), 1e-13), "{x}");
+        assert!(close(i(x, 1.0, 4.0), 1.0 - (1.0 - x).powi(4), 1e-13), "{x}");
+        // I_x(a, b) = 1 − I_{1−x}(b, a).
+        assert!(
+            close(i(x, 40.0, 7.0) + i(1.0 - x, 7.0, 40.0), 1.0, 1e-12),
+            "{x}"
+        );
+    }
+    for (a, tolerance) in [(0.5, 1e-12), (24.0, 1e-12), (3000.0, 1e-9)] {
+        assert!(close(i(0.5, a, a), 0.5, tolerance), "{a}");
+    }
+    // Deep in a tail, the logarithm keeps its digits: I_x(2, 1) = x².
+    assert!(close(
+        ln_incomplete_beta(1e-100, 2.0, 1.0),
+        -200.0 * 10f64.ln(),
+        1e-9
+    ));
+    assert_eq!(ln_incomplete_beta(0.0, 2.0, 3.0), f64::NEG_INFINITY);
+    assert_eq!(ln_incomplete_beta(1.0, 2.0, 3.0), 0.0);
+}
+
+/// The one-sided bound is tighter than the two-sided one at the same level, by at least a
+/// third of what doubling the level would give (about all of it in the middle, less near the
+/// edges, where the cut prior keeps more than half its mass), and its mixture grows away from
+/// the estimate on its side, so the bound is where it first reaches the level.
+#[test]
+fn one_sided_bounds_sit_between_the_two_sided_ones() {
+    for (s, n) in [
+        (3u64, 30u64),
+        (60, 200),
+        (700, 1000),
+        (1450, 5000),
+        (4990, 5000),
+    ] {
+        let (lo, hi) = confidence_sequence(s, n, 0.05);
+        let (lo2, hi2) = confidence_sequence(s, n, 0.10);
+        let lower = one_sided_bound(s, n, 0.05, Side::Lower);
+        let upper = one_sided_bound(s, n, 0.05, Side::Upper);
+        assert!(
+            lo < lower && lower < s as f64 / n as f64,
+            "{s}/{n}: {lo} {lower}"
+        );
+        assert!(
+            hi > upper && upper > s as f64 / n as f64,
+            "{s}/{n}: {hi} {upper}"
+        );
+        assert!(
+            3.0 * (lower - lo) >= lo2 - lo,
+            "{s}/{n}: {lo} {lower} {lo2}"
+        );
+        assert!(
+            3.0 * (hi - upper) >= hi - hi2,
+            "{s}/{n}: {hi} {upper} {hi2}"
+        );
+        let level = 20f64.ln();
+        assert!(close(
+            ln_one_sided_mixture(s, n - s, lower, Side::Lower),
+            level,
+            1e-6
+        ));
+        let p_hat = s as f64 / n as f64;
+        let below: Vec<f64> = (1..200)
+            .map(|k| p_hat * f64::from(k) / 200.0)
+            .map(|p| ln_one_sided_mixture(s, n - s, p, Side::Lower))
+            .collect();
+        for w in below.windows(2) {
+            assert!(
+                w[0] >= w[1] - 1e-9,
+                "{s}/{n}: not falling toward the estimate"
+            );
+        }
+    }
+    assert_eq!(one_sided_bound(0, 0, 0.05, Side::Lower), 0.0);
+    assert_eq!(one_sided_bound(0, 0, 0.05, Side::Upper), 1.0);
+    assert_eq!(one_sided_bound(0, 50, 0.05, Side::Lower), 0.0);
+    assert_eq!(one_sided_bound(50, 50, 0.05, Side::Upper), 1.0);
+}
+
+/// Exact by Ville's inequality: streams of outcomes at rate `p`, looked at after every
+/// outcome up to 400, rarely ever put `p` below the one-sided lower bound (or above the upper
+/// one).
+#[test]
+fn the_rate_rarely_ever_leaves_its_one_sided_sequence() {
+    const RUNS: u64 = 400;
+    const LOOKS: u64 = 400;
+    let level = (1.0 / FAMILY_ALPHA).ln();
+    for p in [0.03_f64, 0.3, 0.9] {
+        for side in [Side::Lower, Side::Upper] {
+            let mut rng = StdRng::seed_from_u64(p.to_bits() ^ side as u64);
+            let left = (0..RUNS)
+                .filter(|_| {
+                    let mut s = 0;
+                    (1..=LOOKS).any(|n| {
+                        s += u64::from(rng.random_bool(p));
+                        ln_one_sided_mixture(s, n - s, p, side) >= level
+                    })
+                })
+                .count() as u64;
+            // α = 5% of 400 is 20, plus 3 standard deviations of 400 runs: 33.
+            assert!(left <= 33, "p {p} {side:?}: {left} of {RUNS}");
+        }
+    }
+}
+
+/// What the one-sided bounds buy: the sessions per arm at which a typical sample (the estimate
+/// at the truth) is enough for the claim, with the two-sided sequence and the one-sided one,
+/// at the first stretch's share of the level. "As good" for equal rates at 0.7; a rate of 0.4
+/// shown above a level of 0.3 (Bonferroni over three levels); slow answers abandoned at 13%
+/// against 7% (over five cuts).
+#[test]
+fn one_sided_claims_need_fewer_sessions() {
+    let alpha = FAMILY_ALPHA * stretch_share(1);
+    let first = |claim: &dyn Fn(u64) -> bool| (10..2_000).map(|k| 10 * k).find(|&n| claim(n));
+    let at = |rate: f64, n: u64| Proportion::new((rate * n as f64).round() as u64, n);
+    let as_good_two = first(&|n| {
+        difference_interval(at(0.7, n), at(0.7, n), alpha).lower > -NON_INFERIORITY_MARGIN
+    });
+    let as_good_one = first(&|n| {
+        difference_lower_bound(at(0.7, n), at(0.7, n), alpha).lower > -NON_INFERIORITY_MARGIN
+    });
+    let level_two = first(&|n| at(0.4, n).sequence(alpha / 3.0).lower > 0.3);
+    let level_one =
+        first(&|n| one_sided_bound(at(0.4, n).successes, n, alpha / 3.0, Side::Lower) > 0.3);
+    let slow_two =
+        first(&|n| difference_interval(at(0.07, n), at(0.13, n), alpha / 5.0).lower > 0.0);
+    let slow_one =
+        first(&|n| difference_lower_bound(at(0.07, n), at(0.13, n), alpha / 5.0).lower > 0.0);
+    eprintln!(
+        "as good: {as_good_two:?} -> {as_good_one:?}; level: {level_two:?} -> {level_one:?}; \
+         latency: {slow_two:?} -> {slow_one:?} sessions per arm"
+    );
+    for (two, one) in [
+        (as_good_two, as_good_one),
+        (level_two, level_one),
+        (slow_two, slow_one),
+    ] {
+        let (two, one) = (two.unwrap(), one.unwrap());
+        assert!(one < two && one as f64 > 0.8 * two as f64, "{one} vs {two}");
+    }
+}
+
+#[test]
 fn difference_interval_and_p_value() {
     let (a, b) = (Proportion::new(100, 200), Proportion::new(150, 200));
     let i = difference_interval(a, b, 0.05);
@@ -239,13 +385,21 @@ fn difference_interval_and_p_value() {
         always_valid_p_value(Proportion::new(0, 5000), Proportion::new(5000, 5000), 0.0),
         P_VALUE_FLOOR
     );
-    // A level's p-value: 1/M at the level.
+    // A level's p-value: 1/M⁺ at the level, where the one-sided lower bound crosses it.
     let x = Proportion::new(90, 200);
     let p = level_p_value(x, 0.3);
     assert!(p < 0.001, "{p}");
-    assert!(x.sequence(p * 1.01).lower > 0.3);
-    assert!(x.sequence(p * 0.99).lower <= 0.3);
+    assert!(one_sided_bound(90, 200, p * 1.01, Side::Lower) > 0.3);
+    assert!(one_sided_bound(90, 200, p * 0.99, Side::Lower) <= 0.3);
     assert_eq!(level_p_value(x, 0.0), 1.0);
+    assert_eq!(level_p_value(x, 0.5), 1.0);
+    // One-sided difference: the p-value is where the lower bound crosses the null.
+    let (a, b) = (Proportion::new(100, 200), Proportion::new(130, 200));
+    let p = always_valid_p_value_above(a, b, 0.0);
+    assert!(p < always_valid_p_value(a, b, 0.0), "{p}");
+    assert!(difference_lower_bound(a, b, p * 1.01).lower > 0.0);
+    assert!(difference_lower_bound(a, b, p * 0.99).lower <= 0.0);
+    assert_eq!(always_valid_p_value_above(b, a, 0.0), 1.0);
 }
 
 #[test]
