@@ -66,7 +66,7 @@ thread_local! {
 /// invalidates every entry at once. The secret itself is never kept.
 #[derive(Default)]
 struct Checked {
-    /// Two SipHash-1-3 keys drawn at random for this thread.
+    /// Two SipHash-1-3 keys, from std's `RandomState` (seeded at random for each thread).
     keys: (std::hash::RandomState, std::hash::RandomState),
     entries: HashMap<u128, (u64, Principal), foldhash::fast::RandomState>,
 }

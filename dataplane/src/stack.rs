@@ -48,6 +48,7 @@ pub struct State {
     pub reserve_output_tokens: u64,
     /// Client connection limits (header timeout, cap, request-body pace).
     pub conn_limits: crate::conns::ConnLimits,
+    /// The per-thread mechanisms in force ([`crate::hot_path`]).
     pub hot_path: crate::hot_path::HotPath,
 }
 
