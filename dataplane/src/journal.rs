@@ -683,41 +683,30 @@ mod tests {
             settled: 3,
         };
         fs::write(dir.path().join(LEDGER_FILE), crashed.encode()).unwrap();
-        let (sink, _queue) = record_queue(8, Metrics::default());
         let mut spool = Spool::open(dir.path(), CAP).unwrap();
-        let durable = start(
-            dir.path(),
-            CAP,
-            Durability::Memory,
-            &sink,
-            encode,
-            &mut spool,
-        )
-        .unwrap();
-        assert!(
-            sink.metrics()
-                .render()
-                .contains("nm_records_lost_in_crash_total 7")
-        );
+        // A start in `memory` durability: its sink, and what it counted as lost in a crash.
+        let mut start_memory = || {
+            let (sink, queue) = record_queue(8, Metrics::default());
+            let durable = start(
+                dir.path(),
+                CAP,
+                Durability::Memory,
+                &sink,
+                encode,
+                &mut spool,
+            )
+            .unwrap();
+            let metrics = sink.metrics().render();
+            (sink, queue, durable, metrics)
+        };
+        let (sink, _queue, durable, metrics) = start_memory();
+        assert!(metrics.contains("nm_records_lost_in_crash_total 7"));
         sink.send(record("a"));
         sink.settler().settled(1);
         durable.stop();
         // A clean end: the next start counts nothing.
-        let (sink, _queue) = record_queue(8, Metrics::default());
-        let durable = start(
-            dir.path(),
-            CAP,
-            Durability::Memory,
-            &sink,
-            encode,
-            &mut spool,
-        )
-        .unwrap();
-        assert!(
-            sink.metrics()
-                .render()
-                .contains("nm_records_lost_in_crash_total 0")
-        );
+        let (_sink, _queue, durable, metrics) = start_memory();
+        assert!(metrics.contains("nm_records_lost_in_crash_total 0"));
         durable.stop();
     }
 
