@@ -408,6 +408,13 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
 
+    // The first answer already follows the start-up write check: a database that refused it is
+    // NOT_SERVING before the readiness task has looked (a probe racing it saw SERVING).
+    if cp.store.writability().problem().is_some() {
+        reporter
+            .set_service_status("", ServingStatus::NotServing)
+            .await;
+    }
     let refresher = cp.keys.spawn_refresher(KEY_REFRESH);
     let readiness = spawn_readiness(cp.store.clone(), Arc::new(reporter));
 
