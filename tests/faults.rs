@@ -134,19 +134,6 @@ async fn signal(gw: &TestGateway, session: &str, idempotency_key: &str) -> Answe
     .await
 }
 
-async fn count(gw: &TestGateway, sql: &str) -> i64 {
-    let db = gw.database().await;
-    let backend = db.get_database_backend();
-    let row = db
-        .query_one_raw(Statement::from_string(backend, sql.to_owned()))
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"))
-        .unwrap_or_else(|| panic!("{sql}: no row"));
-    let n: i64 = row.try_get("", "n").unwrap_or_else(|e| panic!("{e}"));
-    let _ = db.close().await;
-    n
-}
-
 /// A 503 for a signal names no database internals.
 fn assert_no_database_text(a: &Answer) {
     let body = String::from_utf8_lossy(&a.body);
@@ -264,7 +251,7 @@ async fn sqlite_on_a_full_disk_recovers_by_itself() {
     })
     .await;
     eventually(Duration::from_secs(30), "every record stored", || async {
-        let n = count(&gw, "SELECT COUNT(*) AS n FROM requests").await;
+        let n = gw.count("SELECT COUNT(*) AS n FROM requests").await;
         (n == proxied).then_some(())
     })
     .await;
@@ -407,11 +394,8 @@ async fn a_signal_answered_503_is_never_stored_later(shape: Shape) {
     })
     .await;
     assert_eq!(
-        count(
-            &gw,
-            "SELECT COUNT(*) AS n FROM signals WHERE session_id = 'sess_locked'"
-        )
-        .await,
+        gw.count("SELECT COUNT(*) AS n FROM signals WHERE session_id = 'sess_locked'")
+            .await,
         0,
         "a signal answered 503 was stored afterwards"
     );
@@ -564,15 +548,8 @@ async fn an_upstream_stalling_after_its_head_is_given_up() {
         body.is_err(),
         "the stalled answer must end in an error, not look complete"
     );
-    eventually(Duration::from_secs(15), "the record", || async {
-        let n = count(
-            &gw,
-            "SELECT COUNT(*) AS n FROM requests WHERE error_code = 'upstream_body_error'",
-        )
+    gw.one_request_where("error_code = 'upstream_body_error'")
         .await;
-        (n == 1).then_some(())
-    })
-    .await;
     gw.stop().await;
 }
 
@@ -781,7 +758,7 @@ async fn postgres_restarted_under_load_recovers_by_itself() {
         })
     };
     eventually(Duration::from_secs(10), "load under way", || async {
-        (count(&gw, "SELECT COUNT(*) AS n FROM signals").await >= 5).then_some(())
+        (gw.count("SELECT COUNT(*) AS n FROM signals").await >= 5).then_some(())
     })
     .await;
 
@@ -816,7 +793,7 @@ async fn postgres_restarted_under_load_recovers_by_itself() {
         "signals were not stored again after the restart"
     );
     eventually(Duration::from_secs(60), "every record stored", || async {
-        let n = count(&gw, "SELECT COUNT(*) AS n FROM requests").await;
+        let n = gw.count("SELECT COUNT(*) AS n FROM requests").await;
         (n == proxied).then_some(())
     })
     .await;
@@ -908,10 +885,9 @@ async fn stored_of(gw: &TestGateway, ids: &[String]) -> i64 {
         .map(|id| format!("'{id}'"))
         .collect::<Vec<_>>()
         .join(",");
-    count(
-        gw,
-        &format!("SELECT COUNT(*) AS n FROM requests WHERE request_id IN ({list})"),
-    )
+    gw.count(&format!(
+        "SELECT COUNT(*) AS n FROM requests WHERE request_id IN ({list})"
+    ))
     .await
 }
 
@@ -1058,16 +1034,10 @@ async fn a_stream_the_upstream_breaks_is_recorded_as_partial_usage() {
             .await
             .is_err()
     );
-    eventually(Duration::from_secs(15), "the record", || async {
-        let n = count(
-            &gw,
-            "SELECT COUNT(*) AS n FROM requests WHERE error_code = 'upstream_body_error' \
-             AND usage_status = 'partial' AND answered_model = 'gpt-4o-mini' \
-             AND input_tokens IS NULL AND cost_micros IS NULL",
-        )
-        .await;
-        (n == 1).then_some(())
-    })
+    gw.one_request_where(
+        "error_code = 'upstream_body_error' AND usage_status = 'partial' \
+         AND answered_model = 'gpt-4o-mini' AND input_tokens IS NULL AND cost_micros IS NULL",
+    )
     .await;
     gw.stop().await;
 }

@@ -4,8 +4,6 @@
 
 use std::time::Duration;
 
-use sea_orm::{ConnectionTrait, Statement};
-
 use crate::common::gateway::{ADMIN_KEY, TestGateway};
 use crate::common::http::Answer;
 use crate::common::mock::MockProvider;
@@ -106,24 +104,11 @@ async fn every_hot_path_mechanism_can_be_turned_off() {
         )
         .await;
     assert_eq!(a.status, 401);
-    let db = gw.database().await;
     let sql = "SELECT COUNT(*) AS n FROM requests WHERE agent = 'switches' AND input_tokens > 0";
-    eventually(Duration::from_secs(10), "20 metered records", || {
-        let db = &db;
-        async move {
-            let row = db
-                .query_one_raw(Statement::from_string(
-                    db.get_database_backend(),
-                    sql.to_owned(),
-                ))
-                .await
-                .ok()??;
-            let n: i64 = row.try_get("", "n").ok()?;
-            (n == 20).then_some(())
-        }
+    eventually(Duration::from_secs(10), "20 metered records", || async {
+        (gw.count(sql).await == 20).then_some(())
     })
     .await;
-    let _ = db.close().await;
     gw.stop().await;
 }
 

@@ -354,6 +354,30 @@ impl TestGateway {
             .unwrap_or_else(|e| panic!("test db connect: {e}"))
     }
 
+    /// The `n` column of the one row `sql` selects (a `SELECT COUNT(*) AS n ...`).
+    pub async fn count(&self, sql: &str) -> i64 {
+        use sea_orm::{ConnectionTrait, Statement};
+        let db = self.database().await;
+        let backend = db.get_database_backend();
+        let row = db
+            .query_one_raw(Statement::from_string(backend, sql.to_owned()))
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            .unwrap_or_else(|| panic!("{sql}: no row"));
+        let n: i64 = row.try_get("", "n").unwrap_or_else(|e| panic!("{e}"));
+        let _ = db.close().await;
+        n
+    }
+
+    /// Waits (up to 15 s) until exactly one stored request record matches `condition` (SQL).
+    pub async fn one_request_where(&self, condition: &str) {
+        let sql = format!("SELECT COUNT(*) AS n FROM requests WHERE {condition}");
+        crate::common::eventually(Duration::from_secs(15), &sql, || async {
+            (self.count(&sql).await == 1).then_some(())
+        })
+        .await;
+    }
+
     /// Split shape: stops the controlplane only.
     pub async fn stop_controlplane(&mut self) {
         assert!(
