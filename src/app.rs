@@ -35,6 +35,9 @@ use crate::link::remote::Grpc;
 use crate::link::shipper::SharedSpool;
 use crate::link::watch::PortSignals;
 use crate::link::{Link, LinkTargets, Port};
+use crate::otel::Telemetry;
+use crate::otel::export::DropCounter;
+use nm_dataplane::metrics::Metrics;
 
 /// The version reported by `/health` and `--version`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -85,7 +88,9 @@ pub async fn start(settings: &Settings) -> anyhow::Result<Running> {
 
 pub async fn start_controlplane(settings: &Settings) -> anyhow::Result<Running> {
     let (shutdown, rx) = watch::channel(false);
+    let telemetry = telemetry(settings, "nm-controlplane", None)?;
     let (_, grpc_addr, generated_admin_key, task) = controlplane(settings, rx).await?;
+    let task = flushed(task, telemetry);
     Ok(Running {
         http_addr: None,
         grpc_addr: Some(grpc_addr),
@@ -105,7 +110,11 @@ pub async fn start_dataplane(settings: &Settings) -> anyhow::Result<Running> {
     let port: Arc<dyn Port> = Arc::new(Grpc::new(channel, secret.expose())?);
     info!(controlplane = %settings.controlplane_url, "dataplane linked to its controlplane over gRPC");
     let verifier = VerifierKey::from_link_secret(secret.expose());
-    let (http_addr, task) = dataplane(settings, port, verifier, rx).await?;
+    let metrics = Metrics::default();
+    let telemetry = telemetry(settings, "nm-dataplane", Some(&metrics))?;
+    let tracing = telemetry.as_ref().map(Telemetry::dataplane);
+    let (http_addr, task) = dataplane(settings, port, verifier, rx, metrics, tracing).await?;
+    let task = flushed(task, telemetry);
     Ok(Running {
         http_addr: Some(http_addr),
         grpc_addr: None,
@@ -118,19 +127,23 @@ pub async fn start_dataplane(settings: &Settings) -> anyhow::Result<Running> {
 pub async fn start_serve(settings: &Settings) -> anyhow::Result<Running> {
     let (shutdown, rx) = watch::channel(false);
     let (cp_stop, cp_rx) = watch::channel(false);
+    let metrics = Metrics::default();
+    let telemetry = telemetry(settings, "nm-gateway", Some(&metrics))?;
     let (cp, grpc_addr, generated_admin_key, cp_task) = controlplane(settings, cp_rx).await?;
     // Verifiers made in process never leave it; with a link secret they are the same ones
     // extra dataplanes get.
     let verifier =
         VerifierKey::from_link_secret(settings.link_secret.as_ref().map_or("", |s| s.expose()));
     let port: Arc<dyn Port> = Arc::new(InProcess::new(cp, verifier.clone()));
-    let (http_addr, dp_task) = dataplane(settings, port, verifier, rx).await?;
+    let tracing = telemetry.as_ref().map(Telemetry::dataplane);
+    let (http_addr, dp_task) = dataplane(settings, port, verifier, rx, metrics, tracing).await?;
     let task = tokio::spawn(async move {
         let dp = dp_task.await.context("dataplane task panicked")?;
         let _ = cp_stop.send(true);
         let cp = cp_task.await.context("controlplane task panicked")?;
         dp.and(cp)
     });
+    let task = flushed(task, telemetry);
     Ok(Running {
         http_addr: Some(http_addr),
         grpc_addr: Some(grpc_addr),
@@ -141,6 +154,40 @@ pub async fn start_serve(settings: &Settings) -> anyhow::Result<Running> {
 }
 
 type Task = JoinHandle<anyhow::Result<()>>;
+
+/// The shape's OpenTelemetry export, when `OTEL_*` turns it on; drops are counted in the
+/// dataplane's metrics where there are some.
+fn telemetry(
+    settings: &Settings,
+    default_service: &'static str,
+    metrics: Option<&Metrics>,
+) -> anyhow::Result<Option<Telemetry>> {
+    let Some(export) = &settings.otel.export else {
+        return Ok(None);
+    };
+    let drops: DropCounter = match metrics {
+        Some(m) => {
+            let m = m.clone();
+            Arc::new(move |reason, n| m.otel_spans_dropped(reason, n))
+        }
+        None => Arc::new(|reason, n| tracing::debug!(reason, spans = n, "spans dropped")),
+    };
+    let telemetry = Telemetry::start(export, default_service, drops)
+        .context("cannot start the OpenTelemetry export thread")?;
+    Ok(Some(telemetry))
+}
+
+/// `task`, then the export of its last spans.
+fn flushed(task: Task, telemetry: Option<Telemetry>) -> Task {
+    match telemetry {
+        None => task,
+        Some(t) => tokio::spawn(async move {
+            let result = task.await;
+            t.shutdown().await;
+            result.context("server task panicked")?
+        }),
+    }
+}
 
 async fn controlplane(
     settings: &Settings,
@@ -195,6 +242,8 @@ async fn dataplane(
     port: Arc<dyn Port>,
     key_verifier: VerifierKey,
     stop: watch::Receiver<bool>,
+    metrics: Metrics,
+    tracing: Option<nm_dataplane::otel::Tracing>,
 ) -> anyhow::Result<(SocketAddr, Task)> {
     let config = DataplaneConfig {
         registry: settings.registry.clone(),
@@ -214,6 +263,8 @@ async fn dataplane(
         },
         upstream_idle_timeout: settings.upstream_idle_timeout,
         hot_path: settings.hot_path,
+        tracing,
+        metrics,
     };
     let signals = Arc::new(PortSignals(port.clone()));
     let (dp, queue) = Dataplane::new(config, signals)?;

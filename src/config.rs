@@ -177,6 +177,8 @@ pub struct FileProvider {
     pub errors: Option<WireFormat>,
     pub aliases: Option<Vec<String>>,
     pub api_key: Option<String>,
+    /// Whether the upstream call carries the gateway's trace context (default true).
+    pub trace_context: Option<bool>,
 }
 
 /// Resolved settings.
@@ -221,6 +223,8 @@ pub struct Settings {
     pub analytics_interval: Option<Duration>,
     /// The hot path's mechanisms: all on, unless a benchmark turns some off.
     pub hot_path: HotPath,
+    /// OpenTelemetry export (`OTEL_*`), off unless an endpoint is set.
+    pub otel: crate::otel::settings::OtelSettings,
 }
 
 /// A secret setting: never printed by `Debug`.
@@ -612,6 +616,7 @@ pub fn resolve(
         prices,
         analytics_interval,
         hot_path,
+        otel: crate::otel::settings::resolve(env)?,
     })
 }
 
@@ -833,6 +838,7 @@ fn providers(
                     s.aliases = a;
                 }
                 s.api_key = fp.api_key.or(s.api_key);
+                s.trace_context = fp.trace_context.unwrap_or(s.trace_context);
                 s
             }
             None => ProviderSpec {
@@ -848,6 +854,7 @@ fn providers(
                 format: format.unwrap_or(WireFormat::Openai),
                 aliases: fp.aliases.unwrap_or_default(),
                 api_key: fp.api_key,
+                trace_context: fp.trace_context.unwrap_or(true),
             },
         };
         specs.insert(name, spec);

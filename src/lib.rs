@@ -12,4 +12,5 @@ pub mod demo;
 pub mod grpc;
 pub mod limits;
 pub mod link;
+pub mod otel;
 pub mod telemetry;

@@ -28,7 +28,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Waker};
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -40,6 +40,7 @@ use tracing::Span;
 use crate::budget::Reservation;
 use crate::forward::UpstreamBody;
 use crate::journal::Commit;
+use crate::otel::{End, Outcome};
 use crate::pace::{PaceLimits, Paced};
 use crate::pricing::{Cost, PriceTable};
 use crate::records::{self, RecordSink, RequestRecord, UsageStatus};
@@ -182,6 +183,8 @@ pub struct Completion {
     pub prices: std::sync::Arc<PriceTable>,
     /// The end user's budget hold, settled when the body ends.
     pub reservation: Option<Reservation>,
+    /// The request's exported spans, ended with the body (tracing on).
+    pub trace: Option<crate::otel::RequestTrace>,
 }
 
 impl Completion {
@@ -246,6 +249,26 @@ impl Completion {
         }
         let latency_ms = r.latency_ms;
         self.span.record("nm.latency_ms", latency_ms);
+        if let Some(trace) = self.trace.take() {
+            let outcome = match ending {
+                Ending::Complete => Outcome::Complete,
+                Ending::UpstreamError => Outcome::UpstreamAborted,
+                Ending::ClientGone => Outcome::ClientDisconnected,
+            };
+            // The clock time of the body's end (the completion may run a moment later).
+            let at = SystemTime::now()
+                .checked_sub(ended.elapsed())
+                .unwrap_or_else(SystemTime::now);
+            trace.end(&End {
+                outcome,
+                at,
+                status: r.status,
+                usage: &r.usage,
+                cost_micros: r.cost_micros,
+                time_to_first_chunk: first_byte.map(|t| t.duration_since(self.started)),
+                streamed: r.streamed,
+            });
+        }
         self.span.in_scope(|| {
             tracing::info!(
                 http.response.status_code = r.status,
@@ -577,6 +600,7 @@ mod tests {
             span: Span::none(),
             prices: Arc::new(PriceTable::builtin()),
             reservation: None,
+            trace: None,
         };
         let ended = started + Duration::from_millis(7);
         let finish = Finish {

@@ -55,6 +55,11 @@ pub fn take_request_id(extensions: &mut Extensions) -> String {
         .unwrap_or_default()
 }
 
+/// The request's exported spans, when tracing is on.
+pub fn take_trace(extensions: &mut Extensions) -> Option<crate::otel::RequestTrace> {
+    extensions.remove::<crate::otel::RequestTrace>()
+}
+
 /// The request's span from the trace layer, or the current span outside the full stack.
 pub fn take_span(extensions: &mut Extensions) -> tracing::Span {
     extensions

@@ -336,6 +336,8 @@ mod tests {
                 auth: AuthStyle::Bearer,
                 format: WireFormat::Openai,
                 api_key: None,
+                system: name.into(),
+                trace_context: true,
             })
     }
 

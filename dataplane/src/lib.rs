@@ -20,6 +20,7 @@ pub mod journal;
 pub mod keys;
 pub mod layers;
 pub mod metrics;
+pub mod otel;
 pub mod pace;
 pub mod path;
 pub mod pricing;
@@ -76,6 +77,10 @@ pub struct DataplaneConfig {
     pub upstream_idle_timeout: Duration,
     /// The hot path's per-thread mechanisms (all on but for benchmarks).
     pub hot_path: hot_path::HotPath,
+    /// Exported spans ([`otel`]); None when tracing is off.
+    pub tracing: Option<otel::Tracing>,
+    /// The metrics `/metrics` serves (made by the root, which counts into them too).
+    pub metrics: metrics::Metrics,
 }
 
 /// Answer length assumed for a budget reservation when a request sets no `max_tokens`.
@@ -100,7 +105,7 @@ impl Dataplane {
         config: DataplaneConfig,
         signals: Arc<dyn SignalSink>,
     ) -> Result<(Self, RecordQueue), Error> {
-        let metrics = metrics::Metrics::default();
+        let metrics = config.metrics;
         let hot_path = config.hot_path;
         body::defer_completions(hot_path.deferred_completion);
         let (records, queue) = records::record_queue(config.record_queue_capacity, metrics.clone());
@@ -129,6 +134,7 @@ impl Dataplane {
             metrics,
             reserve_output_tokens: config.reserve_output_tokens,
             hot_path,
+            tracing: config.tracing,
         };
         Ok((
             Self {

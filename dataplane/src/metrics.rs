@@ -33,6 +33,7 @@ struct Inner {
     connections_closed: Family<Reason, Counter>,
     records_lost_in_crash: Counter,
     records_journal_replayed: Counter,
+    otel_spans_dropped: Family<Reason, Counter>,
 }
 
 impl Default for Metrics {
@@ -92,8 +93,15 @@ impl Default for Metrics {
             "Request records a previous run journaled (NM_RECORD_DURABILITY=spool) and had not shipped when it ended (a crash, or a shipper stopped first), replayed at start",
             records_journal_replayed.clone(),
         );
+        let otel_spans_dropped = Family::<Reason, Counter>::default();
+        registry.register(
+            "otel_spans_dropped",
+            "Spans not exported to the OpenTelemetry collector, by reason (queue_full: the export queue was full; export_failed: the collector refused or did not answer)",
+            otel_spans_dropped.clone(),
+        );
         Self {
             inner: Arc::new(Inner {
+                otel_spans_dropped,
                 records_lost_in_crash,
                 records_journal_replayed,
                 connections_closed,
@@ -159,6 +167,14 @@ impl Metrics {
             .connections_closed
             .get_or_create(&Reason { reason })
             .inc();
+    }
+
+    /// Spans the OpenTelemetry export lost.
+    pub fn otel_spans_dropped(&self, reason: &'static str, n: u64) {
+        self.inner
+            .otel_spans_dropped
+            .get_or_create(&Reason { reason })
+            .inc_by(n);
     }
 
     /// The text exposition format.

@@ -54,6 +54,10 @@ pub struct Provider {
     pub format: WireFormat,
     /// Credential the gateway adds when the client sends none.
     pub api_key: Option<String>,
+    /// `gen_ai.provider.name` in traces: the OpenTelemetry name of a known provider, else ours.
+    pub system: Arc<str>,
+    /// Whether the upstream call carries the gateway's trace context (`traceparent`).
+    pub trace_context: bool,
 }
 
 /// A provider's settings before validation (from built-ins, the config file or env).
@@ -68,6 +72,13 @@ pub struct ProviderSpec {
     pub aliases: Vec<String>,
     #[serde(default)]
     pub api_key: Option<String>,
+    /// Send the gateway's trace context upstream (`traceparent`) when tracing is on.
+    #[serde(default = "default_true")]
+    pub trace_context: bool,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 fn default_format() -> WireFormat {
@@ -82,6 +93,7 @@ pub fn builtin() -> Vec<(&'static str, ProviderSpec)> {
         format,
         aliases: aliases.iter().map(|a| (*a).to_owned()).collect(),
         api_key: None,
+        trace_context: true,
     };
     use AuthStyle::*;
     use WireFormat::*;
@@ -236,7 +248,20 @@ fn validate(name: &str, spec: &ProviderSpec) -> Result<Provider, RegistryError> 
         auth: spec.auth,
         format: spec.format,
         api_key: spec.api_key.clone().filter(|k| !k.is_empty()),
+        system: Arc::from(semconv_name(name)),
+        trace_context: spec.trace_context,
     })
+}
+
+/// The OpenTelemetry GenAI name (`gen_ai.provider.name`) of a built-in provider; others keep
+/// their configured name.
+fn semconv_name(name: &str) -> &str {
+    match name {
+        "gemini" => "gcp.gemini",
+        "mistral" => "mistral_ai",
+        "xai" => "x_ai",
+        other => other,
+    }
 }
 
 #[cfg(test)]
@@ -298,6 +323,7 @@ mod tests {
             format: WireFormat::Openai,
             aliases: vec![],
             api_key: None,
+            trace_context: true,
         };
         for url in [
             "ftp://x",

@@ -23,6 +23,7 @@ use crate::forward::{
     RequestFacts, UpstreamBody, request_facts, strip_response_headers, upstream_headers,
     upstream_uri,
 };
+use crate::otel::{Call, RequestTrace};
 use crate::path::{check_native_path, split_prefix};
 use crate::providers::Provider;
 use crate::records::{self, RequestRecord};
@@ -38,6 +39,7 @@ pub async fn handle(
     let started = Instant::now();
     let started_at = SystemTime::now();
     let span = edge::take_span(req.extensions_mut());
+    let mut trace = edge::take_trace(req.extensions_mut());
     let principal = edge::take_principal(req.extensions_mut())?;
     let request_id = edge::take_request_id(req.extensions_mut());
     let path = req.uri().path();
@@ -49,7 +51,7 @@ pub async fn handle(
         .cloned()
         .ok_or_else(|| ProxyError::UnknownProvider(prefix.to_owned()))?;
     span.record("gen_ai.provider.name", &*provider.name);
-    span.record("http.route", "/{provider}/{*native_path}");
+    span.record("http.route", crate::routes::PROXY_TEMPLATE);
 
     let mut record = records::started(
         request_id,
@@ -61,12 +63,24 @@ pub async fn handle(
     );
 
     let mut reservation = None;
-    let result = forward(&state, &provider, req, &mut record, &mut reservation, &span).await;
+    let result = forward(
+        &state,
+        &provider,
+        req,
+        &mut record,
+        &mut reservation,
+        &span,
+        &mut trace,
+    )
+    .await;
     match result {
         Ok(resp) => {
             let (parts, upstream_body) = resp.into_parts();
             let framing = answer_framing(&parts.headers);
             record.streamed = framing == Some(Framing::Sse);
+            if let Some(t) = &trace {
+                t.answered(record.status, record.streamed);
+            }
             let meter = framing.and_then(|f| meter_for(&provider, &parts.headers, f));
             let completion = Completion {
                 record,
@@ -75,6 +89,7 @@ pub async fn handle(
                 span,
                 prices: state.prices.clone(),
                 reservation,
+                trace,
             };
             Ok(Response::from_parts(
                 parts,
@@ -85,6 +100,10 @@ pub async fn handle(
         }
         Err(e) => {
             let (status, code, _) = e.classify();
+            if let Some(t) = trace.as_mut() {
+                t.call_failed(code);
+                t.gateway_error(code, status.as_u16());
+            }
             record.status = status.as_u16();
             record.error_code = Some(Cow::Borrowed(code));
             record.latency_ms = records::millis(started.elapsed());
@@ -209,6 +228,7 @@ async fn forward(
     record: &mut RequestRecord,
     reservation: &mut Option<Reservation>,
     span: &tracing::Span,
+    trace: &mut Option<RequestTrace>,
 ) -> Result<Response<UpstreamBody>, ProxyError> {
     check_native_path(&record.path)?;
     let attribution = Attribution::from_headers(req.headers())?;
@@ -220,6 +240,12 @@ async fn forward(
     }
     if let Some(e) = attribution.env {
         span.record("nm.env", e.as_str());
+    }
+    if let Some(t) = trace.as_ref() {
+        t.attribute(
+            attribution.agent.as_deref(),
+            attribution.env.map(|e| e.as_str()),
+        );
     }
     record.agent = attribution.agent;
     record.session_id = attribution.session;
@@ -246,7 +272,21 @@ async fn forward(
 
     let query = parts.uri.query();
     let uri = upstream_uri(provider, &record.path, query)?;
-    let headers = upstream_headers(&parts.headers, provider, query);
+    let mut headers = upstream_headers(&parts.headers, provider, query);
+    if let Some(t) = trace.as_mut() {
+        t.call(&Call {
+            provider,
+            native_path: &record.path,
+            method: &parts.method,
+            model: facts.model.as_deref(),
+            max_tokens: facts.max_output_tokens,
+            session: record.session_id.as_ref().map(|s| s.as_str()),
+            body: &body,
+        });
+        if provider.trace_context {
+            t.inject(&mut headers);
+        }
+    }
     let mut upstream_req = Request::builder()
         .method(parts.method)
         .uri(uri)

@@ -19,6 +19,10 @@ pub enum Own {
     Signal,
 }
 
+/// `http.route` of every proxied request: a template, so metrics and traces stay
+/// low-cardinality whatever the client sends.
+pub const PROXY_TEMPLATE: &str = "/{provider}/{*native_path}";
+
 /// One of the gateway's own routes.
 #[derive(Debug)]
 pub struct Entry {

@@ -3,7 +3,7 @@
 //! | layer | adds / reads |
 //! |---|---|
 //! | [`RequestIdLayer`] | adds `RequestId`; sets `NM-Request-Id` on every response |
-//! | [`TraceLayer`] | reads `RequestId`; adds `RequestSpan` (the request's span) |
+//! | [`TraceLayer`] | reads `RequestId`; adds `RequestSpan` (the request's log span) and, with tracing on, `RequestTrace` (its exported spans); sets `NM-Trace-Id` |
 //! | [`RescueLayer`] | turns every `ProxyError` below into a native-shaped response, logs it once |
 //! | [`AuthLayer`] | reads `NM-Key`; adds `Principal` (routes that need none: [`crate::routes`]) |
 //! | [`Router`] | the gateway's own routes ([`crate::routes::TABLE`]), else `/<provider>/...` ([`crate::proxy`]) |
@@ -50,6 +50,8 @@ pub struct State {
     pub conn_limits: crate::conns::ConnLimits,
     /// The per-thread mechanisms in force ([`crate::hot_path`]).
     pub hot_path: crate::hot_path::HotPath,
+    /// Exported spans ([`crate::otel`]); None when tracing is off.
+    pub tracing: Option<crate::otel::Tracing>,
 }
 
 /// Builds the dataplane service for one connection (cheap: clones of `Arc`s).
@@ -62,7 +64,7 @@ pub fn service(
         // Outermost, so even errors and health answers carry NM-Request-Id.
         .layer(RequestIdLayer)
         // The span wraps everything below, so every log line has the request id.
-        .layer(TraceLayer)
+        .layer(TraceLayer::new(state.tracing.clone()))
         // Errors from auth, routing and forwarding become native-shaped responses here.
         .layer(RescueLayer::new(
             state.registry.clone(),

@@ -1,38 +1,61 @@
-//! Opens the request's span. Fields known later (route, provider, agent, status, latency) are
-//! declared `Empty` and recorded by the layers that learn them; the proxy hands the span to the
-//! response body, so a streamed request's span lasts until its stream ends.
+//! Opens the request's spans: the `tracing` span behind its log lines (fields known later —
+//! route, provider, agent, status, latency — are declared `Empty` and recorded by the layers that
+//! learn them), and, with tracing on, its exported SERVER span ([`crate::otel`]).
+//!
+//! The proxy hands both to the response body, so a streamed request's spans last until its
+//! stream ends. Every answer to a traced request carries `NM-Trace-Id`. The health probes and
+//! `/metrics` are never traced.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use http::Request;
+use http::{HeaderValue, Request, Response};
+use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 use tracing::instrument::{Instrument, Instrumented};
 use tracing::{Span, field::Empty};
 
 use super::RequestId;
+use crate::body::GatewayBody;
+use crate::otel::{RequestTrace, TRACE_ID_HEADER, Tracing};
+use crate::routes::{Own, Route};
 
-#[derive(Debug, Clone, Copy, Default)]
-pub struct TraceLayer;
+#[derive(Debug, Clone, Default)]
+pub struct TraceLayer {
+    tracing: Option<Tracing>,
+}
+
+impl TraceLayer {
+    /// `tracing`: the exported spans' tracer, None when tracing is off.
+    pub fn new(tracing: Option<Tracing>) -> Self {
+        Self { tracing }
+    }
+}
 
 impl<S> Layer<S> for TraceLayer {
     type Service = Trace<S>;
     fn layer(&self, inner: S) -> Self::Service {
-        Trace { inner }
+        Trace {
+            inner,
+            tracing: self.tracing.clone(),
+        }
     }
 }
 
 #[derive(Debug, Clone)]
 pub struct Trace<S> {
     inner: S,
+    tracing: Option<Tracing>,
 }
 
 impl<S, B> Service<Request<B>> for Trace<S>
 where
-    S: Service<Request<B>>,
+    S: Service<Request<B>, Response = Response<GatewayBody>>,
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = Instrumented<S::Future>;
+    type Future = Traced<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -47,6 +70,8 @@ where
         let span = tracing::info_span!(
             "request",
             nm.request_id = id,
+            trace_id = Empty,
+            span_id = Empty,
             http.request.method = %req.method(),
             http.route = Empty,
             gen_ai.provider.name = Empty,
@@ -62,10 +87,78 @@ where
             gen_ai.usage.output_tokens = Empty,
             nm.cost_micros = Empty,
         );
+        let exported = self
+            .tracing
+            .as_ref()
+            .and_then(|t| server_span(t, &req, id, &span));
+        if let Some(t) = &exported {
+            req.extensions_mut().insert(t.clone());
+        }
         req.extensions_mut().insert(RequestSpan(span.clone()));
         // Call inside the span, so what the inner layers do synchronously is attributed too.
         let fut = span.in_scope(|| self.inner.call(req));
-        fut.instrument(span)
+        Traced {
+            inner: fut.instrument(span),
+            exported,
+        }
+    }
+}
+
+/// The SERVER span of a request that is traced (all but the health probes and `/metrics`).
+fn server_span<B>(
+    tracing: &Tracing,
+    req: &Request<B>,
+    request_id: &str,
+    span: &Span,
+) -> Option<RequestTrace> {
+    let path = req.uri().path();
+    let route = match Route::of(path) {
+        Route::Own(Own::Ready | Own::Live | Own::Metrics) => return None,
+        Route::Own(Own::Signal) => Some("/v1/signal"),
+        Route::Proxy => Some(crate::routes::PROXY_TEMPLATE),
+        Route::Unknown => None,
+    };
+    let trace = tracing.server(req.headers(), req.method(), route, path, request_id);
+    let cx = trace.span_context();
+    if cx.is_valid() {
+        span.record("trace_id", tracing::field::display(cx.trace_id()));
+        span.record("span_id", tracing::field::display(cx.span_id()));
+    }
+    Some(trace)
+}
+
+pin_project! {
+    /// The inner future; its answer gets `NM-Trace-Id` and sets the SERVER span's status.
+    pub struct Traced<F> {
+        #[pin]
+        inner: Instrumented<F>,
+        exported: Option<RequestTrace>,
+    }
+}
+
+impl<F, E> Future for Traced<F>
+where
+    F: Future<Output = Result<Response<GatewayBody>, E>>,
+{
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let mut out = std::task::ready!(this.inner.poll(cx));
+        if let (Some(trace), Ok(resp)) = (this.exported.take(), out.as_mut()) {
+            trace.respond(resp.status().as_u16(), None);
+            let id = trace.trace_id();
+            if let Ok(v) = HeaderValue::from_str(&id.to_string()) {
+                resp.headers_mut().insert(TRACE_ID_HEADER, v);
+            }
+            // A body of the gateway's own is already complete: the span ends with this answer.
+            // A proxied body holds the span until its last byte.
+            if matches!(resp.body(), GatewayBody::Full { .. }) {
+                use opentelemetry::trace::TraceContextExt;
+                trace.server.span().end();
+            }
+        }
+        Poll::Ready(out)
     }
 }
 

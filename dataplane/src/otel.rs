@@ -1,0 +1,531 @@
+//! The dataplane's exported spans (OpenTelemetry, GenAI semantic conventions). Only the spans
+//! made here leave the process; the `tracing` spans behind the logs stay private.
+//!
+//! Each traced request has a fixed shape:
+//! - a SERVER span for the client's HTTP request, opened by the trace layer (continuing an
+//!   inbound `traceparent`) and ended when the answer's last byte has been passed on;
+//! - for a proxied request that reached the point of calling the provider, a CLIENT span
+//!   `{gen_ai.operation.name} {gen_ai.request.model}` for the upstream call, whose context is
+//!   sent upstream in `traceparent` (unless the provider's `trace_context` is off), ended with
+//!   the answer's usage, cost and ending.
+//!
+//! Both end exactly once: with the answer's end, else when their last handle is dropped (the
+//! SDK's span ends itself then). With tracing off ([`Tracing`] absent) none of this runs and a
+//! client's own `traceparent` passes upstream untouched.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use http::{HeaderMap, HeaderName, HeaderValue, Method};
+use opentelemetry::global::BoxedTracer;
+use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
+use opentelemetry::trace::{SpanContext, SpanKind, Status, TraceContextExt, TraceId, Tracer};
+use opentelemetry::{Context, KeyValue, Value};
+
+use crate::providers::{Provider, WireFormat};
+
+/// Longest message content put on a span (`OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`).
+pub const MAX_CONTENT_BYTES: usize = 16 * 1024;
+
+/// The header that tells a client its request's trace id.
+pub const TRACE_ID_HEADER: HeaderName = HeaderName::from_static("nm-trace-id");
+
+/// The dataplane's tracer and propagator. Cheap to clone.
+#[derive(Clone)]
+pub struct Tracing {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    tracer: BoxedTracer,
+    propagator: Box<dyn TextMapPropagator + Send + Sync>,
+    capture_content: bool,
+}
+
+impl std::fmt::Debug for Tracing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tracing")
+            .field("capture_content", &self.inner.capture_content)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A request's exported spans, carried in its extensions and then by its answer's body.
+#[derive(Clone, Debug)]
+pub struct RequestTrace {
+    pub server: Context,
+    pub client: Option<Context>,
+    tracing: Tracing,
+}
+
+impl Tracing {
+    pub fn new(
+        tracer: BoxedTracer,
+        propagator: Box<dyn TextMapPropagator + Send + Sync>,
+        capture_content: bool,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                tracer,
+                propagator,
+                capture_content,
+            }),
+        }
+    }
+
+    /// Whether prompts and answers go on spans.
+    pub fn captures_content(&self) -> bool {
+        self.inner.capture_content
+    }
+
+    /// Opens the SERVER span of a request, continuing the client's trace context when it sent
+    /// one. `route` is the low-cardinality template (None for an unknown path).
+    pub fn server(
+        &self,
+        headers: &HeaderMap,
+        method: &Method,
+        route: Option<&'static str>,
+        path: &str,
+        request_id: &str,
+    ) -> RequestTrace {
+        let parent = self.inner.propagator.extract(&HeaderExtractor(headers));
+        let known = known_method(method);
+        let name = match route {
+            Some(r) => format!("{known} {r}"),
+            None => known.to_owned(),
+        };
+        let mut attributes = Vec::with_capacity(6);
+        attributes.push(KeyValue::new("http.request.method", known));
+        if known == "_OTHER" {
+            attributes.push(KeyValue::new(
+                "http.request.method_original",
+                method.as_str().to_owned(),
+            ));
+        }
+        if let Some(r) = route {
+            attributes.push(KeyValue::new("http.route", r));
+        }
+        attributes.push(KeyValue::new("url.path", path.to_owned()));
+        attributes.push(KeyValue::new("nm.request_id", request_id.to_owned()));
+        let span = self
+            .inner
+            .tracer
+            .span_builder(name)
+            .with_kind(SpanKind::Server)
+            .with_attributes(attributes)
+            .start_with_context(&self.inner.tracer, &parent);
+        RequestTrace {
+            server: parent.with_span(span),
+            client: None,
+            tracing: self.clone(),
+        }
+    }
+}
+
+/// `http.request.method`: the standard methods, else `_OTHER` (the semantic conventions'
+/// bound on a client-chosen value).
+fn known_method(method: &Method) -> &'static str {
+    match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::PATCH => "PATCH",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        Method::CONNECT => "CONNECT",
+        Method::TRACE => "TRACE",
+        _ => "_OTHER",
+    }
+}
+
+/// What the CLIENT span knows when the upstream call starts.
+pub struct Call<'a> {
+    pub provider: &'a Provider,
+    pub native_path: &'a str,
+    pub method: &'a Method,
+    pub model: Option<&'a str>,
+    pub max_tokens: Option<u64>,
+    pub session: Option<&'a str>,
+    /// The request body, for content capture.
+    pub body: &'a [u8],
+}
+
+/// How an answer ended, for its spans.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Complete,
+    UpstreamAborted,
+    ClientDisconnected,
+}
+
+/// What the spans learn at the answer's end.
+pub struct End<'a> {
+    pub outcome: Outcome,
+    pub at: SystemTime,
+    pub status: u16,
+    pub usage: &'a nm_types::Usage,
+    pub cost_micros: Option<u64>,
+    pub time_to_first_chunk: Option<Duration>,
+    pub streamed: bool,
+}
+
+impl RequestTrace {
+    pub fn trace_id(&self) -> TraceId {
+        self.server.span().span_context().trace_id()
+    }
+
+    /// The context of the span a log line or an upstream call belongs to.
+    pub fn span_context(&self) -> SpanContext {
+        self.client
+            .as_ref()
+            .unwrap_or(&self.server)
+            .span()
+            .span_context()
+            .clone()
+    }
+
+    /// Attributes known once the request is attributed.
+    pub fn attribute(&self, agent: Option<&str>, env: Option<&str>) {
+        let span = self.server.span();
+        if let Some(a) = agent {
+            span.set_attribute(KeyValue::new("nm.agent", a.to_owned()));
+        }
+        if let Some(e) = env {
+            span.set_attribute(KeyValue::new("nm.env", e.to_owned()));
+        }
+    }
+
+    /// Sets the SERVER span's outcome from the answer's status; an error class for a 5xx
+    /// (`error_type` when the gateway made the error, else the status code).
+    pub fn respond(&self, status: u16, error_type: Option<&'static str>) {
+        let span = self.server.span();
+        span.set_attribute(KeyValue::new(
+            "http.response.status_code",
+            i64::from(status),
+        ));
+        if status >= 500 {
+            let error_type: Cow<'static, str> = match error_type {
+                Some(e) => Cow::Borrowed(e),
+                None => Cow::Owned(status.to_string()),
+            };
+            span.set_attribute(KeyValue::new("error.type", error_type));
+            span.set_status(Status::error(""));
+        }
+    }
+
+    /// Marks the SERVER span with the gateway's error code (its 5xx status is set with the
+    /// answer).
+    pub fn gateway_error(&self, code: &'static str, status: u16) {
+        if status >= 500 {
+            self.server
+                .span()
+                .set_attribute(KeyValue::new("error.type", code));
+        }
+    }
+
+    /// Opens the CLIENT span of the upstream call.
+    pub fn call(&mut self, call: &Call<'_>) {
+        let operation = operation_name(call.provider.format, call.native_path);
+        let name = match (operation, call.model) {
+            (Some(op), Some(model)) => format!("{op} {model}"),
+            (Some(op), None) => op.to_owned(),
+            (None, _) => known_method(call.method).to_owned(),
+        };
+        let provider = call.provider;
+        let mut attributes = Vec::with_capacity(10);
+        if let Some(op) = operation {
+            attributes.push(KeyValue::new("gen_ai.operation.name", op));
+        }
+        attributes.push(KeyValue::new(
+            "gen_ai.provider.name",
+            Value::String(provider.system.clone().into()),
+        ));
+        if let Some(m) = call.model {
+            attributes.push(KeyValue::new("gen_ai.request.model", m.to_owned()));
+        }
+        if let Some(t) = call.max_tokens {
+            attributes.push(KeyValue::new(
+                "gen_ai.request.max_tokens",
+                i64::try_from(t).unwrap_or(i64::MAX),
+            ));
+        }
+        if let Some(s) = call.session {
+            attributes.push(KeyValue::new("gen_ai.conversation.id", s.to_owned()));
+        }
+        attributes.push(KeyValue::new(
+            "http.request.method",
+            known_method(call.method),
+        ));
+        attributes.push(KeyValue::new(
+            "server.address",
+            provider.authority.host().to_owned(),
+        ));
+        let port = provider.authority.port_u16().unwrap_or(
+            if provider.scheme == http::uri::Scheme::HTTPS {
+                443
+            } else {
+                80
+            },
+        );
+        attributes.push(KeyValue::new("server.port", i64::from(port)));
+        if self.tracing.inner.capture_content {
+            attributes.push(KeyValue::new("gen_ai.input.messages", capped(call.body)));
+        }
+        let tracer = &self.tracing.inner.tracer;
+        let span = tracer
+            .span_builder(name)
+            .with_kind(SpanKind::Client)
+            .with_attributes(attributes)
+            .start_with_context(tracer, &self.server);
+        self.client = Some(self.server.with_span(span));
+    }
+
+    /// Writes the CLIENT span's context into the upstream request, in place of the client's own
+    /// (the formats `OTEL_PROPAGATORS` names; with none, the client's headers pass untouched).
+    pub fn inject(&self, headers: &mut HeaderMap) {
+        let Some(cx) = &self.client else {
+            return;
+        };
+        let mut written = HeaderMap::new();
+        self.tracing
+            .inner
+            .propagator
+            .inject_context(cx, &mut HeaderInjector(&mut written));
+        if written.contains_key("traceparent") {
+            // Ours carries the client's trace state on; a stale one must not ride along.
+            headers.remove("tracestate");
+        }
+        for (name, value) in &written {
+            headers.insert(name.clone(), value.clone());
+        }
+    }
+
+    /// Ends the CLIENT span of a call that got no answer (refused, timed out, unreachable).
+    pub fn call_failed(&mut self, error_type: &'static str) {
+        if let Some(cx) = self.client.take() {
+            let span = cx.span();
+            span.set_attribute(KeyValue::new("error.type", error_type));
+            span.set_status(Status::error(""));
+            span.end();
+        }
+    }
+
+    /// The answer's head arrived.
+    pub fn answered(&self, status: u16, streamed: bool) {
+        if let Some(cx) = &self.client {
+            let span = cx.span();
+            span.set_attribute(KeyValue::new(
+                "http.response.status_code",
+                i64::from(status),
+            ));
+            span.set_attribute(KeyValue::new("gen_ai.request.stream", streamed));
+        }
+    }
+
+    /// Ends both spans at the answer's end, with what the answer reported.
+    pub fn end(self, end: &End<'_>) {
+        let error_type = match end.outcome {
+            Outcome::Complete if end.status >= 400 => Some(Cow::Owned(end.status.to_string())),
+            Outcome::Complete => None,
+            Outcome::UpstreamAborted => Some(Cow::Borrowed("upstream_aborted")),
+            Outcome::ClientDisconnected => Some(Cow::Borrowed("client_disconnected")),
+        };
+        if let Some(cx) = &self.client {
+            let span = cx.span();
+            let u = end.usage;
+            let mut attributes = Vec::with_capacity(12);
+            if let Some(m) = &u.model {
+                attributes.push(KeyValue::new("gen_ai.response.model", m.clone()));
+            }
+            if let Some(r) = &u.finish_reason {
+                attributes.push(KeyValue::new(
+                    "gen_ai.response.finish_reasons",
+                    Value::Array(vec![opentelemetry::StringValue::from(r.clone())].into()),
+                ));
+            }
+            let count = |key: &'static str, n: Option<u64>, out: &mut Vec<KeyValue>| {
+                if let Some(n) = n {
+                    out.push(KeyValue::new(key, i64::try_from(n).unwrap_or(i64::MAX)));
+                }
+            };
+            count("gen_ai.usage.input_tokens", u.input_tokens, &mut attributes);
+            count(
+                "gen_ai.usage.output_tokens",
+                u.output_tokens,
+                &mut attributes,
+            );
+            count(
+                "gen_ai.usage.cache_read.input_tokens",
+                u.cached_input_tokens,
+                &mut attributes,
+            );
+            count(
+                "gen_ai.usage.cache_creation.input_tokens",
+                u.cache_write_tokens,
+                &mut attributes,
+            );
+            count(
+                "gen_ai.usage.reasoning.output_tokens",
+                u.reasoning_tokens,
+                &mut attributes,
+            );
+            if let Some(c) = end.cost_micros {
+                attributes.push(KeyValue::new("nm.cost.usd", c as f64 / 1e6));
+            }
+            if end.streamed
+                && let Some(t) = end.time_to_first_chunk
+            {
+                attributes.push(KeyValue::new(
+                    "gen_ai.response.time_to_first_chunk",
+                    t.as_secs_f64(),
+                ));
+            }
+            if let Some(e) = &error_type {
+                attributes.push(KeyValue::new("error.type", e.clone()));
+            }
+            span.set_attributes(attributes);
+            if error_type.is_some() {
+                span.set_status(Status::error(""));
+            }
+            span.end_with_timestamp(end.at);
+        }
+        let server = self.server.span();
+        if end.outcome != Outcome::Complete {
+            // The answer the client saw was cut short: an error whatever its status said.
+            if let Some(e) = error_type {
+                server.set_attribute(KeyValue::new("error.type", e));
+            }
+            server.set_status(Status::error(""));
+        }
+        server.end_with_timestamp(end.at);
+    }
+}
+
+/// `gen_ai.operation.name` of a provider's native path, when it is a GenAI operation.
+pub fn operation_name(format: WireFormat, path: &str) -> Option<&'static str> {
+    let path = path.trim_end_matches('/');
+    match format {
+        WireFormat::Openai => {
+            if path.ends_with("/chat/completions") || path.ends_with("/responses") {
+                Some("chat")
+            } else if path.ends_with("/completions") {
+                Some("text_completion")
+            } else if path.ends_with("/embeddings") {
+                Some("embeddings")
+            } else {
+                None
+            }
+        }
+        WireFormat::Anthropic => {
+            if path.ends_with("/messages") {
+                Some("chat")
+            } else if path.ends_with("/complete") {
+                Some("text_completion")
+            } else {
+                None
+            }
+        }
+        WireFormat::Gemini => {
+            let method = path.rsplit_once(':').map(|(_, m)| m)?;
+            match method {
+                "generateContent" | "streamGenerateContent" => Some("generate_content"),
+                "embedContent" | "batchEmbedContents" => Some("embeddings"),
+                _ => None,
+            }
+        }
+    }
+}
+
+/// Content for a span: at most [`MAX_CONTENT_BYTES`], cut on a character boundary.
+fn capped(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(&bytes[..bytes.len().min(MAX_CONTENT_BYTES + 4)]);
+    if text.len() <= MAX_CONTENT_BYTES {
+        return text.into_owned();
+    }
+    let mut end = MAX_CONTENT_BYTES;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &text[..end])
+}
+
+struct HeaderExtractor<'a>(&'a HeaderMap);
+
+impl Extractor for HeaderExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(HeaderName::as_str).collect()
+    }
+}
+
+struct HeaderInjector<'a>(&'a mut HeaderMap);
+
+impl Injector for HeaderInjector<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(key.as_bytes()),
+            HeaderValue::from_str(&value),
+        ) {
+            self.0.insert(name, value);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn operation_names_follow_the_native_paths() {
+        use WireFormat::*;
+        for (format, path, op) in [
+            (Openai, "/v1/chat/completions", Some("chat")),
+            (Openai, "/v1/responses", Some("chat")),
+            (Openai, "/v1/completions", Some("text_completion")),
+            (Openai, "/v1/embeddings", Some("embeddings")),
+            (Openai, "/v1/models", None),
+            (Anthropic, "/v1/messages", Some("chat")),
+            (Anthropic, "/v1/messages/count_tokens", None),
+            (
+                Gemini,
+                "/v1beta/models/gemini-2.0-flash:generateContent",
+                Some("generate_content"),
+            ),
+            (
+                Gemini,
+                "/v1beta/models/gemini-2.0-flash:streamGenerateContent",
+                Some("generate_content"),
+            ),
+            (
+                Gemini,
+                "/v1beta/models/text-embedding-004:embedContent",
+                Some("embeddings"),
+            ),
+            (Gemini, "/v1beta/models", None),
+        ] {
+            assert_eq!(operation_name(format, path), op, "{path}");
+        }
+    }
+
+    #[test]
+    fn captured_content_is_capped_on_a_character_boundary() {
+        assert_eq!(capped(b"hello"), "hello");
+        let long = "é".repeat(MAX_CONTENT_BYTES);
+        let c = capped(long.as_bytes());
+        assert!(c.len() <= MAX_CONTENT_BYTES + 3 && c.ends_with("..."));
+    }
+
+    #[test]
+    fn unknown_methods_are_bounded() {
+        assert_eq!(known_method(&Method::POST), "POST");
+        assert_eq!(
+            known_method(&Method::from_bytes(b"BREW").unwrap()),
+            "_OTHER"
+        );
+    }
+}

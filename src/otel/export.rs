@@ -1,0 +1,281 @@
+//! The span processor: ended spans go into a bounded queue on the request path (never waiting:
+//! a full queue drops the span and counts it), and one thread of its own exports them in
+//! batches. The thread runs its own single-threaded Tokio runtime, which both OTLP transports
+//! need (tonic's channel, hyper's HTTP client), so a slow, dead or hanging collector only ever
+//! delays that thread.
+//!
+//! Like the SDK's batch processor, the request path does not wake the thread for each span: a
+//! span only joins the queue; the thread wakes on its schedule, when a batch is full, or to
+//! flush and shut down. Unlike it, drops are counted where the operator sees them
+//! (`nm_otel_spans_dropped_total`, reasons `queue_full` and `export_failed`).
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use opentelemetry::Context;
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
+use opentelemetry_sdk::trace::{Span, SpanData, SpanExporter, SpanProcessor};
+
+/// Counts spans that were not exported, by reason.
+pub type DropCounter = Arc<dyn Fn(&'static str, u64) + Send + Sync>;
+
+/// What the export thread is asked to do besides its schedule.
+enum Control {
+    /// A batch's worth is queued.
+    Batch,
+    Resource(Resource),
+    Flush(mpsc::Sender<()>),
+    Shutdown(mpsc::Sender<()>),
+}
+
+pub struct Batching {
+    spans: SyncSender<SpanData>,
+    control: SyncSender<Control>,
+    queued: Arc<AtomicUsize>,
+    batch_asked: Arc<AtomicBool>,
+    batch: usize,
+    drops: DropCounter,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    /// Longest wait for a flush or the shutdown (the export timeout and a margin).
+    patience: Duration,
+}
+
+impl std::fmt::Debug for Batching {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batching")
+            .field("queued", &self.queued.load(Ordering::Relaxed))
+            .field("batch", &self.batch)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The export thread's settings.
+pub struct Schedule {
+    pub queue: usize,
+    pub batch: usize,
+    pub delay: Duration,
+    pub timeout: Duration,
+}
+
+impl Batching {
+    /// Starts the export thread; `make` builds the exporter on it, inside its runtime.
+    pub fn start<E, F>(schedule: Schedule, make: F, drops: DropCounter) -> std::io::Result<Self>
+    where
+        E: SpanExporter + 'static,
+        F: FnOnce() -> Result<E, String> + Send + 'static,
+    {
+        let (spans, span_rx) = mpsc::sync_channel(schedule.queue);
+        // Control messages are few; a small buffer keeps `Batch` from ever waiting.
+        let (control, control_rx) = mpsc::sync_channel(16);
+        let queued = Arc::new(AtomicUsize::new(0));
+        let batch_asked = Arc::new(AtomicBool::new(false));
+        let worker = Worker {
+            spans: span_rx,
+            control: control_rx,
+            queued: queued.clone(),
+            batch_asked: batch_asked.clone(),
+            batch: schedule.batch,
+            delay: schedule.delay,
+            timeout: schedule.timeout,
+            drops: drops.clone(),
+            failing: false,
+        };
+        let thread = std::thread::Builder::new()
+            .name("nm-otel-export".to_owned())
+            .spawn(move || worker.run(make))?;
+        Ok(Self {
+            spans,
+            control,
+            queued,
+            batch_asked,
+            batch: schedule.batch,
+            drops,
+            thread: Mutex::new(Some(thread)),
+            patience: schedule.timeout + Duration::from_secs(1),
+        })
+    }
+
+    /// Sends a control message and waits (bounded) for its answer.
+    fn ask(&self, make: impl FnOnce(mpsc::Sender<()>) -> Control) -> OTelSdkResult {
+        let (tx, rx) = mpsc::channel();
+        self.control
+            .send(make(tx))
+            .map_err(|_| OTelSdkError::AlreadyShutdown)?;
+        rx.recv_timeout(self.patience)
+            .map_err(|_| OTelSdkError::Timeout(self.patience))
+    }
+}
+
+impl SpanProcessor for Batching {
+    fn on_start(&self, _span: &mut Span, _cx: &Context) {}
+
+    fn on_end(&self, span: SpanData) {
+        if !span.span_context.is_sampled() {
+            return;
+        }
+        match self.spans.try_send(span) {
+            Ok(()) => {
+                let queued = self.queued.fetch_add(1, Ordering::Relaxed) + 1;
+                if queued >= self.batch && !self.batch_asked.swap(true, Ordering::Relaxed) {
+                    let _ = self.control.try_send(Control::Batch);
+                }
+            }
+            Err(TrySendError::Full(_)) => (self.drops)("queue_full", 1),
+            Err(TrySendError::Disconnected(_)) => {}
+        }
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.ask(Control::Flush)
+    }
+
+    fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
+        let answered = self.ask(Control::Shutdown);
+        let thread = self.thread.lock().ok().and_then(|mut t| t.take());
+        if answered.is_ok()
+            && let Some(t) = thread
+        {
+            let _ = t.join();
+        }
+        answered
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        let _ = self.control.send(Control::Resource(resource.clone()));
+    }
+}
+
+struct Worker {
+    spans: Receiver<SpanData>,
+    control: Receiver<Control>,
+    queued: Arc<AtomicUsize>,
+    batch_asked: Arc<AtomicBool>,
+    batch: usize,
+    delay: Duration,
+    timeout: Duration,
+    drops: DropCounter,
+    /// Whether the last export failed.
+    failing: bool,
+}
+
+impl Worker {
+    fn run<E, F>(mut self, make: F)
+    where
+        E: SpanExporter,
+        F: FnOnce() -> Result<E, String>,
+    {
+        let runtime = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(error = %e, "OpenTelemetry export thread has no runtime; no span will be exported");
+                return;
+            }
+        };
+        let exporter = {
+            let _entered = runtime.enter();
+            make()
+        };
+        let mut exporter = match exporter {
+            Ok(e) => Some(e),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot build the OTLP exporter; no span will be exported");
+                None
+            }
+        };
+        let mut next = Instant::now() + self.delay;
+        loop {
+            let wait = next.saturating_duration_since(Instant::now());
+            match self.control.recv_timeout(wait) {
+                Ok(Control::Batch) => {
+                    self.batch_asked.store(false, Ordering::Relaxed);
+                    self.export_queued(&runtime, exporter.as_ref());
+                }
+                Ok(Control::Resource(r)) => {
+                    if let Some(e) = exporter.as_mut() {
+                        e.set_resource(&r);
+                    }
+                }
+                Ok(Control::Flush(done)) => {
+                    self.export_queued(&runtime, exporter.as_ref());
+                    let _ = done.send(());
+                }
+                Ok(Control::Shutdown(done)) => {
+                    self.export_queued(&runtime, exporter.as_ref());
+                    if let Some(e) = exporter.as_mut() {
+                        let _ = e.shutdown();
+                    }
+                    let _ = done.send(());
+                    return;
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    self.export_queued(&runtime, exporter.as_ref());
+                    next = Instant::now() + self.delay;
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    self.export_queued(&runtime, exporter.as_ref());
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Exports everything queued, in batches.
+    fn export_queued<E: SpanExporter>(
+        &mut self,
+        runtime: &tokio::runtime::Runtime,
+        exporter: Option<&E>,
+    ) {
+        loop {
+            let mut batch = Vec::with_capacity(self.batch.min(64));
+            while batch.len() < self.batch {
+                match self.spans.try_recv() {
+                    Ok(span) => batch.push(span),
+                    Err(_) => break,
+                }
+            }
+            self.queued.fetch_sub(batch.len(), Ordering::Relaxed);
+            let n = batch.len() as u64;
+            if n == 0 {
+                return;
+            }
+            let full = batch.len() == self.batch;
+            let exported = match exporter {
+                Some(e) => runtime
+                    .block_on(async {
+                        tokio::time::timeout(
+                            self.timeout + Duration::from_millis(500),
+                            e.export(batch),
+                        )
+                        .await
+                    })
+                    .map_err(|_| "timed out".to_owned())
+                    .and_then(|r| r.map_err(|e| e.to_string())),
+                None => Err("no exporter".to_owned()),
+            };
+            match exported {
+                Ok(()) if self.failing => {
+                    self.failing = false;
+                    tracing::info!("OTLP export works again");
+                }
+                Ok(()) => {}
+                Err(e) => {
+                    (self.drops)("export_failed", n);
+                    // Once per outage, not once per batch.
+                    if !std::mem::replace(&mut self.failing, true) {
+                        tracing::warn!(error = %e, spans = n, "OTLP export failed; spans are dropped (nm_otel_spans_dropped_total) until the collector answers");
+                    }
+                }
+            }
+            if !full {
+                return;
+            }
+        }
+    }
+}
