@@ -89,7 +89,9 @@ pub async fn start(settings: &Settings) -> anyhow::Result<Running> {
 pub async fn start_controlplane(settings: &Settings) -> anyhow::Result<Running> {
     let (shutdown, rx) = watch::channel(false);
     let telemetry = telemetry(settings, "nm-controlplane", None)?;
-    let (_, grpc_addr, generated_admin_key, task) = controlplane(settings, rx).await?;
+    let link_tracing = telemetry.as_ref().map(Telemetry::link);
+    let (_, grpc_addr, generated_admin_key, task) =
+        controlplane(settings, rx, link_tracing).await?;
     let task = flushed(task, telemetry);
     Ok(Running {
         http_addr: None,
@@ -113,7 +115,7 @@ pub async fn start_dataplane(settings: &Settings) -> anyhow::Result<Running> {
     let metrics = Metrics::default();
     let telemetry = telemetry(settings, "nm-dataplane", Some(&metrics))?;
     let tracing = telemetry.as_ref().map(Telemetry::dataplane);
-    let (http_addr, task) = dataplane(settings, port, verifier, rx, metrics, tracing).await?;
+    let (http_addr, task) = dataplane(settings, port, verifier, rx, metrics, tracing, None).await?;
     let task = flushed(task, telemetry);
     Ok(Running {
         http_addr: Some(http_addr),
@@ -129,14 +131,18 @@ pub async fn start_serve(settings: &Settings) -> anyhow::Result<Running> {
     let (cp_stop, cp_rx) = watch::channel(false);
     let metrics = Metrics::default();
     let telemetry = telemetry(settings, "nm-gateway", Some(&metrics))?;
-    let (cp, grpc_addr, generated_admin_key, cp_task) = controlplane(settings, cp_rx).await?;
+    let link_tracing = telemetry.as_ref().map(Telemetry::link);
+    let source = link_tracing.as_ref().map(|t| t.source());
+    let (cp, grpc_addr, generated_admin_key, cp_task) =
+        controlplane(settings, cp_rx, link_tracing).await?;
     // Verifiers made in process never leave it; with a link secret they are the same ones
     // extra dataplanes get.
     let verifier =
         VerifierKey::from_link_secret(settings.link_secret.as_ref().map_or("", |s| s.expose()));
     let port: Arc<dyn Port> = Arc::new(InProcess::new(cp, verifier.clone()));
     let tracing = telemetry.as_ref().map(Telemetry::dataplane);
-    let (http_addr, dp_task) = dataplane(settings, port, verifier, rx, metrics, tracing).await?;
+    let (http_addr, dp_task) =
+        dataplane(settings, port, verifier, rx, metrics, tracing, source).await?;
     let task = tokio::spawn(async move {
         let dp = dp_task.await.context("dataplane task panicked")?;
         let _ = cp_stop.send(true);
@@ -192,6 +198,7 @@ fn flushed(task: Task, telemetry: Option<Telemetry>) -> Task {
 async fn controlplane(
     settings: &Settings,
     stop: watch::Receiver<bool>,
+    tracing: Option<crate::otel::link::LinkTracing>,
 ) -> anyhow::Result<(Controlplane, SocketAddr, Option<String>, Task)> {
     let store = Store::connect(&settings.database_url).await?;
     let cp = Controlplane::open(store.clone(), stop.clone()).await?;
@@ -223,6 +230,7 @@ async fn controlplane(
     let options = server::Options {
         link_secret: settings.link_secret.clone(),
         tls: settings.grpc_tls.clone(),
+        tracing,
     };
     let task = tokio::spawn(async move {
         let served = server::serve(served_cp, options, listener, signalled(stop)).await;
@@ -244,6 +252,8 @@ async fn dataplane(
     stop: watch::Receiver<bool>,
     metrics: Metrics,
     tracing: Option<nm_dataplane::otel::Tracing>,
+    // In `serve`: the tracer the in-process controlplane makes its database spans with.
+    source: Option<nm_controlplane::otel::SpanSource>,
 ) -> anyhow::Result<(SocketAddr, Task)> {
     let config = DataplaneConfig {
         registry: settings.registry.clone(),
@@ -266,7 +276,10 @@ async fn dataplane(
         tracing,
         metrics,
     };
-    let signals = Arc::new(PortSignals(port.clone()));
+    let signals = Arc::new(PortSignals {
+        port: port.clone(),
+        source,
+    });
     let (dp, queue) = Dataplane::new(config, signals)?;
     let name = format!("dataplane-{}", std::process::id());
     let spool_dir = settings.spool_dir.clone();

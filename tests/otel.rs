@@ -552,3 +552,76 @@ async fn a_hanging_collector_costs_requests_nothing_and_its_drops_are_counted() 
         .await
         .unwrap_or_else(|_| panic!("shutdown hung on the collector"));
 }
+
+#[tokio::test]
+async fn a_signal_is_one_trace_from_the_dataplane_through_the_controlplane_to_its_database_write() {
+    use crate::common::gateway::{Db, Shape};
+    let otlp = OtlpReceiver::start().await;
+    for (shape, db) in [
+        (Shape::Serve, Db::Sqlite),
+        (Shape::Split, Db::Sqlite),
+        (Shape::Split, Db::Postgres),
+    ] {
+        let Some(gw) = traced(&otlp).shape(shape).db(db).start().await else {
+            continue; // no PostgreSQL here: said by the builder
+        };
+        let answer = gw
+            .raw(
+                "POST",
+                "/v1/signal",
+                &[("nm-key", ADMIN_KEY), ("content-type", "application/json")],
+                r#"{"session_id":"sess_traced1","action":"thumbs_up"}"#,
+            )
+            .await;
+        assert_eq!(answer.status, 200, "{shape:?} {db:?}: {:?}", answer.body);
+        let trace_id = answer.header("nm-trace-id").unwrap_or_default().to_owned();
+        let spans = otlp
+            .wait_for("the signal's database span", WAIT, |s| {
+                s.iter()
+                    .any(|x| x.trace_id == trace_id && x.name == "INSERT signals")
+            })
+            .await;
+        let of_trace: Vec<&CollectedSpan> =
+            spans.iter().filter(|s| s.trace_id == trace_id).collect();
+        let server = of_trace
+            .iter()
+            .find(|s| s.name == "POST /v1/signal")
+            .unwrap_or_else(|| panic!("no dataplane span: {of_trace:#?}"));
+        assert_eq!(server.str("nm.signal.action"), Some("thumbs_up"));
+        let db_span = of_trace
+            .iter()
+            .find(|s| s.name == "INSERT signals")
+            .unwrap_or_else(|| unreachable!());
+        let system = if db == Db::Postgres {
+            "postgresql"
+        } else {
+            "sqlite"
+        };
+        assert_eq!(db_span.str("db.system.name"), Some(system));
+        assert_eq!(db_span.str("db.operation.name"), Some("INSERT"));
+        assert_eq!(db_span.kind, SpanKind::Client);
+        if shape.is_split() {
+            let link = of_trace
+                .iter()
+                .find(|s| s.name == "nm.link.v1.Link/RecordSignal")
+                .unwrap_or_else(|| panic!("no controlplane span: {of_trace:#?}"));
+            assert_eq!(link.kind, SpanKind::Server);
+            assert_eq!(
+                link.resource.get("service.name").map(|v| format!("{v:?}")),
+                Some("Str(\"nm-controlplane\")".to_owned())
+            );
+            assert_eq!(
+                db_span.parent_span_id.as_deref(),
+                Some(link.span_id.as_str())
+            );
+            // The link call's parent is in the dataplane's trace.
+            assert!(link.parent_span_id.is_some());
+        } else {
+            assert_eq!(
+                db_span.parent_span_id.as_deref(),
+                Some(server.span_id.as_str())
+            );
+        }
+        gw.stop().await;
+    }
+}

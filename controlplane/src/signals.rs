@@ -210,6 +210,8 @@ impl Signals {
 
     async fn submit(&self, signal: NewSignal, deadline: Option<Instant>) -> Result<Stored> {
         validate(&signal)?;
+        // From the hand-over to the writer until the commit: the signal's share of its batch.
+        let db = crate::otel::db_span(self.store.system(), "INSERT", "signals");
         let (done, wait) = oneshot::channel();
         self.writer
             .send(Pending {
@@ -219,8 +221,13 @@ impl Signals {
             })
             .await
             .map_err(|_| Error::Unavailable("signal writer stopped".to_owned()))?;
-        wait.await
-            .map_err(|_| Error::Unavailable("signal writer stopped".to_owned()))?
+        let stored = wait
+            .await
+            .map_err(|_| Error::Unavailable("signal writer stopped".to_owned()))?;
+        if stored.is_err() {
+            db.failed("not_stored");
+        }
+        stored
     }
 
     /// Counts for one agent (or the unattributed bucket).

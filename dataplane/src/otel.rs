@@ -197,6 +197,15 @@ impl RequestTrace {
         }
     }
 
+    /// Attributes of a `POST /v1/signal`.
+    pub fn signal(&self, action: &'static str, agent: Option<&str>) {
+        let span = self.server.span();
+        span.set_attribute(KeyValue::new("nm.signal.action", action));
+        if let Some(a) = agent {
+            span.set_attribute(KeyValue::new("nm.agent", a.to_owned()));
+        }
+    }
+
     /// Sets the SERVER span's outcome from the answer's status; an error class for a 5xx
     /// (`error_type` when the gateway made the error, else the status code).
     pub fn respond(&self, status: u16, error_type: Option<&'static str>) {

@@ -27,6 +27,7 @@ use crate::body::{GatewayBody, RequestBody};
 use crate::edge;
 use crate::error::ProxyError;
 use crate::stack::State;
+use opentelemetry::context::FutureExt as _;
 
 /// Largest signal body.
 pub const MAX_SIGNAL_BYTES: usize = 64 * 1024;
@@ -246,6 +247,7 @@ pub async fn handle(
     };
     let principal = edge::take_principal(req.extensions_mut())?;
     let id = edge::take_request_id(req.extensions_mut());
+    let trace = edge::take_trace(req.extensions_mut());
     let agent_hint = match header_str(req.headers(), "nm-agent")? {
         None => None,
         Some(a) => Some(
@@ -285,7 +287,18 @@ pub async fn handle(
         idempotency_key,
         agent_hint,
     };
-    match state.signals.submit(submission).await {
+    if let Some(t) = &trace {
+        t.signal(signal.action.as_str(), submission.agent_hint.as_deref());
+    }
+    let submitted = state.signals.submit(submission);
+    let submitted = match &trace {
+        Some(t) => {
+            // The controlplane's spans continue this request's trace.
+            submitted.with_context(t.server.clone()).await
+        }
+        None => submitted.await,
+    };
+    match submitted {
         Ok(()) => {}
         Err(SubmitError::Unavailable(why)) => return Err(ProxyError::Unavailable(why)),
         Err(SubmitError::Unconfirmed(why)) => return Err(ProxyError::Unconfirmed(why)),

@@ -25,6 +25,8 @@ use super::link_pb::{self, link_server::Link, link_server::LinkServer};
 use super::status::to_status;
 use super::{LINK_SECRET_METADATA, MAX_LINK_MESSAGE_BYTES, NOT_STORED_METADATA, convert};
 use crate::config::Secret;
+use crate::otel::link::LinkTracing;
+use opentelemetry::context::FutureExt as _;
 
 /// Largest batch of request records accepted in one call.
 pub const MAX_INGEST_BATCH: usize = 10_000;
@@ -72,12 +74,17 @@ impl tonic::service::Interceptor for LinkAuth {
 pub fn service(
     cp: Controlplane,
     secret: Option<Secret>,
+    tracing: Option<LinkTracing>,
 ) -> InterceptedService<LinkServer<LinkService>, LinkAuth> {
     // Without a secret no call gets through; the verifier key then only needs to be some key.
     let verifier = VerifierKey::from_link_secret(secret.as_ref().map_or("", Secret::expose));
-    let server = LinkServer::new(LinkService { cp, verifier })
-        .max_decoding_message_size(MAX_LINK_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_LINK_MESSAGE_BYTES);
+    let server = LinkServer::new(LinkService {
+        cp,
+        verifier,
+        tracing,
+    })
+    .max_decoding_message_size(MAX_LINK_MESSAGE_BYTES)
+    .max_encoding_message_size(MAX_LINK_MESSAGE_BYTES);
     InterceptedService::new(server, LinkAuth { secret })
 }
 
@@ -85,6 +92,8 @@ pub fn service(
 pub struct LinkService {
     cp: Controlplane,
     verifier: VerifierKey,
+    /// Server spans for traced calls (tracing on).
+    tracing: Option<LinkTracing>,
 }
 
 type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
@@ -201,16 +210,23 @@ impl Link for LinkService {
         &self,
         req: Request<link_pb::RecordSignalRequest>,
     ) -> Result<Response<link_pb::RecordSignalResponse>, Status> {
+        let cx = self
+            .tracing
+            .as_ref()
+            .map(|t| t.server(req.metadata(), "RecordSignal"));
         // Every error answered here means "not stored": say so, so the dataplane can tell it
         // from a call whose answer was lost.
-        self.store_signal(req.into_inner())
-            .await
-            .map_err(|mut status| {
-                status
-                    .metadata_mut()
-                    .insert(NOT_STORED_METADATA, MetadataValue::from_static("1"));
-                status
-            })
+        let stored = self.store_signal(req.into_inner());
+        let stored = match cx {
+            Some(cx) => stored.with_context(cx).await,
+            None => stored.await,
+        };
+        stored.map_err(|mut status| {
+            status
+                .metadata_mut()
+                .insert(NOT_STORED_METADATA, MetadataValue::from_static("1"));
+            status
+        })
     }
 }
 

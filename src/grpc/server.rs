@@ -40,6 +40,8 @@ pub struct Options {
     pub link_secret: Option<Secret>,
     /// TLS (and client CA for mTLS) of the gRPC port.
     pub tls: Option<ServerTls>,
+    /// Server spans of the link's traced calls (tracing on).
+    pub tracing: Option<crate::otel::link::LinkTracing>,
 }
 
 /// The admin key of an admin call, checked against the in-memory key set.
@@ -436,7 +438,11 @@ pub async fn serve(
         .add_service(health)
         .add_service(reflection)
         .add_service(KeysServer::new(KeysService(cp.clone())))
-        .add_service(super::link_server::service(cp.clone(), options.link_secret))
+        .add_service(super::link_server::service(
+            cp.clone(),
+            options.link_secret,
+            options.tracing,
+        ))
         .add_service(AgentsServer::new(AgentsService(cp.clone())))
         .add_service(StatusServer::new(StatusService(cp.clone())))
         .add_service(BudgetsServer::new(BudgetsService(cp.clone())))

@@ -148,12 +148,14 @@ impl Port for Grpc {
         signal: NewSignal,
         commit_within: std::time::Duration,
     ) -> Result<(), LinkError> {
+        let mut req = tonic::Request::new(link_pb::RecordSignalRequest {
+            signal: Some(convert::signal_to_pb(signal)),
+            commit_within_ms: u32::try_from(commit_within.as_millis()).unwrap_or(u32::MAX),
+        });
+        crate::otel::link::inject(req.metadata_mut());
         self.client
             .clone()
-            .record_signal(link_pb::RecordSignalRequest {
-                signal: Some(convert::signal_to_pb(signal)),
-                commit_within_ms: u32::try_from(commit_within.as_millis()).unwrap_or(u32::MAX),
-            })
+            .record_signal(req)
             .await
             .map(drop)
             .map_err(signal_error)

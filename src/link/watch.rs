@@ -24,6 +24,7 @@ use tracing::{debug, warn};
 
 use super::{Backoff, LinkError, LinkStream, Port};
 use crate::grpc::convert::signal_to_stored;
+use opentelemetry::context::FutureExt as _;
 
 /// Without a snapshot or heartbeat for this long, the controlplane counts as unreachable.
 pub const STALE_AFTER: Duration = Duration::from_secs(6);
@@ -37,14 +38,27 @@ pub const SIGNAL_TIMEOUT: Duration = Duration::from_secs(8);
 
 /// Sends each signal through the port and resolves once it is committed.
 #[derive(Debug, Clone)]
-pub struct PortSignals(pub Arc<dyn Port>);
+pub struct PortSignals {
+    pub port: Arc<dyn Port>,
+    /// In `serve`, the tracer the controlplane's database spans are made with (the caller's
+    /// context carries it there).
+    pub source: Option<nm_controlplane::otel::SpanSource>,
+}
 
 impl SignalSink for PortSignals {
     fn submit(&self, signal: SignalSubmission) -> SubmitFuture {
-        let port = self.0.clone();
+        let port = self.port.clone();
+        let source = self.source.clone();
         Box::pin(async move {
             let signal = signal_to_stored(signal);
-            let call = port.record_signal(signal, SIGNAL_COMMIT_WITHIN);
+            let cx = opentelemetry::Context::current();
+            let cx = match source {
+                Some(s) => cx.with_value(s),
+                None => cx,
+            };
+            let call = port
+                .record_signal(signal, SIGNAL_COMMIT_WITHIN)
+                .with_context(cx);
             match tokio::time::timeout(SIGNAL_TIMEOUT, call).await {
                 Err(_) => Err(SubmitError::Unconfirmed(format!(
                     "the controlplane did not confirm the commit within {}s",

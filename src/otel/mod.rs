@@ -9,6 +9,7 @@
 //! counted (`nm_otel_spans_dropped_total`).
 
 pub mod export;
+pub mod link;
 pub mod settings;
 
 use std::collections::HashMap;
@@ -113,6 +114,11 @@ impl Telemetry {
             self.propagator(),
             self.export.capture_content,
         )
+    }
+
+    /// The controlplane's handle (the link's server spans, the database spans).
+    pub fn link(&self) -> link::LinkTracing {
+        link::LinkTracing::new(self.tracer())
     }
 
     /// Exports what is queued and stops the export thread. The SDK's shutdown blocks, so it

@@ -64,8 +64,11 @@ impl Records {
                 }
             }
         }
+        let db = crate::otel::db_span(self.store.system(), "INSERT", "request_records");
         let txn = self.store.begin_write().await?;
-        let new_ids = insert_new(&txn, &self.insert_sql, &valid).await?;
+        let new_ids = insert_new(&txn, &self.insert_sql, &valid)
+            .await
+            .inspect_err(|_| db.failed("insert_failed"))?;
         let fresh: Vec<&RequestRecord> = valid
             .iter()
             .copied()
