@@ -253,6 +253,61 @@ async fn a_hung_receiver_counts_exports_and_keeps_nothing() {
     assert_eq!(otlp.exports(), 3);
 }
 
+/// A real backend: the SDK's OTLP/gRPC export read back from Arize Phoenix's REST API (skipped
+/// without `NM_TEST_PHOENIX`).
+#[tokio::test(flavor = "multi_thread")]
+async fn phoenix_shows_an_exported_span() {
+    let Some(phoenix) = crate::common::phoenix::start().await else {
+        return;
+    };
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .with_endpoint(phoenix.grpc_endpoint())
+        .build()
+        .unwrap_or_else(|e| panic!("exporter: {e}"));
+    // Phoenix files spans under the resource's `openinference.project.name`, not `service.name`.
+    let provider = SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(
+            Resource::builder_empty()
+                .with_service_name("nm-otel-harness")
+                .with_attribute(KeyValue::new("openinference.project.name", "nm-harness"))
+                .build(),
+        )
+        .build();
+    let emitted = emit(&provider);
+    tokio::task::spawn_blocking(move || provider.shutdown())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|e| panic!("shutdown: {e}"));
+
+    let spans = phoenix
+        .wait_for_trace_spans(&emitted.trace_id, 2, Duration::from_secs(30))
+        .await;
+    let spans = spans.as_array().cloned().unwrap_or_default();
+    let child = spans
+        .iter()
+        .find(|s| s["context"]["span_id"] == emitted.child.as_str())
+        .unwrap_or_else(|| panic!("no child span in {spans:#?}"));
+    assert_eq!(child["name"], "chat harness-model");
+    assert_eq!(child["parent_id"], emitted.parent.as_str());
+    assert_eq!(child["attributes"]["gen_ai.request.model"], "harness-model");
+    assert_eq!(child["attributes"]["gen_ai.usage.input_tokens"], 42);
+    // Phoenix's own reading of the GenAI attributes.
+    assert_eq!(child["span_kind"], "LLM");
+    assert_eq!(child["attributes"]["llm.model_name"], "harness-model");
+    assert_eq!(child["events"][0]["name"], "first_chunk");
+    assert!(phoenix.projects().await.contains(&"nm-harness".to_owned()));
+    assert_eq!(
+        phoenix
+            .spans_in("nm-harness")
+            .await
+            .as_array()
+            .map(Vec::len),
+        Some(2)
+    );
+}
+
 /// A span processor that keeps ended spans for a test to export itself.
 mod collect {
     use std::sync::{Arc, Mutex};
