@@ -10,6 +10,7 @@ mod faults;
 mod keys;
 mod link;
 mod otel;
+mod otel_harness;
 mod process;
 mod proxy;
 mod records;

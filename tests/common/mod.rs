@@ -11,6 +11,7 @@ pub mod gateway;
 pub mod http;
 pub mod mock;
 pub mod otlp;
+pub mod phoenix;
 pub mod pki;
 
 use std::future::Future;
