@@ -115,6 +115,7 @@ pub async fn start_dataplane(settings: &Settings) -> anyhow::Result<Running> {
     let metrics = Metrics::default();
     let telemetry = telemetry(settings, "nm-dataplane", Some(&metrics))?;
     let tracing = telemetry.as_ref().map(Telemetry::dataplane);
+    let link_tracing = telemetry.as_ref().map(Telemetry::link);
     let (http_addr, task) = dataplane(settings, port, verifier, rx, metrics, tracing, None).await?;
     let task = flushed(task, telemetry);
     Ok(Running {
@@ -132,9 +133,8 @@ pub async fn start_serve(settings: &Settings) -> anyhow::Result<Running> {
     let metrics = Metrics::default();
     let telemetry = telemetry(settings, "nm-gateway", Some(&metrics))?;
     let link_tracing = telemetry.as_ref().map(Telemetry::link);
-    let source = link_tracing.as_ref().map(|t| t.source());
     let (cp, grpc_addr, generated_admin_key, cp_task) =
-        controlplane(settings, cp_rx, link_tracing).await?;
+        controlplane(settings, cp_rx, link_tracing.clone()).await?;
     // Verifiers made in process never leave it; with a link secret they are the same ones
     // extra dataplanes get.
     let verifier =
@@ -142,7 +142,7 @@ pub async fn start_serve(settings: &Settings) -> anyhow::Result<Running> {
     let port: Arc<dyn Port> = Arc::new(InProcess::new(cp, verifier.clone()));
     let tracing = telemetry.as_ref().map(Telemetry::dataplane);
     let (http_addr, dp_task) =
-        dataplane(settings, port, verifier, rx, metrics, tracing, source).await?;
+        dataplane(settings, port, verifier, rx, metrics, tracing, link_tracing).await?;
     let task = tokio::spawn(async move {
         let dp = dp_task.await.context("dataplane task panicked")?;
         let _ = cp_stop.send(true);
@@ -252,8 +252,8 @@ async fn dataplane(
     stop: watch::Receiver<bool>,
     metrics: Metrics,
     tracing: Option<nm_dataplane::otel::Tracing>,
-    // In `serve`: the tracer the in-process controlplane makes its database spans with.
-    source: Option<nm_controlplane::otel::SpanSource>,
+    // Spans of the link's calls (and, in `serve`, the in-process controlplane's database spans).
+    link_tracing: Option<crate::otel::link::LinkTracing>,
 ) -> anyhow::Result<(SocketAddr, Task)> {
     let config = DataplaneConfig {
         registry: settings.registry.clone(),
@@ -278,7 +278,7 @@ async fn dataplane(
     };
     let signals = Arc::new(PortSignals {
         port: port.clone(),
-        source,
+        source: link_tracing.as_ref().map(|t| t.source()),
     });
     let (dp, queue) = Dataplane::new(config, signals)?;
     let name = format!("dataplane-{}", std::process::id());
@@ -312,6 +312,7 @@ async fn dataplane(
         spool: SharedSpool::new(spool),
         dead_letters: DeadLetters::in_dir(&settings.spool_dir),
         settler: dp.records().settler(),
+        tracing: link_tracing,
     };
     let link = Link::spawn(port, targets, queue, name);
     let listener = TcpListener::bind(settings.http_addr)

@@ -186,6 +186,22 @@ impl RequestTrace {
             .clone()
     }
 
+    /// What the request record keeps of its trace: the span the record's batch links to (the
+    /// CLIENT span while it is open or once ended, else the SERVER span). None unless sampled:
+    /// a trace no backend has is no use to anyone.
+    pub fn trace_ref(&self) -> Option<nm_types::record::TraceRef> {
+        let cx = self.span_context();
+        cx.is_sampled().then(|| nm_types::record::TraceRef {
+            trace_id: cx.trace_id().to_bytes(),
+            span_id: cx.span_id().to_bytes(),
+        })
+    }
+
+    /// Whether the spans are exported (sampled).
+    pub fn is_sampled(&self) -> bool {
+        self.server.span().span_context().is_sampled()
+    }
+
     /// Attributes known once the request is attributed.
     pub fn attribute(&self, agent: Option<&str>, env: Option<&str>) {
         let span = self.server.span();

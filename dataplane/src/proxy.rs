@@ -73,6 +73,7 @@ pub async fn handle(
         &mut trace,
     )
     .await;
+    record.trace = trace.as_ref().and_then(RequestTrace::trace_ref);
     match result {
         Ok(resp) => {
             let (parts, upstream_body) = resp.into_parts();

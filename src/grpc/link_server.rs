@@ -142,7 +142,47 @@ impl Link for LinkService {
         &self,
         req: Request<link_pb::IngestRequestsRequest>,
     ) -> Result<Response<link_pb::IngestRequestsResponse>, Status> {
-        let batch = req.into_inner().records;
+        let cx = self
+            .tracing
+            .as_ref()
+            .filter(|_| req.metadata().contains_key("traceparent"))
+            .map(|t| t.server(req.metadata(), "IngestRequests"));
+        let ingest = self.ingest(req.into_inner().records);
+        match cx {
+            Some(cx) => ingest.with_context(cx).await,
+            None => ingest.await,
+        }
+    }
+
+    async fn record_signal(
+        &self,
+        req: Request<link_pb::RecordSignalRequest>,
+    ) -> Result<Response<link_pb::RecordSignalResponse>, Status> {
+        let cx = self
+            .tracing
+            .as_ref()
+            .map(|t| t.server(req.metadata(), "RecordSignal"));
+        // Every error answered here means "not stored": say so, so the dataplane can tell it
+        // from a call whose answer was lost.
+        let stored = self.store_signal(req.into_inner());
+        let stored = match cx {
+            Some(cx) => stored.with_context(cx).await,
+            None => stored.await,
+        };
+        stored.map_err(|mut status| {
+            status
+                .metadata_mut()
+                .insert(NOT_STORED_METADATA, MetadataValue::from_static("1"));
+            status
+        })
+    }
+}
+
+impl LinkService {
+    async fn ingest(
+        &self,
+        batch: Vec<link_pb::RequestRecord>,
+    ) -> Result<Response<link_pb::IngestRequestsResponse>, Status> {
         if batch.len() > MAX_INGEST_BATCH {
             return Err(Status::invalid_argument(format!(
                 "at most {MAX_INGEST_BATCH} records per call"
@@ -206,31 +246,6 @@ impl Link for LinkService {
         }))
     }
 
-    async fn record_signal(
-        &self,
-        req: Request<link_pb::RecordSignalRequest>,
-    ) -> Result<Response<link_pb::RecordSignalResponse>, Status> {
-        let cx = self
-            .tracing
-            .as_ref()
-            .map(|t| t.server(req.metadata(), "RecordSignal"));
-        // Every error answered here means "not stored": say so, so the dataplane can tell it
-        // from a call whose answer was lost.
-        let stored = self.store_signal(req.into_inner());
-        let stored = match cx {
-            Some(cx) => stored.with_context(cx).await,
-            None => stored.await,
-        };
-        stored.map_err(|mut status| {
-            status
-                .metadata_mut()
-                .insert(NOT_STORED_METADATA, MetadataValue::from_static("1"));
-            status
-        })
-    }
-}
-
-impl LinkService {
     async fn store_signal(
         &self,
         req: link_pb::RecordSignalRequest,

@@ -110,6 +110,8 @@ pub struct LinkTargets {
     pub dead_letters: dead_letter::DeadLetters,
     /// Told of every record the shipper is done with (crash ledger, journal).
     pub settler: nm_dataplane::journal::Settler,
+    /// Spans for the batches of traced records (tracing on).
+    pub tracing: Option<crate::otel::link::LinkTracing>,
 }
 
 /// The dataplane's side of the link, running: the key and budget watchers and the record
@@ -153,6 +155,7 @@ impl Link {
             targets.dead_letters,
             targets.metrics,
             targets.settler,
+            targets.tracing,
             stop_rx,
         ));
         Self {

@@ -125,10 +125,12 @@ impl Port for Grpc {
 
     async fn ingest(&self, batch: &[RequestRecord]) -> Result<Ingested, LinkError> {
         let records = batch.iter().map(convert::record_to_pb).collect();
+        let mut req = tonic::Request::new(link_pb::IngestRequestsRequest { records });
+        crate::otel::link::inject(req.metadata_mut());
         let resp = self
             .client
             .clone()
-            .ingest_requests(link_pb::IngestRequestsRequest { records })
+            .ingest_requests(req)
             .await
             .map_err(link_error)?
             .into_inner();

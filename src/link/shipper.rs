@@ -39,6 +39,8 @@ use nm_types::record::{RequestRecord, shorten_path};
 use super::dead_letter::DeadLetters;
 use super::{Backoff, Ingested, LinkError, Port};
 use crate::grpc::convert::{record_from_pb, record_to_pb};
+use crate::otel::link::LinkTracing;
+use opentelemetry::context::FutureExt as _;
 use crate::grpc::link_pb;
 
 /// Most records per batch.
@@ -151,10 +153,12 @@ pub async fn ship(
     dead_letters: DeadLetters,
     metrics: Metrics,
     settler: Settler,
+    tracing: Option<LinkTracing>,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut shipper = Shipper {
         port,
+        tracing,
         budgets,
         spool,
         dead_letters,
@@ -277,6 +281,8 @@ async fn sleep_until(at: Option<Instant>) {
 
 struct Shipper {
     port: Arc<dyn Port>,
+    /// A span for each delivered batch that holds traced records, linked to their requests.
+    tracing: Option<LinkTracing>,
     budgets: Budgets,
     spool: SharedSpool,
     dead_letters: DeadLetters,
@@ -299,7 +305,18 @@ impl Shipper {
     /// good is dead-lettered: those records are settled.
     async fn send(&mut self, records: &[RequestRecord]) -> bool {
         for chunk in chunks(records) {
-            match self.port.ingest(chunk).await {
+            let traced = self.tracing.as_ref().and_then(|t| {
+                t.batch(
+                    "IngestRequests",
+                    chunk.len(),
+                    chunk.iter().filter_map(|r| r.trace),
+                )
+            });
+            let ingested = match traced {
+                Some(cx) => self.port.ingest(chunk).with_context(cx).await,
+                None => self.port.ingest(chunk).await,
+            };
+            match ingested {
                 Ok(ingested) => self.delivered(chunk, &ingested).await,
                 Err(LinkError::Rejected(why)) => {
                     let refused: Vec<_> = chunk.iter().map(|r| (r, why.as_str())).collect();

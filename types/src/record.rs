@@ -80,6 +80,64 @@ pub struct RequestRecord {
     pub cost_micros: Option<u64>,
     /// What the request counted against its end user's budget (None: not budgeted).
     pub budget_micros: Option<u64>,
+    /// The request's exported span (its CLIENT span, else its SERVER span), when it was traced
+    /// and sampled: the batch that ships the record links to it, and the controlplane keeps the
+    /// trace id.
+    pub trace: Option<TraceRef>,
+}
+
+/// A span of an OpenTelemetry trace: the W3C trace id and span id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TraceRef {
+    pub trace_id: [u8; 16],
+    pub span_id: [u8; 8],
+}
+
+impl TraceRef {
+    /// The trace id as 32 lower-case hex digits (the W3C and OTLP/JSON spelling).
+    pub fn trace_hex(&self) -> String {
+        hex(&self.trace_id)
+    }
+
+    /// The span id as 16 lower-case hex digits.
+    pub fn span_hex(&self) -> String {
+        hex(&self.span_id)
+    }
+
+    /// Reads the hex spellings back; None unless both are lower-case hex of the right length
+    /// and not all zero (an invalid id in W3C trace context).
+    pub fn from_hex(trace_id: &str, span_id: &str) -> Option<Self> {
+        let trace_id: [u8; 16] = unhex(trace_id)?;
+        let span_id: [u8; 8] = unhex(span_id)?;
+        (trace_id != [0; 16] && span_id != [0; 8]).then_some(Self { trace_id, span_id })
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0xf)]));
+    }
+    out
+}
+
+fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
+    let digit = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    };
+    let bytes = s.as_bytes();
+    if bytes.len() != N * 2 {
+        return None;
+    }
+    let mut out = [0u8; N];
+    for (i, pair) in bytes.chunks_exact(2).enumerate() {
+        out[i] = (digit(pair[0])? << 4) | digit(pair[1])?;
+    }
+    Some(out)
 }
 
 /// Shortens a path longer than [`MAX_PATH_LEN`] on a character boundary, ending it with `...`,
@@ -182,6 +240,26 @@ impl RequestRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trace_refs_read_back_only_valid_lower_case_hex() {
+        let t = TraceRef {
+            trace_id: *b"\x4b\xf9\x2f\x35\x77\xb3\x4d\xa6\xa3\xce\x92\x9d\x0e\x0e\x47\x36",
+            span_id: *b"\x00\xf0\x67\xaa\x0b\xa9\x02\xb7",
+        };
+        assert_eq!(t.trace_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(t.span_hex(), "00f067aa0ba902b7");
+        assert_eq!(TraceRef::from_hex(&t.trace_hex(), &t.span_hex()), Some(t));
+        for (trace, span) in [
+            ("4BF92F3577B34DA6A3CE929D0E0E4736", "00f067aa0ba902b7"),
+            ("4bf92f3577b34da6a3ce929d0e0e473", "00f067aa0ba902b7"),
+            ("00000000000000000000000000000000", "00f067aa0ba902b7"),
+            ("4bf92f3577b34da6a3ce929d0e0e4736", "0000000000000000"),
+            ("4bf92f3577b34da6a3ce929d0e0e473g", "00f067aa0ba902b7"),
+        ] {
+            assert_eq!(TraceRef::from_hex(trace, span), None, "{trace} {span}");
+        }
+    }
 
     fn record() -> RequestRecord {
         RequestRecord {

@@ -443,6 +443,7 @@ impl Dataset {
             usage_status,
             cost_micros,
             budget_micros,
+            trace: None,
         }
     }
 }

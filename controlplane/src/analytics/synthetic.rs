@@ -297,6 +297,7 @@ impl<'a> Generator<'a> {
                 usage_status: UsageStatus::Reported,
                 cost_micros: Some(model.cost_micros),
                 budget_micros: Some(model.cost_micros),
+                trace: None,
             });
             let (a, d) = if k < regens {
                 ("regenerated", None)

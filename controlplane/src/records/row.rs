@@ -11,7 +11,7 @@ use super::RequestRecord;
 use crate::sql::insert_values;
 
 /// `requests` columns, in the order of [`row_cells`].
-pub(super) const COLUMNS: [&str; 26] = [
+pub(super) const COLUMNS: [&str; 27] = [
     "request_id",
     "started_at_ms",
     "key_id",
@@ -38,6 +38,7 @@ pub(super) const COLUMNS: [&str; 26] = [
     "finish_reason",
     "cost_micros",
     "usage_status",
+    "trace_id",
 ];
 
 /// One value of a `requests` row, borrowed from its record: bound by rusqlite on SQLite, turned
@@ -48,6 +49,8 @@ pub(super) enum Cell<'a> {
     Int(Option<i64>),
     Int32(i32),
     Bool(bool),
+    /// Stored as its trace id's hex spelling.
+    Trace(Option<&'a nm_types::record::TraceRef>),
 }
 
 /// One record's values in [`COLUMNS`] order.
@@ -84,6 +87,7 @@ pub(super) fn row_cells(r: &RequestRecord) -> [Cell<'_>; COLUMNS.len()] {
         text(&u.finish_reason),
         count(r.cost_micros),
         Cell::Text(Some(r.usage_status.as_str())),
+        Cell::Trace(r.trace.as_ref()),
     ]
 }
 
@@ -94,18 +98,26 @@ impl From<Cell<'_>> for Value {
             Cell::Int(n) => Value::BigInt(n),
             Cell::Int32(n) => Value::Int(Some(n)),
             Cell::Bool(b) => Value::Bool(Some(b)),
+            Cell::Trace(t) => Value::String(t.map(|t| t.trace_hex())),
         }
     }
 }
 
 impl ToSql for Cell<'_> {
     fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        if let Cell::Trace(t) = *self {
+            return Ok(match t {
+                Some(t) => ToSqlOutput::from(t.trace_hex()),
+                None => ToSqlOutput::Borrowed(ValueRef::Null),
+            });
+        }
         Ok(ToSqlOutput::Borrowed(match *self {
             Cell::Text(Some(s)) => ValueRef::Text(s.as_bytes()),
             Cell::Text(None) | Cell::Int(None) => ValueRef::Null,
             Cell::Int(Some(n)) => ValueRef::Integer(n),
             Cell::Int32(n) => ValueRef::Integer(n.into()),
             Cell::Bool(b) => ValueRef::Integer(b.into()),
+            Cell::Trace(_) => ValueRef::Null,
         }))
     }
 }

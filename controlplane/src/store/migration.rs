@@ -19,6 +19,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0004_unpriced_index::Migration),
             Box::new(m0005_analytics::Migration),
             Box::new(m0006_session_rollups::Migration),
+            Box::new(m0007_trace_ids::Migration),
             Box::new(m0101_write_probe::Migration),
         ]
     }
@@ -754,6 +755,37 @@ mod m0006_session_rollups {
         fn stored_band_follows_the_analytics_bands() {
             let band = ttfb_band("MAX(ttfb)", false);
             assert!(BACKFILL.contains(&band), "{band}");
+        }
+    }
+}
+
+/// The OpenTelemetry trace of each request (`requests.trace_id`, 32 hex digits; NULL when the
+/// request was not traced), so a signal and the analytics can name the traces behind them.
+mod m0007_trace_ids {
+    use super::*;
+
+    pub struct Migration;
+
+    impl MigrationName for Migration {
+        fn name(&self) -> &str {
+            "m0007_trace_ids"
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl MigrationTrait for Migration {
+        async fn up(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            m.get_connection()
+                .execute_unprepared("ALTER TABLE requests ADD COLUMN trace_id TEXT")
+                .await?;
+            Ok(())
+        }
+
+        async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            m.get_connection()
+                .execute_unprepared("ALTER TABLE requests DROP COLUMN trace_id")
+                .await?;
+            Ok(())
         }
     }
 }

@@ -3,7 +3,7 @@
 //! learn them), and, with tracing on, its exported SERVER span ([`crate::otel`]).
 //!
 //! The proxy hands both to the response body, so a streamed request's spans last until its
-//! stream ends. Every answer to a traced request carries `NM-Trace-Id`. The health probes and
+//! stream ends. Every answer to a traced (sampled) request carries `NM-Trace-Id`. The health probes and
 //! `/metrics` are never traced.
 
 use std::future::Future;
@@ -147,8 +147,10 @@ where
         let mut out = std::task::ready!(this.inner.poll(cx));
         if let (Some(trace), Ok(resp)) = (this.exported.take(), out.as_mut()) {
             trace.respond(resp.status().as_u16(), None);
-            let id = trace.trace_id();
-            if let Ok(v) = HeaderValue::from_str(&id.to_string()) {
+            // The id to look up in the tracing backend: only for a trace that reaches one.
+            if trace.is_sampled()
+                && let Ok(v) = HeaderValue::from_str(&trace.trace_id().to_string())
+            {
                 resp.headers_mut().insert(TRACE_ID_HEADER, v);
             }
             // A body of the gateway's own is already complete: the span ends with this answer.
