@@ -355,6 +355,32 @@ impl Signals {
             signals,
         })
     }
+
+    /// The exported spans of `session_id`'s latest traced requests, newest first, at most
+    /// `limit` (what a signal's span links to).
+    pub async fn session_spans(
+        &self,
+        session_id: &str,
+        limit: u32,
+    ) -> Result<Vec<nm_types::record::TraceRef>> {
+        let db = self.store.conn();
+        let mut sql = Sql::new(
+            db.get_database_backend(),
+            "SELECT trace_id, span_id FROM requests WHERE trace_id IS NOT NULL AND session_id = ",
+        );
+        sql.bind(session_id.to_owned())
+            .push(" ORDER BY started_at_ms DESC LIMIT ")
+            .bind(i64::from(limit));
+        let mut spans = Vec::new();
+        for row in db.query_all_raw(sql.build()).await? {
+            let trace: String = row.try_get("", "trace_id")?;
+            let span: Option<String> = row.try_get("", "span_id")?;
+            if let Some(t) = span.and_then(|s| nm_types::record::TraceRef::from_hex(&trace, &s)) {
+                spans.push(t);
+            }
+        }
+        Ok(spans)
+    }
 }
 
 fn push_range(

@@ -222,6 +222,23 @@ impl RequestTrace {
         }
     }
 
+    /// Links the SERVER span to other traces' spans (a signal's to its session's requests).
+    pub fn link(&self, spans: &[nm_types::record::TraceRef]) {
+        let span = self.server.span();
+        for t in spans {
+            span.add_link(
+                SpanContext::new(
+                    TraceId::from_bytes(t.trace_id),
+                    opentelemetry::trace::SpanId::from_bytes(t.span_id),
+                    opentelemetry::trace::TraceFlags::SAMPLED,
+                    true,
+                    opentelemetry::trace::TraceState::default(),
+                ),
+                Vec::new(),
+            );
+        }
+    }
+
     /// Sets the SERVER span's outcome from the answer's status; an error class for a 5xx
     /// (`error_type` when the gateway made the error, else the status code).
     pub fn respond(&self, status: u16, error_type: Option<&'static str>) {

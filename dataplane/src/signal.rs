@@ -70,7 +70,10 @@ pub enum SubmitError {
     Unconfirmed(String),
 }
 
-pub type SubmitFuture = Pin<Box<dyn Future<Output = Result<(), SubmitError>> + Send>>;
+/// Resolves once the signal is committed, with the exported spans of its session's latest
+/// requests when the call was traced (its span links to them).
+pub type SubmitFuture =
+    Pin<Box<dyn Future<Output = Result<Vec<nm_types::record::TraceRef>, SubmitError>> + Send>>;
 
 /// Where accepted signals go: the root implements it with a gRPC call to the controlplane.
 pub trait SignalSink: fmt::Debug + Send + Sync + 'static {
@@ -299,7 +302,11 @@ pub async fn handle(
         None => submitted.await,
     };
     match submitted {
-        Ok(()) => {}
+        Ok(spans) => {
+            if let Some(t) = &trace {
+                t.link(&spans);
+            }
+        }
         Err(SubmitError::Unavailable(why)) => return Err(ProxyError::Unavailable(why)),
         Err(SubmitError::Unconfirmed(why)) => return Err(ProxyError::Unconfirmed(why)),
         Err(SubmitError::Rejected(why)) => return Err(bad(invalid("invalid_field", why))),

@@ -96,14 +96,14 @@ pub fn record_from_pb(r: link_pb::RequestRecord) -> Result<RequestRecord, &'stat
         .map(|e| e.parse::<nm_types::Env>())
         .transpose()
         .map_err(|_| "env must be production, staging or development")?;
-    let trace = match (&r.trace_id, &r.span_id) {
-        (None, None) => None,
-        (Some(t), Some(s)) => Some(
-            nm_types::record::TraceRef::from_hex(t, s)
-                .ok_or("trace_id and span_id must be 32 and 16 lower-case hex digits, not all zero")?,
-        ),
-        _ => return Err("trace_id and span_id come together"),
-    };
+    let trace =
+        match (&r.trace_id, &r.span_id) {
+            (None, None) => None,
+            (Some(t), Some(s)) => Some(nm_types::record::TraceRef::from_hex(t, s).ok_or(
+                "trace_id and span_id must be 32 and 16 lower-case hex digits, not all zero",
+            )?),
+            _ => return Err("trace_id and span_id come together"),
+        };
     Ok(RequestRecord {
         request_id: r.request_id,
         started_at_ms: r.started_at.as_ref().map_or(0, timestamp_to_ms),

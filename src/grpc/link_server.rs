@@ -258,6 +258,7 @@ impl LinkService {
             .signal
             .ok_or_else(|| Status::invalid_argument("signal is required"))?;
         let signal = convert::signal_from_pb(signal).map_err(to_status)?;
+        let session = signal.session_id.clone();
         let valid = self
             .cp
             .keys
@@ -275,8 +276,17 @@ impl LinkService {
             .record_within(signal, commit_within)
             .await
             .map_err(to_status)?;
+        let session_spans = crate::link::local::session_spans(&self.cp, &session)
+            .await
+            .into_iter()
+            .map(|t| link_pb::SpanRef {
+                trace_id: t.trace_hex(),
+                span_id: t.span_hex(),
+            })
+            .collect();
         Ok(Response::new(link_pb::RecordSignalResponse {
             duplicate: stored == nm_controlplane::Stored::Duplicate,
+            session_spans,
         }))
     }
 }

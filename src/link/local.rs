@@ -9,7 +9,7 @@ use nm_types::{KeyVerifiers, VerifierKey};
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::{Ingested, LinkError, LinkStream, Port};
+use super::{Ingested, LinkError, LinkStream, Port, SessionSpans};
 
 #[derive(Debug, Clone)]
 pub struct InProcess {
@@ -76,12 +76,32 @@ impl Port for InProcess {
         &self,
         signal: NewSignal,
         commit_within: std::time::Duration,
-    ) -> Result<(), LinkError> {
+    ) -> Result<SessionSpans, LinkError> {
+        let session = signal.session_id.clone();
         self.cp
             .signals
             .record_within(signal, commit_within)
             .await
-            .map(drop)
-            .map_err(link_error)
+            .map_err(link_error)?;
+        Ok(session_spans(&self.cp, &session).await)
+    }
+}
+
+/// The spans of `session`'s latest traced requests, when the current call is traced (its
+/// context carries a tracer); a failed lookup only costs the links.
+pub(crate) async fn session_spans(
+    cp: &nm_controlplane::Controlplane,
+    session: &str,
+) -> SessionSpans {
+    let cx = opentelemetry::Context::current();
+    if cx.get::<nm_controlplane::otel::SpanSource>().is_none() {
+        return Vec::new();
+    }
+    match cp.signals.session_spans(session, 8).await {
+        Ok(spans) => spans,
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot read the session's traces");
+            Vec::new()
+        }
     }
 }

@@ -94,8 +94,11 @@ pub trait Port: fmt::Debug + Send + Sync + 'static {
         &self,
         signal: NewSignal,
         commit_within: std::time::Duration,
-    ) -> Result<(), LinkError>;
+    ) -> Result<SessionSpans, LinkError>;
 }
+
+/// The exported spans of a signal's session's latest requests (empty unless the call was traced).
+pub type SessionSpans = Vec<nm_types::record::TraceRef>;
 
 /// The dataplane state the link keeps current, and where its records wait.
 #[derive(Debug, Clone)]

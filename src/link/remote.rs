@@ -149,17 +149,23 @@ impl Port for Grpc {
         &self,
         signal: NewSignal,
         commit_within: std::time::Duration,
-    ) -> Result<(), LinkError> {
+    ) -> Result<super::SessionSpans, LinkError> {
         let mut req = tonic::Request::new(link_pb::RecordSignalRequest {
             signal: Some(convert::signal_to_pb(signal)),
             commit_within_ms: u32::try_from(commit_within.as_millis()).unwrap_or(u32::MAX),
         });
         crate::otel::link::inject(req.metadata_mut());
-        self.client
+        let resp = self
+            .client
             .clone()
             .record_signal(req)
             .await
-            .map(drop)
-            .map_err(signal_error)
+            .map_err(signal_error)?
+            .into_inner();
+        Ok(resp
+            .session_spans
+            .iter()
+            .filter_map(|s| nm_types::record::TraceRef::from_hex(&s.trace_id, &s.span_id))
+            .collect())
     }
 }

@@ -39,9 +39,9 @@ use nm_types::record::{RequestRecord, shorten_path};
 use super::dead_letter::DeadLetters;
 use super::{Backoff, Ingested, LinkError, Port};
 use crate::grpc::convert::{record_from_pb, record_to_pb};
+use crate::grpc::link_pb;
 use crate::otel::link::LinkTracing;
 use opentelemetry::context::FutureExt as _;
-use crate::grpc::link_pb;
 
 /// Most records per batch.
 pub const MAX_BATCH: usize = 1_000;

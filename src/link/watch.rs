@@ -64,7 +64,7 @@ impl SignalSink for PortSignals {
                     "the controlplane did not confirm the commit within {}s",
                     SIGNAL_TIMEOUT.as_secs()
                 ))),
-                Ok(Ok(())) => Ok(()),
+                Ok(Ok(spans)) => Ok(spans),
                 Ok(Err(LinkError::Rejected(why))) => Err(SubmitError::Rejected(why)),
                 Ok(Err(LinkError::Unconfirmed(e))) => {
                     debug!(error = %e, "signal outcome unknown");

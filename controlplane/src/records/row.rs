@@ -11,7 +11,7 @@ use super::RequestRecord;
 use crate::sql::insert_values;
 
 /// `requests` columns, in the order of [`row_cells`].
-pub(super) const COLUMNS: [&str; 27] = [
+pub(super) const COLUMNS: [&str; 28] = [
     "request_id",
     "started_at_ms",
     "key_id",
@@ -39,6 +39,7 @@ pub(super) const COLUMNS: [&str; 27] = [
     "cost_micros",
     "usage_status",
     "trace_id",
+    "span_id",
 ];
 
 /// One value of a `requests` row, borrowed from its record: bound by rusqlite on SQLite, turned
@@ -49,8 +50,9 @@ pub(super) enum Cell<'a> {
     Int(Option<i64>),
     Int32(i32),
     Bool(bool),
-    /// Stored as its trace id's hex spelling.
-    Trace(Option<&'a nm_types::record::TraceRef>),
+    /// A span's trace id, then its span id, stored as their hex spellings.
+    TraceId(Option<&'a nm_types::record::TraceRef>),
+    SpanId(Option<&'a nm_types::record::TraceRef>),
 }
 
 /// One record's values in [`COLUMNS`] order.
@@ -87,7 +89,8 @@ pub(super) fn row_cells(r: &RequestRecord) -> [Cell<'_>; COLUMNS.len()] {
         text(&u.finish_reason),
         count(r.cost_micros),
         Cell::Text(Some(r.usage_status.as_str())),
-        Cell::Trace(r.trace.as_ref()),
+        Cell::TraceId(r.trace.as_ref()),
+        Cell::SpanId(r.trace.as_ref()),
     ]
 }
 
@@ -98,18 +101,18 @@ impl From<Cell<'_>> for Value {
             Cell::Int(n) => Value::BigInt(n),
             Cell::Int32(n) => Value::Int(Some(n)),
             Cell::Bool(b) => Value::Bool(Some(b)),
-            Cell::Trace(t) => Value::String(t.map(|t| t.trace_hex())),
+            Cell::TraceId(t) => Value::String(t.map(|t| t.trace_hex())),
+            Cell::SpanId(t) => Value::String(t.map(|t| t.span_hex())),
         }
     }
 }
 
 impl ToSql for Cell<'_> {
     fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
-        if let Cell::Trace(t) = *self {
-            return Ok(match t {
-                Some(t) => ToSqlOutput::from(t.trace_hex()),
-                None => ToSqlOutput::Borrowed(ValueRef::Null),
-            });
+        match *self {
+            Cell::TraceId(Some(t)) => return Ok(ToSqlOutput::from(t.trace_hex())),
+            Cell::SpanId(Some(t)) => return Ok(ToSqlOutput::from(t.span_hex())),
+            _ => {}
         }
         Ok(ToSqlOutput::Borrowed(match *self {
             Cell::Text(Some(s)) => ValueRef::Text(s.as_bytes()),
@@ -117,7 +120,7 @@ impl ToSql for Cell<'_> {
             Cell::Int(Some(n)) => ValueRef::Integer(n),
             Cell::Int32(n) => ValueRef::Integer(n.into()),
             Cell::Bool(b) => ValueRef::Integer(b.into()),
-            Cell::Trace(_) => ValueRef::Null,
+            Cell::TraceId(_) | Cell::SpanId(_) => ValueRef::Null,
         }))
     }
 }

@@ -759,8 +759,9 @@ mod m0006_session_rollups {
     }
 }
 
-/// The OpenTelemetry trace of each request (`requests.trace_id`, 32 hex digits; NULL when the
-/// request was not traced), so a signal and the analytics can name the traces behind them.
+/// The OpenTelemetry span of each request (`requests.trace_id` and `span_id`, 32 and 16 hex
+/// digits; NULL when the request was not traced), so a signal and the analytics can name the
+/// traces behind them.
 mod m0007_trace_ids {
     use super::*;
 
@@ -778,12 +779,18 @@ mod m0007_trace_ids {
             m.get_connection()
                 .execute_unprepared("ALTER TABLE requests ADD COLUMN trace_id TEXT")
                 .await?;
+            m.get_connection()
+                .execute_unprepared("ALTER TABLE requests ADD COLUMN span_id TEXT")
+                .await?;
             Ok(())
         }
 
         async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
             m.get_connection()
                 .execute_unprepared("ALTER TABLE requests DROP COLUMN trace_id")
+                .await?;
+            m.get_connection()
+                .execute_unprepared("ALTER TABLE requests DROP COLUMN span_id")
                 .await?;
             Ok(())
         }
