@@ -9,6 +9,7 @@ mod errors;
 mod faults;
 mod keys;
 mod link;
+mod metrics;
 mod otel;
 mod otel_harness;
 mod process;

@@ -1,18 +1,319 @@
-//! Prometheus metrics of the dataplane, served at `GET /metrics` (text exposition, no key, like
-//! `/health`): what a record's journey lost and why, the spool's backlog, and budget refusals.
-//! Labels are closed sets of our own codes, never user input.
+//! Prometheus metrics of the dataplane, served at `GET /metrics` (OpenMetrics text, no key, like
+//! `/health`): what a record's journey lost and why, the spool's backlog, budget refusals, and
+//! the request path's latencies and token counts.
+//!
+//! Two kinds of names:
+//! - `nm_*`: ours. Labels are closed sets of our own codes, never user input.
+//! - The OpenTelemetry semantic conventions' metrics under their Prometheus names (dots to
+//!   underscores, the unit `s` as `_seconds`, `{token}` dropped): `gen_ai_client_token_usage`,
+//!   `gen_ai_client_operation_duration_seconds`,
+//!   `gen_ai_client_operation_time_to_first_chunk_seconds` (GenAI client metrics, with the
+//!   GenAI conventions' bucket boundaries; the last is defined in semantic-conventions-genai, for
+//!   streams only) and `http_server_request_duration_seconds` (the stable HTTP conventions'
+//!   buckets). A conditionally required attribute that does not apply (no model known, no
+//!   error) is an absent label, as OpenTelemetry's Prometheus exporters write it; PromQL's
+//!   `error_type=""` selects successes.
+//!
+//! What keeps the series count bounded, since model, provider and error names reach us from
+//! requests, upstream answers and configuration:
+//! - No label ever holds an end user, session, key or request id.
+//! - Model names: at most [`LABEL_CAP`] distinct values per metric family, first come first
+//!   kept (request and response models count together; one cap per label serves every family
+//!   with it); later ones, and names that are too long or hold control characters, become
+//!   `_other`. Providers (`gen_ai_provider_name`, also on `nm_gateway_overhead_seconds`) and
+//!   error types have the same cap (error types fall back to `_OTHER`, the conventions' value).
+//!   Each replacement counts in `nm_metric_label_overflow_total{label}`.
+//! - HTTP methods: the conventions' known methods, anything else `_OTHER`; routes are templates
+//!   (`&'static str`), status codes numbers.
+//!
+//! The duration histograms carry the request's trace id as an OpenMetrics exemplar when it was
+//! sampled, so a slow bucket links to a trace. The new families are declared (`# TYPE`) before
+//! their first series.
+//!
+//! The request path calls [`Metrics::operation`], [`Metrics::gateway_overhead`] and
+//! [`Metrics::http_server`] once per request: for label values already seen they take read locks
+//! and bump reference counts, and allocate nothing.
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{
+    EncodeLabelKey, EncodeLabelSet, EncodeLabelValue, EncodeMetric, LabelSetEncoder, MetricEncoder,
+};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::exemplar::HistogramWithExemplars;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
+
+/// `gen_ai.client.token.usage`'s bucket boundaries (powers of 4 from 1 to 4^13).
+pub const TOKEN_BUCKETS: [f64; 14] = [
+    1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0,
+    16777216.0, 67108864.0,
+];
+
+/// `gen_ai.client.operation.duration`'s and `.time_to_first_chunk`'s bucket boundaries, seconds
+/// (10 ms doubling to 81.92 s).
+pub const GEN_AI_SECONDS_BUCKETS: [f64; 14] = [
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+];
+
+/// `http.server.request.duration`'s bucket boundaries, seconds.
+pub const HTTP_SERVER_BUCKETS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+];
+
+/// `nm_gateway_overhead_seconds`' bucket boundaries: the gateway's own time is tens of
+/// microseconds to a few milliseconds, far below the conventions' 5 ms first bucket.
+pub const OVERHEAD_BUCKETS: [f64; 14] = [
+    0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25,
+    0.5,
+];
+
+/// Distinct values a capped label keeps per metric family.
+pub const LABEL_CAP: usize = 64;
+
+/// A capped label value longer than this (bytes) is replaced: no real model name is this long.
+pub const MAX_LABEL_VALUE_LEN: usize = 128;
+
+/// The replacement for models and providers past the cap.
+pub const OTHER: &str = "_other";
+
+/// The replacement for unknown HTTP methods and error types past the cap (the conventions').
+pub const OTHER_UPPER: &str = "_OTHER";
+
+/// One GenAI operation as the request path saw it, for [`Metrics::operation`]. Attribute names
+/// in the comments are the semantic conventions'.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Operation<'a> {
+    /// `gen_ai.operation.name`: `chat`, `text_completion`, `embeddings`, `generate_content`, ..
+    pub operation: &'static str,
+    /// `gen_ai.provider.name`.
+    pub provider: &'a str,
+    /// `gen_ai.request.model`, when the request named one.
+    pub request_model: Option<&'a str>,
+    /// `gen_ai.response.model`, when the answer named one.
+    pub response_model: Option<&'a str>,
+    /// `error.type`: `None` on success.
+    pub error_type: Option<&'a str>,
+    /// From the request's arrival to the end of the answer.
+    pub duration: Duration,
+    /// Streams only: from the request's arrival to the first chunk of the answer.
+    pub time_to_first_chunk: Option<Duration>,
+    pub input_tokens: Option<u64>,
+    pub output_tokens: Option<u64>,
+    /// The request's trace id (32 lower-case hex digits) when it was sampled: the exemplar.
+    pub trace_id: Option<&'a str>,
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Reason {
     reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LabelName {
+    label: &'static str,
+}
+
+/// The labels every GenAI family shares. Absent values are absent labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct GenAiLabels {
+    operation: &'static str,
+    provider: Arc<str>,
+    request_model: Option<Arc<str>>,
+    response_model: Option<Arc<str>>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct TokenLabels {
+    gen_ai: GenAiLabels,
+    token_type: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct DurationLabels {
+    gen_ai: GenAiLabels,
+    error_type: Option<Arc<str>>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct ProviderLabels {
+    provider: Arc<str>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HttpLabels {
+    http_request_method: &'static str,
+    http_route: &'static str,
+    http_response_status_code: u16,
+}
+
+/// An exemplar's only label, `trace_id`: 32 lower-case hex digits, held inline.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct TraceExemplar([u8; 32]);
+
+impl TraceExemplar {
+    /// `Some` for a W3C trace id: 32 lower-case hex digits, not all zero.
+    fn parse(id: &str) -> Option<Self> {
+        let bytes: [u8; 32] = id.as_bytes().try_into().ok()?;
+        let hex = bytes
+            .iter()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b));
+        (hex && bytes.iter().any(|b| *b != b'0')).then_some(Self(bytes))
+    }
+}
+
+/// Writes one `key="value"` label.
+fn label(encoder: &mut LabelSetEncoder, key: &str, value: &str) -> Result<(), std::fmt::Error> {
+    let mut label = encoder.encode_label();
+    let mut key_encoder = label.encode_label_key()?;
+    EncodeLabelKey::encode(&key, &mut key_encoder)?;
+    let mut value_encoder = key_encoder.encode_label_value()?;
+    EncodeLabelValue::encode(&value, &mut value_encoder)?;
+    value_encoder.finish()
+}
+
+impl EncodeLabelSet for GenAiLabels {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        label(encoder, "gen_ai_operation_name", self.operation)?;
+        label(encoder, "gen_ai_provider_name", &self.provider)?;
+        if let Some(model) = &self.request_model {
+            label(encoder, "gen_ai_request_model", model)?;
+        }
+        if let Some(model) = &self.response_model {
+            label(encoder, "gen_ai_response_model", model)?;
+        }
+        Ok(())
+    }
+}
+
+impl EncodeLabelSet for TokenLabels {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        self.gen_ai.encode(encoder)?;
+        label(encoder, "gen_ai_token_type", self.token_type)
+    }
+}
+
+impl EncodeLabelSet for DurationLabels {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        self.gen_ai.encode(encoder)?;
+        match &self.error_type {
+            Some(error) => label(encoder, "error_type", error),
+            None => Ok(()),
+        }
+    }
+}
+
+impl EncodeLabelSet for ProviderLabels {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        label(encoder, "gen_ai_provider_name", &self.provider)
+    }
+}
+
+impl EncodeLabelSet for TraceExemplar {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        match std::str::from_utf8(&self.0) {
+            Ok(id) => label(encoder, "trace_id", id),
+            Err(_) => Ok(()),
+        }
+    }
+}
+
+/// The conventions' known HTTP methods (RFC 9110, PATCH, QUERY), case-sensitive; else `_OTHER`.
+fn method_label(method: &http::Method) -> &'static str {
+    match method.as_str() {
+        "CONNECT" => "CONNECT",
+        "DELETE" => "DELETE",
+        "GET" => "GET",
+        "HEAD" => "HEAD",
+        "OPTIONS" => "OPTIONS",
+        "PATCH" => "PATCH",
+        "POST" => "POST",
+        "PUT" => "PUT",
+        "QUERY" => "QUERY",
+        "TRACE" => "TRACE",
+        _ => OTHER_UPPER,
+    }
+}
+
+/// A metric whose `# HELP`, `# TYPE` (and `# UNIT`) lines are written before its first series
+/// too (prometheus-client skips empty families), so scrapers and dashboards know the family
+/// from the start. OpenMetrics allows a family without samples.
+#[derive(Debug)]
+struct Declared<M>(M);
+
+impl<M: EncodeMetric> EncodeMetric for Declared<M> {
+    fn encode(&self, encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        self.0.encode(encoder)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        self.0.metric_type()
+    }
+
+    fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+// === impl Cap ===
+
+/// The values one label of one family may take: the first [`LABEL_CAP`] acceptable ones seen,
+/// shared as `Arc<str>` so a lookup of a known value allocates nothing.
+#[derive(Debug)]
+struct Cap {
+    /// The overflow counter's `label` value.
+    name: &'static str,
+    other: Arc<str>,
+    kept: RwLock<HashSet<Arc<str>, foldhash::fast::RandomState>>,
+}
+
+impl Cap {
+    fn new(name: &'static str, other: &'static str) -> Self {
+        Self {
+            name,
+            other: Arc::from(other),
+            kept: RwLock::default(),
+        }
+    }
+
+    /// `value` itself if kept or if there is room, else the replacement, counted in `overflow`.
+    fn admit(&self, value: &str, overflow: &Family<LabelName, Counter>) -> Arc<str> {
+        if let Ok(kept) = self.kept.read()
+            && let Some(v) = kept.get(value)
+        {
+            return v.clone();
+        }
+        if acceptable(value)
+            && let Ok(mut kept) = self.kept.write()
+        {
+            if let Some(v) = kept.get(value) {
+                return v.clone();
+            }
+            if kept.len() < LABEL_CAP {
+                let v: Arc<str> = Arc::from(value);
+                kept.insert(v.clone());
+                return v;
+            }
+        }
+        overflow
+            .get_or_create(&LabelName { label: self.name })
+            .inc();
+        self.other.clone()
+    }
+}
+
+/// A label value worth keeping: short, printable, not one of our replacements.
+fn acceptable(value: &str) -> bool {
+    !value.is_empty()
+        && value.len() <= MAX_LABEL_VALUE_LEN
+        && !value.chars().any(char::is_control)
+        && value != OTHER
+        && value != OTHER_UPPER
 }
 
 /// Cheap to clone; every clone updates the same metrics.
@@ -34,11 +335,32 @@ struct Inner {
     records_lost_in_crash: Counter,
     records_journal_replayed: Counter,
     otel_spans_dropped: Family<Reason, Counter>,
+    label_overflow: Family<LabelName, Counter>,
+    gateway_overhead: Family<ProviderLabels, Histogram>,
+    token_usage: Family<TokenLabels, Histogram>,
+    operation_duration: Family<DurationLabels, HistogramWithExemplars<TraceExemplar>>,
+    time_to_first_chunk: Family<GenAiLabels, Histogram>,
+    http_server_duration: Family<HttpLabels, HistogramWithExemplars<TraceExemplar>>,
+    caps: Caps,
+}
+
+/// The capped labels. One cap serves every family with that label, so each family sees at
+/// most [`LABEL_CAP`] values of it, and one call admits each value once.
+#[derive(Debug)]
+struct Caps {
+    /// `gen_ai_provider_name`, in the GenAI families and `nm_gateway_overhead_seconds`.
+    provider: Cap,
+    /// `gen_ai_request_model` and `gen_ai_response_model` together.
+    model: Cap,
+    /// `error_type` of `gen_ai_client_operation_duration_seconds`.
+    error_type: Cap,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
-        let mut registry = Registry::with_prefix("nm");
+        // The semantic conventions' families go at the root, ours under `nm_`.
+        let mut root = Registry::default();
+        let registry = root.sub_registry_with_prefix("nm");
         let records_dropped = Family::<Reason, Counter>::default();
         registry.register(
             "records_dropped",
@@ -96,16 +418,80 @@ impl Default for Metrics {
         let otel_spans_dropped = Family::<Reason, Counter>::default();
         registry.register(
             "otel_spans_dropped",
-            "Spans not exported to the OpenTelemetry collector, by reason (queue_full: the export queue was full; export_failed: the collector refused or did not answer)",
-            otel_spans_dropped.clone(),
+            "Trace spans this dataplane made and never exported, by reason (e.g. queue_full: the exporter's queue was full; export_failed: the collector refused or did not answer)",
+            Declared(otel_spans_dropped.clone()),
+        );
+        let label_overflow = Family::<LabelName, Counter>::default();
+        registry.register(
+            "metric_label_overflow",
+            "Observations whose label value was replaced by _other/_OTHER: past the per-family cap of distinct values (64), too long, or not printable; by label",
+            Declared(label_overflow.clone()),
+        );
+        let gateway_overhead = Family::<ProviderLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(OVERHEAD_BUCKETS)
+        });
+        registry.register_with_unit(
+            "gateway_overhead",
+            "Time a proxied request spent in the gateway itself: its whole duration less the wait on the upstream, by provider",
+            Unit::Seconds,
+            Declared(gateway_overhead.clone()),
+        );
+
+        let token_usage = Family::<TokenLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(TOKEN_BUCKETS)
+        });
+        root.register(
+            "gen_ai_client_token_usage",
+            "Number of input and output tokens used (OpenTelemetry gen_ai.client.token.usage, unit {token})",
+            Declared(token_usage.clone()),
+        );
+        let operation_duration =
+            Family::<DurationLabels, HistogramWithExemplars<TraceExemplar>>::new_with_constructor(
+                || HistogramWithExemplars::new(GEN_AI_SECONDS_BUCKETS.into_iter()),
+            );
+        root.register_with_unit(
+            "gen_ai_client_operation_duration",
+            "GenAI operation duration (OpenTelemetry gen_ai.client.operation.duration): from the request's arrival to the end of the answer, streams included",
+            Unit::Seconds,
+            Declared(operation_duration.clone()),
+        );
+        let time_to_first_chunk = Family::<GenAiLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(GEN_AI_SECONDS_BUCKETS)
+        });
+        root.register_with_unit(
+            "gen_ai_client_operation_time_to_first_chunk",
+            "Time to receive the first chunk of a streamed answer, from the request's arrival (OpenTelemetry gen_ai.client.operation.time_to_first_chunk); streams only",
+            Unit::Seconds,
+            Declared(time_to_first_chunk.clone()),
+        );
+        let http_server_duration =
+            Family::<HttpLabels, HistogramWithExemplars<TraceExemplar>>::new_with_constructor(
+                || HistogramWithExemplars::new(HTTP_SERVER_BUCKETS.into_iter()),
+            );
+        root.register_with_unit(
+            "http_server_request_duration",
+            "Duration of HTTP server requests (OpenTelemetry http.server.request.duration)",
+            Unit::Seconds,
+            Declared(http_server_duration.clone()),
         );
         Self {
             inner: Arc::new(Inner {
                 otel_spans_dropped,
+                label_overflow,
+                gateway_overhead,
+                token_usage,
+                operation_duration,
+                time_to_first_chunk,
+                http_server_duration,
+                caps: Caps {
+                    provider: Cap::new("gen_ai_provider_name", OTHER),
+                    model: Cap::new("gen_ai_model", OTHER),
+                    error_type: Cap::new("error_type", OTHER_UPPER),
+                },
+                registry: root,
                 records_lost_in_crash,
                 records_journal_replayed,
                 connections_closed,
-                registry,
                 records_dropped,
                 records_dead_lettered,
                 budget_refusals,
@@ -169,12 +555,95 @@ impl Metrics {
             .inc();
     }
 
-    /// Spans the OpenTelemetry export lost.
+    /// Trace spans lost before export (see the exporter's `reason`s).
     pub fn otel_spans_dropped(&self, reason: &'static str, n: u64) {
         self.inner
             .otel_spans_dropped
             .get_or_create(&Reason { reason })
             .inc_by(n);
+    }
+
+    /// One GenAI operation: its duration (with the trace id as exemplar), its time to first
+    /// chunk when streamed, and its token counts when known.
+    pub fn operation(&self, op: &Operation<'_>) {
+        let inner = &*self.inner;
+        let (caps, overflow) = (&inner.caps, &inner.label_overflow);
+        let gen_ai = GenAiLabels {
+            operation: op.operation,
+            provider: caps.provider.admit(op.provider, overflow),
+            // An empty name is no name: an absent label, like `None`.
+            request_model: op
+                .request_model
+                .filter(|m| !m.is_empty())
+                .map(|m| caps.model.admit(m, overflow)),
+            response_model: op
+                .response_model
+                .filter(|m| !m.is_empty())
+                .map(|m| caps.model.admit(m, overflow)),
+        };
+
+        if let Some(ttfc) = op.time_to_first_chunk {
+            inner
+                .time_to_first_chunk
+                .get_or_create(&gen_ai)
+                .observe(ttfc.as_secs_f64());
+        }
+        for (token_type, n) in [("input", op.input_tokens), ("output", op.output_tokens)] {
+            if let Some(n) = n {
+                let labels = TokenLabels {
+                    gen_ai: gen_ai.clone(),
+                    token_type,
+                };
+                // Exact below 2^53 tokens.
+                inner.token_usage.get_or_create(&labels).observe(n as f64);
+            }
+        }
+
+        let labels = DurationLabels {
+            gen_ai,
+            error_type: op.error_type.map(|e| caps.error_type.admit(e, overflow)),
+        };
+        let exemplar = op.trace_id.and_then(TraceExemplar::parse);
+        let timestamp = exemplar.as_ref().map(|_| SystemTime::now());
+        inner.operation_duration.get_or_create(&labels).observe(
+            op.duration.as_secs_f64(),
+            exemplar,
+            timestamp,
+        );
+    }
+
+    /// The gateway's own share of a proxied request: its duration less the wait on the upstream.
+    pub fn gateway_overhead(&self, provider: &str, overhead: Duration) {
+        let inner = &*self.inner;
+        let labels = ProviderLabels {
+            provider: inner.caps.provider.admit(provider, &inner.label_overflow),
+        };
+        inner
+            .gateway_overhead
+            .get_or_create(&labels)
+            .observe(overhead.as_secs_f64());
+    }
+
+    /// One HTTP request served, any route (`route` is the matched template).
+    pub fn http_server(
+        &self,
+        method: &http::Method,
+        route: &'static str,
+        status: u16,
+        duration: Duration,
+        trace_id: Option<&str>,
+    ) {
+        let labels = HttpLabels {
+            http_request_method: method_label(method),
+            http_route: route,
+            http_response_status_code: status,
+        };
+        let exemplar = trace_id.and_then(TraceExemplar::parse);
+        let timestamp = exemplar.as_ref().map(|_| SystemTime::now());
+        self.inner
+            .http_server_duration
+            .get_or_create(&labels)
+            .observe(duration.as_secs_f64(), exemplar, timestamp);
     }
 
     /// The text exposition format.
@@ -187,27 +656,5 @@ impl Metrics {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn renders_counters_and_gauges() {
-        let m = Metrics::default();
-        m.records_dropped("spool_full", 3);
-        m.budget_refused("spend");
-        m.set_spool(7, 4096);
-        m.set_budget_rules(2);
-        let text = m.render();
-        assert!(
-            text.contains(r#"nm_records_dropped_total{reason="spool_full"} 3"#),
-            "{text}"
-        );
-        assert!(
-            text.contains(r#"nm_budget_refusals_total{reason="spend"} 1"#),
-            "{text}"
-        );
-        assert!(text.contains("nm_spool_records 7"), "{text}");
-        assert!(text.contains("nm_spool_bytes 4096"), "{text}");
-        assert!(text.contains("nm_budget_rules 2"), "{text}");
-    }
-}
+#[path = "metrics_tests.rs"]
+mod tests;

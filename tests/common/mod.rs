@@ -10,6 +10,7 @@ pub mod child;
 pub mod gateway;
 pub mod http;
 pub mod mock;
+pub mod openmetrics;
 pub mod otlp;
 pub mod phoenix;
 pub mod pki;
