@@ -162,5 +162,105 @@ async fn a_live_gateways_metrics_parse_strictly() {
         );
         assert_eq!(family_type(&parsed, family), Some(kind), "{family}");
     }
+    // Fed by the two requests, labelled as the conventions say and with nothing per request.
+    let samples = |family: &str| -> Vec<serde_json::Value> {
+        parsed[family]["samples"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
+    let chat_count = samples("gen_ai_client_operation_duration_seconds")
+        .into_iter()
+        .filter(|s| s["name"] == "gen_ai_client_operation_duration_seconds_count")
+        .map(|s| (s["labels"].clone(), s["value"].as_f64().unwrap_or(0.0)))
+        .collect::<Vec<_>>();
+    assert!(
+        chat_count
+            .iter()
+            .any(|(l, v)| l["gen_ai_operation_name"] == "chat"
+                && l["gen_ai_provider_name"] == "openai"
+                && l["gen_ai_request_model"] == "gpt-4o-mini"
+                && l.get("error_type").is_none()
+                && *v >= 1.0),
+        "{chat_count:?}"
+    );
+    for (labels, _) in &chat_count {
+        let keys: Vec<&String> = labels
+            .as_object()
+            .map(|o| o.keys().collect())
+            .unwrap_or_default();
+        for k in keys {
+            assert!(
+                [
+                    "gen_ai_operation_name",
+                    "gen_ai_provider_name",
+                    "gen_ai_request_model",
+                    "gen_ai_response_model",
+                    "error_type"
+                ]
+                .contains(&k.as_str()),
+                "unexpected label {k}"
+            );
+        }
+    }
+    let token_types: Vec<String> = samples("gen_ai_client_token_usage")
+        .into_iter()
+        .filter_map(|s| s["labels"]["gen_ai_token_type"].as_str().map(str::to_owned))
+        .collect();
+    assert!(token_types.iter().any(|t| t == "input") && token_types.iter().any(|t| t == "output"));
+    assert!(
+        samples("gen_ai_client_operation_time_to_first_chunk_seconds")
+            .iter()
+            .any(
+                |s| s["name"] == "gen_ai_client_operation_time_to_first_chunk_seconds_count"
+                    && s["value"].as_f64() == Some(1.0)
+            ),
+        "only the stream has a first chunk"
+    );
+    assert!(samples("http_server_request_duration_seconds").iter().any(
+        |s| s["labels"]["http_route"] == "/{provider}/{*native_path}"
+            && s["labels"]["http_response_status_code"] == "200"
+    ));
+    assert!(!samples("nm_gateway_overhead_seconds").is_empty());
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_sampled_request_leaves_its_trace_id_as_the_exemplar() {
+    let Some(python) = python("exemplars of a traced gateway's /metrics") else {
+        return;
+    };
+    let otlp = crate::common::otlp::OtlpReceiver::start().await;
+    let openai = MockProvider::json(fixture("openai/chat_response.json"))
+        .start()
+        .await;
+    let gw = TestGateway::builder()
+        .upstream("openai", &openai.url)
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &otlp.grpc_endpoint())
+        .run()
+        .await;
+    let a = gw
+        .post(
+            "/openai/v1/chat/completions",
+            &[],
+            r#"{"model":"gpt-4o-mini"}"#,
+        )
+        .await;
+    let trace_id = a.header("nm-trace-id").unwrap_or_default().to_owned();
+    assert_eq!(trace_id.len(), 32);
+    let m = gw.get("/metrics").await;
+    let parsed = parse_strict(&python, &String::from_utf8_lossy(&m.body)).await;
+    for family in [
+        "gen_ai_client_operation_duration_seconds",
+        "http_server_request_duration_seconds",
+    ] {
+        let exemplars: Vec<String> = parsed[family]["samples"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s["exemplar"]["trace_id"].as_str().map(str::to_owned))
+            .collect();
+        assert_eq!(exemplars, vec![trace_id.clone()], "{family}");
+    }
     gw.stop().await;
 }

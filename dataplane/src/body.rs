@@ -185,6 +185,11 @@ pub struct Completion {
     pub reservation: Option<Reservation>,
     /// The request's exported spans, ended with the body (tracing on).
     pub trace: Option<crate::otel::RequestTrace>,
+    /// `gen_ai.operation.name` of the call, when it is a GenAI operation, and
+    /// `gen_ai.provider.name`: the GenAI metrics' labels.
+    pub operation: Option<&'static str>,
+    pub system: Arc<str>,
+    pub metrics: crate::metrics::Metrics,
 }
 
 impl Completion {
@@ -249,6 +254,39 @@ impl Completion {
         }
         let latency_ms = r.latency_ms;
         self.span.record("nm.latency_ms", latency_ms);
+        let error_type: Option<Cow<'static, str>> = match ending {
+            Ending::Complete if r.status >= 400 => Some(Cow::Owned(r.status.to_string())),
+            Ending::Complete => None,
+            Ending::UpstreamError => Some(Cow::Borrowed("upstream_aborted")),
+            Ending::ClientGone => Some(Cow::Borrowed("client_disconnected")),
+        };
+        let duration = ended.duration_since(self.started);
+        let trace_id = r.trace.map(|t| t.trace_hex());
+        if let Some(operation) = self.operation {
+            self.metrics.operation(&crate::metrics::Operation {
+                operation,
+                provider: &self.system,
+                request_model: r.model.as_deref(),
+                response_model: r.usage.model.as_deref(),
+                error_type: error_type.as_deref(),
+                duration,
+                time_to_first_chunk: first_byte
+                    .filter(|_| r.streamed)
+                    .map(|t| t.duration_since(self.started)),
+                input_tokens: r.usage.input_tokens,
+                output_tokens: r.usage.output_tokens,
+                trace_id: trace_id.as_deref(),
+            });
+        }
+        if let Ok(method) = http::Method::from_bytes(r.method.as_bytes()) {
+            self.metrics.http_server(
+                &method,
+                crate::routes::PROXY_TEMPLATE,
+                r.status,
+                duration,
+                trace_id.as_deref(),
+            );
+        }
         if let Some(trace) = self.trace.take() {
             let outcome = match ending {
                 Ending::Complete => Outcome::Complete,
@@ -601,6 +639,9 @@ mod tests {
             prices: Arc::new(PriceTable::builtin()),
             reservation: None,
             trace: None,
+            operation: Some("chat"),
+            system: Arc::from("openai"),
+            metrics: Metrics::default(),
         };
         let ended = started + Duration::from_millis(7);
         let finish = Finish {

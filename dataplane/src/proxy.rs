@@ -75,7 +75,7 @@ pub async fn handle(
     .await;
     record.trace = trace.as_ref().and_then(RequestTrace::trace_ref);
     match result {
-        Ok(resp) => {
+        Ok((resp, upstream_wait)) => {
             let (parts, upstream_body) = resp.into_parts();
             let framing = answer_framing(&parts.headers);
             record.streamed = framing == Some(Framing::Sse);
@@ -83,6 +83,7 @@ pub async fn handle(
                 t.answered(record.status, record.streamed);
             }
             let meter = framing.and_then(|f| meter_for(&provider, &parts.headers, f));
+            let operation = crate::otel::operation_name(provider.format, &record.path);
             let completion = Completion {
                 record,
                 started,
@@ -91,19 +92,39 @@ pub async fn handle(
                 prices: state.prices.clone(),
                 reservation,
                 trace,
+                operation,
+                system: provider.system.clone(),
+                metrics: state.metrics.clone(),
             };
-            Ok(Response::from_parts(
+            let resp = Response::from_parts(
                 parts,
                 GatewayBody::Upstream {
                     inner: ObservedBody::new(upstream_body, completion, meter),
                 },
-            ))
+            );
+            // Time spent here up to the answer's head, less the wait on the provider.
+            state.metrics.gateway_overhead(
+                &provider.system,
+                started.elapsed().saturating_sub(upstream_wait),
+            );
+            Ok(resp)
         }
         Err(e) => {
             let (status, code, _) = e.classify();
             if let Some(t) = trace.as_mut() {
                 t.call_failed(code);
                 t.gateway_error(code, status.as_u16());
+            }
+            if let Some(operation) = crate::otel::operation_name(provider.format, &record.path) {
+                state.metrics.operation(&crate::metrics::Operation {
+                    operation,
+                    provider: &provider.system,
+                    request_model: record.model.as_deref(),
+                    error_type: Some(code),
+                    duration: started.elapsed(),
+                    trace_id: record.trace.map(|t| t.trace_hex()).as_deref(),
+                    ..Default::default()
+                });
             }
             record.status = status.as_u16();
             record.error_code = Some(Cow::Borrowed(code));
@@ -230,7 +251,7 @@ async fn forward(
     reservation: &mut Option<Reservation>,
     span: &tracing::Span,
     trace: &mut Option<RequestTrace>,
-) -> Result<Response<UpstreamBody>, ProxyError> {
+) -> Result<(Response<UpstreamBody>, std::time::Duration), ProxyError> {
     check_native_path(&record.path)?;
     let attribution = Attribution::from_headers(req.headers())?;
     if let Some(a) = &attribution.agent {
@@ -295,11 +316,13 @@ async fn forward(
         .map_err(|e| ProxyError::Internal(format!("cannot build upstream request: {e}")))?;
     *upstream_req.headers_mut() = headers;
 
+    let sent = Instant::now();
     let mut resp = state.upstream.send(upstream_req).await?;
+    let waited = sent.elapsed();
     strip_response_headers(resp.headers_mut());
     record.status = resp.status().as_u16();
     span.record("http.response.status_code", record.status);
-    Ok(resp)
+    Ok((resp, waited))
 }
 
 #[cfg(test)]

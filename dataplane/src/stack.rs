@@ -64,7 +64,10 @@ pub fn service(
         // Outermost, so even errors and health answers carry NM-Request-Id.
         .layer(RequestIdLayer)
         // The span wraps everything below, so every log line has the request id.
-        .layer(TraceLayer::new(state.tracing.clone()))
+        .layer(TraceLayer::new(
+            state.tracing.clone(),
+            state.metrics.clone(),
+        ))
         // Errors from auth, routing and forwarding become native-shaped responses here.
         .layer(RescueLayer::new(
             state.registry.clone(),

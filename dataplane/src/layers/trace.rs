@@ -17,19 +17,24 @@ use tracing::instrument::{Instrument, Instrumented};
 use tracing::{Span, field::Empty};
 
 use super::RequestId;
+use std::time::Instant;
+
 use crate::body::GatewayBody;
+use crate::metrics::Metrics;
 use crate::otel::{RequestTrace, TRACE_ID_HEADER, Tracing};
 use crate::routes::{Own, Route};
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct TraceLayer {
     tracing: Option<Tracing>,
+    metrics: Metrics,
 }
 
 impl TraceLayer {
-    /// `tracing`: the exported spans' tracer, None when tracing is off.
-    pub fn new(tracing: Option<Tracing>) -> Self {
-        Self { tracing }
+    /// `tracing`: the exported spans' tracer, None when tracing is off. `metrics` gets each
+    /// answer's HTTP server duration (a proxied one's when its body ends, see [`crate::body`]).
+    pub fn new(tracing: Option<Tracing>, metrics: Metrics) -> Self {
+        Self { tracing, metrics }
     }
 }
 
@@ -39,6 +44,7 @@ impl<S> Layer<S> for TraceLayer {
         Trace {
             inner,
             tracing: self.tracing.clone(),
+            metrics: self.metrics.clone(),
         }
     }
 }
@@ -47,6 +53,7 @@ impl<S> Layer<S> for TraceLayer {
 pub struct Trace<S> {
     inner: S,
     tracing: Option<Tracing>,
+    metrics: Metrics,
 }
 
 impl<S, B> Service<Request<B>> for Trace<S>
@@ -87,10 +94,17 @@ where
             gen_ai.usage.output_tokens = Empty,
             nm.cost_micros = Empty,
         );
+        let route = route_template(Route::of(req.uri().path()));
         let exported = self
             .tracing
             .as_ref()
-            .and_then(|t| server_span(t, &req, id, &span));
+            .and_then(|t| server_span(t, &req, route, id, &span));
+        let served = Served {
+            started: Instant::now(),
+            method: req.method().clone(),
+            route: route.unwrap_or(""),
+            metrics: self.metrics.clone(),
+        };
         if let Some(t) = &exported {
             req.extensions_mut().insert(t.clone());
         }
@@ -100,7 +114,20 @@ where
         Traced {
             inner: fut.instrument(span),
             exported,
+            served,
         }
+    }
+}
+
+/// `http.route`: the matched template (None for an unknown path).
+fn route_template(route: Route) -> Option<&'static str> {
+    match route {
+        Route::Own(Own::Ready) => Some("/health"),
+        Route::Own(Own::Live) => Some("/health/live"),
+        Route::Own(Own::Metrics) => Some("/metrics"),
+        Route::Own(Own::Signal) => Some("/v1/signal"),
+        Route::Proxy => Some(crate::routes::PROXY_TEMPLATE),
+        Route::Unknown => None,
     }
 }
 
@@ -108,16 +135,14 @@ where
 fn server_span<B>(
     tracing: &Tracing,
     req: &Request<B>,
+    route: Option<&'static str>,
     request_id: &str,
     span: &Span,
 ) -> Option<RequestTrace> {
+    if matches!(route, Some("/health" | "/health/live" | "/metrics")) {
+        return None;
+    }
     let path = req.uri().path();
-    let route = match Route::of(path) {
-        Route::Own(Own::Ready | Own::Live | Own::Metrics) => return None,
-        Route::Own(Own::Signal) => Some("/v1/signal"),
-        Route::Proxy => Some(crate::routes::PROXY_TEMPLATE),
-        Route::Unknown => None,
-    };
     let trace = tracing.server(req.headers(), req.method(), route, path, request_id);
     let cx = trace.span_context();
     if cx.is_valid() {
@@ -133,7 +158,16 @@ pin_project! {
         #[pin]
         inner: Instrumented<F>,
         exported: Option<RequestTrace>,
+        served: Served,
     }
+}
+
+/// What the HTTP server duration of a gateway-made answer is recorded with.
+struct Served {
+    started: Instant,
+    method: http::Method,
+    route: &'static str,
+    metrics: Metrics,
 }
 
 impl<F, E> Future for Traced<F>
@@ -145,6 +179,20 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let mut out = std::task::ready!(this.inner.poll(cx));
+        if let Ok(resp) = out.as_ref()
+            && matches!(resp.body(), GatewayBody::Full { .. })
+        {
+            let sampled = this.exported.as_ref().filter(|t| t.is_sampled());
+            let trace_id = sampled.map(|t| t.trace_id().to_string());
+            let s = &this.served;
+            s.metrics.http_server(
+                &s.method,
+                s.route,
+                resp.status().as_u16(),
+                s.started.elapsed(),
+                trace_id.as_deref(),
+            );
+        }
         if let (Some(trace), Ok(resp)) = (this.exported.take(), out.as_mut()) {
             trace.respond(resp.status().as_u16(), None);
             // The id to look up in the tracing backend: only for a trace that reaches one.
