@@ -116,7 +116,8 @@ pub async fn start_dataplane(settings: &Settings) -> anyhow::Result<Running> {
     let telemetry = telemetry(settings, "nm-dataplane", Some(&metrics))?;
     let tracing = telemetry.as_ref().map(Telemetry::dataplane);
     let link_tracing = telemetry.as_ref().map(Telemetry::link);
-    let (http_addr, task) = dataplane(settings, port, verifier, rx, metrics, tracing, None).await?;
+    let (http_addr, task) =
+        dataplane(settings, port, verifier, rx, metrics, tracing, link_tracing).await?;
     let task = flushed(task, telemetry);
     Ok(Running {
         http_addr: Some(http_addr),
