@@ -625,3 +625,160 @@ async fn a_signal_is_one_trace_from_the_dataplane_through_the_controlplane_to_it
         gw.stop().await;
     }
 }
+
+#[tokio::test]
+async fn a_records_batch_links_to_each_request_and_the_signal_to_its_sessions_requests() {
+    use crate::common::gateway::{Db, Shape};
+    let otlp = OtlpReceiver::start().await;
+    let mock = MockProvider::json(fixture("openai/chat_response.json"))
+        .start()
+        .await;
+    for (shape, db) in [(Shape::Serve, Db::Sqlite), (Shape::Split, Db::Postgres)] {
+        let Some(gw) = traced(&otlp)
+            .upstream("openai", &mock.url)
+            .shape(shape)
+            .db(db)
+            .start()
+            .await
+        else {
+            continue;
+        };
+        let session = if shape.is_split() {
+            "sess_linked2"
+        } else {
+            "sess_linked1"
+        };
+        let mut requests = Vec::new();
+        for _ in 0..3 {
+            let a = gw
+                .post(
+                    "/openai/v1/chat/completions",
+                    &[("nm-session", session)],
+                    r#"{"model":"gpt-4o-mini"}"#,
+                )
+                .await;
+            assert_eq!(a.status, 200);
+            let trace = a.header("nm-trace-id").unwrap_or_default().to_owned();
+            let request_id = a.header("nm-request-id").unwrap_or_default().to_owned();
+            // The controlplane keeps each request's trace id.
+            gw.one_request_where(&format!(
+                "request_id = '{request_id}' AND trace_id = '{trace}'"
+            ))
+            .await;
+            requests.push(trace);
+        }
+        let (_, client) = request_spans(&otlp, &requests[0]).await;
+        // The batch that shipped the records: a span of its own, linked to the requests' CLIENT
+        // spans, continued down to the INSERT.
+        let spans = otlp
+            .wait_for("a records batch linking the first request", WAIT, |s| {
+                s.iter().any(|x| {
+                    x.name == "nm.link.v1.Link/IngestRequests"
+                        && x.kind == SpanKind::Client
+                        && x.links
+                            .contains(&(client.trace_id.clone(), client.span_id.clone()))
+                })
+            })
+            .await;
+        let batch = spans
+            .iter()
+            .find(|x| {
+                x.name == "nm.link.v1.Link/IngestRequests"
+                    && x.links
+                        .contains(&(client.trace_id.clone(), client.span_id.clone()))
+            })
+            .cloned()
+            .unwrap_or_else(|| unreachable!());
+        let spans = otlp
+            .wait_for("the batch's INSERT", WAIT, |s| {
+                s.iter()
+                    .any(|x| x.trace_id == batch.trace_id && x.name == "INSERT request_records")
+            })
+            .await;
+        if shape.is_split() {
+            assert!(
+                spans.iter().any(|x| x.trace_id == batch.trace_id
+                    && x.name == "nm.link.v1.Link/IngestRequests"
+                    && x.kind == SpanKind::Server),
+                "the controlplane continues the batch's trace"
+            );
+        }
+        // The signal's span links to the session's requests.
+        let answer = gw
+            .raw(
+                "POST",
+                "/v1/signal",
+                &[("nm-key", ADMIN_KEY), ("content-type", "application/json")],
+                format!(r#"{{"session_id":"{session}","action":"accepted"}}"#),
+            )
+            .await;
+        assert_eq!(answer.status, 200);
+        let signal_trace = answer.header("nm-trace-id").unwrap_or_default().to_owned();
+        let spans = otlp
+            .wait_for("the signal's span", WAIT, |s| {
+                find(s, SpanKind::Server, &signal_trace).is_some()
+            })
+            .await;
+        let signal = find(&spans, SpanKind::Server, &signal_trace)
+            .cloned()
+            .unwrap_or_else(|| unreachable!());
+        let linked: Vec<&String> = signal.links.iter().map(|(t, _)| t).collect();
+        for trace in &requests {
+            assert!(
+                linked.contains(&trace),
+                "{shape:?}: signal links {linked:?}, not {trace}"
+            );
+        }
+        gw.stop().await;
+    }
+}
+
+/// A real OpenTelemetry backend (Arize Phoenix, installed by `.ci/run`): the request's trace is
+/// there, readable back, with the GenAI attributes it shows as LLM traffic.
+#[tokio::test]
+async fn the_trace_reaches_a_real_backend_and_reads_back() {
+    let Some(phoenix) = crate::common::phoenix::start().await else {
+        return;
+    };
+    let mock = MockProvider::json(fixture("openai/chat_response.json"))
+        .start()
+        .await;
+    let gw = TestGateway::builder()
+        .upstream("openai", &mock.url)
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &phoenix.grpc_endpoint())
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .run()
+        .await;
+    let answer = gw
+        .post(
+            "/openai/v1/chat/completions",
+            &[("nm-session", "sess_phoenix1"), ("nm-agent", "support-bot")],
+            r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}"#,
+        )
+        .await;
+    assert_eq!(answer.status, 200);
+    let trace_id = answer.header("nm-trace-id").unwrap_or_default().to_owned();
+    let spans = phoenix
+        .wait_for_trace_spans(&trace_id, 2, Duration::from_secs(60))
+        .await;
+    let spans = spans.as_array().cloned().unwrap_or_default();
+    let llm = spans
+        .iter()
+        .find(|s| s["name"] == "chat gpt-4o-mini")
+        .unwrap_or_else(|| panic!("no CLIENT span in Phoenix: {spans:#?}"));
+    let attributes = &llm["attributes"];
+    assert_eq!(attributes["gen_ai.request.model"], "gpt-4o-mini");
+    assert_eq!(attributes["gen_ai.provider.name"], "openai");
+    assert_eq!(attributes["gen_ai.conversation.id"], "sess_phoenix1");
+    assert!(
+        attributes["gen_ai.usage.input_tokens"]
+            .as_i64()
+            .is_some_and(|t| t > 0)
+    );
+    let server = spans
+        .iter()
+        .find(|s| s["name"] == "POST /{provider}/{*native_path}")
+        .unwrap_or_else(|| panic!("no SERVER span in Phoenix: {spans:#?}"));
+    assert_eq!(llm["parent_id"], server["context"]["span_id"]);
+    gw.stop().await;
+}

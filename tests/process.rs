@@ -153,6 +153,10 @@ async fn bad_settings_exit_64_naming_the_setting() {
         ("NM_HTTP_ADDR", "not-an-address"),
         ("NM_UPSTREAM_NOSUCH", "http://x"),
         ("NM_LOG_FORMAT", "xml"),
+        ("OTEL_TRACES_SAMPLER", "jaeger_remote"),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+        ("OTEL_SDK_DISABLED", "maybe"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "localhost:4317"),
     ] {
         let out = Command::new(BIN)
             .arg("serve")
@@ -545,6 +549,9 @@ async fn sigterm_drains_in_flight_streams_then_exits_0() {
 async fn split_processes_with_json_logs_never_log_secrets() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let mock = MockProvider::json("{}").start().await;
+    // Traced too: both processes export to one collector.
+    let otlp = crate::common::otlp::OtlpReceiver::start().await;
+    let endpoint = otlp.grpc_endpoint();
     let db = format!("sqlite://{}/cp.db?mode=rwc", dir.path().display());
     let mut cp = Proc::spawn(
         &["controlplane", "--grpc-addr", "127.0.0.1:0"],
@@ -554,6 +561,7 @@ async fn split_processes_with_json_logs_never_log_secrets() {
             ("NM_LINK_SECRET", LINK),
             ("NM_LOG_FORMAT", "json"),
             ("NM_LOG", "trace"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
         ],
         dir.path(),
     );
@@ -567,6 +575,7 @@ async fn split_processes_with_json_logs_never_log_secrets() {
             ("NM_PROVIDER_KEY_OPENAI", "sk-operator-secret-1"),
             ("NM_LOG_FORMAT", "json"),
             ("NM_LOG", "trace"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
         ],
         dir.path(),
     );
@@ -606,11 +615,46 @@ async fn split_processes_with_json_logs_never_log_secrets() {
         mock.received()[0].header("authorization"),
         Some("Bearer sk-operator-secret-1")
     );
+    let trace_id = a.header("nm-trace-id").unwrap_or_default().to_owned();
+    assert_eq!(trace_id.len(), 32);
 
     dp.terminate();
     assert_eq!(dp.exit_code().await, 0);
     cp.terminate();
     assert_eq!(cp.exit_code().await, 0);
+
+    // The request's log line names its trace and span; the spans left before the exit (the
+    // shutdown flushes), each process under its own service name, and no secret in them.
+    let completed = dp
+        .stderr()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| {
+            v["message"] == "request completed" && v["span"]["trace_id"] == trace_id.as_str()
+        });
+    let completed = completed.unwrap_or_else(|| panic!("no log line of trace {trace_id}"));
+    assert_eq!(
+        completed["span"]["span_id"].as_str().map(str::len),
+        Some(16)
+    );
+    let spans = otlp.spans();
+    let services: std::collections::BTreeSet<String> = spans
+        .iter()
+        .filter_map(|s| s.resource.get("service.name").map(|v| format!("{v:?}")))
+        .collect();
+    assert!(
+        services.contains("Str(\"nm-dataplane\")") && services.contains("Str(\"nm-controlplane\")"),
+        "{services:?}"
+    );
+    assert!(spans.iter().any(|s| s.trace_id == trace_id));
+    for span in &spans {
+        for secret in [KEY, LINK, "sk-operator-secret-1", "sk-client-secret-2"] {
+            assert!(
+                !span.all_text().contains(secret),
+                "exported a secret: {span:?}"
+            );
+        }
+    }
 
     for (name, logs) in [("dataplane", dp.stderr()), ("controlplane", cp.stderr())] {
         assert!(!logs.is_empty());
