@@ -234,6 +234,10 @@ async fn each_provider_json_and_streamed_gives_a_server_and_a_client_span_of_fix
         );
         assert!(client.has("gen_ai.response.model"), "{what}");
         assert!(client.has("gen_ai.response.finish_reasons"), "{what}");
+        let answer_text = String::from_utf8_lossy(&fixture(case.answer)).into_owned();
+        if answer_text.contains("\"id\"") || answer_text.contains("\"responseId\"") {
+            assert!(client.has("gen_ai.response.id"), "{what}");
+        }
         assert_eq!(
             client
                 .attributes
@@ -504,6 +508,8 @@ async fn message_content_is_exported_only_when_asked_and_capped() {
     let input = client.str("gen_ai.input.messages").unwrap_or_default();
     assert!(input.contains("CAPTURED"));
     assert!(input.len() <= 16 * 1024 + 3, "{}", input.len());
+    let output = client.str("gen_ai.output.messages").unwrap_or_default();
+    assert_eq!(output.as_bytes(), &fixture("openai/chat_response.json")[..]);
     gw.stop().await;
 }
 

@@ -185,6 +185,8 @@ pub struct Completion {
     pub reservation: Option<Reservation>,
     /// The request's exported spans, ended with the body (tracing on).
     pub trace: Option<crate::otel::RequestTrace>,
+    /// The answer's first bytes, when content is captured for its span.
+    pub output: Option<Vec<u8>>,
     /// `gen_ai.operation.name` of the call, when it is a GenAI operation, and
     /// `gen_ai.provider.name`: the GenAI metrics' labels.
     pub operation: Option<&'static str>,
@@ -305,6 +307,7 @@ impl Completion {
                 cost_micros: r.cost_micros,
                 time_to_first_chunk: first_byte.map(|t| t.duration_since(self.started)),
                 streamed: r.streamed,
+                output: self.output.as_deref(),
             });
         }
         self.span.in_scope(|| {
@@ -341,6 +344,8 @@ struct Tracked {
     meter: Option<Meter>,
     first_byte: Option<Instant>,
     bytes: u64,
+    /// The answer's first bytes, for its span (`OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`).
+    captured: Option<Vec<u8>>,
 }
 
 thread_local! {
@@ -473,13 +478,18 @@ impl Finish {
     fn complete(&mut self, wait: bool) -> Option<Arc<Commit>> {
         let tracked = self.tracked.take()?;
         let Tracked {
-            completion,
+            mut completion,
             mut meter,
             first_byte,
             bytes,
+            captured,
         } = *tracked;
         if let (Some(m), Some(last)) = (meter.as_mut(), &self.last) {
             m.feed(last);
+        }
+        if let (Some(mut text), Some(last)) = (captured, &self.last) {
+            capture(&mut text, last);
+            completion.output = Some(text);
         }
         completion.finish(self.ending, self.ended, first_byte, bytes, meter, wait)
     }
@@ -516,6 +526,11 @@ struct Held {
 impl ObservedBody {
     /// `meter` reads usage from the frames; None when the answer cannot carry any we understand.
     pub fn new(inner: UpstreamBody, completion: Completion, meter: Option<Meter>) -> Self {
+        let captured = completion
+            .trace
+            .as_ref()
+            .filter(|t| t.captures_content())
+            .map(|_| Vec::new());
         Self {
             inner,
             tracked: Some(Box::new(Tracked {
@@ -523,6 +538,7 @@ impl ObservedBody {
                 meter,
                 first_byte: None,
                 bytes: 0,
+                captured,
             })),
             held: None,
         }
@@ -558,7 +574,12 @@ impl Body for ObservedBody {
                         t.first_byte = Some(Instant::now());
                     }
                     t.bytes += data.len() as u64;
-                    if t.meter.is_some() && end {
+                    if let Some(text) = t.captured.as_mut()
+                        && !end
+                    {
+                        capture(text, data);
+                    }
+                    if (t.meter.is_some() || t.captured.is_some()) && end {
                         // Metered once the response is written (a clone shares the bytes).
                         last = Some(data.clone());
                     } else if let Some(m) = t.meter.as_mut() {
@@ -605,6 +626,12 @@ impl Body for ObservedBody {
     }
 }
 
+/// Keeps the first [`crate::otel::MAX_CONTENT_BYTES`] of an answer.
+fn capture(text: &mut Vec<u8>, data: &[u8]) {
+    let room = (crate::otel::MAX_CONTENT_BYTES + 4).saturating_sub(text.len());
+    text.extend_from_slice(&data[..data.len().min(room)]);
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -639,6 +666,7 @@ mod tests {
             prices: Arc::new(PriceTable::builtin()),
             reservation: None,
             trace: None,
+            output: None,
             operation: Some("chat"),
             system: Arc::from("openai"),
             metrics: Metrics::default(),
@@ -650,6 +678,7 @@ mod tests {
                 meter: Some(Meter::new(WireFormat::Openai, Framing::Json)),
                 first_byte: Some(started + Duration::from_millis(5)),
                 bytes: ANSWER.len() as u64,
+                captured: None,
             })),
             ending: Ending::Complete,
             ended,

@@ -169,6 +169,8 @@ pub struct End<'a> {
     pub cost_micros: Option<u64>,
     pub time_to_first_chunk: Option<Duration>,
     pub streamed: bool,
+    /// The answer's first bytes, when content is captured.
+    pub output: Option<&'a [u8]>,
 }
 
 impl RequestTrace {
@@ -200,6 +202,11 @@ impl RequestTrace {
     /// Whether the spans are exported (sampled).
     pub fn is_sampled(&self) -> bool {
         self.server.span().span_context().is_sampled()
+    }
+
+    /// Whether prompts and answers go on the spans.
+    pub fn captures_content(&self) -> bool {
+        self.tracing.captures_content()
     }
 
     /// Attributes known once the request is attributed.
@@ -381,6 +388,9 @@ impl RequestTrace {
             if let Some(m) = &u.model {
                 attributes.push(KeyValue::new("gen_ai.response.model", m.clone()));
             }
+            if let Some(id) = &u.response_id {
+                attributes.push(KeyValue::new("gen_ai.response.id", id.clone()));
+            }
             if let Some(r) = &u.finish_reason {
                 attributes.push(KeyValue::new(
                     "gen_ai.response.finish_reasons",
@@ -426,6 +436,9 @@ impl RequestTrace {
             }
             if let Some(e) = &error_type {
                 attributes.push(KeyValue::new("error.type", e.clone()));
+            }
+            if let Some(output) = end.output {
+                attributes.push(KeyValue::new("gen_ai.output.messages", capped(output)));
             }
             span.set_attributes(attributes);
             if error_type.is_some() {

@@ -92,6 +92,7 @@ pub async fn handle(
                 prices: state.prices.clone(),
                 reservation,
                 trace,
+                output: None,
                 operation,
                 system: provider.system.clone(),
                 metrics: state.metrics.clone(),

@@ -130,6 +130,8 @@ pub fn record_from_pb(r: link_pb::RequestRecord) -> Result<RequestRecord, &'stat
             cache_write_tokens: r.cache_write_tokens,
             reasoning_tokens: r.reasoning_tokens,
             finish_reason: r.finish_reason,
+            // The link does not carry it: nothing downstream of the dataplane uses it.
+            response_id: None,
         },
         usage_status,
         cost_micros: r.cost_micros,

@@ -387,6 +387,8 @@ pub struct Usage {
     /// The provider's own finish reason of the (first) choice, as it spelled it
     /// (`stop`, `length`, `end_turn`, `STOP`, ...).
     pub finish_reason: Option<String>,
+    /// The provider's id of the answer (`gen_ai.response.id` on traces; not stored).
+    pub response_id: Option<String>,
 }
 
 impl Usage {

@@ -396,6 +396,7 @@ impl Dataset {
                     cache_write_tokens: None,
                     reasoning_tokens: reasoning,
                     finish_reason: finish.map(str::to_owned),
+                    response_id: None,
                 };
                 (usage, cost, status)
             }

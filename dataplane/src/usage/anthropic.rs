@@ -17,6 +17,7 @@ use super::json_scan::Select;
 use super::{Field, Usage, capture_common, set_count, set_text, sum_known};
 
 const MESSAGE: Select<Field> = Select::keys(&[
+    ("id", Select::capture(Field::Id)),
     ("model", Select::capture(Field::Model)),
     ("stop_reason", Select::capture(Field::FinishReason)),
     ("usage", Select::capture(Field::Usage)),
@@ -53,6 +54,7 @@ impl Reader {
         };
         if let Some(message) = event.message {
             set_text(&mut usage.model, message.model.0.as_deref());
+            set_text(&mut usage.response_id, message.id.0.as_deref());
             set_text(&mut usage.finish_reason, message.stop_reason.0.as_deref());
             if let Some(wire) = message.usage {
                 self.apply(&wire, usage);
@@ -99,6 +101,8 @@ struct Event<'a> {
 
 #[derive(Deserialize)]
 struct Message<'a> {
+    #[serde(borrow, default)]
+    id: Text<'a>,
     #[serde(borrow, default)]
     model: Text<'a>,
     #[serde(borrow, default)]

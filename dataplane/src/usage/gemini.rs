@@ -17,6 +17,7 @@ use super::{Field, Usage, capture_common, set_count, set_text, sum_known};
 const CANDIDATE: Select<Field> =
     Select::keys(&[("finishReason", Select::capture(Field::FinishReason))]);
 const ANSWER: Select<Field> = Select::keys(&[
+    ("responseId", Select::capture(Field::Id)),
     ("modelVersion", Select::capture(Field::Model)),
     ("usageMetadata", Select::capture(Field::Usage)),
     ("candidates", Select::first(&CANDIDATE)),
@@ -41,6 +42,7 @@ impl Reader {
             return;
         };
         set_text(&mut usage.model, chunk.model_version.0.as_deref());
+        set_text(&mut usage.response_id, chunk.response_id.0.as_deref());
         if let Some(candidate) = chunk.candidates.0 {
             // With several candidates, only the first one's reason counts.
             if candidate.index.0.unwrap_or(0) == 0 {
@@ -85,6 +87,8 @@ impl Reader {
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Chunk<'a> {
+    #[serde(borrow, default)]
+    response_id: Text<'a>,
     #[serde(borrow, default)]
     model_version: Text<'a>,
     #[serde(borrow, default)]

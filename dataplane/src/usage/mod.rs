@@ -116,6 +116,8 @@ enum Decoder {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Field {
     Model,
+    /// The answer's id (`id`, Gemini's `responseId`).
+    Id,
     /// OpenAI's `object` (`"list"` marks embeddings).
     Object,
     Usage,
@@ -199,6 +201,7 @@ fn capture_common<W: serde::de::DeserializeOwned>(
 ) -> Option<W> {
     match field {
         Field::Model => set_text(&mut usage.model, text(value).as_deref()),
+        Field::Id => set_text(&mut usage.response_id, text(value).as_deref()),
         Field::FinishReason => set_text(&mut usage.finish_reason, text(value).as_deref()),
         Field::Usage => return serde_json::from_slice(value).ok(),
         Field::Object | Field::Status | Field::IncompleteReason => {}

@@ -35,6 +35,7 @@ const GROQ: Select<Field> = Select::keys(&[("usage", Select::capture(Field::Usag
 const INCOMPLETE: Select<Field> =
     Select::keys(&[("reason", Select::capture(Field::IncompleteReason))]);
 const ANSWER: Select<Field> = Select::keys(&[
+    ("id", Select::capture(Field::Id)),
     ("model", Select::capture(Field::Model)),
     ("object", Select::capture(Field::Object)),
     ("usage", Select::capture(Field::Usage)),
@@ -109,6 +110,7 @@ impl Reader {
             return;
         };
         set_text(&mut usage.model, chunk.model.0.as_deref());
+        set_text(&mut usage.response_id, chunk.id.0.as_deref());
         if let Some(choice) = chunk.choices.0 {
             // With `n > 1` each chunk carries one choice; only the first choice's reason counts.
             if choice.index.0.unwrap_or(0) == 0 {
@@ -123,6 +125,7 @@ impl Reader {
         }
         if let Some(response) = chunk.response {
             set_text(&mut usage.model, response.model.0.as_deref());
+            set_text(&mut usage.response_id, response.id.0.as_deref());
             if let Some(wire) = response.usage {
                 wire.apply(usage);
             }
@@ -137,6 +140,7 @@ impl Reader {
     pub(super) fn capture(&mut self, field: Field, value: &[u8], usage: &mut Usage) {
         match field {
             Field::Model => set_text(&mut usage.model, text(value).as_deref()),
+            Field::Id => set_text(&mut usage.response_id, text(value).as_deref()),
             Field::FinishReason => set_text(&mut usage.finish_reason, text(value).as_deref()),
             Field::Object => {
                 self.list = text(value).as_deref() == Some("list");
@@ -186,6 +190,8 @@ impl Reader {
 #[derive(Deserialize)]
 struct Chunk<'a> {
     #[serde(borrow, default)]
+    id: Text<'a>,
+    #[serde(borrow, default)]
     model: Text<'a>,
     #[serde(borrow, default)]
     choices: First<Choice<'a>>,
@@ -214,6 +220,8 @@ struct Groq {
 
 #[derive(Deserialize)]
 struct Response<'a> {
+    #[serde(borrow, default)]
+    id: Text<'a>,
     #[serde(borrow, default)]
     model: Text<'a>,
     #[serde(borrow, default)]

@@ -68,7 +68,10 @@ fn meter<'a>(
     for frame in frames {
         meter.feed(frame);
     }
-    meter.finish()
+    let mut usage = meter.finish();
+    // Checked on its own (`every_shape_reads_the_answers_id`).
+    usage.response_id = None;
+    usage
 }
 
 impl Fixture<'_> {
@@ -107,7 +110,30 @@ fn usage(
         cache_write_tokens: cache_write,
         reasoning_tokens: reasoning,
         finish_reason: finish.map(str::to_owned),
+        response_id: None,
     }
+}
+
+#[test]
+fn every_shape_reads_the_answers_id() {
+    for (i, f) in FIXTURES.iter().enumerate() {
+        let mut meter = Meter::new(f.dialect, f.framing);
+        meter.feed(f.bytes);
+        let id = meter.finish().response_id;
+        if f.bytes == OPENAI_EMBEDDINGS.bytes {
+            assert_eq!(id, None, "an embeddings list has no id");
+            continue;
+        }
+        let id = id.unwrap_or_else(|| panic!("no id from fixture {i}"));
+        let text = String::from_utf8_lossy(f.bytes);
+        assert!(text.contains(&format!("\"{id}\"")), "fixture {i}: {id}");
+    }
+    let mut meter = Meter::new(WireFormat::Openai, Framing::Json);
+    meter.feed(OPENAI_CHAT.bytes);
+    assert_eq!(
+        meter.finish().response_id.as_deref(),
+        Some("chatcmpl-BxQ3kL9vZ2mN8pR4tY7uW1aE5cD0f")
+    );
 }
 
 // === what each shape yields ===
