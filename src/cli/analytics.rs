@@ -263,7 +263,7 @@ fn date_ms(ms: Option<i64>) -> String {
 
 fn evidence_line(e: &EvidenceItem) -> String {
     let arm = |a: &nm_controlplane::analytics::report::Arm| {
-        format!(
+        let mut s = format!(
             "{} {}/{} = {} [{}, {}]",
             a.label,
             a.count,
@@ -271,7 +271,11 @@ fn evidence_line(e: &EvidenceItem) -> String {
             pct(a.rate),
             pct(a.interval.lower),
             pct(a.interval.upper)
-        )
+        );
+        if let Some(t) = &a.example_trace_id {
+            s.push_str(&format!(" (e.g. trace {t})"));
+        }
+        s
     };
     let mut s = format!("{}: {}", e.metric, arm(&e.a));
     if let Some(b) = &e.b {

@@ -143,6 +143,7 @@ fn arm_to_pb(a: &Arm) -> pb::EvidenceArm {
         n: a.n,
         rate: a.rate,
         interval: Some(interval_to_pb(a.interval)),
+        example_trace_id: a.example_trace_id.clone(),
     }
 }
 
@@ -269,6 +270,7 @@ fn arm_from_pb(a: &pb::EvidenceArm) -> Arm {
         n: a.n,
         rate: a.rate,
         interval: interval_from_pb(a.interval.as_ref()),
+        example_trace_id: a.example_trace_id.clone(),
     }
 }
 
@@ -290,6 +292,7 @@ fn recommendation_from_pb(r: &pb::Recommendation) -> Option<Recommendation> {
                     n: 0,
                     rate: 0.0,
                     interval: interval_from_pb(None),
+                    example_trace_id: None,
                 }),
                 b: e.b.as_ref().map(arm_from_pb),
                 difference: e.difference,

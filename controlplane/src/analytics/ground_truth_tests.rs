@@ -34,6 +34,28 @@ async fn better_model_is_recommended_with_its_evidence() {
         ],
     );
     generate(&store, &[spec], 11, NOW, 500).await.unwrap();
+    // One request of model-b was traced: the evidence names its trace.
+    let traced = nm_types::record::TraceRef {
+        trace_id: [0x4b; 16],
+        span_id: [0x0f; 8],
+    };
+    let budgets = crate::Budgets::load(store.clone(), NOW).await.unwrap();
+    crate::Records::new(store.clone(), budgets)
+        .ingest(&[nm_types::record::RequestRecord {
+            request_id: "traced-1".to_owned(),
+            started_at_ms: NOW - 60_000,
+            key_id: "k".into(),
+            provider: "anthropic".into(),
+            method: "POST".into(),
+            path: "/v1/messages".to_owned(),
+            model: Some("model-b".to_owned()),
+            agent: Some("b-better".to_owned()),
+            status: 200,
+            trace: Some(traced),
+            ..Default::default()
+        }])
+        .await
+        .unwrap();
     let r = Analytics::new(store)
         .compute("b-better", NOW)
         .await
@@ -49,6 +71,11 @@ async fn better_model_is_recommended_with_its_evidence() {
     assert_eq!(best.subject.as_deref(), Some("model-b"));
     let ev = &best.evidence[0];
     assert_eq!(ev.a.label, "model-a");
+    assert_eq!(ev.a.example_trace_id, None, "model-a had no traced request");
+    assert_eq!(
+        ev.b.as_ref().and_then(|b| b.example_trace_id.as_deref()),
+        Some(traced.trace_hex().as_str())
+    );
     assert!(ev.a.n >= 250 && ev.b.as_ref().is_some_and(|b| b.n >= 250));
     assert!(ev.difference_interval.is_some_and(|i| i.lower > 0.0));
     assert!(ev.prob_b_greater.is_some_and(|p| p > 0.99));

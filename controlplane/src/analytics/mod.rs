@@ -251,7 +251,8 @@ impl Analytics {
         }
         let aggregates = query::aggregates(&self.store, &agent, periods).await?;
         let mut run = carried(earlier.sequences, &periods, origin_ms.unwrap_or(now_ms));
-        let recommendations = recommend::recommend(&aggregates, &periods, &mut run);
+        let mut recommendations = recommend::recommend(&aggregates, &periods, &mut run);
+        example_traces(&self.store, &agent, window.since_ms, &mut recommendations).await?;
         span.record("status", "ready");
         span.record("recommendations", recommendations.len());
         Ok(Stored {
@@ -498,6 +499,56 @@ pub fn progress(
         first_signal_ms: first_ms,
         last_signal_ms: last_ms,
     }
+}
+
+/// Names a traced request for each labelled evidence arm: the latest in the window whose model,
+/// provider or env is the label (arms of other kinds, such as weeks or latency bands, get none).
+async fn example_traces(
+    store: &Store,
+    agent: &str,
+    since_ms: i64,
+    recommendations: &mut [Recommendation],
+) -> Result<()> {
+    let mut found: BTreeMap<String, Option<String>> = BTreeMap::new();
+    for r in recommendations.iter_mut() {
+        for e in &mut r.evidence {
+            for arm in std::iter::once(&mut e.a).chain(e.b.as_mut()) {
+                if !found.contains_key(&arm.label) {
+                    let trace = latest_trace(store, agent, since_ms, &arm.label).await?;
+                    found.insert(arm.label.clone(), trace);
+                }
+                arm.example_trace_id = found.get(&arm.label).cloned().flatten();
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn latest_trace(
+    store: &Store,
+    agent: &str,
+    since_ms: i64,
+    label: &str,
+) -> Result<Option<String>> {
+    let db = store.conn();
+    let mut sql = crate::sql::Sql::new(
+        db.get_database_backend(),
+        "SELECT trace_id FROM requests WHERE trace_id IS NOT NULL AND agent = ",
+    );
+    sql.bind(agent.to_owned())
+        .push(" AND started_at_ms >= ")
+        .bind(since_ms)
+        .push(" AND (model = ")
+        .bind(label.to_owned())
+        .push(" OR provider = ")
+        .bind(label.to_owned())
+        .push(" OR env = ")
+        .bind(label.to_owned())
+        .push(") ORDER BY started_at_ms DESC LIMIT 1");
+    let row = db.query_one_raw(sql.build()).await?;
+    Ok(row
+        .map(|r| r.try_get::<String>("", "trace_id"))
+        .transpose()?)
 }
 
 #[cfg(test)]

@@ -216,6 +216,10 @@ pub struct Arm {
     /// arms of a comparison; for a rate against a level, the running intersection over the
     /// looks the level was decided on.
     pub interval: Interval,
+    /// A traced request of this arm in the window (its OpenTelemetry trace id), to look at in
+    /// the tracing backend: the latest one whose model, provider or env is the arm's label.
+    #[serde(default)]
+    pub example_trace_id: Option<String>,
 }
 
 /// One statistical fact behind a recommendation: a comparison of two arms (`b` against `a`),
@@ -255,6 +259,7 @@ impl EvidenceItem {
             n: x.n,
             rate: x.rate,
             interval: x.interval,
+            example_trace_id: None,
         };
         Self {
             metric: metric.to_owned(),
@@ -285,6 +290,7 @@ impl EvidenceItem {
                 n: x.arm.n,
                 rate: x.arm.rate,
                 interval: x.arm.interval,
+                example_trace_id: None,
             },
             b: None,
             difference: None,
