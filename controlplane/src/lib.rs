@@ -19,6 +19,7 @@ pub mod feeds;
 pub mod keys;
 #[cfg(test)]
 mod lock_order_tests;
+#[forbid(unsafe_code)]
 pub mod otel;
 #[forbid(unsafe_code)]
 pub mod records;
