@@ -16,7 +16,7 @@ use serde::Serialize;
 use tokio::net::TcpStream;
 
 use crate::processes::settle;
-use crate::{CLOSED_SLICE, CLOSED_SLICE_WARMUP, Cli, REQUEST_TIMEOUT, SLICE, Target};
+use crate::{CLOSED_SLICE, CLOSED_SLICE_WARMUP, Cli, REQUEST_TIMEOUT, SLICE};
 
 pub(crate) type Sender = SendRequest<Full<Bytes>>;
 
@@ -285,13 +285,13 @@ pub(crate) async fn open_slice(
 }
 
 /// Targets taking turns for `total` each, in slices of at most `max_slice`, the processes idle
-/// before every turn: `turn(k, t, slice)` runs target `t` (its index in [`TARGETS`]) for its
+/// before every turn: `turn(k, t, slice)` runs target `t` (its index in the run's targets) for its
 /// `k`-th turn, counted from 0. Each round of turns is led by another target, so none always
 /// follows the same one.
 pub(crate) async fn take_turns(
     total: Duration,
     max_slice: Duration,
-    order: [Target; 4],
+    order: &[usize],
     pids: &[u32],
     mut turn: impl AsyncFnMut(usize, usize, Duration) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
@@ -302,13 +302,13 @@ pub(crate) async fn take_turns(
     for k in 0..slices as usize {
         for j in 0..order.len() {
             settle(pids).await?;
-            turn(k, order[(j + k) % order.len()] as usize, slice).await?;
+            turn(k, order[(j + k) % order.len()], slice).await?;
         }
     }
     Ok(())
 }
 
-/// The closed loops of all targets (in [`TARGETS`] order), taken in turns: in slices of at
+/// The closed loops of all targets (in the run's order), taken in turns: in slices of at
 /// most [`CLOSED_SLICE`] until each target has had `--duration`, the first turn of each after
 /// `--warmup`, later ones after [`CLOSED_SLICE_WARMUP`] (new connections), the processes idle
 /// before every slice. Like [`open_loops_in_turns`], so that drift in the machine's speed
@@ -316,7 +316,7 @@ pub(crate) async fn take_turns(
 pub(crate) async fn closed_loops_in_turns(
     cli: &Cli,
     specs: &[Arc<Spec>],
-    order: [Target; 4],
+    order: &[usize],
     pids: &[u32],
 ) -> anyhow::Result<Vec<Closed>> {
     let mut totals: Vec<Closed> = specs.iter().map(|_| Closed::default()).collect();
@@ -345,7 +345,7 @@ pub(crate) async fn closed_loops_in_turns(
     Ok(totals)
 }
 
-/// The open loops of all targets (in [`TARGETS`] order), taken in turns: each target is warmed
+/// The open loops of all targets (in the run's order), taken in turns: each target is warmed
 /// up for `--warmup`, then they alternate in slices of about [`SLICE`] until each has had
 /// `--latency-duration`, the processes idle before every slice. The machine's speed on a
 /// shared VM drifts within seconds (the same binary's p50 moves by a third between runs a few
@@ -354,12 +354,12 @@ pub(crate) async fn closed_loops_in_turns(
 pub(crate) async fn open_loops_in_turns(
     cli: &Cli,
     specs: &[Arc<Spec>],
-    order: [Target; 4],
+    order: &[usize],
     pids: &[u32],
 ) -> anyhow::Result<Vec<Open>> {
     let pools: Vec<Arc<Pool>> = specs.iter().map(|_| Arc::default()).collect();
     let mut samples: Vec<Samples> = specs.iter().map(|_| Samples::default()).collect();
-    for t in order.map(|t| t as usize) {
+    for &t in order {
         let mut discarded = Samples::default();
         open_slice(
             &specs[t],

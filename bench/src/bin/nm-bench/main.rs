@@ -59,6 +59,7 @@
 //! killed at the end, on error and on Ctrl-C; the helpers also exit when the bench's end of
 //! their stdin pipe closes.
 
+mod collector;
 mod forwarder;
 mod load;
 mod mock;
@@ -152,6 +153,16 @@ struct Cli {
     /// The nm-gateway binary (default: next to this one).
     #[arg(long, value_name = "PATH")]
     gateway_bin: Option<PathBuf>,
+    /// Measure what tracing costs instead of metering: the targets are direct, forwarder,
+    /// gateway (tracing off), gateway-traced (every request sampled, exporting over OTLP/gRPC to
+    /// a local collector), gateway-unsampled (the same, sampled at 0) and, with `--before-bin`,
+    /// gateway-before.
+    #[arg(long)]
+    tracing: bool,
+    /// With `--tracing`: an nm-gateway binary from before tracing existed (tracing off), to
+    /// compare tracing-off against.
+    #[arg(long, value_name = "PATH", requires = "tracing")]
+    before_bin: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -167,6 +178,12 @@ enum Helper {
     Forwarder {
         #[arg(long)]
         upstream: SocketAddr,
+        #[arg(long)]
+        port_file: PathBuf,
+    },
+    /// The local OTLP collector of `--tracing` (run by the bench itself).
+    #[command(hide = true)]
+    Collector {
         #[arg(long)]
         port_file: PathBuf,
     },
@@ -211,6 +228,10 @@ fn main() -> anyhow::Result<()> {
             exit_with_parent();
             runtime.block_on(forwarder(*upstream, port_file))
         }
+        Some(Helper::Collector { port_file }) => {
+            exit_with_parent();
+            runtime.block_on(collector::collector(port_file))
+        }
         Some(Helper::Load {
             addr,
             target,
@@ -228,21 +249,49 @@ fn main() -> anyhow::Result<()> {
 
 // === the run and the report ===
 
-/// What the load generator talks to, declared in run order (`as usize` indexes the runs).
+/// What the load generator talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Target {
     Direct,
     Forwarder,
     Gateway,
     GatewayUnmetered,
+    /// `--before-bin`, tracing off.
+    GatewayBefore,
+    /// Tracing on, every request sampled, exporting to the bench's collector.
+    GatewayTraced,
+    /// Tracing on, sampled at 0.
+    GatewayUnsampled,
 }
 
+/// The default run's targets, in run order: what metering costs.
 const TARGETS: [Target; 4] = [
     Target::Direct,
     Target::Forwarder,
     Target::Gateway,
     Target::GatewayUnmetered,
 ];
+
+/// `--tracing`'s targets, in run order: what tracing costs.
+const TRACING_TARGETS: [Target; 6] = [
+    Target::Direct,
+    Target::Forwarder,
+    Target::Gateway,
+    Target::GatewayBefore,
+    Target::GatewayTraced,
+    Target::GatewayUnsampled,
+];
+
+/// The targets of this run.
+fn targets(cli: &Cli) -> Vec<Target> {
+    if !cli.tracing {
+        return TARGETS.to_vec();
+    }
+    TRACING_TARGETS
+        .into_iter()
+        .filter(|t| *t != Target::GatewayBefore || cli.before_bin.is_some())
+        .collect()
+}
 const SCENARIOS: [&str; 2] = ["non-streamed", "streamed"];
 
 impl Target {
@@ -252,20 +301,47 @@ impl Target {
             Self::Forwarder => "forwarder",
             Self::Gateway => "gateway",
             Self::GatewayUnmetered => "gateway-unmetered",
+            Self::GatewayBefore => "gateway-before",
+            Self::GatewayTraced => "gateway-traced",
+            Self::GatewayUnsampled => "gateway-unsampled",
         }
     }
 
     fn from_name(name: &str) -> Result<Self, String> {
         TARGETS
             .into_iter()
+            .chain(TRACING_TARGETS)
             .find(|t| t.name() == name)
             .ok_or_else(|| {
-                format!("{name:?} is not one of direct, forwarder, gateway, gateway-unmetered")
+                format!("{name:?} is not one of direct, forwarder, gateway, gateway-unmetered, gateway-before, gateway-traced, gateway-unsampled")
             })
     }
 
     fn is_gateway(self) -> bool {
-        matches!(self, Self::Gateway | Self::GatewayUnmetered)
+        !matches!(self, Self::Direct | Self::Forwarder)
+    }
+
+    /// The settings a gateway target runs with beyond the bench's own (its OpenTelemetry).
+    fn gateway_env(self, collector: Option<SocketAddr>) -> Vec<(&'static str, String)> {
+        let traced = |sampler: &str| {
+            let mut env = vec![
+                ("OTEL_SERVICE_NAME", self.name().to_owned()),
+                ("OTEL_TRACES_SAMPLER", sampler.to_owned()),
+            ];
+            if let Some(c) = collector {
+                env.push(("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{c}")));
+            }
+            env
+        };
+        match self {
+            Self::GatewayTraced => traced("always_on"),
+            Self::GatewayUnsampled => {
+                let mut env = traced("traceidratio");
+                env.push(("OTEL_TRACES_SAMPLER_ARG", "0".to_owned()));
+                env
+            }
+            _ => Vec::new(),
+        }
     }
 
     /// Headers and `NM-User` values for this target's requests (see [`Spec`]).
@@ -318,7 +394,7 @@ impl Target {
             u.requests, u.input_tokens, u.output_tokens
         );
         match self {
-            Self::Gateway => {
+            Self::Gateway | Self::GatewayBefore | Self::GatewayTraced | Self::GatewayUnsampled => {
                 ensure!(
                     u.requests > 0 && u.input_tokens > 0 && u.output_tokens > 0,
                     "metering is broken: {name} {seen}"
@@ -403,28 +479,57 @@ async fn bench(cli: &Cli) -> anyhow::Result<()> {
         "{} not found; build it first: cargo build --profile dist -p nm-gateway",
         gateway_bin.display()
     );
+    if let Some(before) = &cli.before_bin {
+        ensure!(
+            before.is_file(),
+            "--before-bin {} not found",
+            before.display()
+        );
+    }
+    let bins = Bins {
+        gateway: gateway_bin.clone(),
+        before: cli.before_bin.clone(),
+    };
+    let targets = targets(cli);
     let dir = TempDir::new()?;
     let mock = spawn_helper(&dir.0, &["mock".to_owned()]).await?;
+    let collector = match cli.tracing {
+        true => {
+            let proc = spawn_helper(&dir.0, &["collector".to_owned()]).await?;
+            Some(Collector {
+                addr: proc.addr,
+                counts: collector::counts_file(&dir.0.join("collector.port")),
+                _proc: proc,
+            })
+        }
+        false => None,
+    };
+    let helpers = Helpers { mock, collector };
     let mut rounds = Vec::new();
     let mut paired = Vec::new();
     for round in 0..cli.rounds {
-        let runs = run_round(cli, &gateway_bin, &dir, &mock, round).await?;
+        let runs = run_round(cli, &bins, &dir, &helpers, round, &targets).await?;
         let ratios = RoundRatios::of(&runs);
         if cli.rounds > 1 {
             for (s, scenario) in SCENARIOS.into_iter().enumerate() {
                 let added = ratios.added_p50[s].map_or("n/a".to_owned(), |r| format!("{r:.2}"));
+                let versus: Vec<String> = ratios
+                    .versus
+                    .iter()
+                    .map(|v| format!("gateway/{} {:.2}", v.target.name(), v.throughput[s]))
+                    .collect();
                 eprintln!(
-                    "nm-bench: round {}: {scenario}: gateway/forwarder req/s {:.2}, gateway/gateway-unmetered {:.2}, added p50 gateway/forwarder {added}",
+                    "nm-bench: round {}: {scenario}: gateway/forwarder req/s {:.2}, {}, added p50 gateway/forwarder {added}",
                     round + 1,
                     ratios.throughput[s],
-                    ratios.metering[s],
+                    versus.join(", "),
                 );
             }
         }
         rounds.push(runs);
         paired.push(ratios);
     }
-    drop(mock);
+    drop(helpers);
     let runs = median_of_rounds(rounds);
 
     let report = Report::new(cli, &gateway_bin, runs, &paired);
@@ -440,15 +545,17 @@ async fn bench(cli: &Cli) -> anyhow::Result<()> {
 /// One round: every target started at once, in a directory of its own; per scenario, the
 /// closed loops and then the open loops with the targets taking turns
 /// ([`closed_loops_in_turns`], [`open_loops_in_turns`]; in reverse order on odd rounds). The
-/// runs come back in [`TARGETS`] order.
+/// runs come back in the order of `targets`.
 async fn run_round(
     cli: &Cli,
-    gateway_bin: &Path,
+    bins: &Bins,
     dir: &TempDir,
-    mock: &Proc,
+    helpers: &Helpers,
     round: u32,
+    targets: &[Target],
 ) -> anyhow::Result<Vec<TargetRun>> {
-    let mut order = TARGETS;
+    let mock = &helpers.mock;
+    let mut order: Vec<usize> = (0..targets.len()).collect();
     if round % 2 == 1 {
         order.reverse();
     }
@@ -458,16 +565,21 @@ async fn run_round(
     std::fs::create_dir_all(&dir)?;
     let mut procs: Vec<Option<Proc>> = Vec::new();
     let mut admins: Vec<Option<Admin>> = Vec::new();
-    for target in TARGETS {
+    for &target in targets {
         let (proc, admin) = match target {
             Target::Direct => (None, None),
             Target::Forwarder => {
                 let args = ["forwarder", "--upstream", &mock.addr.to_string()].map(String::from);
                 (Some(spawn_helper(&dir, &args).await?), None)
             }
-            Target::Gateway | Target::GatewayUnmetered => {
+            _ => {
+                let bin = match (target, &bins.before) {
+                    (Target::GatewayBefore, Some(before)) => before,
+                    _ => &bins.gateway,
+                };
+                let env = target.gateway_env(helpers.collector.as_ref().map(|c| c.addr));
                 let (proc, admin) =
-                    spawn_gateway(gateway_bin, &dir, target.name(), mock.addr).await?;
+                    spawn_gateway(bin, &dir, target.name(), mock.addr, &env).await?;
                 (Some(proc), Some(admin))
             }
         };
@@ -479,9 +591,9 @@ async fn run_round(
         .map(|p| p.child.id())
         .collect();
     let (steal, total) = cpu_steal()?;
-    let mut scenarios: Vec<Vec<Measured>> = TARGETS.iter().map(|_| Vec::new()).collect();
+    let mut scenarios: Vec<Vec<Measured>> = targets.iter().map(|_| Vec::new()).collect();
     for (scenario, stream) in SCENARIOS.into_iter().zip([false, true]) {
-        let specs = TARGETS
+        let specs = targets
             .iter()
             .zip(&procs)
             .map(|(t, p)| {
@@ -494,13 +606,13 @@ async fn run_round(
             "nm-bench: {scenario}: closed loops, the targets taking turns of up to {:.0} s",
             CLOSED_SLICE.as_secs_f64()
         );
-        let closed = closed_loops_in_turns(cli, &specs, order, &pids).await?;
+        let closed = closed_loops_in_turns(cli, &specs, &order, &pids).await?;
         let settled = settle(&pids).await?;
         eprintln!(
             "nm-bench: {scenario}: open loops, the targets taking turns of {:.2} s (idle after {settled:.1} s)",
             SLICE.as_secs_f64()
         );
-        let open = open_loops_in_turns(cli, &specs, order, &pids).await?;
+        let open = open_loops_in_turns(cli, &specs, &order, &pids).await?;
         for ((measured, closed_loop), mut open_loop) in scenarios.iter_mut().zip(closed).zip(open) {
             open_loop.settle_s = settled;
             measured.push(Measured {
@@ -515,8 +627,11 @@ async fn run_round(
     // Idle: the last request records have reached the controlplanes.
     settle(&pids).await?;
     let mut runs = Vec::new();
-    for (((target, proc), admin), scenarios) in
-        TARGETS.into_iter().zip(&procs).zip(&admins).zip(scenarios)
+    if let Some(c) = &helpers.collector {
+        verify_exports(&c.counts, targets)?;
+    }
+    for (((&target, proc), admin), scenarios) in
+        targets.iter().zip(&procs).zip(&admins).zip(scenarios)
     {
         let name = target.name();
         let memory = proc.as_ref().map(|p| memory(p.child.id())).transpose()?;
@@ -546,11 +661,55 @@ async fn run_round(
     Ok(runs)
 }
 
+/// The gateway binaries: the one measured, and `--before-bin`'s.
+struct Bins {
+    gateway: PathBuf,
+    before: Option<PathBuf>,
+}
+
+/// The helper processes every round shares.
+struct Helpers {
+    mock: Proc,
+    collector: Option<Collector>,
+}
+
+struct Collector {
+    addr: SocketAddr,
+    /// Where it writes the spans it received, per service name.
+    counts: PathBuf,
+    _proc: Proc,
+}
+
+/// Fails when the traced gateway exported nothing or the unsampled one exported anything: the
+/// run would not measure what it says.
+fn verify_exports(counts: &Path, targets: &[Target]) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(counts).unwrap_or_else(|_| "{}".to_owned());
+    let counts: std::collections::BTreeMap<String, u64> = serde_json::from_str(&text)?;
+    let of = |t: Target| counts.get(t.name()).copied().unwrap_or(0);
+    if targets.contains(&Target::GatewayTraced) {
+        ensure!(
+            of(Target::GatewayTraced) > 0,
+            "gateway-traced exported no span to the collector"
+        );
+        eprintln!(
+            "nm-bench: the collector received {} spans from gateway-traced",
+            of(Target::GatewayTraced)
+        );
+    }
+    ensure!(
+        of(Target::GatewayUnsampled) == 0,
+        "gateway-unsampled exported {} spans at a sampling ratio of 0",
+        of(Target::GatewayUnsampled)
+    );
+    Ok(())
+}
+
 /// One run per target from several rounds: per scenario the closed loop of the median
 /// throughput and the open loop of the median p50, the highest memory, the mean steal, the last
 /// round's usage.
 fn median_of_rounds(rounds: Vec<Vec<TargetRun>>) -> Vec<TargetRun> {
-    let mut per_target: Vec<Vec<TargetRun>> = TARGETS.iter().map(|_| Vec::new()).collect();
+    let count = rounds.first().map_or(0, Vec::len);
+    let mut per_target: Vec<Vec<TargetRun>> = (0..count).map(|_| Vec::new()).collect();
     for round in rounds {
         for (i, run) in round.into_iter().enumerate() {
             per_target[i].push(run);

@@ -129,11 +129,13 @@ pub(crate) async fn spawn_helper(dir: &Path, args: &[String]) -> anyhow::Result<
     }
 }
 
-/// `nm-gateway` without the caller's `NM_*` settings (the bench passes its own), logging warnings.
+/// `nm-gateway` without the caller's `NM_*` and `OTEL_*` settings (the bench passes its own),
+/// logging warnings.
 pub(crate) fn gateway_command(bin: &Path) -> Command {
     let mut cmd = Command::new(bin);
     for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("NM_") {
+        let key_text = key.to_string_lossy();
+        if key_text.starts_with("NM_") || key_text.starts_with("OTEL_") {
             cmd.env_remove(key);
         }
     }
@@ -149,6 +151,7 @@ pub(crate) async fn spawn_gateway(
     dir: &Path,
     name: &str,
     mock: SocketAddr,
+    env: &[(&str, String)],
 ) -> anyhow::Result<(Proc, Admin)> {
     // Hold both ports while picking, so they differ; the gateway binds them right after.
     let (http, grpc) = {
@@ -166,6 +169,7 @@ pub(crate) async fn spawn_gateway(
         .env("NM_SPOOL_DIR", dir.join(format!("{name}-spool")))
         .env("NM_BOOTSTRAP_KEY", BOOTSTRAP_KEY)
         .env("NM_UPSTREAM_OPENAI", format!("http://{mock}"))
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log_path)?);

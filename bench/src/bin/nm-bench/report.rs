@@ -10,31 +10,98 @@ use crate::mock::Canned;
 use crate::processes::user_name;
 use crate::{
     Cli, KIB_PER_MIB, MAX_ADDED_P50_RATIO, MAX_PEAK_RSS_MIB, MIN_ADDED_MS,
-    MIN_METERED_THROUGHPUT_RATIO, MIN_THROUGHPUT_RATIO, SCENARIOS, STREAM_CHUNKS, TARGETS, Target,
+    MIN_METERED_THROUGHPUT_RATIO, MIN_THROUGHPUT_RATIO, SCENARIOS, STREAM_CHUNKS, Target,
     TargetRun, USERS,
 };
+
+/// Tracing off may cost nothing against the gateway from before tracing: anything at or above
+/// this throughput ratio is within the VM's run-to-run noise (±15%).
+const MIN_BEFORE_THROUGHPUT_RATIO: f64 = 0.85;
+/// Tracing every request, exported to a local collector, may cost at most 10% of throughput.
+const MIN_TRACED_THROUGHPUT_RATIO: f64 = 0.90;
+/// Tracing on but sampling nothing may cost at most 2%.
+const MIN_UNSAMPLED_THROUGHPUT_RATIO: f64 = 0.98;
+
+/// The pairs of gateway targets compared (`of` req/s / `over` req/s, at least the limit), those
+/// of them a run has.
+const VERSUS: [(Target, Target, f64); 4] = [
+    (
+        Target::Gateway,
+        Target::GatewayUnmetered,
+        MIN_METERED_THROUGHPUT_RATIO,
+    ),
+    (
+        Target::Gateway,
+        Target::GatewayBefore,
+        MIN_BEFORE_THROUGHPUT_RATIO,
+    ),
+    (
+        Target::GatewayTraced,
+        Target::Gateway,
+        MIN_TRACED_THROUGHPUT_RATIO,
+    ),
+    (
+        Target::GatewayUnsampled,
+        Target::Gateway,
+        MIN_UNSAMPLED_THROUGHPUT_RATIO,
+    ),
+];
+
+/// A ratio check before it is judged: what, each round's ratio, the ratio of the median
+/// figures, the operator and the limit ([`Check::paired`]).
+type PairedCheck = (String, Vec<Option<f64>>, Option<f64>, &'static str, f64);
+
+/// The run of `t` among `runs`.
+fn run_of(runs: &[TargetRun], t: Target) -> Option<&TargetRun> {
+    runs.iter().find(|r| r.target == t.name())
+}
 
 /// One round's ratios, per scenario: the gateway against the other targets of the same round.
 pub(crate) struct RoundRatios {
     /// Gateway req/s / forwarder req/s.
     pub(crate) throughput: [f64; 2],
-    /// Gateway req/s / gateway-unmetered req/s.
-    pub(crate) metering: [f64; 2],
+    /// The gateway targets compared with each other ([`VERSUS`]).
+    pub(crate) versus: Vec<Versus>,
     /// Gateway added p50 / forwarder added p50; None when the forwarder added under
     /// [`MIN_ADDED_MS`] (the ratio is then noise).
     pub(crate) added_p50: [Option<f64>; 2],
 }
 
+/// `of` against `over`: req/s ratio per scenario.
+pub(crate) struct Versus {
+    pub(crate) target: Target,
+    pub(crate) of: Target,
+    pub(crate) over: Target,
+    pub(crate) limit: f64,
+    pub(crate) throughput: [f64; 2],
+}
+
 impl RoundRatios {
-    /// `runs` in [`TARGETS`] order.
     pub(crate) fn of(runs: &[TargetRun]) -> Self {
-        let rps = |t: Target, s: usize| runs[t as usize].scenarios[s].closed_loop.requests_per_s;
-        let p50 = |t: Target, s: usize| runs[t as usize].scenarios[s].open_loop.p50_ms;
-        let gateway_over =
-            |t: Target| [0, 1].map(|s| rps(Target::Gateway, s) / rps(t, s).max(f64::MIN_POSITIVE));
+        let rps = |t: Target, s: usize| {
+            run_of(runs, t).map_or(f64::NAN, |r| r.scenarios[s].closed_loop.requests_per_s)
+        };
+        let p50 = |t: Target, s: usize| {
+            run_of(runs, t).map_or(f64::NAN, |r| r.scenarios[s].open_loop.p50_ms)
+        };
+        let ratio = |of: Target, over: Target| {
+            [0, 1].map(|s| rps(of, s) / rps(over, s).max(f64::MIN_POSITIVE))
+        };
+        let versus = VERSUS
+            .into_iter()
+            .filter(|(of, over, _)| run_of(runs, *of).is_some() && run_of(runs, *over).is_some())
+            .map(|(of, over, limit)| Versus {
+                // The one that is not the plain gateway names the comparison.
+                target: if of == Target::Gateway { over } else { of },
+                of,
+                over,
+                limit,
+                throughput: ratio(of, over),
+            })
+            .collect();
         Self {
-            throughput: gateway_over(Target::Forwarder),
-            metering: gateway_over(Target::GatewayUnmetered),
+            throughput: ratio(Target::Gateway, Target::Forwarder),
+            versus,
             added_p50: [0, 1].map(|s| {
                 let direct = p50(Target::Direct, s);
                 let forwarder = p50(Target::Forwarder, s) - direct;
@@ -55,25 +122,26 @@ pub(crate) fn median(mut values: Vec<f64>) -> Option<f64> {
     }
 }
 
-/// Latency the forwarder and the gateways add over `direct`, in ms.
+/// Latency a target adds over `direct`, in ms.
 #[derive(Serialize)]
 pub(crate) struct Added {
     pub(crate) scenario: &'static str,
-    pub(crate) forwarder_p50_ms: f64,
-    pub(crate) forwarder_p99_ms: f64,
-    pub(crate) gateway_p50_ms: f64,
-    pub(crate) gateway_p99_ms: f64,
-    pub(crate) gateway_unmetered_p50_ms: f64,
-    pub(crate) gateway_unmetered_p99_ms: f64,
+    pub(crate) target: &'static str,
+    pub(crate) p50_ms: f64,
+    pub(crate) p99_ms: f64,
 }
 
-/// What metering costs: the gateway against gateway-unmetered.
+/// What a mechanism costs: one gateway target against another (metering: the gateway against
+/// gateway-unmetered; tracing: gateway-traced and gateway-unsampled against the gateway, the
+/// gateway against gateway-before).
 #[derive(Serialize)]
-pub(crate) struct MeteringCost {
+pub(crate) struct Cost {
     pub(crate) scenario: &'static str,
-    /// Gateway req/s / gateway-unmetered req/s (closed loop).
+    pub(crate) of: &'static str,
+    pub(crate) over: &'static str,
+    /// `of` req/s / `over` req/s (closed loop).
     pub(crate) throughput_ratio: f64,
-    /// Gateway open-loop latency minus gateway-unmetered's, ms.
+    /// `of`'s open-loop latency minus `over`'s, ms.
     pub(crate) p50_ms: f64,
     pub(crate) p99_ms: f64,
 }
@@ -152,7 +220,7 @@ pub(crate) struct Report {
     pub(crate) config: Value,
     pub(crate) targets: Vec<TargetRun>,
     pub(crate) added_latency: Vec<Added>,
-    pub(crate) metering_cost: Vec<MeteringCost>,
+    pub(crate) costs: Vec<Cost>,
     pub(crate) checks: Vec<Check>,
 }
 
@@ -164,68 +232,76 @@ impl Report {
         paired: &[RoundRatios],
     ) -> Self {
         let mut added_latency = Vec::new();
-        let mut metering_cost = Vec::new();
+        let mut costs = Vec::new();
         let mut checks = Vec::new();
         // The same ratios as each round's, between the targets' median figures.
         let medians = RoundRatios::of(&targets);
+        let open = |t: Target, s: usize| run_of(&targets, t).map(|r| &r.scenarios[s].open_loop);
         for (s, scenario) in SCENARIOS.into_iter().enumerate() {
-            let [direct, fwd, gw, unmetered] = TARGETS.map(|t| &targets[t as usize].scenarios[s]);
-            let direct = &direct.open_loop;
-            let add = Added {
-                scenario,
-                forwarder_p50_ms: fwd.open_loop.p50_ms - direct.p50_ms,
-                forwarder_p99_ms: fwd.open_loop.p99_ms - direct.p99_ms,
-                gateway_p50_ms: gw.open_loop.p50_ms - direct.p50_ms,
-                gateway_p99_ms: gw.open_loop.p99_ms - direct.p99_ms,
-                gateway_unmetered_p50_ms: unmetered.open_loop.p50_ms - direct.p50_ms,
-                gateway_unmetered_p99_ms: unmetered.open_loop.p99_ms - direct.p99_ms,
-            };
-            let checked = [
+            if let Some(direct) = open(Target::Direct, s) {
+                for run in targets.iter().filter(|r| r.target != Target::Direct.name()) {
+                    let o = &run.scenarios[s].open_loop;
+                    added_latency.push(Added {
+                        scenario,
+                        target: run.target,
+                        p50_ms: o.p50_ms - direct.p50_ms,
+                        p99_ms: o.p99_ms - direct.p99_ms,
+                    });
+                }
+            }
+            let mut checked: Vec<PairedCheck> = vec![
                 (
-                    "gateway added p50 / forwarder added p50",
+                    "gateway added p50 / forwarder added p50".to_owned(),
                     paired.iter().map(|r| r.added_p50[s]).collect(),
                     medians.added_p50[s],
                     "<=",
                     MAX_ADDED_P50_RATIO,
                 ),
                 (
-                    "gateway req/s / forwarder req/s",
+                    "gateway req/s / forwarder req/s".to_owned(),
                     paired.iter().map(|r| Some(r.throughput[s])).collect(),
                     Some(medians.throughput[s]),
                     ">=",
                     MIN_THROUGHPUT_RATIO,
                 ),
-                (
-                    "gateway req/s / gateway-unmetered req/s",
-                    paired.iter().map(|r| Some(r.metering[s])).collect(),
-                    Some(medians.metering[s]),
-                    ">=",
-                    MIN_METERED_THROUGHPUT_RATIO,
-                ),
             ];
+            for (i, v) in medians.versus.iter().enumerate() {
+                checked.push((
+                    format!("{} req/s / {} req/s", v.of.name(), v.over.name()),
+                    paired
+                        .iter()
+                        .map(|r| Some(r.versus[i].throughput[s]))
+                        .collect(),
+                    Some(v.throughput[s]),
+                    ">=",
+                    v.limit,
+                ));
+                if let (Some(of), Some(over)) = (open(v.of, s), open(v.over, s)) {
+                    costs.push(Cost {
+                        scenario,
+                        of: v.of.name(),
+                        over: v.over.name(),
+                        throughput_ratio: v.throughput[s],
+                        p50_ms: of.p50_ms - over.p50_ms,
+                        p99_ms: of.p99_ms - over.p99_ms,
+                    });
+                }
+            }
             for (what, rounds, of_medians, op, limit) in checked {
                 let what = format!("{scenario}: {what}");
                 checks.push(Check::paired(what, rounds, of_medians, op, limit));
             }
-            let cost = MeteringCost {
-                scenario,
-                throughput_ratio: medians.metering[s],
-                p50_ms: gw.open_loop.p50_ms - unmetered.open_loop.p50_ms,
-                p99_ms: gw.open_loop.p99_ms - unmetered.open_loop.p99_ms,
-            };
-            added_latency.push(add);
-            metering_cost.push(cost);
         }
-        let peak = targets[Target::Gateway as usize]
-            .memory
+        let peak = run_of(&targets, Target::Gateway)
+            .and_then(|r| r.memory)
             .map_or(f64::NAN, |m| m.vm_hwm_kib as f64 / KIB_PER_MIB);
         let what = "gateway peak RSS (VmHWM), MiB".to_owned();
         checks.push(Check::new(what, peak, "<", MAX_PEAK_RSS_MIB));
-        for target in [Target::Gateway, Target::GatewayUnmetered] {
-            let errors = (targets[target as usize].scenarios.iter())
+        for run in targets.iter().filter(|r| r.usage.is_some()) {
+            let errors = (run.scenarios.iter())
                 .map(|m| m.closed_loop.errors + m.open_loop.errors)
                 .sum::<u64>() as f64;
-            let what = format!("{} errors", target.name());
+            let what = format!("{} errors", run.target);
             checks.push(Check::new(what, errors, "<=", 0.0));
         }
         let canned = Canned::new();
@@ -243,7 +319,7 @@ impl Report {
             config,
             targets,
             added_latency,
-            metering_cost,
+            costs,
             checks,
         }
     }
@@ -262,12 +338,7 @@ impl Report {
             open["rate_per_s"],
             open["duration_s"]
         )?;
-        for (s, (add, cost)) in self
-            .added_latency
-            .iter()
-            .zip(&self.metering_cost)
-            .enumerate()
-        {
+        for (s, scenario) in SCENARIOS.into_iter().enumerate() {
             let bytes = &c["response_bytes"][s];
             let detail = match s {
                 0 => format!("{bytes} B JSON with usage"),
@@ -275,7 +346,7 @@ impl Report {
                     "{STREAM_CHUNKS} SSE content chunks + finish + usage + [DONE], {bytes} B"
                 ),
             };
-            writeln!(out, "\n== {} ({detail}) ==", add.scenario)?;
+            writeln!(out, "\n== {scenario} ({detail}) ==")?;
             writeln!(
                 out,
                 "{:>36} | open loop: latency to the end of the body",
@@ -304,21 +375,23 @@ impl Report {
                     writeln!(out, "{:<17} first error: {err}", "")?;
                 }
             }
-            writeln!(
-                out,
-                "added over direct: forwarder p50 {:+.3} ms, p99 {:+.3} ms; gateway p50 {:+.3} ms, p99 {:+.3} ms; gateway-unmetered p50 {:+.3} ms, p99 {:+.3} ms",
-                add.forwarder_p50_ms,
-                add.forwarder_p99_ms,
-                add.gateway_p50_ms,
-                add.gateway_p99_ms,
-                add.gateway_unmetered_p50_ms,
-                add.gateway_unmetered_p99_ms
-            )?;
-            writeln!(
-                out,
-                "metering cost (gateway vs gateway-unmetered): req/s ratio {:.3}; p50 {:+.3} ms, p99 {:+.3} ms",
-                cost.throughput_ratio, cost.p50_ms, cost.p99_ms
-            )?;
+            let added: Vec<String> = (self.added_latency.iter())
+                .filter(|a| a.scenario == scenario)
+                .map(|a| {
+                    format!(
+                        "{} p50 {:+.3} ms, p99 {:+.3} ms",
+                        a.target, a.p50_ms, a.p99_ms
+                    )
+                })
+                .collect();
+            writeln!(out, "added over direct: {}", added.join("; "))?;
+            for cost in self.costs.iter().filter(|c| c.scenario == scenario) {
+                writeln!(
+                    out,
+                    "{} vs {}: req/s ratio {:.3}; p50 {:+.3} ms, p99 {:+.3} ms",
+                    cost.of, cost.over, cost.throughput_ratio, cost.p50_ms, cost.p99_ms
+                )?;
+            }
         }
         writeln!(out)?;
         for run in &self.targets {
