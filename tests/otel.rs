@@ -6,7 +6,7 @@ use std::time::Duration;
 use http_body_util::BodyExt;
 
 use crate::common::gateway::{ADMIN_KEY, Builder, TestGateway};
-use crate::common::mock::MockProvider;
+use crate::common::mock::{MockProvider, RunningMock};
 use crate::common::otlp::{CollectedSpan, OtlpReceiver, SpanKind, Status};
 use crate::common::{fixture, sse_events};
 
@@ -17,6 +17,14 @@ fn traced(otlp: &OtlpReceiver) -> Builder {
     TestGateway::builder()
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", &otlp.grpc_endpoint())
         .env("OTEL_BSP_SCHEDULE_DELAY", "50")
+}
+
+/// A mock `provider` answering the JSON fixture `answer`, and a traced gateway in front of it
+/// (to finish with settings of the test's own).
+async fn traced_json(otlp: &OtlpReceiver, provider: &str, answer: &str) -> (RunningMock, Builder) {
+    let mock = MockProvider::json(fixture(answer)).start().await;
+    let builder = traced(otlp).upstream(provider, &mock.url);
+    (mock, builder)
 }
 
 fn find<'a>(spans: &'a [CollectedSpan], kind: SpanKind, trace: &str) -> Option<&'a CollectedSpan> {
@@ -270,10 +278,8 @@ async fn each_provider_json_and_streamed_gives_a_server_and_a_client_span_of_fix
 #[tokio::test]
 async fn an_inbound_traceparent_is_continued_and_the_upstream_gets_the_client_span_as_parent() {
     let otlp = OtlpReceiver::start().await;
-    let mock = MockProvider::json(fixture("openai/chat_response.json"))
-        .start()
-        .await;
-    let gw = traced(&otlp).upstream("openai", &mock.url).run().await;
+    let (mock, builder) = traced_json(&otlp, "openai", "openai/chat_response.json").await;
+    let gw = builder.run().await;
     let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let answer = gw
         .post(
@@ -453,12 +459,9 @@ async fn a_client_that_leaves_mid_stream_ends_both_spans_once_with_client_discon
 #[tokio::test]
 async fn no_secret_or_prompt_reaches_an_exported_value() {
     let otlp = OtlpReceiver::start().await;
-    let mock = MockProvider::json(fixture("gemini/generate_response.json"))
-        .start()
-        .await;
     let provider_key = "AIzaCANARYPROVIDERKEY0123456789";
-    let gw = traced(&otlp)
-        .upstream("gemini", &mock.url)
+    let (_mock, builder) = traced_json(&otlp, "gemini", "gemini/generate_response.json").await;
+    let gw = builder
         .env("NM_PROVIDER_KEY_GEMINI", provider_key)
         .run()
         .await;
@@ -490,11 +493,8 @@ async fn no_secret_or_prompt_reaches_an_exported_value() {
 #[tokio::test]
 async fn message_content_is_exported_only_when_asked_and_capped() {
     let otlp = OtlpReceiver::start().await;
-    let mock = MockProvider::json(fixture("openai/chat_response.json"))
-        .start()
-        .await;
-    let gw = traced(&otlp)
-        .upstream("openai", &mock.url)
+    let (_mock, builder) = traced_json(&otlp, "openai", "openai/chat_response.json").await;
+    let gw = builder
         .env("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
         .run()
         .await;
@@ -517,11 +517,8 @@ async fn message_content_is_exported_only_when_asked_and_capped() {
 async fn a_hanging_collector_costs_requests_nothing_and_its_drops_are_counted() {
     let otlp = OtlpReceiver::start().await;
     otlp.set_hang(true);
-    let mock = MockProvider::json(fixture("openai/chat_response.json"))
-        .start()
-        .await;
-    let gw = traced(&otlp)
-        .upstream("openai", &mock.url)
+    let (_mock, builder) = traced_json(&otlp, "openai", "openai/chat_response.json").await;
+    let gw = builder
         .env("OTEL_BSP_MAX_QUEUE_SIZE", "4")
         .env("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "2")
         .env("OTEL_EXPORTER_OTLP_TIMEOUT", "2000")

@@ -545,6 +545,30 @@ mod tests {
     }
 
     #[test]
+    fn the_charts_settings_are_accepted() {
+        // helm/nm-gateway/templates/_helpers.tpl, "nm-gateway.otelEnv", as Kubernetes fills it.
+        let e = export(&[
+            (OTEL_SERVICE_NAME, "nm-dataplane"),
+            (
+                OTEL_EXPORTER_OTLP_ENDPOINT,
+                "http://otel-collector.observability.svc:4317",
+            ),
+            (OTEL_EXPORTER_OTLP_PROTOCOL, "grpc"),
+            (OTEL_TRACES_SAMPLER, "parentbased_traceidratio"),
+            (OTEL_TRACES_SAMPLER_ARG, "0.1"),
+            (
+                OTEL_RESOURCE_ATTRIBUTES,
+                "k8s.pod.name=nm-dp-7c9,k8s.namespace.name=llm,k8s.node.name=n1,k8s.pod.uid=0f1e,service.instance.id=0f1e,service.version=0.1.0,app.kubernetes.io/component=dataplane,app.kubernetes.io/instance=nm",
+            ),
+            (OTEL_EXPORTER_OTLP_HEADERS, "authorization=Bearer%20abc"),
+        ]);
+        assert_eq!(e.service_name.as_deref(), Some("nm-dataplane"));
+        assert_eq!(e.sampler, Sampler::ParentBased(Root::Ratio(0.1)));
+        assert_eq!(e.resource.len(), 8);
+        assert_eq!(e.headers[0].1, "Bearer abc");
+    }
+
+    #[test]
     fn bad_values_are_refused_naming_the_variable_even_with_tracing_off() {
         for (pairs, key) in [
             (vec![(OTEL_SDK_DISABLED, "yes")], OTEL_SDK_DISABLED),

@@ -94,11 +94,15 @@ where
             gen_ai.usage.output_tokens = Empty,
             nm.cost_micros = Empty,
         );
-        let route = route_template(Route::of(req.uri().path()));
+        let matched = Route::of(req.uri().path());
+        let route = route_template(matched);
+        // The probes and the scrape are never traced: they would bury the requests.
+        let traced = !matches!(matched, Route::Own(Own::Ready | Own::Live | Own::Metrics));
         let exported = self
             .tracing
             .as_ref()
-            .and_then(|t| server_span(t, &req, route, id, &span));
+            .filter(|_| traced)
+            .map(|t| server_span(t, &req, route, id, &span));
         let served = Served {
             started: Instant::now(),
             method: req.method().clone(),
@@ -131,17 +135,14 @@ fn route_template(route: Route) -> Option<&'static str> {
     }
 }
 
-/// The SERVER span of a request that is traced (all but the health probes and `/metrics`).
+/// The SERVER span of a traced request; its ids go on the log span.
 fn server_span<B>(
     tracing: &Tracing,
     req: &Request<B>,
     route: Option<&'static str>,
     request_id: &str,
     span: &Span,
-) -> Option<RequestTrace> {
-    if matches!(route, Some("/health" | "/health/live" | "/metrics")) {
-        return None;
-    }
+) -> RequestTrace {
     let path = req.uri().path();
     let trace = tracing.server(req.headers(), req.method(), route, path, request_id);
     let cx = trace.span_context();
@@ -149,7 +150,7 @@ fn server_span<B>(
         span.record("trace_id", tracing::field::display(cx.trace_id()));
         span.record("span_id", tracing::field::display(cx.span_id()));
     }
-    Some(trace)
+    trace
 }
 
 pin_project! {
