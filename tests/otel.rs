@@ -785,3 +785,42 @@ async fn the_trace_reaches_a_real_backend_and_reads_back() {
     assert_eq!(llm["parent_id"], server["context"]["span_id"]);
     gw.stop().await;
 }
+
+#[tokio::test]
+async fn sampled_at_zero_nothing_is_exported_but_the_context_still_travels() {
+    let otlp = OtlpReceiver::start().await;
+    let (mock, builder) = traced_json(&otlp, "openai", "openai/chat_response.json").await;
+    let gw = builder
+        .env("OTEL_TRACES_SAMPLER", "traceidratio")
+        .env("OTEL_TRACES_SAMPLER_ARG", "0")
+        .run()
+        .await;
+    let answer = gw
+        .post(
+            "/openai/v1/chat/completions",
+            &[],
+            r#"{"model":"gpt-4o-mini"}"#,
+        )
+        .await;
+    assert_eq!(answer.status, 200);
+    assert_eq!(
+        answer.header("nm-trace-id"),
+        None,
+        "no id of a trace nobody has"
+    );
+    let sent = mock.last();
+    let traceparent = sent.header("traceparent").unwrap_or_default();
+    assert!(
+        traceparent.starts_with("00-") && traceparent.ends_with("-00"),
+        "an unsampled context still goes upstream: {traceparent:?}"
+    );
+    // The record keeps no trace either.
+    let id = answer
+        .header("nm-request-id")
+        .unwrap_or_default()
+        .to_owned();
+    gw.one_request_where(&format!("request_id = '{id}' AND trace_id IS NULL"))
+        .await;
+    gw.stop().await;
+    assert!(otlp.spans().is_empty(), "{:#?}", otlp.spans());
+}

@@ -342,6 +342,61 @@ struct Inner {
     time_to_first_chunk: Family<GenAiLabels, Histogram>,
     http_server_duration: Family<HttpLabels, HistogramWithExemplars<TraceExemplar>>,
     caps: Caps,
+    /// The series of each operation label set seen, found once ([`Metrics::operation`]).
+    series: RwLock<SeriesCache>,
+}
+
+/// Most label sets whose series [`Metrics::operation`] remembers; beyond it, each call finds
+/// its series in the families (slower, same result).
+const MAX_CACHED_SERIES: usize = 4096;
+
+/// An operation's labels as given, owned: the key of its cached series.
+#[derive(Debug, PartialEq, Eq)]
+struct OpKey {
+    operation: &'static str,
+    provider: Box<str>,
+    request_model: Option<Box<str>>,
+    response_model: Option<Box<str>>,
+    error_type: Option<Box<str>>,
+}
+
+impl OpKey {
+    fn of(op: &Operation<'_>) -> Self {
+        Self {
+            operation: op.operation,
+            provider: op.provider.into(),
+            request_model: op.request_model.map(Into::into),
+            response_model: op.response_model.map(Into::into),
+            error_type: op.error_type.map(Into::into),
+        }
+    }
+
+    fn matches(&self, op: &Operation<'_>) -> bool {
+        self.operation == op.operation
+            && *self.provider == *op.provider
+            && self.request_model.as_deref() == op.request_model
+            && self.response_model.as_deref() == op.response_model
+            && self.error_type.as_deref() == op.error_type
+    }
+}
+
+/// The series one operation label set feeds, each taken from its family when first needed
+/// (a non-streamed operation never creates a time-to-first-chunk series).
+#[derive(Debug)]
+struct OpSeries {
+    gen_ai: GenAiLabels,
+    duration: HistogramWithExemplars<TraceExemplar>,
+    time_to_first_chunk: std::sync::OnceLock<Histogram>,
+    input_tokens: std::sync::OnceLock<Histogram>,
+    output_tokens: std::sync::OnceLock<Histogram>,
+}
+
+/// Series by a hash of their labels as given (collisions kept side by side).
+#[derive(Debug, Default)]
+struct SeriesCache {
+    by_hash:
+        std::collections::HashMap<u64, Vec<(OpKey, Arc<OpSeries>)>, foldhash::fast::RandomState>,
+    len: usize,
 }
 
 /// The capped labels. One cap serves every family with that label, so each family sees at
@@ -488,6 +543,7 @@ impl Default for Metrics {
                     model: Cap::new("gen_ai_model", OTHER),
                     error_type: Cap::new("error_type", OTHER_UPPER),
                 },
+                series: RwLock::default(),
                 registry: root,
                 records_lost_in_crash,
                 records_journal_replayed,
@@ -566,6 +622,86 @@ impl Metrics {
     /// One GenAI operation: its duration (with the trace id as exemplar), its time to first
     /// chunk when streamed, and its token counts when known.
     pub fn operation(&self, op: &Operation<'_>) {
+        let series = self.series_of(op);
+        if let Some(ttfc) = op.time_to_first_chunk {
+            series
+                .time_to_first_chunk
+                .get_or_init(|| {
+                    self.inner
+                        .time_to_first_chunk
+                        .get_or_create(&series.gen_ai)
+                        .clone()
+                })
+                .observe(ttfc.as_secs_f64());
+        }
+        for (token_type, n, slot) in [
+            ("input", op.input_tokens, &series.input_tokens),
+            ("output", op.output_tokens, &series.output_tokens),
+        ] {
+            if let Some(n) = n {
+                let labels = || TokenLabels {
+                    gen_ai: series.gen_ai.clone(),
+                    token_type,
+                };
+                // Exact below 2^53 tokens.
+                slot.get_or_init(|| self.inner.token_usage.get_or_create(&labels()).clone())
+                    .observe(n as f64);
+            }
+        }
+        let exemplar = op.trace_id.and_then(TraceExemplar::parse);
+        let timestamp = exemplar.as_ref().map(|_| SystemTime::now());
+        series
+            .duration
+            .observe(op.duration.as_secs_f64(), exemplar, timestamp);
+    }
+
+    /// The series of `op`'s labels: remembered after the first call with the same labels (one
+    /// hash and one shared lock, where finding them in the families takes a capped admission
+    /// per label and a SipHash lookup per family).
+    fn series_of(&self, op: &Operation<'_>) -> Arc<OpSeries> {
+        use std::hash::BuildHasher;
+        let inner = &*self.inner;
+        let hash = {
+            let cache = inner.series.read();
+            let hash = cache.as_ref().map_or(0, |c| {
+                c.by_hash.hasher().hash_one((
+                    op.operation,
+                    op.provider,
+                    op.request_model,
+                    op.response_model,
+                    op.error_type,
+                ))
+            });
+            if let Ok(cache) = cache
+                && let Some(found) = cache
+                    .by_hash
+                    .get(&hash)
+                    .and_then(|v| v.iter().find(|(k, _)| k.matches(op)))
+            {
+                return found.1.clone();
+            }
+            hash
+        };
+        let (series, replaced) = self.new_series(op);
+        let series = Arc::new(series);
+        // A label set with a replaced value is not remembered: each such call is counted.
+        if !replaced
+            && let Ok(mut cache) = inner.series.write()
+            && cache.len < MAX_CACHED_SERIES
+        {
+            let slot = cache.by_hash.entry(hash).or_default();
+            if let Some((_, found)) = slot.iter().find(|(k, _)| k.matches(op)) {
+                return found.clone();
+            }
+            slot.push((OpKey::of(op), series.clone()));
+            cache.len += 1;
+        }
+        series
+    }
+
+    /// Finds (or creates) the series of `op`'s labels in the families, the labels capped; true
+    /// when a value was replaced (and counted as such).
+    fn new_series(&self, op: &Operation<'_>) -> (OpSeries, bool) {
         let inner = &*self.inner;
         let (caps, overflow) = (&inner.caps, &inner.label_overflow);
         let gen_ai = GenAiLabels {
@@ -581,35 +717,27 @@ impl Metrics {
                 .filter(|m| !m.is_empty())
                 .map(|m| caps.model.admit(m, overflow)),
         };
-
-        if let Some(ttfc) = op.time_to_first_chunk {
-            inner
-                .time_to_first_chunk
-                .get_or_create(&gen_ai)
-                .observe(ttfc.as_secs_f64());
-        }
-        for (token_type, n) in [("input", op.input_tokens), ("output", op.output_tokens)] {
-            if let Some(n) = n {
-                let labels = TokenLabels {
-                    gen_ai: gen_ai.clone(),
-                    token_type,
-                };
-                // Exact below 2^53 tokens.
-                inner.token_usage.get_or_create(&labels).observe(n as f64);
-            }
-        }
-
         let labels = DurationLabels {
-            gen_ai,
+            gen_ai: gen_ai.clone(),
             error_type: op.error_type.map(|e| caps.error_type.admit(e, overflow)),
         };
-        let exemplar = op.trace_id.and_then(TraceExemplar::parse);
-        let timestamp = exemplar.as_ref().map(|_| SystemTime::now());
-        inner.operation_duration.get_or_create(&labels).observe(
-            op.duration.as_secs_f64(),
-            exemplar,
-            timestamp,
-        );
+        let replaced = Arc::ptr_eq(&gen_ai.provider, &caps.provider.other)
+            || [&gen_ai.request_model, &gen_ai.response_model]
+                .into_iter()
+                .flatten()
+                .any(|m| Arc::ptr_eq(m, &caps.model.other))
+            || labels
+                .error_type
+                .as_ref()
+                .is_some_and(|e| Arc::ptr_eq(e, &caps.error_type.other));
+        let series = OpSeries {
+            duration: inner.operation_duration.get_or_create(&labels).clone(),
+            gen_ai,
+            time_to_first_chunk: std::sync::OnceLock::new(),
+            input_tokens: std::sync::OnceLock::new(),
+            output_tokens: std::sync::OnceLock::new(),
+        };
+        (series, replaced)
     }
 
     /// The gateway's own share of a proxied request: its duration less the wait on the upstream.

@@ -130,6 +130,36 @@ fn an_operation_is_recorded_with_the_conventions_labels() {
 }
 
 #[test]
+fn a_label_set_seen_again_feeds_the_same_series_and_a_stream_adds_its_first_chunk_later() {
+    let m = Metrics::default();
+    let plain = Operation {
+        time_to_first_chunk: None,
+        ..chat()
+    };
+    m.operation(&plain);
+    let text = m.render();
+    assert!(
+        lines(
+            &text,
+            "gen_ai_client_operation_time_to_first_chunk_seconds_count"
+        )
+        .is_empty(),
+        "no first-chunk series without a stream:\n{text}"
+    );
+    m.operation(&plain);
+    m.operation(&chat());
+    let text = m.render();
+    let labels = r#"gen_ai_operation_name="chat",gen_ai_provider_name="openai",gen_ai_request_model="gpt-4o",gen_ai_response_model="gpt-4o-2024-08-06""#;
+    for line in [
+        format!("gen_ai_client_operation_duration_seconds_count{{{labels}}} 3"),
+        format!("gen_ai_client_operation_time_to_first_chunk_seconds_count{{{labels}}} 1"),
+        format!(r#"gen_ai_client_token_usage_sum{{{labels},gen_ai_token_type="input"}} 36.0"#),
+    ] {
+        assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
+    }
+}
+
+#[test]
 fn an_error_has_error_type_and_what_is_unknown_is_absent() {
     let m = Metrics::default();
     m.operation(&Operation {

@@ -20,7 +20,9 @@ use std::time::{Duration, SystemTime};
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use opentelemetry::global::BoxedTracer;
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
-use opentelemetry::trace::{SpanContext, SpanKind, Status, TraceContextExt, TraceId, Tracer};
+use opentelemetry::trace::{
+    Span as _, SpanContext, SpanKind, Status, TraceContextExt, TraceId, Tracer,
+};
 use opentelemetry::{Context, KeyValue, Value};
 
 use crate::providers::{Provider, WireFormat};
@@ -90,37 +92,55 @@ impl Tracing {
         request_id: &str,
     ) -> RequestTrace {
         let parent = self.inner.propagator.extract(&HeaderExtractor(headers));
-        let known = known_method(method);
-        let name = match route {
-            Some(r) => format!("{known} {r}"),
-            None => known.to_owned(),
-        };
-        let mut attributes = Vec::with_capacity(6);
-        attributes.push(KeyValue::new("http.request.method", known));
-        if known == "_OTHER" {
-            attributes.push(KeyValue::new(
-                "http.request.method_original",
-                method.as_str().to_owned(),
-            ));
-        }
-        if let Some(r) = route {
-            attributes.push(KeyValue::new("http.route", r));
-        }
-        attributes.push(KeyValue::new("url.path", path.to_owned()));
-        attributes.push(KeyValue::new("nm.request_id", request_id.to_owned()));
-        let span = self
-            .inner
-            .tracer
-            .span_builder(name)
+        let tracer = &self.inner.tracer;
+        // The sampler decides first (ours read neither name nor attributes): a span that is
+        // not recorded costs no name and no attribute.
+        let mut span = tracer
+            .span_builder("")
             .with_kind(SpanKind::Server)
-            .with_attributes(attributes)
-            .start_with_context(&self.inner.tracer, &parent);
+            .start_with_context(tracer, &parent);
+        if span.is_recording() {
+            span.update_name(server_name(method, route));
+            span.set_attributes(server_attributes(method, route, path, request_id));
+        }
         RequestTrace {
             server: parent.with_span(span),
             client: None,
             tracing: self.clone(),
         }
     }
+}
+
+/// `{method} {route}`, or the method alone for an unknown path.
+fn server_name(method: &Method, route: Option<&'static str>) -> String {
+    let known = known_method(method);
+    match route {
+        Some(r) => format!("{known} {r}"),
+        None => known.to_owned(),
+    }
+}
+
+fn server_attributes(
+    method: &Method,
+    route: Option<&'static str>,
+    path: &str,
+    request_id: &str,
+) -> Vec<KeyValue> {
+    let known = known_method(method);
+    let mut attributes = Vec::with_capacity(6);
+    attributes.push(KeyValue::new("http.request.method", known));
+    if known == "_OTHER" {
+        attributes.push(KeyValue::new(
+            "http.request.method_original",
+            method.as_str().to_owned(),
+        ));
+    }
+    if let Some(r) = route {
+        attributes.push(KeyValue::new("http.route", r));
+    }
+    attributes.push(KeyValue::new("url.path", path.to_owned()));
+    attributes.push(KeyValue::new("nm.request_id", request_id.to_owned()));
+    attributes
 }
 
 /// `http.request.method`: the standard methods, else `_OTHER` (the semantic conventions'
@@ -212,6 +232,9 @@ impl RequestTrace {
     /// Attributes known once the request is attributed.
     pub fn attribute(&self, agent: Option<&str>, env: Option<&str>) {
         let span = self.server.span();
+        if !span.is_recording() {
+            return;
+        }
         if let Some(a) = agent {
             span.set_attribute(KeyValue::new("nm.agent", a.to_owned()));
         }
@@ -223,6 +246,9 @@ impl RequestTrace {
     /// Attributes of a `POST /v1/signal`.
     pub fn signal(&self, action: &'static str, agent: Option<&str>) {
         let span = self.server.span();
+        if !span.is_recording() {
+            return;
+        }
         span.set_attribute(KeyValue::new("nm.signal.action", action));
         if let Some(a) = agent {
             span.set_attribute(KeyValue::new("nm.agent", a.to_owned()));
@@ -250,6 +276,9 @@ impl RequestTrace {
     /// (`error_type` when the gateway made the error, else the status code).
     pub fn respond(&self, status: u16, error_type: Option<&'static str>) {
         let span = self.server.span();
+        if !span.is_recording() {
+            return;
+        }
         span.set_attribute(KeyValue::new(
             "http.response.status_code",
             i64::from(status),
@@ -276,6 +305,21 @@ impl RequestTrace {
 
     /// Opens the CLIENT span of the upstream call.
     pub fn call(&mut self, call: &Call<'_>) {
+        let tracer = &self.tracing.inner.tracer;
+        let mut span = tracer
+            .span_builder("")
+            .with_kind(SpanKind::Client)
+            .start_with_context(tracer, &self.server);
+        if span.is_recording() {
+            let (name, attributes) = self.client_attributes(call);
+            span.update_name(name);
+            span.set_attributes(attributes);
+        }
+        self.client = Some(self.server.with_span(span));
+    }
+
+    /// The CLIENT span's name and first attributes.
+    fn client_attributes(&self, call: &Call<'_>) -> (String, Vec<KeyValue>) {
         let operation = operation_name(call.provider.format, call.native_path);
         let name = match (operation, call.model) {
             (Some(op), Some(model)) => format!("{op} {model}"),
@@ -322,13 +366,7 @@ impl RequestTrace {
         if self.tracing.inner.capture_content {
             attributes.push(KeyValue::new("gen_ai.input.messages", capped(call.body)));
         }
-        let tracer = &self.tracing.inner.tracer;
-        let span = tracer
-            .span_builder(name)
-            .with_kind(SpanKind::Client)
-            .with_attributes(attributes)
-            .start_with_context(tracer, &self.server);
-        self.client = Some(self.server.with_span(span));
+        (name, attributes)
     }
 
     /// Writes the CLIENT span's context into the upstream request, in place of the client's own
@@ -365,16 +403,26 @@ impl RequestTrace {
     pub fn answered(&self, status: u16, streamed: bool) {
         if let Some(cx) = &self.client {
             let span = cx.span();
-            span.set_attribute(KeyValue::new(
-                "http.response.status_code",
-                i64::from(status),
-            ));
-            span.set_attribute(KeyValue::new("gen_ai.request.stream", streamed));
+            if span.is_recording() {
+                span.set_attribute(KeyValue::new(
+                    "http.response.status_code",
+                    i64::from(status),
+                ));
+                span.set_attribute(KeyValue::new("gen_ai.request.stream", streamed));
+            }
         }
     }
 
     /// Ends both spans at the answer's end, with what the answer reported.
     pub fn end(self, end: &End<'_>) {
+        if !self.server.span().is_recording() {
+            // Nothing to say on spans that are not recorded; ending them is all.
+            if let Some(cx) = &self.client {
+                cx.span().end_with_timestamp(end.at);
+            }
+            self.server.span().end_with_timestamp(end.at);
+            return;
+        }
         let error_type = match end.outcome {
             Outcome::Complete if end.status >= 400 => Some(Cow::Owned(end.status.to_string())),
             Outcome::Complete => None,

@@ -516,7 +516,7 @@ async fn bench(cli: &Cli) -> anyhow::Result<()> {
                 let versus: Vec<String> = ratios
                     .versus
                     .iter()
-                    .map(|v| format!("gateway/{} {:.2}", v.target.name(), v.throughput[s]))
+                    .map(|v| format!("{}/{} {:.2}", v.of.name(), v.over.name(), v.throughput[s]))
                     .collect();
                 eprintln!(
                     "nm-bench: round {}: {scenario}: gateway/forwarder req/s {:.2}, {}, added p50 gateway/forwarder {added}",
