@@ -69,7 +69,6 @@ pub(crate) struct RoundRatios {
 
 /// `of` against `over`: req/s ratio per scenario.
 pub(crate) struct Versus {
-    pub(crate) target: Target,
     pub(crate) of: Target,
     pub(crate) over: Target,
     pub(crate) limit: f64,
@@ -91,8 +90,6 @@ impl RoundRatios {
             .into_iter()
             .filter(|(of, over, _)| run_of(runs, *of).is_some() && run_of(runs, *over).is_some())
             .map(|(of, over, limit)| Versus {
-                // The one that is not the plain gateway names the comparison.
-                target: if of == Target::Gateway { over } else { of },
                 of,
                 over,
                 limit,
