@@ -41,9 +41,18 @@ pub struct Tracing {
 
 struct Inner {
     tracer: BoxedTracer,
+    /// Reads a client's context (every format `OTEL_PROPAGATORS` names).
     propagator: Box<dyn TextMapPropagator + Send + Sync>,
+    /// Whether upstream calls get `traceparent`/`tracestate` (written here, see [`traceparent`]).
+    trace_context: bool,
+    /// The other formats written upstream (baggage), when named.
+    other: Option<Box<dyn TextMapPropagator + Send + Sync>>,
     capture_content: bool,
 }
+
+/// The headers of W3C trace context.
+const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 
 impl std::fmt::Debug for Tracing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -62,15 +71,21 @@ pub struct RequestTrace {
 }
 
 impl Tracing {
+    /// `propagator` reads inbound context; upstream calls get W3C trace context when
+    /// `trace_context`, and what `other` writes.
     pub fn new(
         tracer: BoxedTracer,
         propagator: Box<dyn TextMapPropagator + Send + Sync>,
+        trace_context: bool,
+        other: Option<Box<dyn TextMapPropagator + Send + Sync>>,
         capture_content: bool,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 tracer,
                 propagator,
+                trace_context,
+                other,
                 capture_content,
             }),
         }
@@ -375,17 +390,26 @@ impl RequestTrace {
         let Some(cx) = &self.client else {
             return;
         };
-        let mut written = HeaderMap::new();
-        self.tracing
-            .inner
-            .propagator
-            .inject_context(cx, &mut HeaderInjector(&mut written));
-        if written.contains_key("traceparent") {
+        let inner = &self.tracing.inner;
+        let span = cx.span();
+        let sc = span.span_context();
+        if inner.trace_context && sc.is_valid() {
+            if let Ok(v) = HeaderValue::from_bytes(&traceparent(sc)) {
+                headers.insert(TRACEPARENT, v);
+            }
             // Ours carries the client's trace state on; a stale one must not ride along.
-            headers.remove("tracestate");
+            let state = sc.trace_state().header();
+            match HeaderValue::try_from(state) {
+                Ok(v) if !v.is_empty() => {
+                    headers.insert(TRACESTATE, v);
+                }
+                _ => {
+                    headers.remove(TRACESTATE);
+                }
+            }
         }
-        for (name, value) in &written {
-            headers.insert(name.clone(), value.clone());
+        if let Some(other) = &inner.other {
+            other.inject_context(cx, &mut HeaderInjector(headers));
         }
     }
 
@@ -506,6 +530,39 @@ impl RequestTrace {
     }
 }
 
+/// `traceparent` of a span: `00-{trace id}-{span id}-{flags}` (W3C Trace Context, version 00),
+/// written without the formatting machinery (it is on every traced request's path).
+fn traceparent(sc: &SpanContext) -> [u8; 55] {
+    let mut out = *b"00-00000000000000000000000000000000-0000000000000000-00";
+    hex_into(&sc.trace_id().to_bytes(), &mut out[3..35]);
+    hex_into(&sc.span_id().to_bytes(), &mut out[36..52]);
+    hex_into(&[sc.trace_flags().to_u8()], &mut out[53..55]);
+    out
+}
+
+/// Lower-case hex of `bytes` into `out` (twice as long).
+fn hex_into(bytes: &[u8], out: &mut [u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for (b, pair) in bytes.iter().zip(out.chunks_exact_mut(2)) {
+        pair[0] = DIGITS[usize::from(b >> 4)];
+        pair[1] = DIGITS[usize::from(b & 0xf)];
+    }
+}
+
+/// A trace id as 32 lower-case hex digits (for headers, logs and exemplars).
+pub fn trace_hex(id: TraceId) -> String {
+    let mut out = [0u8; 32];
+    hex_into(&id.to_bytes(), &mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A span id as 16 lower-case hex digits.
+pub fn span_hex(id: opentelemetry::trace::SpanId) -> String {
+    let mut out = [0u8; 16];
+    hex_into(&id.to_bytes(), &mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// `gen_ai.operation.name` of a provider's native path, when it is a GenAI operation.
 pub fn operation_name(format: WireFormat, path: &str) -> Option<&'static str> {
     let path = path.trim_end_matches('/');
@@ -621,6 +678,23 @@ mod tests {
         let long = "é".repeat(MAX_CONTENT_BYTES);
         let c = capped(long.as_bytes());
         assert!(c.len() <= MAX_CONTENT_BYTES + 3 && c.ends_with("..."));
+    }
+
+    #[test]
+    fn traceparent_is_the_w3c_spelling() {
+        let sc = SpanContext::new(
+            TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").unwrap(),
+            opentelemetry::trace::SpanId::from_hex("00f067aa0ba902b7").unwrap(),
+            opentelemetry::trace::TraceFlags::SAMPLED,
+            false,
+            opentelemetry::trace::TraceState::default(),
+        );
+        assert_eq!(
+            &traceparent(&sc)[..],
+            b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        );
+        assert_eq!(trace_hex(sc.trace_id()), sc.trace_id().to_string());
+        assert_eq!(span_hex(sc.span_id()), sc.span_id().to_string());
     }
 
     #[test]

@@ -109,9 +109,14 @@ impl Telemetry {
 
     /// The dataplane's handle.
     pub fn dataplane(&self) -> nm_dataplane::otel::Tracing {
+        let p = self.export.propagators;
+        let baggage: Option<Box<dyn TextMapPropagator + Send + Sync>> =
+            p.baggage.then(|| Box::new(BaggagePropagator::new()) as _);
         nm_dataplane::otel::Tracing::new(
             self.tracer(),
             self.propagator(),
+            p.tracecontext,
+            baggage,
             self.export.capture_content,
         )
     }

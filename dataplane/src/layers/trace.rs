@@ -147,8 +147,8 @@ fn server_span<B>(
     let trace = tracing.server(req.headers(), req.method(), route, path, request_id);
     let cx = trace.span_context();
     if cx.is_valid() {
-        span.record("trace_id", tracing::field::display(cx.trace_id()));
-        span.record("span_id", tracing::field::display(cx.span_id()));
+        span.record("trace_id", crate::otel::trace_hex(cx.trace_id()));
+        span.record("span_id", crate::otel::span_hex(cx.span_id()));
     }
     trace
 }
@@ -184,7 +184,7 @@ where
             && matches!(resp.body(), GatewayBody::Full { .. })
         {
             let sampled = this.exported.as_ref().filter(|t| t.is_sampled());
-            let trace_id = sampled.map(|t| t.trace_id().to_string());
+            let trace_id = sampled.map(|t| crate::otel::trace_hex(t.trace_id()));
             let s = &this.served;
             s.metrics.http_server(
                 &s.method,
@@ -198,7 +198,7 @@ where
             trace.respond(resp.status().as_u16(), None);
             // The id to look up in the tracing backend: only for a trace that reaches one.
             if trace.is_sampled()
-                && let Ok(v) = HeaderValue::from_str(&trace.trace_id().to_string())
+                && let Ok(v) = HeaderValue::try_from(crate::otel::trace_hex(trace.trace_id()))
             {
                 resp.headers_mut().insert(TRACE_ID_HEADER, v);
             }
