@@ -344,7 +344,18 @@ struct Inner {
     caps: Caps,
     /// The series of each operation label set seen, found once ([`Metrics::operation`]).
     series: RwLock<SeriesCache>,
+    /// The same for the gateway overhead (by provider as given) and the HTTP server duration
+    /// (by method, route and status: closed sets).
+    overhead_series:
+        RwLock<std::collections::HashMap<Box<str>, Histogram, foldhash::fast::RandomState>>,
+    http_series: RwLock<HttpCache>,
 }
+
+type HttpCache = std::collections::HashMap<
+    (&'static str, &'static str, u16),
+    HistogramWithExemplars<TraceExemplar>,
+    foldhash::fast::RandomState,
+>;
 
 /// Most label sets whose series [`Metrics::operation`] remembers; beyond it, each call finds
 /// its series in the families (slower, same result).
@@ -544,6 +555,8 @@ impl Default for Metrics {
                     error_type: Cap::new("error_type", OTHER_UPPER),
                 },
                 series: RwLock::default(),
+                overhead_series: RwLock::default(),
+                http_series: RwLock::default(),
                 registry: root,
                 records_lost_in_crash,
                 records_journal_replayed,
@@ -743,13 +756,25 @@ impl Metrics {
     /// The gateway's own share of a proxied request: its duration less the wait on the upstream.
     pub fn gateway_overhead(&self, provider: &str, overhead: Duration) {
         let inner = &*self.inner;
-        let labels = ProviderLabels {
-            provider: inner.caps.provider.admit(provider, &inner.label_overflow),
-        };
-        inner
-            .gateway_overhead
-            .get_or_create(&labels)
-            .observe(overhead.as_secs_f64());
+        let seconds = overhead.as_secs_f64();
+        if let Ok(cache) = inner.overhead_series.read()
+            && let Some(h) = cache.get(provider)
+        {
+            return h.observe(seconds);
+        }
+        let admitted = inner.caps.provider.admit(provider, &inner.label_overflow);
+        let replaced = Arc::ptr_eq(&admitted, &inner.caps.provider.other);
+        let labels = ProviderLabels { provider: admitted };
+        let series = inner.gateway_overhead.get_or_create(&labels).clone();
+        series.observe(seconds);
+        // Only admitted names are remembered (a replaced one is counted at each call), and
+        // never more than the cap allows.
+        if !replaced
+            && let Ok(mut cache) = inner.overhead_series.write()
+            && cache.len() < LABEL_CAP
+        {
+            cache.insert(provider.into(), series);
+        }
     }
 
     /// One HTTP request served, any route (`route` is the matched template).
@@ -761,17 +786,28 @@ impl Metrics {
         duration: Duration,
         trace_id: Option<&str>,
     ) {
-        let labels = HttpLabels {
-            http_request_method: method_label(method),
-            http_route: route,
-            http_response_status_code: status,
-        };
+        let inner = &*self.inner;
+        let key = (method_label(method), route, status);
         let exemplar = trace_id.and_then(TraceExemplar::parse);
         let timestamp = exemplar.as_ref().map(|_| SystemTime::now());
-        self.inner
-            .http_server_duration
-            .get_or_create(&labels)
-            .observe(duration.as_secs_f64(), exemplar, timestamp);
+        let seconds = duration.as_secs_f64();
+        if let Ok(cache) = inner.http_series.read()
+            && let Some(h) = cache.get(&key)
+        {
+            return h.observe(seconds, exemplar, timestamp);
+        }
+        let labels = HttpLabels {
+            http_request_method: key.0,
+            http_route: key.1,
+            http_response_status_code: key.2,
+        };
+        let series = inner.http_server_duration.get_or_create(&labels).clone();
+        series.observe(seconds, exemplar, timestamp);
+        if let Ok(mut cache) = inner.http_series.write()
+            && cache.len() < MAX_CACHED_SERIES
+        {
+            cache.insert(key, series);
+        }
     }
 
     /// The text exposition format.
