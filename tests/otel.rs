@@ -856,3 +856,41 @@ async fn sampled_at_zero_nothing_is_exported_but_the_context_still_travels() {
     gw.stop().await;
     assert!(otlp.spans().is_empty(), "{:#?}", otlp.spans());
 }
+
+/// A collector behind TLS with a private CA (`OTEL_EXPORTER_OTLP_CERTIFICATE`), over both
+/// protocols.
+#[tokio::test]
+async fn an_https_collector_with_a_private_ca_gets_the_spans_over_both_protocols() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let pki = crate::common::pki::Pki::create(dir.path());
+    let otlp = OtlpReceiver::start_tls(&pki).await;
+    let ca = pki.ca.display().to_string();
+    for (protocol, endpoint) in [
+        ("grpc", otlp.grpc_endpoint()),
+        ("http/protobuf", otlp.http_endpoint()),
+    ] {
+        let (_mock, builder) = traced_json(&otlp, "openai", "openai/chat_response.json").await;
+        let gw = builder
+            .env("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
+            .env("OTEL_EXPORTER_OTLP_CERTIFICATE", &ca)
+            .run()
+            .await;
+        let answer = gw
+            .post(
+                "/openai/v1/chat/completions",
+                &[],
+                r#"{"model":"gpt-4o-mini"}"#,
+            )
+            .await;
+        let trace_id = answer.header("nm-trace-id").unwrap_or_default().to_owned();
+        let (server, _) = request_spans(&otlp, &trace_id).await;
+        let over = if protocol == "grpc" {
+            crate::common::otlp::Transport::Grpc
+        } else {
+            crate::common::otlp::Transport::Http
+        };
+        assert_eq!(server.transport, over, "{protocol}");
+        gw.stop().await;
+    }
+}

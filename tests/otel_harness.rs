@@ -9,7 +9,7 @@ use opentelemetry::trace::{
     TraceState, Tracer as _, TracerProvider as _,
 };
 use opentelemetry::{Context, KeyValue};
-use opentelemetry_otlp::{Protocol, WithExportConfig};
+use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{SdkTracerProvider, SpanExporter as _};
 
@@ -153,6 +153,8 @@ async fn sdk_export_over_http_protobuf_arrives_whole() {
     let otlp = OtlpReceiver::start().await;
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
+        // The gateway's own client (the SDK's hyper client is not built in).
+        .with_http_client(http_client(Duration::from_secs(10)))
         .with_protocol(Protocol::HttpBinary)
         // A programmatic endpoint is used as given; only OTEL_EXPORTER_OTLP_ENDPOINT gets
         // `/v1/traces` appended by the SDK.
@@ -220,6 +222,7 @@ async fn a_hung_receiver_counts_exports_and_keeps_nothing() {
 
     let mut http_exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
+        .with_http_client(http_client(Duration::from_millis(300)))
         .with_protocol(Protocol::HttpBinary)
         .with_endpoint(format!("{}/v1/traces", otlp.http_endpoint()))
         .with_timeout(Duration::from_millis(300))
@@ -344,4 +347,9 @@ mod collect {
             Ok(())
         }
     }
+}
+
+fn http_client(timeout: Duration) -> nm_gateway::otel::http::OtlpHttpClient {
+    nm_gateway::otel::http::OtlpHttpClient::new(None, timeout)
+        .unwrap_or_else(|e| panic!("http client: {e}"))
 }

@@ -9,6 +9,7 @@
 //! counted (`nm_otel_spans_dropped_total`).
 
 pub mod export;
+pub mod http;
 pub mod link;
 pub mod settings;
 
@@ -170,13 +171,20 @@ fn build_exporter(export: &Export) -> Result<opentelemetry_otlp::SpanExporter, S
                 .with_timeout(export.timeout)
                 .with_metadata(metadata);
             if export.endpoint.starts_with("https://") {
-                builder = builder
-                    .with_tls_config(tonic::transport::ClientTlsConfig::new().with_webpki_roots());
+                let mut tls = tonic::transport::ClientTlsConfig::new().with_webpki_roots();
+                if let Some(pem) = &export.ca_pem {
+                    tls = tls.ca_certificate(tonic::transport::Certificate::from_pem(pem));
+                }
+                builder = builder.with_tls_config(tls);
             }
             builder.build()
         }
         Protocol::HttpProtobuf => opentelemetry_otlp::SpanExporter::builder()
             .with_http()
+            .with_http_client(http::OtlpHttpClient::new(
+                export.ca_pem.as_deref(),
+                export.timeout,
+            )?)
             .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
             .with_endpoint(export.endpoint.clone())
             .with_timeout(export.timeout)

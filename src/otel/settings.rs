@@ -20,6 +20,8 @@ pub const OTEL_EXPORTER_OTLP_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_PROTOCOL";
 pub const OTEL_EXPORTER_OTLP_TRACES_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL";
 pub const OTEL_EXPORTER_OTLP_HEADERS: &str = "OTEL_EXPORTER_OTLP_HEADERS";
 pub const OTEL_EXPORTER_OTLP_TRACES_HEADERS: &str = "OTEL_EXPORTER_OTLP_TRACES_HEADERS";
+pub const OTEL_EXPORTER_OTLP_CERTIFICATE: &str = "OTEL_EXPORTER_OTLP_CERTIFICATE";
+pub const OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE: &str = "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE";
 pub const OTEL_EXPORTER_OTLP_TIMEOUT: &str = "OTEL_EXPORTER_OTLP_TIMEOUT";
 pub const OTEL_EXPORTER_OTLP_TRACES_TIMEOUT: &str = "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT";
 pub const OTEL_TRACES_SAMPLER: &str = "OTEL_TRACES_SAMPLER";
@@ -55,6 +57,9 @@ pub struct Export {
     /// Extra request headers or gRPC metadata (often a collector's API key: never printed).
     pub headers: Vec<(String, String)>,
     pub timeout: Duration,
+    /// PEM CA certificates trusted for an `https://` collector beside the public web PKI
+    /// (`OTEL_EXPORTER_OTLP_CERTIFICATE`).
+    pub ca_pem: Option<Vec<u8>>,
     pub sampler: Sampler,
     /// `OTEL_SERVICE_NAME`, else `service.name` of `OTEL_RESOURCE_ATTRIBUTES`, else the
     /// process shape's default (decided at start).
@@ -247,21 +252,13 @@ pub fn resolve(env: &HashMap<String, String>) -> Result<OtelSettings, ConfigErro
         None => false,
     };
 
-    if protocol == Protocol::HttpProtobuf
-        && let Some(url) = endpoint.as_deref().filter(|u| u.starts_with("https://"))
-    {
-        let key = if get(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT).is_some() {
-            OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
-        } else {
-            OTEL_EXPORTER_OTLP_ENDPOINT
-        };
-        return Err(invalid(
-            key,
-            format!(
-                "{url:?}: https is supported over grpc only (set OTEL_EXPORTER_OTLP_PROTOCOL=grpc)"
-            ),
-        ));
-    }
+    let ca_pem = match pair(
+        OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE,
+        OTEL_EXPORTER_OTLP_CERTIFICATE,
+    ) {
+        Some((key, path)) => Some(ca_file(key, path)?),
+        None => None,
+    };
     let Some(endpoint) = endpoint.filter(|_| !disabled && !exporter_none) else {
         return Ok(OtelSettings { export: None });
     };
@@ -271,6 +268,7 @@ pub fn resolve(env: &HashMap<String, String>) -> Result<OtelSettings, ConfigErro
             endpoint,
             headers,
             timeout,
+            ca_pem,
             sampler,
             service_name,
             resource,
@@ -281,6 +279,20 @@ pub fn resolve(env: &HashMap<String, String>) -> Result<OtelSettings, ConfigErro
             capture_content,
         }),
     })
+}
+
+/// A PEM file of at least one CA certificate.
+fn ca_file(key: &str, path: &str) -> Result<Vec<u8>, ConfigError> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let pem = std::fs::read(path).map_err(|e| invalid(key, format!("{path}: {e}")))?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| invalid(key, format!("{path}: not PEM certificates ({e})")))?;
+    if certs.is_empty() {
+        return Err(invalid(key, format!("{path}: no certificate in it")));
+    }
+    Ok(pem)
 }
 
 fn bool_value(key: &str, v: &str) -> Result<bool, ConfigError> {
@@ -639,6 +651,14 @@ mod tests {
             (
                 vec![(OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT, "1")],
                 OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT,
+            ),
+            (
+                vec![(OTEL_EXPORTER_OTLP_CERTIFICATE, "/nonexistent/ca.pem")],
+                OTEL_EXPORTER_OTLP_CERTIFICATE,
+            ),
+            (
+                vec![(OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE, "/etc/hostname")],
+                OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE,
             ),
         ] {
             let msg = refused(&pairs);

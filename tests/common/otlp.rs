@@ -161,6 +161,8 @@ impl CollectedSpan {
 pub struct OtlpReceiver {
     grpc: SocketAddr,
     http: SocketAddr,
+    /// Whether both servers speak TLS ([`OtlpReceiver::start_tls`]).
+    tls: bool,
     state: Arc<State>,
     stop: watch::Sender<bool>,
 }
@@ -176,6 +178,20 @@ struct State {
 impl OtlpReceiver {
     /// Starts both servers on `127.0.0.1:0`.
     pub async fn start() -> OtlpReceiver {
+        Self::start_with(None).await
+    }
+
+    /// Both servers over TLS, with the server certificate of `pki` (for `localhost` and
+    /// 127.0.0.1, issued by `pki.ca`); the endpoints are then `https://localhost:PORT`.
+    pub async fn start_tls(pki: &super::pki::Pki) -> OtlpReceiver {
+        let read = |p: &std::path::Path| std::fs::read(p).unwrap_or_else(|e| panic!("{e}"));
+        let (cert, key) = (read(&pki.server_cert), read(&pki.server_key));
+        let mut receiver = Self::start_with(Some((cert, key))).await;
+        receiver.tls = true;
+        receiver
+    }
+
+    async fn start_with(tls: Option<(Vec<u8>, Vec<u8>)>) -> OtlpReceiver {
         let (stop, stopped) = watch::channel(false);
         let state = Arc::new(State {
             spans: Mutex::default(),
@@ -188,22 +204,40 @@ impl OtlpReceiver {
         let service = TraceServiceServer::new(GrpcSink(state.clone()))
             .accept_compressed(tonic::codec::CompressionEncoding::Gzip);
         let mut until = state.stop.clone();
-        tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(service)
-                .serve_with_incoming_shutdown(
-                    tokio_stream::wrappers::TcpListenerStream::new(grpc_listener),
-                    async move {
-                        let _ = until.wait_for(|s| *s).await;
-                    },
-                ),
-        );
+        let mut server = tonic::transport::Server::builder();
+        if let Some((cert, key)) = &tls {
+            let identity = tonic::transport::Identity::from_pem(cert, key);
+            server = server
+                .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+                .unwrap_or_else(|e| panic!("OTLP receiver TLS: {e}"));
+        }
+        tokio::spawn(server.add_service(service).serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(grpc_listener),
+            async move {
+                let _ = until.wait_for(|s| *s).await;
+            },
+        ));
         let http_listener = bind().await;
         let http = local_addr(&http_listener);
-        tokio::spawn(serve_http(http_listener, state.clone()));
+        let acceptor = tls.map(|(cert, key)| {
+            use rustls::pki_types::pem::PemObject;
+            let certs = rustls::pki_types::CertificateDer::pem_slice_iter(&cert)
+                .collect::<Result<Vec<_>, _>>()
+                .unwrap_or_else(|e| panic!("{e}"));
+            let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(&key)
+                .unwrap_or_else(|e| panic!("{e}"));
+            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            let config = rustls::ServerConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .and_then(|b| b.with_no_client_auth().with_single_cert(certs, key))
+                .unwrap_or_else(|e| panic!("{e}"));
+            tokio_rustls::TlsAcceptor::from(Arc::new(config))
+        });
+        tokio::spawn(serve_http(http_listener, state.clone(), acceptor));
         OtlpReceiver {
             grpc,
             http,
+            tls: false,
             state,
             stop,
         }
@@ -211,14 +245,20 @@ impl OtlpReceiver {
 
     /// `http://127.0.0.1:PORT` of the OTLP/gRPC receiver.
     pub fn grpc_endpoint(&self) -> String {
-        format!("http://{}", self.grpc)
+        match self.tls {
+            true => format!("https://localhost:{}", self.grpc.port()),
+            false => format!("http://{}", self.grpc),
+        }
     }
 
     /// `http://127.0.0.1:PORT` of the OTLP/HTTP receiver: a base. The SDK appends `/v1/traces`
     /// to `OTEL_EXPORTER_OTLP_ENDPOINT`, but uses a `with_endpoint(..)` URL as given: append
     /// `/v1/traces` yourself there.
     pub fn http_endpoint(&self) -> String {
-        format!("http://{}", self.http)
+        match self.tls {
+            true => format!("https://localhost:{}", self.http.port()),
+            false => format!("http://{}", self.http),
+        }
     }
 
     /// Everything received so far, in arrival order.
@@ -340,7 +380,11 @@ impl TraceService for GrpcSink {
 
 // === HTTP ===
 
-async fn serve_http(listener: TcpListener, state: Arc<State>) {
+async fn serve_http(
+    listener: TcpListener,
+    state: Arc<State>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) {
     let mut stop = state.stop.clone();
     loop {
         let stream = tokio::select! {
@@ -352,14 +396,29 @@ async fn serve_http(listener: TcpListener, state: Arc<State>) {
         };
         let state = state.clone();
         let mut stop = stop.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req| handle_http(state.clone(), req));
             let builder = auto::Builder::new(TokioExecutor::new());
-            let conn = builder.serve_connection(TokioIo::new(stream), svc);
             // Dropping the connection on stop closes it.
-            tokio::select! {
-                _ = conn => {}
-                _ = stop.wait_for(|s| *s) => {}
+            match tls {
+                None => {
+                    let conn = builder.serve_connection(TokioIo::new(stream), svc);
+                    tokio::select! {
+                        _ = conn => {}
+                        _ = stop.wait_for(|s| *s) => {}
+                    }
+                }
+                Some(acceptor) => {
+                    let Ok(stream) = acceptor.accept(stream).await else {
+                        return;
+                    };
+                    let conn = builder.serve_connection(TokioIo::new(stream), svc);
+                    tokio::select! {
+                        _ = conn => {}
+                        _ = stop.wait_for(|s| *s) => {}
+                    }
+                }
             }
         });
     }
