@@ -252,6 +252,31 @@ pub fn resolve(env: &HashMap<String, String>) -> Result<OtelSettings, ConfigErro
         None => false,
     };
 
+    // Read by the specification, not by this build: refused rather than silently ignored.
+    for key in [
+        "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+        "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+        "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
+        "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
+    ] {
+        if get(key).is_some() {
+            return Err(invalid(
+                key,
+                "client certificates to the collector (mTLS) are not supported; put a collector or proxy that needs none in front",
+            ));
+        }
+    }
+    for key in [
+        "OTEL_EXPORTER_OTLP_COMPRESSION",
+        "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
+    ] {
+        if let Some(v) = get(key).filter(|v| *v != "none") {
+            return Err(invalid(
+                key,
+                format!("{v:?} is not supported; exports are sent uncompressed (none)"),
+            ));
+        }
+    }
     let ca_pem = match pair(
         OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE,
         OTEL_EXPORTER_OTLP_CERTIFICATE,
@@ -655,6 +680,14 @@ mod tests {
             (
                 vec![(OTEL_EXPORTER_OTLP_CERTIFICATE, "/nonexistent/ca.pem")],
                 OTEL_EXPORTER_OTLP_CERTIFICATE,
+            ),
+            (
+                vec![("OTEL_EXPORTER_OTLP_CLIENT_KEY", "/k.pem")],
+                "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+            ),
+            (
+                vec![("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")],
+                "OTEL_EXPORTER_OTLP_COMPRESSION",
             ),
             (
                 vec![(OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE, "/etc/hostname")],
