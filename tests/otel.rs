@@ -302,11 +302,7 @@ async fn an_inbound_traceparent_is_continued_and_the_upstream_gets_the_client_sp
     let gw = builder.run().await;
     let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let answer = gw
-        .post(
-            "/openai/v1/chat/completions",
-            &[("traceparent", parent), ("tracestate", "vendor=1")],
-            r#"{"model":"gpt-4o-mini"}"#,
-        )
+        .chat(&[("traceparent", parent), ("tracestate", "vendor=1")])
         .await;
     assert_eq!(
         answer.header("nm-trace-id"),
@@ -331,42 +327,29 @@ async fn with_tracing_off_or_the_providers_switch_off_the_clients_traceparent_pa
     let mock = MockProvider::json(fixture("openai/chat_response.json"))
         .start()
         .await;
-    // Off: no endpoint.
-    let off = TestGateway::builder()
-        .upstream("openai", &mock.url)
-        .run()
-        .await;
-    let answer = off
-        .post(
-            "/openai/v1/chat/completions",
-            &[("traceparent", parent)],
-            r#"{"model":"m"}"#,
-        )
-        .await;
-    assert_eq!(answer.status, 200);
-    assert_eq!(answer.header("nm-trace-id"), None);
-    assert_eq!(mock.last().header("traceparent"), Some(parent));
-    off.stop().await;
+    let off = TestGateway::builder().upstream("openai", &mock.url);
     // On, but this provider is not sent the gateway's context.
-    let switched = traced(&otlp)
-        .config_toml(&format!(
-            "[providers.openai]\nbase_url = \"{}\"\ntrace_context = false\n",
-            mock.url
-        ))
-        .run()
-        .await;
-    let answer = switched
-        .post(
-            "/openai/v1/chat/completions",
-            &[("traceparent", parent)],
-            r#"{"model":"m"}"#,
-        )
-        .await;
-    assert_eq!(answer.status, 200);
-    assert_eq!(mock.last().header("traceparent"), Some(parent));
-    // Still traced, in the client's trace.
-    request_spans(&otlp, "4bf92f3577b34da6a3ce929d0e0e4736").await;
-    switched.stop().await;
+    let switched = traced(&otlp).config_toml(&format!(
+        "[providers.openai]\nbase_url = \"{}\"\ntrace_context = false\n",
+        mock.url
+    ));
+    for (traced, builder) in [(false, off), (true, switched)] {
+        let gw = builder.run().await;
+        let answer = gw.chat(&[("traceparent", parent)]).await;
+        assert_eq!(answer.status, 200);
+        assert_eq!(
+            mock.last().header("traceparent"),
+            Some(parent),
+            "traced: {traced}"
+        );
+        if traced {
+            // Still traced, in the client's trace.
+            request_spans(&otlp, "4bf92f3577b34da6a3ce929d0e0e4736").await;
+        } else {
+            assert_eq!(answer.header("nm-trace-id"), None);
+        }
+        gw.stop().await;
+    }
 }
 
 #[tokio::test]
@@ -493,7 +476,7 @@ async fn no_secret_or_prompt_reaches_an_exported_value() {
         )
         .await;
     assert_eq!(answer.status, 200);
-    let trace_id = answer.header("nm-trace-id").unwrap_or_default().to_owned();
+    let trace_id = answer.trace_id();
     let (server, client) = request_spans(&otlp, &trace_id).await;
     for span in [server, client] {
         let text = span.all_text();
@@ -523,7 +506,7 @@ async fn message_content_is_exported_only_when_asked_and_capped() {
         r#"{{"model":"gpt-4o-mini","messages":[{{"role":"user","content":"CAPTURED {long}"}}]}}"#
     );
     let answer = gw.post("/openai/v1/chat/completions", &[], body).await;
-    let trace_id = answer.header("nm-trace-id").unwrap_or_default().to_owned();
+    let trace_id = answer.trace_id();
     let (_, client) = request_spans(&otlp, &trace_id).await;
     let input = client.str("gen_ai.input.messages").unwrap_or_default();
     assert!(input.contains("CAPTURED"));
@@ -545,16 +528,9 @@ async fn a_hanging_collector_costs_requests_nothing_and_its_drops_are_counted() 
         .run()
         .await;
     for _ in 0..20 {
-        let answer = tokio::time::timeout(
-            Duration::from_secs(5),
-            gw.post(
-                "/openai/v1/chat/completions",
-                &[],
-                r#"{"model":"gpt-4o-mini"}"#,
-            ),
-        )
-        .await
-        .unwrap_or_else(|_| panic!("a request waited on the collector"));
+        let answer = tokio::time::timeout(Duration::from_secs(5), gw.chat(&[]))
+            .await
+            .unwrap_or_else(|_| panic!("a request waited on the collector"));
         assert_eq!(answer.status, 200);
     }
     let metrics = gw.get("/metrics").await;
@@ -597,7 +573,7 @@ async fn a_signal_is_one_trace_from_the_dataplane_through_the_controlplane_to_it
             )
             .await;
         assert_eq!(answer.status, 200, "{shape:?} {db:?}: {:?}", answer.body);
-        let trace_id = answer.header("nm-trace-id").unwrap_or_default().to_owned();
+        let trace_id = answer.trace_id();
         // Each process exports on its own schedule: wait for both ends of the trace.
         let mut names = vec!["INSERT signals", "POST /v1/signal"];
         if shape.is_split() {
@@ -679,15 +655,9 @@ async fn a_records_batch_links_to_each_request_and_the_signal_to_its_sessions_re
         };
         let mut requests = Vec::new();
         for _ in 0..3 {
-            let a = gw
-                .post(
-                    "/openai/v1/chat/completions",
-                    &[("nm-session", session)],
-                    r#"{"model":"gpt-4o-mini"}"#,
-                )
-                .await;
+            let a = gw.chat(&[("nm-session", session)]).await;
             assert_eq!(a.status, 200);
-            let trace = a.header("nm-trace-id").unwrap_or_default().to_owned();
+            let trace = a.trace_id();
             let request_id = a.header("nm-request-id").unwrap_or_default().to_owned();
             // The controlplane keeps each request's trace id.
             gw.one_request_where(&format!(
@@ -745,7 +715,7 @@ async fn a_records_batch_links_to_each_request_and_the_signal_to_its_sessions_re
             )
             .await;
         assert_eq!(answer.status, 200);
-        let signal_trace = answer.header("nm-trace-id").unwrap_or_default().to_owned();
+        let signal_trace = answer.trace_id();
         // The dataplane's span (split, the controlplane's SERVER span is in the trace too).
         let is_signal =
             |x: &CollectedSpan| x.trace_id == signal_trace && x.name == "POST /v1/signal";
@@ -792,7 +762,7 @@ async fn the_trace_reaches_a_real_backend_and_reads_back() {
         )
         .await;
     assert_eq!(answer.status, 200);
-    let trace_id = answer.header("nm-trace-id").unwrap_or_default().to_owned();
+    let trace_id = answer.trace_id();
     let spans = phoenix
         .wait_for_trace_spans(&trace_id, 2, Duration::from_secs(60))
         .await;
@@ -827,13 +797,7 @@ async fn sampled_at_zero_nothing_is_exported_but_the_context_still_travels() {
         .env("OTEL_TRACES_SAMPLER_ARG", "0")
         .run()
         .await;
-    let answer = gw
-        .post(
-            "/openai/v1/chat/completions",
-            &[],
-            r#"{"model":"gpt-4o-mini"}"#,
-        )
-        .await;
+    let answer = gw.chat(&[]).await;
     assert_eq!(answer.status, 200);
     assert_eq!(
         answer.header("nm-trace-id"),
@@ -876,14 +840,8 @@ async fn an_https_collector_with_a_private_ca_gets_the_spans_over_both_protocols
             .env("OTEL_EXPORTER_OTLP_CERTIFICATE", &ca)
             .run()
             .await;
-        let answer = gw
-            .post(
-                "/openai/v1/chat/completions",
-                &[],
-                r#"{"model":"gpt-4o-mini"}"#,
-            )
-            .await;
-        let trace_id = answer.header("nm-trace-id").unwrap_or_default().to_owned();
+        let answer = gw.chat(&[]).await;
+        let trace_id = answer.trace_id();
         let (server, _) = request_spans(&otlp, &trace_id).await;
         let over = if protocol == "grpc" {
             crate::common::otlp::Transport::Grpc

@@ -10,17 +10,11 @@ fn renders_counters_and_gauges() {
     m.set_spool(7, 4096);
     m.set_budget_rules(2);
     let text = m.render();
-    assert!(
-        text.contains(r#"nm_records_dropped_total{reason="spool_full"} 3"#),
-        "{text}"
-    );
-    assert!(
-        text.contains(r#"nm_budget_refusals_total{reason="spend"} 1"#),
-        "{text}"
-    );
-    assert!(text.contains("nm_spool_records 7"), "{text}");
-    assert!(text.contains("nm_spool_bytes 4096"), "{text}");
-    assert!(text.contains("nm_budget_rules 2"), "{text}");
+    assert_has(&text, r#"nm_records_dropped_total{reason="spool_full"} 3"#);
+    assert_has(&text, r#"nm_budget_refusals_total{reason="spend"} 1"#);
+    assert_has(&text, "nm_spool_records 7");
+    assert_has(&text, "nm_spool_bytes 4096");
+    assert_has(&text, "nm_budget_rules 2");
 }
 
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
@@ -39,6 +33,12 @@ fn chat<'a>() -> Operation<'a> {
         output_tokens: Some(3),
         trace_id: Some(TRACE),
     }
+}
+
+/// Fails, showing the whole rendering, unless `text` contains `want`.
+#[track_caller]
+fn assert_has(text: &str, want: &str) {
+    assert!(text.contains(want), "missing {want}\n{text}");
 }
 
 /// The rendered lines starting with `prefix`.
@@ -261,9 +261,9 @@ fn model_names_are_capped_per_family_and_overflow_is_counted() {
         "{text}"
     );
     assert!(!text.contains(&format!("model-{LABEL_CAP}\"")), "{text}");
-    assert!(
-        text.contains(r#"nm_metric_label_overflow_total{label="gen_ai_model"} 2"#),
-        "{text}"
+    assert_has(
+        &text,
+        r#"nm_metric_label_overflow_total{label="gen_ai_model"} 2"#,
     );
     // The token and first-chunk families obey the same cap.
     assert_eq!(
@@ -297,10 +297,7 @@ fn unfit_names_become_other_and_odd_ones_are_escaped() {
         text.contains(r#"gen_ai_request_model="_other"} 4"#),
         "every unfit name is _other:\n{text}"
     );
-    assert!(
-        text.contains(r#"gen_ai_request_model="a\"b\\c"}"#),
-        "{text}"
-    );
+    assert_has(&text, r#"gen_ai_request_model="a\"b\\c"}"#);
     assert!(!text.contains(&long) && !text.contains("hack"), "{text}");
 }
 
@@ -317,18 +314,18 @@ fn providers_and_error_types_are_capped_too() {
     let text = m.render();
     // One cap per label across families: `openai` (of the operations) took a place, so 2 of the
     // 66 providers overflowed.
-    assert!(
-        text.contains(r#"nm_gateway_overhead_seconds_count{gen_ai_provider_name="_other"} 2"#),
-        "{text}"
+    assert_has(
+        &text,
+        r#"nm_gateway_overhead_seconds_count{gen_ai_provider_name="_other"} 2"#,
     );
-    assert!(text.contains(r#"error_type="_OTHER"} 1"#), "{text}");
-    assert!(
-        text.contains(r#"nm_metric_label_overflow_total{label="gen_ai_provider_name"} 2"#),
-        "{text}"
+    assert_has(&text, r#"error_type="_OTHER"} 1"#);
+    assert_has(
+        &text,
+        r#"nm_metric_label_overflow_total{label="gen_ai_provider_name"} 2"#,
     );
-    assert!(
-        text.contains(r#"nm_metric_label_overflow_total{label="error_type"} 1"#),
-        "{text}"
+    assert_has(
+        &text,
+        r#"nm_metric_label_overflow_total{label="error_type"} 1"#,
     );
 }
 
@@ -420,13 +417,13 @@ fn dropped_spans_are_counted_by_reason() {
     m.otel_spans_dropped("queue_full", 3);
     m.otel_spans_dropped("export_failed", 1);
     let text = m.render();
-    assert!(
-        text.contains(r#"nm_otel_spans_dropped_total{reason="queue_full"} 5"#),
-        "{text}"
+    assert_has(
+        &text,
+        r#"nm_otel_spans_dropped_total{reason="queue_full"} 5"#,
     );
-    assert!(
-        text.contains(r#"nm_otel_spans_dropped_total{reason="export_failed"} 1"#),
-        "{text}"
+    assert_has(
+        &text,
+        r#"nm_otel_spans_dropped_total{reason="export_failed"} 1"#,
     );
 }
 

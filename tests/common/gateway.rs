@@ -311,6 +311,16 @@ impl TestGateway {
         self.raw("POST", path, &h, body).await
     }
 
+    /// A minimal OpenAI chat request (`gpt-4o-mini`) with the admin key plus `headers`.
+    pub async fn chat(&self, headers: &[(&str, &str)]) -> Answer {
+        self.post(
+            "/openai/v1/chat/completions",
+            headers,
+            r#"{"model":"gpt-4o-mini"}"#,
+        )
+        .await
+    }
+
     /// Any request, exactly as given (no key added).
     pub async fn raw(
         &self,

@@ -36,6 +36,11 @@ impl Answer {
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).and_then(|v| v.to_str().ok())
     }
+
+    /// `NM-Trace-Id`, empty when absent.
+    pub fn trace_id(&self) -> String {
+        self.header("nm-trace-id").unwrap_or_default().to_owned()
+    }
 }
 
 pub async fn read(resp: Response<Incoming>) -> Answer {

@@ -19,7 +19,22 @@ use std::future::Future;
 use std::time::Duration;
 
 /// Polls `cond` every 20 ms until it returns `Some`, or panics after `limit` naming `what`.
-pub async fn eventually<T, F, Fut>(limit: Duration, what: &str, mut cond: F) -> T
+pub async fn eventually<T, F, Fut>(limit: Duration, what: &str, cond: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    eventually_with(limit, what, String::new, cond).await
+}
+
+/// [`eventually`], whose panic adds what `detail` says of the state it gave up in (the spans
+/// received, a child process's log).
+pub async fn eventually_with<T, F, Fut>(
+    limit: Duration,
+    what: &str,
+    detail: impl Fn() -> String,
+    mut cond: F,
+) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
@@ -31,7 +46,8 @@ where
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "timed out after {limit:?} waiting for {what}"
+            "timed out after {limit:?} waiting for {what}\n{}",
+            detail()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -278,36 +278,35 @@ impl OtlpReceiver {
         timeout: Duration,
         pred: impl Fn(&[CollectedSpan]) -> bool,
     ) -> Vec<CollectedSpan> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
+        let listing = || {
             let spans = self.spans();
-            if pred(&spans) {
-                return spans;
-            }
-            if tokio::time::Instant::now() >= deadline {
-                let listing: Vec<String> = spans
-                    .iter()
-                    .map(|s| {
-                        format!(
-                            "  {:?} {:?} trace={} span={} parent={} ({:?})",
-                            s.name,
-                            s.kind,
-                            s.trace_id,
-                            s.span_id,
-                            s.parent_span_id.as_deref().unwrap_or("-"),
-                            s.transport
-                        )
-                    })
-                    .collect();
-                panic!(
-                    "timed out after {timeout:?} waiting for {what}; {} span(s) in {} export(s):\n{}",
-                    spans.len(),
-                    self.exports(),
-                    listing.join("\n")
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+            let lines: Vec<String> = spans
+                .iter()
+                .map(|s| {
+                    format!(
+                        "  {:?} {:?} trace={} span={} parent={} ({:?})",
+                        s.name,
+                        s.kind,
+                        s.trace_id,
+                        s.span_id,
+                        s.parent_span_id.as_deref().unwrap_or("-"),
+                        s.transport
+                    )
+                })
+                .collect();
+            format!(
+                "{} span(s) in {} export(s):\n{}",
+                spans.len(),
+                self.exports(),
+                lines.join("\n")
+            )
+        };
+        super::eventually_with(timeout, what, listing, || {
+            let spans = self.spans();
+            let done = pred(&spans);
+            async move { done.then_some(spans) }
+        })
+        .await
     }
 
     /// While on, both transports accept connections and requests but never answer; the spans

@@ -173,37 +173,31 @@ impl Phoenix {
         at_least: usize,
         timeout: Duration,
     ) -> Value {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let mut spans = Vec::new();
-            for project in self.projects().await {
-                let found = self
-                    .pages(&format!(
-                        "/v1/projects/{project}/spans?limit=1000&trace_id={trace_id}"
-                    ))
-                    .await;
-                spans.extend(found.as_array().into_iter().flatten().cloned());
-            }
-            if spans.len() >= at_least {
-                return Value::Array(spans);
-            }
-            if tokio::time::Instant::now() >= deadline {
-                panic!(
-                    "Phoenix: timed out after {timeout:?} waiting for {at_least} span(s) of trace {trace_id}; found {}; projects {:?}\n--- phoenix.log (tail) ---\n{}",
-                    spans.len(),
-                    self.projects().await,
-                    self.log_tail()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let what = format!("{at_least} span(s) of trace {trace_id} in Phoenix");
+        let spans = super::eventually_with(
+            timeout,
+            &what,
+            || self.log_tail(),
+            || async {
+                let mut spans = Vec::new();
+                for project in self.projects().await {
+                    let found = self
+                        .pages(&format!(
+                            "/v1/projects/{project}/spans?limit=1000&trace_id={trace_id}"
+                        ))
+                        .await;
+                    spans.extend(found.as_array().into_iter().flatten().cloned());
+                }
+                (spans.len() >= at_least).then_some(spans)
+            },
+        )
+        .await;
+        Value::Array(spans)
     }
 
     /// The last lines of Phoenix's stdout and stderr.
     pub fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
+        tail(&self.log)
     }
 
     /// GETs a paginated list and concatenates its `data` arrays.
@@ -219,7 +213,7 @@ impl Phoenix {
             assert_eq!(
                 a.status,
                 200,
-                "Phoenix GET {url}: {}\n--- phoenix.log (tail) ---\n{}",
+                "Phoenix GET {url}: {}\n{}",
                 String::from_utf8_lossy(&a.body),
                 self.log_tail()
             );
@@ -235,31 +229,43 @@ impl Phoenix {
     /// Until `/healthz` answers 200 and the gRPC port accepts connections; panics with the log's
     /// tail if Phoenix exits or takes longer than [`READY_WITHIN`].
     async fn wait_ready(&mut self) {
-        let deadline = tokio::time::Instant::now() + READY_WITHIN;
         let health = format!("{}/healthz", self.http_endpoint());
         let grpc = SocketAddr::from(([127, 0, 0, 1], self.grpc_port));
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "Phoenix exited ({status}) before it was ready\n--- phoenix.log (tail) ---\n{}",
-                    self.log_tail()
-                );
-            }
-            let healthy = match self.client.request(request("GET", &health, &[], "")).await {
-                Ok(r) => r.status() == 200,
-                Err(_) => false,
-            };
-            if healthy && TcpStream::connect_timeout(&grpc, Duration::from_secs(1)).is_ok() {
-                return;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "Phoenix not ready after {READY_WITHIN:?}\n--- phoenix.log (tail) ---\n{}",
-                self.log_tail()
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        let (log, client) = (&self.log, &self.client);
+        let child = std::sync::Mutex::new(&mut self.child);
+        super::eventually_with(
+            READY_WITHIN,
+            "Phoenix to be ready",
+            || tail(log),
+            || async {
+                if let Ok(mut c) = child.lock()
+                    && let Ok(Some(status)) = c.try_wait()
+                {
+                    panic!(
+                        "Phoenix exited ({status}) before it was ready\n{}",
+                        tail(log)
+                    );
+                }
+                let healthy = match client.request(request("GET", &health, &[], "")).await {
+                    Ok(r) => r.status() == 200,
+                    Err(_) => false,
+                };
+                (healthy && TcpStream::connect_timeout(&grpc, Duration::from_secs(1)).is_ok())
+                    .then_some(())
+            },
+        )
+        .await
     }
+}
+
+/// The last 40 lines of the log at `path`, for a panic's message.
+fn tail(path: &std::path::Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    format!(
+        "--- phoenix.log (tail) ---\n{}",
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    )
 }
 
 impl Drop for Phoenix {
