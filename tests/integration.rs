@@ -5,6 +5,7 @@ mod common;
 
 mod analytics;
 mod budgets;
+mod docs;
 mod errors;
 mod faults;
 mod keys;
