@@ -98,9 +98,7 @@ fn prose_lines(text: &str) -> Vec<(usize, &str)> {
                 }
             }
             None => {
-                let opens = ['`', '~']
-                    .into_iter()
-                    .find(|&c| indent <= 3 && run(c) >= 3);
+                let opens = ['`', '~'].into_iter().find(|&c| indent <= 3 && run(c) >= 3);
                 match opens {
                     Some(c) => fence = Some((c, run(c))),
                     None => out.push((i + 1, line)),
@@ -301,9 +299,7 @@ fn check_link(file: &Path, text: &str, target: &str) -> Option<String> {
     if !resolved.exists() {
         return Some(format!("{target}: {} does not exist", resolved.display()));
     }
-    let Some(fragment) = fragment else {
-        return None;
-    };
+    let fragment = fragment?;
     if !resolved.extension().is_some_and(|e| e == "md") {
         return None;
     }
@@ -320,7 +316,10 @@ fn check_link(file: &Path, text: &str, target: &str) -> Option<String> {
     if anchors(text).contains(fragment) {
         None
     } else {
-        Some(format!("{target}: no heading #{fragment} in {}", resolved.display()))
+        Some(format!(
+            "{target}: no heading #{fragment} in {}",
+            resolved.display()
+        ))
     }
 }
 
@@ -335,7 +334,11 @@ fn broken_links(root: &Path) -> Vec<String> {
                 continue;
             }
         };
-        let shown = file.strip_prefix(root).unwrap_or(&file).display().to_string();
+        let shown = file
+            .strip_prefix(root)
+            .unwrap_or(&file)
+            .display()
+            .to_string();
         for link in links(&text) {
             if let Some(p) = check_link(&file, &text, &link.target) {
                 problems.push(format!("{shown}:{}: {p}", link.line));
@@ -380,11 +383,23 @@ fn docs_slugs_follow_github() {
         "securing-a-split-deployment"
     );
     assert_eq!(slug("Limits and failures"), "limits-and-failures");
-    assert_eq!(slug("`nm-bench --tracing`: what it costs!"), "nm-bench---tracing-what-it-costs");
-    assert_eq!(slug("Session 11 (2026-11-25): an Intel machine"), "session-11-2026-11-25-an-intel-machine");
+    assert_eq!(
+        slug("`nm-bench --tracing`: what it costs!"),
+        "nm-bench---tracing-what-it-costs"
+    );
+    assert_eq!(
+        slug("Session 11 (2026-11-25): an Intel machine"),
+        "session-11-2026-11-25-an-intel-machine"
+    );
     assert_eq!(slug("Tracing (OpenTelemetry)"), "tracing-opentelemetry");
-    assert_eq!(slug("keep_under_scores and — dashes"), "keep_under_scores-and--dashes");
-    assert_eq!(slug("See [the chart](helm/README.md) now"), "see-the-chart-now");
+    assert_eq!(
+        slug("keep_under_scores and — dashes"),
+        "keep_under_scores-and--dashes"
+    );
+    assert_eq!(
+        slug("See [the chart](helm/README.md) now"),
+        "see-the-chart-now"
+    );
     assert_eq!(slug("Übersicht"), "übersicht");
 }
 
@@ -402,7 +417,10 @@ fn docs_links_are_found_outside_code_only() {
                 ~~~~\n```\n[no](tilde.md)\n~~~~\n\
                 [ref]: docs/ref.md#part\n\
                 Nested [x](f(1).md) and <[y](<with space.md>)>, then [z](#here).\n";
-    let found: Vec<(usize, String)> = links(text).into_iter().map(|l| (l.line, l.target)).collect();
+    let found: Vec<(usize, String)> = links(text)
+        .into_iter()
+        .map(|l| (l.line, l.target))
+        .collect();
     let want: Vec<(usize, String)> = [
         (1, "a.md"),
         (1, "img/x.png"),
@@ -430,7 +448,10 @@ fn docs_checker_reports_missing_files_and_headings() {
     std::fs::write(&readme, text).unwrap();
     let problems = broken_links(dir.path());
     assert_eq!(problems.len(), 2, "{problems:#?}");
-    assert!(problems[0].starts_with("README.md:2: docs/b.md:"), "{problems:#?}");
+    assert!(
+        problems[0].starts_with("README.md:2: docs/b.md:"),
+        "{problems:#?}"
+    );
     assert!(
         problems[1].starts_with("README.md:2: docs/a.md#three: no heading #three"),
         "{problems:#?}"
