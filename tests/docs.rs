@@ -300,7 +300,7 @@ fn check_link(file: &Path, text: &str, target: &str) -> Option<String> {
         return Some(format!("{target}: {} does not exist", resolved.display()));
     }
     let fragment = fragment?;
-    if !resolved.extension().is_some_and(|e| e == "md") {
+    if resolved.extension().is_none_or(|e| e != "md") {
         return None;
     }
     let target_text;
