@@ -412,3 +412,24 @@ fn settings_chart_otel_values_are_the_declared_defaults() {
         schema_admits_only_what_the_row_accepts(m, &schema["properties"][key], &format!("otel.{key}"));
     }
 }
+
+#[test]
+fn settings_doc_config_file_example_is_accepted() {
+    let doc = read(&repo().join("docs/settings.md"));
+    let start = doc
+        .find("```toml\n")
+        .unwrap_or_else(|| panic!("docs/settings.md: no TOML example"));
+    let body = &doc[start + 8..];
+    let example = &body[..body.find("```").unwrap_or(body.len())];
+    let file: super::FileSettings =
+        toml::from_str(example).unwrap_or_else(|e| panic!("docs/settings.md example: {e}"));
+    let settings = super::resolve(
+        Mode::Serve,
+        &super::Flags::default(),
+        &std::collections::HashMap::new(),
+        file,
+    )
+    .unwrap_or_else(|e| panic!("docs/settings.md example: {e}"));
+    assert_eq!(settings.max_body_bytes, 1_048_576);
+    assert!(settings.registry.get("acme").is_some());
+}
