@@ -19,8 +19,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use super::decl::{self, Chart, Default, Group, Kind, Lit, Meta, Raw};
 use super::Mode;
+use super::decl::{self, Chart, Default, Group, Kind, Lit, Meta, Raw};
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -56,7 +56,11 @@ fn default_cell(d: Default) -> String {
         Default::ByMode {
             other,
             controlplane,
-        } => format!("{} (controlplane), {} (others)", lit(controlplane), lit(other)),
+        } => format!(
+            "{} (controlplane), {} (others)",
+            lit(controlplane),
+            lit(other)
+        ),
         Default::Described(text) => text.to_owned(),
     }
 }
@@ -68,7 +72,9 @@ fn table() -> String {
         let _ = writeln!(out, "\n### {}\n", group.title());
         out.push_str("| env | flag | file key | default | what it does |\n|---|---|---|---|---|\n");
         for m in decl::all().filter(|m| m.group == group) {
-            let flag = m.flag.map_or("-".to_owned(), |f| code(&format!("--{}", f.long)));
+            let flag = m
+                .flag
+                .map_or("-".to_owned(), |f| code(&format!("--{}", f.long)));
             let file = m.file.map_or("-".to_owned(), |(k, _)| code(k));
             let _ = writeln!(
                 out,
@@ -88,7 +94,10 @@ fn settings_doc_table_is_the_declaration() {
     let path = repo().join("docs/settings.md");
     let doc = read(&path);
     let (Some(start), Some(end)) = (doc.find(TABLE_START), doc.find(TABLE_END)) else {
-        panic!("{}: no `{TABLE_START}` ... `{TABLE_END}` block", path.display());
+        panic!(
+            "{}: no `{TABLE_START}` ... `{TABLE_END}` block",
+            path.display()
+        );
     };
     let body_start = start + TABLE_START.len();
     let want = table();
@@ -137,7 +146,12 @@ fn settings_names_keys_and_flags_are_unique_and_defaults_parse() {
         if let Some(f) = m.flag {
             assert!(flags.insert(f.long), "flag --{} declared twice", f.long);
         }
-        for mode in [Mode::Serve, Mode::Dataplane, Mode::Controlplane, Mode::Client] {
+        for mode in [
+            Mode::Serve,
+            Mode::Dataplane,
+            Mode::Controlplane,
+            Mode::Client,
+        ] {
             if let Some(raw) = m.default_raw(mode) {
                 if let Err(e) = (m.check)(raw) {
                     panic!("{}: its default does not parse: {e}", m.env);
@@ -159,15 +173,26 @@ fn settings_file_keys_are_the_declared_ones_of_their_type() {
             Kind::Str => format!("{key} = 1"),
             Kind::Int => format!("{key} = \"1\""),
         };
-        assert!(toml::from_str::<super::FileSettings>(&good).is_ok(), "{good}");
-        let err = toml::from_str::<super::FileSettings>(&bad).err().map(|e| e.to_string());
-        assert!(err.as_deref().is_some_and(|e| e.contains(key)), "{bad}: {err:?}");
+        assert!(
+            toml::from_str::<super::FileSettings>(&good).is_ok(),
+            "{good}"
+        );
+        let err = toml::from_str::<super::FileSettings>(&bad)
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            err.as_deref().is_some_and(|e| e.contains(key)),
+            "{bad}: {err:?}"
+        );
     }
     let err = toml::from_str::<super::FileSettings>("htp_addr = \"x\"")
         .err()
         .map(|e| e.to_string())
         .unwrap_or_default();
-    assert!(err.contains("htp_addr") && err.contains("http_addr"), "{err}");
+    assert!(
+        err.contains("htp_addr") && err.contains("http_addr"),
+        "{err}"
+    );
 }
 
 // === the Helm chart ===
@@ -248,10 +273,13 @@ fn template_names() -> BTreeSet<String> {
                         }
                         let name: String = text[i..]
                             .chars()
-                            .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+                            .take_while(|c| {
+                                c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_'
+                            })
                             .collect();
-                        // `NM_*`, `OTEL_*`: prose about the variables, not one of them.
-                        if !text[i + name.len()..].starts_with('*') {
+                        // `NM_*`, `OTEL_*`, a bare `NM_` before a template expression: prose or
+                        // a derived name, not one variable.
+                        if !text[i + name.len()..].starts_with('*') && name != start {
                             names.insert(name);
                         }
                     }
@@ -264,8 +292,8 @@ fn template_names() -> BTreeSet<String> {
 
 fn schema_section(name: &str) -> serde_json::Value {
     let path = chart().join("values.schema.json");
-    let schema: serde_json::Value = serde_json::from_str(&read(&path))
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let schema: serde_json::Value =
+        serde_json::from_str(&read(&path)).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     schema["properties"][name].clone()
 }
 
@@ -273,12 +301,18 @@ fn schema_section(name: &str) -> serde_json::Value {
 fn schema_admits_only_what_the_row_accepts(m: &Meta, prop: &serde_json::Value, what: &str) {
     if let Some(min) = prop["minimum"].as_i64() {
         if let Err(e) = (m.check)(Raw::Int(min)) {
-            panic!("{what}: the schema's minimum {min} is refused by {}: {e}", m.env);
+            panic!(
+                "{what}: the schema's minimum {min} is refused by {}: {e}",
+                m.env
+            );
         }
     }
     if let Some(max) = prop["maximum"].as_i64() {
         if let Err(e) = (m.check)(Raw::Int(max)) {
-            panic!("{what}: the schema's maximum {max} is refused by {}: {e}", m.env);
+            panic!(
+                "{what}: the schema's maximum {max} is refused by {}: {e}",
+                m.env
+            );
         }
     }
     for v in prop["enum"].as_array().into_iter().flatten() {
@@ -287,7 +321,10 @@ fn schema_admits_only_what_the_row_accepts(m: &Meta, prop: &serde_json::Value, w
             other => Raw::Int(other.as_i64().unwrap_or(-1)),
         };
         if let Err(e) = (m.check)(raw) {
-            panic!("{what}: the schema admits {v}, which {} refuses: {e}", m.env);
+            panic!(
+                "{what}: the schema admits {v}, which {} refuses: {e}",
+                m.env
+            );
         }
     }
 }
@@ -321,7 +358,10 @@ fn settings_chart_config_values_are_declared_rows_with_their_defaults() {
         "values.yaml `config:` and the rows with Chart::Value disagree"
     );
     let schema_keys: BTreeSet<&str> = props.keys().map(String::as_str).collect();
-    assert_eq!(schema_keys, row_keys, "values.schema.json `config` and the rows disagree");
+    assert_eq!(
+        schema_keys, row_keys,
+        "values.schema.json `config` and the rows disagree"
+    );
 
     for (key, m) in rows {
         let what = format!("config.{key}");
@@ -333,13 +373,20 @@ fn settings_chart_config_values_are_declared_rows_with_their_defaults() {
         let value = &config[key];
         let raw = yaml_raw(value);
         if let Err(e) = (m.check)(raw) {
-            panic!("{what}: its chart default {value} is refused by {}: {e}", m.env);
+            panic!(
+                "{what}: its chart default {value} is refused by {}: {e}",
+                m.env
+            );
         }
         if let Chart::Value(_) = m.chart {
             let Default::Is(default) = m.default else {
                 panic!("{what}: {} has no single default to hold", m.env);
             };
-            assert_eq!(raw, lit_raw(default), "{what}: the chart's default is not the product's");
+            assert_eq!(
+                raw,
+                lit_raw(default),
+                "{what}: the chart's default is not the product's"
+            );
         }
         let want_type = match m.file.map(|(_, kind)| kind) {
             Some(Kind::Int) => "integer",
@@ -376,7 +423,11 @@ fn settings_chart_sets_only_declared_variables_and_all_it_should() {
         let named = names.contains(m.prefix().unwrap_or(m.env));
         match m.chart {
             Chart::Template | Chart::Otel => {
-                assert!(named, "{}: its row says the chart sets it, no template does", m.env)
+                assert!(
+                    named,
+                    "{}: its row says the chart sets it, no template does",
+                    m.env
+                )
             }
             Chart::Value(_) | Chart::ValueOwnDefault(..) => {
                 assert!(from_config.contains(m.env));
@@ -409,7 +460,11 @@ fn settings_chart_otel_values_are_the_declared_defaults() {
             lit_raw(default),
             "otel.{key}: the chart's default is not {env}'s"
         );
-        schema_admits_only_what_the_row_accepts(m, &schema["properties"][key], &format!("otel.{key}"));
+        schema_admits_only_what_the_row_accepts(
+            m,
+            &schema["properties"][key],
+            &format!("otel.{key}"),
+        );
     }
 }
 

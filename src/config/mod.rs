@@ -1,7 +1,7 @@
 //! Settings: one typed [`Settings`], resolved once at start by [`resolve`] from flags, the
 //! environment, an optional TOML file and defaults, in that order of precedence.
 //!
-//! Each setting is declared once, as one row of a [`decl::declare!`] table in the file of its
+//! Each setting is declared once, as one row of a `decl::declare!` table in the file of its
 //! concern: [`server`], [`link`] (and TLS), [`storage`], [`providers`], [`budgets`] (and keys),
 //! [`limits`], [`tracing`] (logs; the `OTEL_*` rows live beside their reading in
 //! `crate::otel::settings`). A row holds the environment variable, the flag, the file key, the
