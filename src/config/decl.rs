@@ -192,6 +192,10 @@ macro_rules! declare {
     )*) => {
         $(
             #[doc = $doc]
+            #[allow(
+                clippy::needless_update,
+                reason = "a row that sets every field leaves nothing to Meta::BASE; most do not"
+            )]
             pub static $name: $crate::config::decl::Setting<$ty> = $crate::config::decl::Setting {
                 meta: $crate::config::decl::Meta {
                     group: $group,

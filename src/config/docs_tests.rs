@@ -152,10 +152,10 @@ fn settings_names_keys_and_flags_are_unique_and_defaults_parse() {
             Mode::Controlplane,
             Mode::Client,
         ] {
-            if let Some(raw) = m.default_raw(mode) {
-                if let Err(e) = (m.check)(raw) {
-                    panic!("{}: its default does not parse: {e}", m.env);
-                }
+            if let Some(raw) = m.default_raw(mode)
+                && let Err(e) = (m.check)(raw)
+            {
+                panic!("{}: its default does not parse: {e}", m.env);
             }
         }
     }
@@ -299,21 +299,21 @@ fn schema_section(name: &str) -> serde_json::Value {
 
 /// Every bound and enum value the schema admits for `prop` is accepted by the row.
 fn schema_admits_only_what_the_row_accepts(m: &Meta, prop: &serde_json::Value, what: &str) {
-    if let Some(min) = prop["minimum"].as_i64() {
-        if let Err(e) = (m.check)(Raw::Int(min)) {
-            panic!(
-                "{what}: the schema's minimum {min} is refused by {}: {e}",
-                m.env
-            );
-        }
+    if let Some(min) = prop["minimum"].as_i64()
+        && let Err(e) = (m.check)(Raw::Int(min))
+    {
+        panic!(
+            "{what}: the schema's minimum {min} is refused by {}: {e}",
+            m.env
+        );
     }
-    if let Some(max) = prop["maximum"].as_i64() {
-        if let Err(e) = (m.check)(Raw::Int(max)) {
-            panic!(
-                "{what}: the schema's maximum {max} is refused by {}: {e}",
-                m.env
-            );
-        }
+    if let Some(max) = prop["maximum"].as_i64()
+        && let Err(e) = (m.check)(Raw::Int(max))
+    {
+        panic!(
+            "{what}: the schema's maximum {max} is refused by {}: {e}",
+            m.env
+        );
     }
     for v in prop["enum"].as_array().into_iter().flatten() {
         let raw = match v {
