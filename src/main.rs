@@ -314,3 +314,75 @@ async fn wait_for_signal() {
         let _ = ctrl_c.await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use clap::{CommandFactory, FromArgMatches};
+
+    use super::*;
+
+    /// The flags that carry settings (the server commands', the admin commands', the global
+    /// `--log-format`) are the flags the rows in `src/config` declare, and each one's help names
+    /// its variable.
+    #[test]
+    fn settings_flags_are_the_declared_ones() {
+        let server = ServerArgs::augment_args(clap::Command::new("server"));
+        let client = ClientArgs::augment_args(clap::Command::new("client"));
+        let top = Cli::command();
+        let args = server
+            .get_arguments()
+            .chain(client.get_arguments())
+            .chain(top.get_arguments().filter(|a| a.get_id() != "config"))
+            .filter_map(|a| Some((a.get_long()?, a.get_help()?.to_string())));
+        let mut seen = BTreeSet::new();
+        for (long, help) in args {
+            let row = config::decl::all()
+                .find(|m| m.flag.is_some_and(|f| f.long == long))
+                .unwrap_or_else(|| panic!("--{long}: no setting declares it"));
+            assert!(
+                help.contains(row.env),
+                "--{long}: its help does not name {}",
+                row.env
+            );
+            seen.insert(long);
+        }
+        for m in config::decl::all() {
+            if let Some(f) = m.flag {
+                assert!(
+                    seen.contains(f.long),
+                    "{}: --{} is declared, not in clap",
+                    m.env,
+                    f.long
+                );
+            }
+        }
+        // And clap's values reach the rows' getters.
+        let parsed = Cli::from_arg_matches(&Cli::command().get_matches_from([
+            "nm-gateway",
+            "--log-format",
+            "json",
+            "serve",
+            "--http-addr",
+            "127.0.0.1:1",
+        ]))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let Command::Serve(a) = parsed.command else {
+            panic!("not serve");
+        };
+        let flags = Flags {
+            log_format: parsed.log_format,
+            ..server_flags(a)
+        };
+        let settings = config::resolve(
+            Mode::Serve,
+            &flags,
+            &HashMap::new(),
+            config::FileSettings::default(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(settings.http_addr.port(), 1);
+        assert_eq!(settings.log_format, config::LogFormat::Json);
+    }
+}

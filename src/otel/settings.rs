@@ -35,6 +35,170 @@ pub const OTEL_BSP_MAX_EXPORT_BATCH_SIZE: &str = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE
 pub const OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT: &str =
     "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT";
 
+/// The `OTEL_*` variables in the settings table (docs/settings.md, the chart check). Their
+/// reading is [`resolve`]'s: a signal's own variable (`_TRACES_`) beats the generic one, and some
+/// values only make sense together, so the rows carry the names, defaults and docs, and each
+/// parse function checks one value alone.
+mod table {
+    use super::*;
+    use crate::config::decl::{Chart, Default, Group, Lit, Raw, declare};
+
+    declare! { Group::Tracing;
+        /// where spans go, e.g. `http://127.0.0.1:4317` (for `http/protobuf`, `/v1/traces` is appended); unset: tracing off
+        ENDPOINT: () => |k, r| url(k, r), { env: OTEL_EXPORTER_OTLP_ENDPOINT, chart: Chart::Otel };
+        /// where spans go, used as given; wins over `OTEL_EXPORTER_OTLP_ENDPOINT`
+        TRACES_ENDPOINT: () => |k, r| url(k, r), { env: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT };
+        /// `grpc` or `http/protobuf`, each over `http://` or `https://`
+        PROTOCOL: () => |k, r| protocol(k, r), {
+            env: OTEL_EXPORTER_OTLP_PROTOCOL,
+            default: Default::Is(Lit::Str("grpc")),
+            chart: Chart::Otel,
+        };
+        /// the protocol of trace exports; wins over `OTEL_EXPORTER_OTLP_PROTOCOL`
+        TRACES_PROTOCOL: () => |k, r| protocol(k, r), { env: OTEL_EXPORTER_OTLP_TRACES_PROTOCOL };
+        /// PEM file of CA certificates trusted for an `https://` collector beside the public web PKI (a private CA)
+        CERTIFICATE: () => |k, r| certificate(k, r), { env: OTEL_EXPORTER_OTLP_CERTIFICATE };
+        /// the CA file for trace exports; wins over `OTEL_EXPORTER_OTLP_CERTIFICATE`
+        TRACES_CERTIFICATE: () => |k, r| certificate(k, r), { env: OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE };
+        /// `key=value,...` (values percent-decoded) sent with each export: a collector's API key
+        HEADERS: () => |k, r| pairs(k, r), { env: OTEL_EXPORTER_OTLP_HEADERS, chart: Chart::Otel };
+        /// headers of trace exports; win over `OTEL_EXPORTER_OTLP_HEADERS`
+        TRACES_HEADERS: () => |k, r| pairs(k, r), { env: OTEL_EXPORTER_OTLP_TRACES_HEADERS };
+        /// export timeout, milliseconds
+        TIMEOUT: () => |k, r| timeout(k, r), {
+            env: OTEL_EXPORTER_OTLP_TIMEOUT,
+            default: Default::Is(Lit::Int(10_000)),
+        };
+        /// export timeout of traces, milliseconds; wins over `OTEL_EXPORTER_OTLP_TIMEOUT`
+        TRACES_TIMEOUT: () => |k, r| timeout(k, r), { env: OTEL_EXPORTER_OTLP_TRACES_TIMEOUT };
+        /// not supported: exports go uncompressed (`none` is accepted); any other value stops the process (exit 64) rather than being ignored
+        COMPRESSION: () => |k, r| no_compression(k, r), { env: "OTEL_EXPORTER_OTLP_COMPRESSION" };
+        /// not supported, as `OTEL_EXPORTER_OTLP_COMPRESSION`
+        TRACES_COMPRESSION: () => |k, r| no_compression(k, r), { env: "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION" };
+        /// not supported: exports go without a client certificate; any value stops the process (exit 64)
+        CLIENT_KEY: () => |k, r| refused(k, r), { env: "OTEL_EXPORTER_OTLP_CLIENT_KEY" };
+        /// not supported, as `OTEL_EXPORTER_OTLP_CLIENT_KEY`
+        CLIENT_CERTIFICATE: () => |k, r| refused(k, r), { env: "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE" };
+        /// not supported, as `OTEL_EXPORTER_OTLP_CLIENT_KEY`
+        TRACES_CLIENT_KEY: () => |k, r| refused(k, r), { env: "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY" };
+        /// not supported, as `OTEL_EXPORTER_OTLP_CLIENT_KEY`
+        TRACES_CLIENT_CERTIFICATE: () => |k, r| refused(k, r), { env: "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE" };
+        /// `always_on`, `always_off`, `traceidratio`, `parentbased_always_on`, `parentbased_always_off`, `parentbased_traceidratio`
+        SAMPLER: () => |k, r| sampler_name(k, r), {
+            env: OTEL_TRACES_SAMPLER,
+            default: Default::Is(Lit::Str("parentbased_always_on")),
+            chart: Chart::Otel,
+        };
+        /// the ratio of a ratio sampler, in [0, 1]
+        SAMPLER_ARG: () => |k, r| sampler_arg(k, r), {
+            env: OTEL_TRACES_SAMPLER_ARG,
+            default: Default::Is(Lit::Str("1.0")),
+            chart: Chart::Otel,
+        };
+        /// `service.name`; `service.version` is the gateway's version
+        SERVICE_NAME: () => |k, r| text(k, r).map(drop), {
+            env: OTEL_SERVICE_NAME,
+            default: Default::Described("`nm-gateway` (serve), `nm-dataplane`, `nm-controlplane`"),
+            chart: Chart::Otel,
+        };
+        /// `key=value,...` resource attributes (`service.name` here counts when `OTEL_SERVICE_NAME` is unset)
+        RESOURCE_ATTRIBUTES: () => |k, r| pairs(k, r), { env: OTEL_RESOURCE_ATTRIBUTES, chart: Chart::Otel };
+        /// context formats read from clients and sent upstream: `tracecontext`, `baggage`, `none`
+        PROPAGATORS: () => |k, r| text(k, r).and_then(|v| propagators(&v).map(drop)), {
+            env: OTEL_PROPAGATORS,
+            default: Default::Is(Lit::Str("tracecontext,baggage")),
+        };
+        /// `true` turns tracing off whatever else is set
+        SDK_DISABLED: () => |k, r| text(k, r).and_then(|v| bool_value(k, &v).map(drop)), {
+            env: OTEL_SDK_DISABLED,
+            default: Default::Is(Lit::Str("false")),
+        };
+        /// `otlp`, or `none`: tracing off whatever else is set
+        TRACES_EXPORTER: () => |k, r| exporter(k, r), {
+            env: OTEL_TRACES_EXPORTER,
+            default: Default::Is(Lit::Str("otlp")),
+        };
+        /// spans waiting for export (beyond: dropped and counted)
+        BSP_MAX_QUEUE_SIZE: () => |k, r| count(k, r), {
+            env: OTEL_BSP_MAX_QUEUE_SIZE,
+            default: Default::Is(Lit::Int(DEFAULT_QUEUE as u64)),
+        };
+        /// spans per export, at most `OTEL_BSP_MAX_QUEUE_SIZE`
+        BSP_MAX_EXPORT_BATCH_SIZE: () => |k, r| count(k, r), {
+            env: OTEL_BSP_MAX_EXPORT_BATCH_SIZE,
+            default: Default::Is(Lit::Int(DEFAULT_BATCH as u64)),
+        };
+        /// milliseconds between exports
+        BSP_SCHEDULE_DELAY: () => |k, r| text(k, r).and_then(|v| millis(k, &v).map(drop)), {
+            env: OTEL_BSP_SCHEDULE_DELAY,
+            default: Default::Is(Lit::Int(5_000)),
+        };
+        /// `true`: the first 16 KiB of each request and answer body go on its CLIENT span (`gen_ai.input.messages`, `gen_ai.output.messages`)
+        CAPTURE_MESSAGE_CONTENT: () => |k, r| text(k, r).and_then(|v| bool_value(k, &v).map(drop)), {
+            env: OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT,
+            default: Default::Is(Lit::Str("false")),
+        };
+    }
+
+    /// A value as text (a number default shown as text), trimmed like [`resolve`] does.
+    fn text(_: &'static str, raw: Raw<'_>) -> Result<String, ConfigError> {
+        Ok(match raw {
+            Raw::Text(s) => s.trim().to_owned(),
+            Raw::Int(n) => n.to_string(),
+        })
+    }
+    fn url(k: &'static str, r: Raw<'_>) -> Result<(), ConfigError> {
+        endpoint_url(k, &text(k, r)?).map(drop)
+    }
+    fn protocol(k: &'static str, r: Raw<'_>) -> Result<(), ConfigError> {
+        match text(k, r)?.as_str() {
+            "grpc" | "http/protobuf" => Ok(()),
+            other => Err(invalid(
+                k,
+                format!("{other:?} is not supported; use grpc or http/protobuf"),
+            )),
+        }
+    }
+    fn certificate(k: &'static str, r: Raw<'_>) -> Result<(), ConfigError> {
+        ca_file(k, &text(k, r)?).map(drop)
+    }
+    fn pairs(k: &'static str, r: Raw<'_>) -> Result<(), ConfigError> {
+        key_values(k, &text(k, r)?).map(drop)
+    }
+    fn timeout(k: &'static str, r: Raw<'_>) -> Result<(), ConfigError> {
+        if millis(k, &text(k, r)?)?.is_zero() {
+            return Err(invalid(k, "must be at least 1 (milliseconds)"));
+        }
+        Ok(())
+    }
+    fn no_compression(k: &'static str, r: Raw<'_>) -> Result<(), ConfigError> {
+        match text(k, r)?.as_str() {
+            "none" => Ok(()),
+            v => Err(invalid(
+                k,
+                format!("{v:?} is not supported; exports are sent uncompressed (none)"),
+            )),
+        }
+    }
+    fn refused(k: &'static str, _: Raw<'_>) -> Result<(), ConfigError> {
+        Err(invalid(k, CLIENT_CERT_REFUSED))
+    }
+    fn sampler_name(k: &'static str, r: Raw<'_>) -> Result<(), ConfigError> {
+        let _ = k;
+        sampler(Some(&text(k, r)?), None).map(drop)
+    }
+    fn sampler_arg(k: &'static str, r: Raw<'_>) -> Result<(), ConfigError> {
+        sampler(Some("traceidratio"), Some(&text(k, r)?)).map(drop)
+    }
+    fn exporter(k: &'static str, r: Raw<'_>) -> Result<(), ConfigError> {
+        exporter_none(&text(k, r)?).map(drop)
+    }
+    fn count(k: &'static str, r: Raw<'_>) -> Result<(), ConfigError> {
+        positive(k, &text(k, r)?).map(drop)
+    }
+}
+pub use table::TABLE;
+
 /// The specification's default export timeout.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_QUEUE: usize = 2048;
@@ -137,18 +301,7 @@ pub fn resolve(env: &HashMap<String, String>) -> Result<OtelSettings, ConfigErro
     };
     let exporter_none = match get(OTEL_TRACES_EXPORTER) {
         None => false,
-        Some(v) => {
-            let names: Vec<&str> = v.split(',').map(str::trim).collect();
-            for n in &names {
-                if !matches!(*n, "otlp" | "none") {
-                    return Err(invalid(
-                        OTEL_TRACES_EXPORTER,
-                        format!("{n:?} is not supported; use otlp or none"),
-                    ));
-                }
-            }
-            names.iter().all(|n| *n == "none")
-        }
+        Some(v) => exporter_none(v)?,
     };
     let pair = |signal: &'static str, generic: &'static str| {
         get(signal)
@@ -224,16 +377,7 @@ pub fn resolve(env: &HashMap<String, String>) -> Result<OtelSettings, ConfigErro
         Some(v) => propagators(v)?,
     };
     let count = |key: &str, default: usize| -> Result<usize, ConfigError> {
-        match get(key) {
-            None => Ok(default),
-            Some(v) => match v.parse::<usize>() {
-                Ok(n) if n > 0 => Ok(n),
-                _ => Err(invalid(
-                    key,
-                    format!("{v:?} is not a positive whole number"),
-                )),
-            },
-        }
+        get(key).map_or(Ok(default), |v| positive(key, v))
     };
     let queue = count(OTEL_BSP_MAX_QUEUE_SIZE, DEFAULT_QUEUE)?;
     let batch = count(OTEL_BSP_MAX_EXPORT_BATCH_SIZE, DEFAULT_BATCH)?;
@@ -260,10 +404,7 @@ pub fn resolve(env: &HashMap<String, String>) -> Result<OtelSettings, ConfigErro
         "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
     ] {
         if get(key).is_some() {
-            return Err(invalid(
-                key,
-                "client certificates to the collector (mTLS) are not supported; put a collector or proxy that needs none in front",
-            ));
+            return Err(invalid(key, CLIENT_CERT_REFUSED));
         }
     }
     for key in [
@@ -304,6 +445,34 @@ pub fn resolve(env: &HashMap<String, String>) -> Result<OtelSettings, ConfigErro
             capture_content,
         }),
     })
+}
+
+/// Why a client certificate for the collector is refused.
+const CLIENT_CERT_REFUSED: &str = "client certificates to the collector (mTLS) are not supported; put a collector or proxy that needs none in front";
+
+/// `OTEL_TRACES_EXPORTER`: whether it names only `none` (`otlp` and `none` are supported).
+fn exporter_none(v: &str) -> Result<bool, ConfigError> {
+    let names: Vec<&str> = v.split(',').map(str::trim).collect();
+    for n in &names {
+        if !matches!(*n, "otlp" | "none") {
+            return Err(invalid(
+                OTEL_TRACES_EXPORTER,
+                format!("{n:?} is not supported; use otlp or none"),
+            ));
+        }
+    }
+    Ok(names.iter().all(|n| *n == "none"))
+}
+
+/// A positive whole number (a batch processor's sizes).
+fn positive(key: &str, v: &str) -> Result<usize, ConfigError> {
+    match v.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(invalid(
+            key,
+            format!("{v:?} is not a positive whole number"),
+        )),
+    }
 }
 
 /// A PEM file of at least one CA certificate.
