@@ -44,8 +44,8 @@ pub use budgets::Budgets;
 pub use error::Error;
 pub use keys::{CreatedKey, KeyCache, KeyInfo, KeySnapshot, Keys};
 pub use link::{MAX_INGEST_BATCH, SignalOutcome};
-pub use records::{IngestOutcome, Records, RequestRecord, Usage, UsageStatus};
 pub use nm_types::signal::Signal;
+pub use records::{IngestOutcome, Records, RequestRecord, Usage, UsageStatus};
 pub use signals::{Signals, Stored};
 pub use store::Store;
 

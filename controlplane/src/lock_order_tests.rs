@@ -16,8 +16,8 @@ use sea_orm::{ConnectionTrait, Database, Statement};
 
 use crate::records::{Records, RequestRecord};
 use crate::signals::Signals;
-use nm_types::signal::Signal;
 use crate::store::Store;
+use nm_types::signal::Signal;
 
 const SESSIONS: usize = 60;
 

@@ -180,11 +180,7 @@ impl Signals {
     /// Stores a signal whose commit must begin within `commit_within`; returns once it is
     /// committed. An error means it was not stored, and dropping the future before it resolves
     /// (the caller gave up) keeps it from being stored unless its commit had already begun.
-    pub async fn record_within(
-        &self,
-        signal: Signal,
-        commit_within: Duration,
-    ) -> Result<Stored> {
+    pub async fn record_within(&self, signal: Signal, commit_within: Duration) -> Result<Stored> {
         self.submit(signal, Instant::now().checked_add(commit_within))
             .await
     }

@@ -713,14 +713,22 @@ mod tests {
         fs::write(dir.path().join(LEDGER_FILE), crashed.encode()).unwrap();
         let mut spool = Spool::open(dir.path(), CAP).unwrap();
         let p = Pipeline::start(dir.path(), Durability::Memory, &mut spool);
-        assert!(p.metrics.render().contains("nm_records_lost_in_crash_total 7"));
+        assert!(
+            p.metrics
+                .render()
+                .contains("nm_records_lost_in_crash_total 7")
+        );
         assert!(p.journal.is_none());
         p.tally.accept();
         p.settler().settled(1);
         p.durable.stop();
         // A clean end: the next start counts nothing.
         let p = Pipeline::start(dir.path(), Durability::Memory, &mut spool);
-        assert!(p.metrics.render().contains("nm_records_lost_in_crash_total 0"));
+        assert!(
+            p.metrics
+                .render()
+                .contains("nm_records_lost_in_crash_total 0")
+        );
         p.durable.stop();
     }
 

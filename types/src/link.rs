@@ -119,13 +119,14 @@ pub fn record_from_pb(r: pb::RequestRecord) -> Result<RequestRecord, &'static st
         .map(|e| e.parse::<Env>())
         .transpose()
         .map_err(|_| "env must be production, staging or development")?;
-    let trace = match (&r.trace_id, &r.span_id) {
-        (None, None) => None,
-        (Some(t), Some(s)) => Some(TraceRef::from_hex(t, s).ok_or(
-            "trace_id and span_id must be 32 and 16 lower-case hex digits, not all zero",
-        )?),
-        _ => return Err("trace_id and span_id come together"),
-    };
+    let trace =
+        match (&r.trace_id, &r.span_id) {
+            (None, None) => None,
+            (Some(t), Some(s)) => Some(TraceRef::from_hex(t, s).ok_or(
+                "trace_id and span_id must be 32 and 16 lower-case hex digits, not all zero",
+            )?),
+            _ => return Err("trace_id and span_id come together"),
+        };
     Ok(RequestRecord {
         request_id: r.request_id,
         started_at_ms: r.started_at.as_ref().map_or(0, timestamp_to_ms),
@@ -284,7 +285,11 @@ fn rule_to_pb(user_id: Option<String>, r: &BudgetRule) -> pb::BudgetRule {
 fn rule_from_pb(r: &pb::BudgetRule) -> BudgetRule {
     BudgetRule {
         limit_micros: r.limit_micros,
-        period: if r.monthly { Period::Month } else { Period::Day },
+        period: if r.monthly {
+            Period::Month
+        } else {
+            Period::Day
+        },
         requests_per_minute: r.requests_per_minute,
     }
 }

@@ -190,10 +190,7 @@ mod tests {
         ];
         for (s, rule) in broken {
             let got = s.check();
-            assert!(
-                got.is_err_and(|m| m.starts_with(rule)),
-                "{rule}: {got:?}"
-            );
+            assert!(got.is_err_and(|m| m.starts_with(rule)), "{rule}: {got:?}");
         }
     }
 }

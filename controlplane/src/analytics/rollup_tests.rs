@@ -21,11 +21,11 @@ use super::report::Window;
 use super::rollup::{self, SignalFacts};
 use super::synthetic::Rng;
 use crate::records::{RequestRecord, Usage};
-use nm_types::signal::Signal;
 use crate::sql::Sql;
 use crate::store::{Migrator, Store};
 use crate::{Budgets, Records, Signals};
 use nm_types::Action;
+use nm_types::signal::Signal;
 
 const HOUR: i64 = 3_600_000;
 const DAY: i64 = 24 * HOUR;
