@@ -2,8 +2,8 @@
 //!
 //! Records leave the request path through a bounded queue ([`RecordSink`]): handing one over is
 //! a non-blocking `try_send`, so a slow or absent controlplane never slows a request. The link's
-//! shipper drains the queue ([`RecordQueue`], [`crate::link::shipper`]) and ships batches. If the queue is full the record
-//! is dropped and counted (logged at each power of two, readable through
+//! shipper (`link::shipper`) drains the queue ([`RecordQueue`]) and ships batches. If the queue
+//! is full the record is dropped and counted (logged at each power of two, readable through
 //! [`RecordSink::dropped`]). What a crash can lose of them, and the mode that loses nothing:
 //! [`crate::journal`].
 
