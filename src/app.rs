@@ -2,11 +2,11 @@
 //! `controlplane`. Each `start_*` binds its listeners first (so port 0 works and the address is
 //! known), then runs in the background; the returned [`Running`] stops it gracefully.
 //!
-//! One rule for the link between the halves (see [`crate::link`]): in `serve` all four flows
-//! (key snapshots, budget feed, records, signals) go to the controlplane of the same process
-//! in process ([`InProcess`]); a separate dataplane uses gRPC for all four ([`Grpc`], with the
-//! link secret, over TLS for an `https://` URL). The dataplane's side of each flow is the same
-//! code either way. `serve`'s gRPC port still serves the admin API, and the link to extra
+//! One rule for the link between the halves (`nm_dataplane::link`, adapters in [`crate::link`]):
+//! in `serve` all four flows (key snapshots, budget feed, records, signals) go to the
+//! controlplane of the same process in process ([`InProcess`]); a separate dataplane uses gRPC
+//! for all four ([`Grpc`], with the link secret, over TLS for an `https://` URL). The
+//! dataplane's side of each flow, and the controlplane's rules, are the same code either way. `serve`'s gRPC port still serves the admin API, and the link to extra
 //! dataplanes when `NM_LINK_SECRET` is set.
 //!
 //! Shutdown order: the dataplane drains (listener closed, in-flight requests and streams finish
@@ -19,6 +19,10 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use nm_controlplane::{Controlplane, Store};
+use nm_dataplane::link::dead_letter::DeadLetters;
+use nm_dataplane::link::shipper::SharedSpool;
+use nm_dataplane::link::watch::PortSignals;
+use nm_dataplane::link::{Link, LinkTargets, Port};
 use nm_dataplane::spool::Spool;
 use nm_dataplane::{Dataplane, DataplaneConfig};
 use nm_types::VerifierKey;
@@ -29,12 +33,8 @@ use tracing::info;
 
 use crate::config::{Mode, Settings};
 use crate::grpc::server;
-use crate::link::dead_letter::DeadLetters;
 use crate::link::local::InProcess;
 use crate::link::remote::Grpc;
-use crate::link::shipper::SharedSpool;
-use crate::link::watch::PortSignals;
-use crate::link::{Link, LinkTargets, Port};
 use crate::otel::Telemetry;
 use crate::otel::export::DropCounter;
 use nm_dataplane::metrics::Metrics;
@@ -140,7 +140,8 @@ pub async fn start_serve(settings: &Settings) -> anyhow::Result<Running> {
     // extra dataplanes get.
     let verifier =
         VerifierKey::from_link_secret(settings.link_secret.as_ref().map_or("", |s| s.expose()));
-    let port: Arc<dyn Port> = Arc::new(InProcess::new(cp, verifier.clone()));
+    let source = link_tracing.as_ref().map(|t| t.source());
+    let port: Arc<dyn Port> = Arc::new(InProcess::new(cp, verifier.clone(), source));
     let tracing = telemetry.as_ref().map(Telemetry::dataplane);
     let (http_addr, dp_task) =
         dataplane(settings, port, verifier, rx, metrics, tracing, link_tracing).await?;
@@ -277,10 +278,7 @@ async fn dataplane(
         tracing,
         metrics,
     };
-    let signals = Arc::new(PortSignals {
-        port: port.clone(),
-        source: link_tracing.as_ref().map(|t| t.source()),
-    });
+    let signals = Arc::new(PortSignals { port: port.clone() });
     let (dp, queue) = Dataplane::new(config, signals)?;
     let name = format!("dataplane-{}", std::process::id());
     let spool_dir = settings.spool_dir.clone();
@@ -288,14 +286,7 @@ async fn dataplane(
     let (durability, sink) = (settings.record_durability, dp.records().clone());
     let (spool, durable) = tokio::task::spawn_blocking(move || {
         let mut spool = Spool::open(&spool_dir, spool_cap)?;
-        let durable = nm_dataplane::journal::start(
-            &spool_dir,
-            spool_cap,
-            durability,
-            &sink,
-            crate::link::shipper::encode_batch,
-            &mut spool,
-        )?;
+        let durable = sink.start_durability(&spool_dir, spool_cap, durability, &mut spool)?;
         Ok::<_, nm_dataplane::spool::SpoolError>((spool, durable))
     })
     .await?
@@ -313,7 +304,7 @@ async fn dataplane(
         spool: SharedSpool::new(spool),
         dead_letters: DeadLetters::in_dir(&settings.spool_dir),
         settler: dp.records().settler(),
-        tracing: link_tracing,
+        tracing: link_tracing.as_ref().map(|t| t.batches()),
     };
     let link = Link::spawn(port, targets, queue, name);
     let listener = TcpListener::bind(settings.http_addr)

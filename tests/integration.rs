@@ -10,6 +10,7 @@ mod errors;
 mod faults;
 mod keys;
 mod link;
+mod link_rules;
 mod metrics;
 mod otel;
 mod otel_harness;

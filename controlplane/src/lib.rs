@@ -2,8 +2,10 @@
 //!
 //! It owns the database (SQLite embedded by default, PostgreSQL in production, both through
 //! SeaORM with the same migrations) and the logic on top of it: service API keys
-//! ([`keys`]), proxied-request records ([`records`]) and end-user signals ([`signals`]). It knows nothing of gRPC or HTTP: the
-//! root crate adapts these calls to tonic, mapping [`Error`] to a gRPC status in one place.
+//! ([`keys`]), proxied-request records ([`records`]) and end-user signals ([`signals`]). It
+//! owns the rules every record and signal from a dataplane passes ([`link`]), whatever adapter
+//! brought it. It knows nothing of gRPC or HTTP: the root crate adapts these calls to tonic,
+//! mapping [`Error`] to a gRPC status in one place.
 
 #[forbid(unsafe_code)]
 pub mod analytics;
@@ -17,6 +19,8 @@ pub mod error;
 pub mod feeds;
 #[forbid(unsafe_code)]
 pub mod keys;
+#[forbid(unsafe_code)]
+pub mod link;
 #[cfg(test)]
 mod lock_order_tests;
 #[forbid(unsafe_code)]
@@ -39,8 +43,10 @@ pub use app::Controlplane;
 pub use budgets::Budgets;
 pub use error::Error;
 pub use keys::{CreatedKey, KeyCache, KeyInfo, KeySnapshot, Keys};
+pub use link::{MAX_INGEST_BATCH, SignalOutcome};
+pub use nm_types::signal::Signal;
 pub use records::{IngestOutcome, Records, RequestRecord, Usage, UsageStatus};
-pub use signals::{NewSignal, Signals, Stored};
+pub use signals::{Signals, Stored};
 pub use store::Store;
 
 /// Wall-clock time as Unix milliseconds, the unit every stored time uses.

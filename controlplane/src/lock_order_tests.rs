@@ -15,8 +15,9 @@ use nm_types::Action;
 use sea_orm::{ConnectionTrait, Database, Statement};
 
 use crate::records::{Records, RequestRecord};
-use crate::signals::{NewSignal, Signals};
+use crate::signals::Signals;
 use crate::store::Store;
+use nm_types::signal::Signal;
 
 const SESSIONS: usize = 60;
 
@@ -107,10 +108,10 @@ async fn signals_and_ingest_at_once_never_deadlock_on_postgres() {
             for i in 0..150 {
                 let signals = signals.clone();
                 waiting.push(tokio::spawn(async move {
-                    let s = NewSignal {
+                    let s = Signal {
                         id: format!("s{t}-{i}"),
                         received_at_ms: 1_700_000_000_000 + i as i64,
-                        session_id: session_at(t + 4, i, i),
+                        session_id: session_at(t + 4, i, i).parse().unwrap(),
                         action: Action::Accepted,
                         edit_distance: None,
                         custom_label: None,

@@ -35,7 +35,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use nm_types::{Action, Env, SessionId, parse_agent};
+use nm_types::signal::Signal;
+use nm_types::{Action, Env, SessionId};
 use sea_orm::sea_query::OnConflict;
 use sea_orm::{
     ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect, Set,
@@ -53,10 +54,6 @@ use nm_types::throttle::Throttle;
 
 /// Signals an agent needs before recommendations are produced.
 pub const RECOMMENDATION_THRESHOLD: u64 = 100;
-/// Largest `custom_label`, as serialized JSON.
-pub const MAX_CUSTOM_LABEL_BYTES: usize = 1024;
-/// Longest `Idempotency-Key`.
-pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
 /// Most signals committed in one transaction.
 const MAX_GROUP: usize = 1024;
 /// How long after it arrives a signal's commit may begin, when the caller names no deadline.
@@ -64,22 +61,6 @@ pub const DEFAULT_COMMIT_WITHIN: Duration = Duration::from_secs(4);
 /// What a caller hears when its signal was not stored (our words: the database's text stays in
 /// the log).
 const NOT_STORED: &str = "the signal was not stored: the database could not take it in time";
-
-/// A validated signal on its way to storage.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NewSignal {
-    /// The signal's id (the `NM-Request-Id` of the signal request).
-    pub id: String,
-    pub received_at_ms: i64,
-    pub session_id: String,
-    pub action: Action,
-    pub edit_distance: Option<u64>,
-    /// `custom_label` as the exact JSON text the client sent.
-    pub custom_label: Option<String>,
-    pub key_id: String,
-    pub idempotency_key: Option<String>,
-    pub agent_hint: Option<String>,
-}
 
 /// Whether a signal was new or an idempotent replay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,7 +128,7 @@ pub struct SessionDetail {
 }
 
 struct Pending {
-    signal: NewSignal,
+    signal: Signal,
     /// The commit must begin before this, or the signal is not stored (`None`: no deadline).
     deadline: Option<Instant>,
     done: oneshot::Sender<Result<Stored>>,
@@ -192,24 +173,22 @@ impl Signals {
 
     /// Stores a signal, without a deadline; returns once it is committed. An error means it
     /// was not stored.
-    pub async fn record(&self, signal: NewSignal) -> Result<Stored> {
+    pub async fn record(&self, signal: Signal) -> Result<Stored> {
         self.submit(signal, None).await
     }
 
     /// Stores a signal whose commit must begin within `commit_within`; returns once it is
     /// committed. An error means it was not stored, and dropping the future before it resolves
     /// (the caller gave up) keeps it from being stored unless its commit had already begun.
-    pub async fn record_within(
-        &self,
-        signal: NewSignal,
-        commit_within: Duration,
-    ) -> Result<Stored> {
+    pub async fn record_within(&self, signal: Signal, commit_within: Duration) -> Result<Stored> {
         self.submit(signal, Instant::now().checked_add(commit_within))
             .await
     }
 
-    async fn submit(&self, signal: NewSignal, deadline: Option<Instant>) -> Result<Stored> {
-        validate(&signal)?;
+    async fn submit(&self, signal: Signal, deadline: Option<Instant>) -> Result<Stored> {
+        signal
+            .check()
+            .map_err(|why| Error::InvalidArgument(why.to_owned()))?;
         // From the hand-over to the writer until the commit: the signal's share of its batch.
         let db = crate::otel::db_span(self.store.system(), "INSERT", "signals");
         let (done, wait) = oneshot::channel();
@@ -401,46 +380,6 @@ fn push_range(
     }
 }
 
-/// Largest edit distance accepted (characters).
-pub const MAX_EDIT_DISTANCE: u64 = 1_000_000_000;
-
-fn validate(s: &NewSignal) -> Result<()> {
-    let bad = |m: &str| Err(Error::InvalidArgument(m.to_owned()));
-    if s.id.is_empty() || s.id.len() > 64 {
-        return bad("signal id must be 1 to 64 characters");
-    }
-    if s.session_id.parse::<SessionId>().is_err() {
-        return bad("session_id must look like sess_<id>");
-    }
-    if s.key_id.is_empty() || s.key_id.len() > 64 || s.key_id.chars().any(char::is_control) {
-        return bad("key_id must be 1 to 64 printable characters");
-    }
-    if !nm_types::record::TIME_RANGE_MS.contains(&s.received_at_ms) {
-        return bad("received_at must be between 1970 and 2100");
-    }
-    if s.action == Action::Edited && s.edit_distance.is_none() {
-        return bad("edit_distance is required when action is edited");
-    }
-    if s.edit_distance.is_some_and(|d| d > MAX_EDIT_DISTANCE) {
-        return bad("edit_distance must be at most 10^9");
-    }
-    if let Some(label) = &s.custom_label
-        && (label.len() > MAX_CUSTOM_LABEL_BYTES
-            || serde_json::from_str::<serde::de::IgnoredAny>(label).is_err())
-    {
-        return bad("custom_label must be JSON of at most 1024 bytes");
-    }
-    if let Some(k) = &s.idempotency_key
-        && (k.is_empty() || k.len() > MAX_IDEMPOTENCY_KEY_LEN)
-    {
-        return bad("idempotency key must be 1 to 255 characters");
-    }
-    if let Some(h) = &s.agent_hint {
-        parse_agent(h).map_err(|e| Error::InvalidArgument(e.to_string()))?;
-    }
-    Ok(())
-}
-
 /// The single writer: one transaction per group of queued signals.
 async fn write_loop(store: Store, mut rx: mpsc::Receiver<Pending>) {
     let failures = Throttle::new(Duration::from_secs(1));
@@ -535,12 +474,12 @@ async fn write_group(store: &Store, group: &[Pending]) -> Result<(WriteTxn, Vec<
     let sessions = known_sessions(&txn, group.iter().map(|p| p.signal.session_id.as_str())).await?;
     let agents: Vec<Option<String>> = group
         .iter()
-        .map(|p| agent_of(&p.signal, sessions.get(&p.signal.session_id)))
+        .map(|p| agent_of(&p.signal, sessions.get(p.signal.session_id.as_str())))
         .collect();
     let rows: Vec<signal::ActiveModel> = group
         .iter()
         .zip(&agents)
-        .map(|(p, agent)| to_row(&p.signal, sessions.get(&p.signal.session_id), agent))
+        .map(|(p, agent)| to_row(&p.signal, sessions.get(p.signal.session_id.as_str()), agent))
         .collect();
     // Multi-row inserts. ON CONFLICT without a target skips a row that breaks any unique index
     // (an idempotent replay); RETURNING names the rows that were new.
@@ -564,7 +503,7 @@ async fn write_group(store: &Store, group: &[Pending]) -> Result<(WriteTxn, Vec<
         .filter_map(|(p, agent)| {
             Some(SignalFacts {
                 agent: agent.as_deref()?,
-                session_id: &p.signal.session_id,
+                session_id: p.signal.session_id.as_str(),
                 received_at_ms: p.signal.received_at_ms,
                 action: p.signal.action,
                 edit_distance: edit_distance(&p.signal),
@@ -587,14 +526,14 @@ async fn write_group(store: &Store, group: &[Pending]) -> Result<(WriteTxn, Vec<
 
 /// The agent a signal is stored with: its session's when the session is known, else its
 /// `NM-Agent` hint.
-fn agent_of(s: &NewSignal, known: Option<&session::Model>) -> Option<String> {
+fn agent_of(s: &Signal, known: Option<&session::Model>) -> Option<String> {
     known
         .and_then(|k| k.agent.clone())
         .or_else(|| s.agent_hint.clone())
 }
 
 /// The stored edit distance of a signal.
-fn edit_distance(s: &NewSignal) -> Option<i64> {
+fn edit_distance(s: &Signal) -> Option<i64> {
     s.edit_distance
         .map(|d| i64::try_from(d).unwrap_or(i64::MAX))
 }
@@ -602,18 +541,18 @@ fn edit_distance(s: &NewSignal) -> Option<i64> {
 /// The row for a signal: with its session's agent, env and user when the session is known,
 /// else with its `NM-Agent` hint (`agent`, from [`agent_of`]).
 fn to_row(
-    s: &NewSignal,
+    s: &Signal,
     known: Option<&session::Model>,
     agent: &Option<String>,
 ) -> signal::ActiveModel {
     signal::ActiveModel {
         id: Set(s.id.clone()),
         received_at_ms: Set(s.received_at_ms),
-        session_id: Set(s.session_id.clone()),
+        session_id: Set(s.session_id.as_str().to_owned()),
         action: Set(s.action.as_str().to_owned()),
         edit_distance: Set(edit_distance(s)),
         custom_label: Set(s.custom_label.clone()),
-        key_id: Set(s.key_id.clone()),
+        key_id: Set(s.key_id.to_string()),
         idempotency_key: Set(s.idempotency_key.clone()),
         agent_hint: Set(s.agent_hint.clone()),
         attributed_by_session: Set(known.and_then(|k| k.agent.as_ref()).is_some()),
@@ -690,10 +629,10 @@ mod tests {
             let signals = signals.clone();
             tasks.push(tokio::spawn(async move {
                 for i in 0..100 {
-                    let s = NewSignal {
+                    let s = Signal {
                         id: format!("s{t}-{i}"),
                         received_at_ms: 1,
-                        session_id: format!("sess_{}", i % 4),
+                        session_id: format!("sess_{}", i % 4).parse().unwrap(),
                         action: Action::Accepted,
                         edit_distance: None,
                         custom_label: None,

@@ -46,8 +46,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
+use nm_types::link::encode_batch;
+use nm_types::record::RequestRecord;
+
 use crate::metrics::Metrics;
-use crate::records::{RecordSink, RequestRecord};
 use crate::spool::{Spool, SpoolError};
 
 /// How often the ledger is rewritten while its counts change.
@@ -87,9 +89,6 @@ impl Durability {
         }
     }
 }
-
-/// Encodes a batch of records the way the spool stores them (the root owns the wire format).
-pub type Encode = fn(&[RequestRecord]) -> Vec<u8>;
 
 /// Records accepted into the pipeline and records settled out of it, for the ledger.
 #[derive(Debug, Default)]
@@ -382,7 +381,6 @@ impl Journal {
 struct Writer {
     shared: Arc<Shared>,
     spool: Spool,
-    encode: Encode,
     queue: mpsc::Sender<RequestRecord>,
     metrics: Metrics,
     /// The journal's batches this run, oldest first, as forwarded: records, and whether the
@@ -464,7 +462,7 @@ impl Writer {
     fn commit(&mut self, batch: Vec<(RequestRecord, Option<Arc<Commit>>)>) {
         let (records, commits): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
         let n = records.len();
-        let bytes = (self.encode)(&records);
+        let bytes = encode_batch(&records);
         let journaled = match self
             .spool
             .append(&bytes, u32::try_from(n).unwrap_or(u32::MAX))
@@ -540,17 +538,20 @@ impl Durable {
 }
 
 /// At start, before the shipper runs: learns what the previous run lost or left journaled (a
-/// crash), moves what the journal holds into `spool` (replayed from there), starts the ledger,
-/// and in `spool` mode the journal, attached to `sink`. Blocking.
-pub fn start(
+/// crash), moves what the journal holds into `spool` (replayed from there), starts the ledger
+/// over the pipeline's `tally`, and in `spool` mode the journal, which forwards to `queue`.
+/// Returns the journal for the record sink to submit to (`RecordSink::start_durability`, the
+/// one caller). Blocking.
+pub(crate) fn start(
     dir: &Path,
     cap_bytes: u64,
     durability: Durability,
-    sink: &RecordSink,
-    encode: Encode,
+    metrics: &Metrics,
+    tally: Arc<Tally>,
+    queue: mpsc::Sender<RequestRecord>,
     spool: &mut Spool,
-) -> Result<Durable, SpoolError> {
-    let metrics = sink.metrics().clone();
+) -> Result<(Durable, Option<Journal>), SpoolError> {
+    let metrics = metrics.clone();
     let journal_dir = dir.join(JOURNAL_DIR);
     let mut journal = if durability == Durability::Spool || journal_dir.exists() {
         Some(Spool::open(&journal_dir, cap_bytes)?)
@@ -561,7 +562,7 @@ pub fn start(
         Some(j) => move_over(j, spool)?,
         None => 0,
     };
-    let (ledger, previous) = Ledger::start(dir, durability, sink.tally())?;
+    let (ledger, previous) = Ledger::start(dir, durability, tally)?;
     if replayed > 0 {
         metrics.records_journal_replayed(replayed);
         warn!(
@@ -585,8 +586,7 @@ pub fn start(
             let writer = Writer {
                 shared: shared.clone(),
                 spool,
-                encode,
-                queue: sink.queue_sender(),
+                queue,
                 metrics,
                 runs: VecDeque::new(),
                 front_settled: 0,
@@ -600,13 +600,13 @@ pub fn start(
                 .spawn(move || writer.run())
                 .map_err(io_err("start a thread for", &journal_dir))?;
             let journal = Journal { shared };
-            sink.attach_journal(journal.clone());
             info!(dir = %journal_dir.display(), "request records are journaled before each answer ends (NM_RECORD_DURABILITY=spool)");
             Some(JournalThread { journal, thread })
         }
         _ => None,
     };
-    Ok(Durable { ledger, journal })
+    let handle = journal.as_ref().map(|j| j.journal.clone());
+    Ok((Durable { ledger, journal }, handle))
 }
 
 /// Moves every batch of `journal` to the end of `spool`; returns the records moved. A crash
@@ -624,7 +624,6 @@ fn move_over(journal: &mut Spool, spool: &mut Spool) -> Result<u64, SpoolError> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::records::record_queue;
 
     fn record(id: &str) -> RequestRecord {
         RequestRecord {
@@ -633,28 +632,57 @@ mod tests {
         }
     }
 
-    /// The request ids of a batch the test's encoder wrote.
-    fn encode(records: &[RequestRecord]) -> Vec<u8> {
-        records
-            .iter()
-            .map(|r| r.request_id.as_str())
-            .collect::<Vec<_>>()
-            .join(",")
-            .into_bytes()
-    }
-
     fn drain_ids(spool: &mut Spool) -> Vec<String> {
         let mut ids = Vec::new();
         while let Some(b) = spool.peek().unwrap() {
-            ids.extend(
-                String::from_utf8(b.bytes)
-                    .unwrap()
-                    .split(',')
-                    .map(str::to_owned),
-            );
+            let batch = nm_types::link::decode_batch(&b.bytes).unwrap();
+            ids.extend(batch.into_iter().map(|r| r.unwrap().request_id));
             spool.pop().unwrap();
         }
         ids
+    }
+
+    /// What the record sink holds of the pipeline: its counts, its queue, its journal.
+    struct Pipeline {
+        metrics: Metrics,
+        tally: Arc<Tally>,
+        queue: mpsc::Receiver<RequestRecord>,
+        durable: Durable,
+        journal: Option<Journal>,
+    }
+
+    impl Pipeline {
+        fn start(dir: &Path, durability: Durability, spool: &mut Spool) -> Self {
+            let metrics = Metrics::default();
+            let tally = Arc::new(Tally::default());
+            let (tx, queue) = mpsc::channel(8);
+            let (durable, journal) =
+                start(dir, CAP, durability, &metrics, tally.clone(), tx, spool).unwrap();
+            Self {
+                metrics,
+                tally,
+                queue,
+                durable,
+                journal,
+            }
+        }
+
+        /// As the record sink hands a record over (`commit`: waiting for the disk).
+        fn submit(&self, record: RequestRecord, commit: bool) -> Option<Arc<Commit>> {
+            self.tally.accept();
+            self.journal.as_ref()?.submit(record, commit)
+        }
+
+        fn settler(&self) -> Settler {
+            let journal = Arc::new(std::sync::OnceLock::new());
+            if let Some(j) = &self.journal {
+                let _ = journal.set(j.clone());
+            }
+            Settler {
+                tally: self.tally.clone(),
+                journal,
+            }
+        }
     }
 
     const CAP: u64 = 1 << 20;
@@ -684,50 +712,35 @@ mod tests {
         };
         fs::write(dir.path().join(LEDGER_FILE), crashed.encode()).unwrap();
         let mut spool = Spool::open(dir.path(), CAP).unwrap();
-        // A start in `memory` durability: its sink, and what it counted as lost in a crash.
-        let mut start_memory = || {
-            let (sink, queue) = record_queue(8, Metrics::default());
-            let durable = start(
-                dir.path(),
-                CAP,
-                Durability::Memory,
-                &sink,
-                encode,
-                &mut spool,
-            )
-            .unwrap();
-            let metrics = sink.metrics().render();
-            (sink, queue, durable, metrics)
-        };
-        let (sink, _queue, durable, metrics) = start_memory();
-        assert!(metrics.contains("nm_records_lost_in_crash_total 7"));
-        sink.send(record("a"));
-        sink.settler().settled(1);
-        durable.stop();
+        let p = Pipeline::start(dir.path(), Durability::Memory, &mut spool);
+        assert!(
+            p.metrics
+                .render()
+                .contains("nm_records_lost_in_crash_total 7")
+        );
+        assert!(p.journal.is_none());
+        p.tally.accept();
+        p.settler().settled(1);
+        p.durable.stop();
         // A clean end: the next start counts nothing.
-        let (_sink, _queue, durable, metrics) = start_memory();
-        assert!(metrics.contains("nm_records_lost_in_crash_total 0"));
-        durable.stop();
+        let p = Pipeline::start(dir.path(), Durability::Memory, &mut spool);
+        assert!(
+            p.metrics
+                .render()
+                .contains("nm_records_lost_in_crash_total 0")
+        );
+        p.durable.stop();
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
     async fn journaled_records_are_durable_before_their_commit_resolves_and_replayed_until_settled()
     {
         let dir = tempfile::tempdir().unwrap();
-        let (sink, mut queue) = record_queue(8, Metrics::default());
         let mut spool = Spool::open(dir.path(), CAP).unwrap();
-        let durable = start(
-            dir.path(),
-            CAP,
-            Durability::Spool,
-            &sink,
-            encode,
-            &mut spool,
-        )
-        .unwrap();
-        assert!(sink.is_durable());
+        let mut p = Pipeline::start(dir.path(), Durability::Spool, &mut spool);
+        assert!(p.journal.is_some());
         for id in ["r1", "r2", "r3"] {
-            let commit = sink.commit(record(id)).expect("a commit to wait on");
+            let commit = p.submit(record(id), true).expect("a commit to wait on");
             std::future::poll_fn(|cx| commit.poll(cx)).await;
             // Durable now: the journal's files hold it.
             let on_disk: Vec<u8> = fs::read_dir(dir.path().join(JOURNAL_DIR))
@@ -736,30 +749,22 @@ mod tests {
                 .collect();
             assert!(on_disk.windows(2).any(|w| w == id.as_bytes()), "{id}");
         }
-        sink.send(record("r4"));
+        p.submit(record("r4"), false);
         let mut got = Vec::new();
         while got.len() < 4 {
-            got.push(queue.recv().await.unwrap().request_id);
+            got.push(p.queue.recv().await.unwrap().request_id);
         }
         assert_eq!(got, ["r1", "r2", "r3", "r4"]);
         // The shipper settles the first two only, then the process ends.
-        sink.settler().settled(2);
+        p.settler().settled(2);
+        let Pipeline { durable, queue, .. } = p;
         tokio::task::spawn_blocking(move || durable.stop())
             .await
             .unwrap();
         drop(queue);
 
-        let (sink, _queue) = record_queue(8, Metrics::default());
         let mut spool = Spool::open(dir.path(), CAP).unwrap();
-        let durable = start(
-            dir.path(),
-            CAP,
-            Durability::Memory,
-            &sink,
-            encode,
-            &mut spool,
-        )
-        .unwrap();
+        let p = Pipeline::start(dir.path(), Durability::Memory, &mut spool);
         // The unsettled records moved to the spool (a journal batch is replayed whole).
         let replayed = drain_ids(&mut spool);
         assert!(
@@ -768,10 +773,10 @@ mod tests {
         );
         assert!(!replayed.contains(&"r1".to_owned()), "{replayed:?}");
         assert!(
-            sink.metrics()
+            p.metrics
                 .render()
                 .contains("nm_records_journal_replayed_total 2")
         );
-        durable.stop();
+        p.durable.stop();
     }
 }

@@ -3,8 +3,10 @@
 //! The hot path never waits on a database or a network round trip of ours: keys are checked in
 //! memory ([`keys::KeySet`]), request records leave through a bounded queue
 //! ([`records::RecordSink`]). Signals ([`signal`]) wait for the controlplane's commit before
-//! answering, through a [`SignalSink`] the root provides. The root crate connects all of these
-//! to the controlplane; this crate knows nothing of gRPC or SQL.
+//! answering, through a [`SignalSink`]. The dataplane's side of the link is here too: the port
+//! it needs, its watchers and its shipper ([`link`]), the record spool ([`spool`]) and journal
+//! ([`journal`]); the root crate only picks the port's adapter (in process or gRPC). This crate
+//! knows nothing of gRPC or SQL.
 
 #![forbid(unsafe_code)]
 
@@ -19,6 +21,7 @@ pub mod hot_path;
 pub mod journal;
 pub mod keys;
 pub mod layers;
+pub mod link;
 pub mod metrics;
 pub mod otel;
 pub mod pace;
@@ -46,7 +49,7 @@ pub use keys::{Health, KeySet, Principal};
 pub use providers::{AuthStyle, ProviderSpec, Registry, WireFormat};
 pub use records::{RecordQueue, RecordSink, RequestRecord};
 pub use server::Drained;
-pub use signal::{SignalSink, SignalSubmission, SubmitError, SubmitFuture};
+pub use signal::{SignalSink, SubmitError, SubmitFuture};
 
 /// Default request-body limit (images are big).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;

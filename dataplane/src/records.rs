@@ -1,19 +1,21 @@
 //! Request records: what the dataplane tells the controlplane about each proxied request.
 //!
 //! Records leave the request path through a bounded queue ([`RecordSink`]): handing one over is
-//! a non-blocking `try_send`, so a slow or absent controlplane never slows a request. The root
-//! drains the queue ([`RecordQueue`]) and ships batches over gRPC. If the queue is full the record
-//! is dropped and counted (logged at each power of two, readable through
+//! a non-blocking `try_send`, so a slow or absent controlplane never slows a request. The link's
+//! shipper (`link::shipper`) drains the queue ([`RecordQueue`]) and ships batches. If the queue
+//! is full the record is dropped and counted (logged at each power of two, readable through
 //! [`RecordSink::dropped`]). What a crash can lose of them, and the mode that loses nothing:
 //! [`crate::journal`].
 
 use std::borrow::Cow;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
-use crate::journal::{Commit, Journal, Settler, Tally};
+use crate::journal::{self, Commit, Durability, Durable, Journal, Settler, Tally};
 use crate::metrics::Metrics;
+use crate::spool::{Spool, SpoolError};
 use tokio::sync::mpsc;
 use tracing::warn;
 
@@ -33,15 +35,19 @@ pub fn started(
 ) -> RequestRecord {
     RequestRecord {
         request_id,
-        started_at_ms: started_at
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+        started_at_ms: unix_ms(started_at),
         key_id,
         provider,
         method: method_name(method),
         path,
         ..RequestRecord::default()
     }
+}
+
+/// A time as Unix milliseconds (0 before 1970), the unit of every time the link carries.
+pub fn unix_ms(t: SystemTime) -> i64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// The method's name, without an allocation for the standard ones.
@@ -75,7 +81,7 @@ pub struct RecordSink {
     journal: Arc<OnceLock<Journal>>,
 }
 
-/// The consuming side, drained by the root's shipper.
+/// The consuming side, drained by the link's shipper.
 pub type RecordQueue = mpsc::Receiver<RequestRecord>;
 
 /// A bounded record queue of `capacity` records.
@@ -149,19 +155,28 @@ impl RecordSink {
         }
     }
 
-    pub(crate) fn metrics(&self) -> &Metrics {
-        &self.metrics
-    }
-
-    pub(crate) fn tally(&self) -> Arc<Tally> {
-        self.tally.clone()
-    }
-
-    pub(crate) fn queue_sender(&self) -> mpsc::Sender<RequestRecord> {
-        self.tx.clone()
-    }
-
-    pub(crate) fn attach_journal(&self, journal: Journal) {
-        let _ = self.journal.set(journal);
+    /// At start, before the shipper runs: the crash accounting of this run and, in `spool`
+    /// durability, the journal every record then goes through (see [`crate::journal`]). What
+    /// the previous run left journaled is moved to `spool`. Blocking.
+    pub fn start_durability(
+        &self,
+        dir: &Path,
+        cap_bytes: u64,
+        durability: Durability,
+        spool: &mut Spool,
+    ) -> Result<Durable, SpoolError> {
+        let (durable, journal) = journal::start(
+            dir,
+            cap_bytes,
+            durability,
+            &self.metrics,
+            self.tally.clone(),
+            self.tx.clone(),
+            spool,
+        )?;
+        if let Some(journal) = journal {
+            let _ = self.journal.set(journal);
+        }
+        Ok(durable)
     }
 }

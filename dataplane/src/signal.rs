@@ -19,6 +19,9 @@ use std::time::SystemTime;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, header};
+use nm_types::signal::{
+    MAX_CUSTOM_LABEL_BYTES, MAX_EDIT_DISTANCE, MAX_IDEMPOTENCY_KEY_LEN, Signal,
+};
 use nm_types::{Action, SessionId, parse_agent};
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
@@ -31,25 +34,15 @@ use opentelemetry::context::FutureExt as _;
 
 /// Largest signal body.
 pub const MAX_SIGNAL_BYTES: usize = 64 * 1024;
-/// Largest `custom_label`, serialized.
-pub const MAX_CUSTOM_LABEL_BYTES: usize = 1024;
-/// Longest `Idempotency-Key`.
-pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
-/// Largest `edit_distance` accepted (the controlplane's cap too).
-pub const MAX_EDIT_DISTANCE: u64 = 1_000_000_000;
 
 const FIELDS: [&str; 4] = ["session_id", "action", "edit_distance", "custom_label"];
 
-/// A signal ready for the controlplane.
+/// What the gateway knows of a signal before its body is read: the request's id (the signal's
+/// id), time, key and headers.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SignalSubmission {
-    /// The request's `NM-Request-Id`, which becomes the signal's id.
+pub struct Head {
     pub id: String,
-    pub received_at: SystemTime,
-    pub session_id: SessionId,
-    pub action: Action,
-    pub edit_distance: Option<u64>,
-    pub custom_label: Option<String>,
+    pub received_at_ms: i64,
     pub key_id: Arc<str>,
     pub idempotency_key: Option<String>,
     pub agent_hint: Option<String>,
@@ -75,19 +68,10 @@ pub enum SubmitError {
 pub type SubmitFuture =
     Pin<Box<dyn Future<Output = Result<Vec<nm_types::record::TraceRef>, SubmitError>> + Send>>;
 
-/// Where accepted signals go: the root implements it with a gRPC call to the controlplane.
+/// Where accepted signals go: the link's port (`link::PortSignals`).
 pub trait SignalSink: fmt::Debug + Send + Sync + 'static {
     /// Resolves once the signal is durably stored.
-    fn submit(&self, signal: SignalSubmission) -> SubmitFuture;
-}
-
-/// The fields of a valid signal body.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SignalBody {
-    pub session_id: SessionId,
-    pub action: Action,
-    pub edit_distance: Option<u64>,
-    pub custom_label: Option<String>,
+    fn submit(&self, signal: Signal) -> SubmitFuture;
 }
 
 /// A refused body: the contract code and a message naming the field.
@@ -104,8 +88,8 @@ fn invalid(code: &'static str, message: impl Into<String>) -> Invalid {
     }
 }
 
-/// Validates a signal body (untrusted bytes).
-pub fn parse_body(body: &[u8]) -> Result<SignalBody, Invalid> {
+/// Validates a signal body (untrusted bytes): the signal of `head`.
+pub fn parse_body(body: &[u8], head: Head) -> Result<Signal, Invalid> {
     let raw: &RawValue = serde_json::from_slice(body)
         .map_err(|e| invalid("invalid_json", format!("body is not valid JSON: {e}")))?;
     if !raw.get().starts_with('{') {
@@ -174,11 +158,23 @@ pub fn parse_body(body: &[u8]) -> Result<SignalBody, Invalid> {
             format!("custom_label must be at most {MAX_CUSTOM_LABEL_BYTES} bytes of JSON"),
         ));
     }
-    Ok(SignalBody {
+    let Head {
+        id,
+        received_at_ms,
+        key_id,
+        idempotency_key,
+        agent_hint,
+    } = head;
+    Ok(Signal {
+        id,
+        received_at_ms,
         session_id,
         action,
         edit_distance,
         custom_label,
+        key_id,
+        idempotency_key,
+        agent_hint,
     })
 }
 
@@ -275,25 +271,21 @@ pub async fn handle(
     }
     let (parts, body) = req.into_parts();
     let body = edge::read_body(&parts.headers, body, MAX_SIGNAL_BYTES).await?;
-    let signal = parse_body(&body).map_err(bad)?;
-    let span = tracing::Span::current();
-    span.record("nm.session", signal.session_id.as_str());
-
-    let submission = SignalSubmission {
+    let head = Head {
         id,
-        received_at,
-        session_id: signal.session_id,
-        action: signal.action,
-        edit_distance: signal.edit_distance,
-        custom_label: signal.custom_label,
+        received_at_ms: crate::records::unix_ms(received_at),
         key_id: principal.key_id,
         idempotency_key,
         agent_hint,
     };
+    let signal = parse_body(&body, head).map_err(bad)?;
+    let span = tracing::Span::current();
+    span.record("nm.session", signal.session_id.as_str());
+    let action = signal.action;
     if let Some(t) = &trace {
-        t.signal(signal.action.as_str(), submission.agent_hint.as_deref());
+        t.signal(action.as_str(), signal.agent_hint.as_deref());
     }
-    let submitted = state.signals.submit(submission);
+    let submitted = state.signals.submit(signal);
     let submitted = match &trace {
         Some(t) => {
             // The controlplane's spans continue this request's trace.
@@ -312,7 +304,7 @@ pub async fn handle(
         Err(SubmitError::Rejected(why)) => return Err(bad(invalid("invalid_field", why))),
     }
     span.record("http.response.status_code", 200);
-    tracing::debug!(action = %signal.action, "signal stored");
+    tracing::debug!(%action, "signal stored");
     let mut resp = Response::new(GatewayBody::full(Bytes::from_static(br#"{"ok":true}"#)));
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -342,8 +334,18 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    fn head() -> Head {
+        Head {
+            id: "req_1".to_owned(),
+            received_at_ms: 1_700_000_000_000,
+            key_id: "key_1".into(),
+            idempotency_key: None,
+            agent_hint: None,
+        }
+    }
+
     fn code(body: &str) -> &'static str {
-        match parse_body(body.as_bytes()) {
+        match parse_body(body.as_bytes(), head()) {
             Ok(_) => "ok",
             Err(e) => e.code,
         }
@@ -457,7 +459,7 @@ mod tests {
     fn custom_label_is_kept_as_sent() {
         let body =
             r#"{"custom_label": {"b":1, "a":[true, "ü"]} ,"session_id":"sess_1","action":"sent"}"#;
-        let s = parse_body(body.as_bytes()).ok();
+        let s = parse_body(body.as_bytes(), head()).ok();
         assert_eq!(
             s.and_then(|s| s.custom_label).as_deref(),
             Some(r#"{"b":1, "a":[true, "ü"]}"#)
@@ -483,7 +485,7 @@ mod tests {
         /// Untrusted bytes never panic the parser, and whatever passes obeys every rule.
         #[test]
         fn arbitrary_bodies(body in proptest::collection::vec(any::<u8>(), 0..200)) {
-            if let Ok(s) = parse_body(&body) {
+            if let Ok(s) = parse_body(&body, head()) {
                 prop_assert!(s.action != Action::Edited || s.edit_distance.is_some());
             }
         }
@@ -499,7 +501,7 @@ mod tests {
                 body.push_str(&format!(r#","edit_distance":{d}"#));
             }
             body.push('}');
-            let got = parse_body(body.as_bytes());
+            let got = parse_body(body.as_bytes(), head());
             let valid = sid.starts_with("sess_") && action != "nope" && ed.is_none_or(|d| d >= 0) && (action != "edited" || ed.is_some());
             prop_assert_eq!(got.is_ok(), valid, "{}", body);
         }

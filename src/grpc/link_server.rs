@@ -5,31 +5,31 @@
 //! service sees it: nothing is revealed, nothing stored. A controlplane started without a
 //! secret (allowed only on a loopback address) refuses every link call.
 //!
-//! Beyond the secret, what a dataplane sends is still checked: the ingest validates every field
-//! (`nm_controlplane::records`), and a record or signal must name a key that was valid when the
-//! request was made. This module only maps between protobuf and domain types and
-//! authenticates; the streams and the storage are the controlplane crate's.
+//! Beyond the secret, what a dataplane sends is still checked, by the same rules as in `serve`:
+//! the controlplane's one ingest path and one signal path (`nm_controlplane::link`) check every
+//! field and that a record or signal names a key that was valid when the request was made. This
+//! module only reads the messages (parsing what they carry as text: session ids, envs, actions),
+//! maps the answers and authenticates; the rules, the streams and the storage are the
+//! controlplane crate's.
 
 use std::pin::Pin;
 
 use nm_controlplane::{Controlplane, feeds};
 use nm_types::VerifierKey;
+use nm_types::link;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::metadata::MetadataValue;
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
-use tracing::warn;
 
 use super::link_pb::{self, link_server::Link, link_server::LinkServer};
 use super::status::to_status;
-use super::{LINK_SECRET_METADATA, MAX_LINK_MESSAGE_BYTES, NOT_STORED_METADATA, convert};
+use super::{LINK_SECRET_METADATA, MAX_LINK_MESSAGE_BYTES, NOT_STORED_METADATA};
 use crate::config::Secret;
 use crate::otel::link::LinkTracing;
 use opentelemetry::context::FutureExt as _;
 
-/// Largest batch of request records accepted in one call.
-pub const MAX_INGEST_BATCH: usize = 10_000;
 /// Longest dataplane name accepted (it only goes to logs).
 const MAX_DATAPLANE_NAME: usize = 128;
 
@@ -124,7 +124,7 @@ impl Link for LinkService {
             name,
             self.cp.shutdown(),
         );
-        let stream = ReceiverStream::new(rx).map(|k| Ok(convert::key_verifiers_to_pb(k)));
+        let stream = ReceiverStream::new(rx).map(|k| Ok(link::key_verifiers_to_pb(k)));
         Ok(Response::new(Box::pin(stream)))
     }
 
@@ -134,7 +134,7 @@ impl Link for LinkService {
     ) -> Result<Response<Self::WatchBudgetsStream>, Status> {
         let name = dataplane_name(req.into_inner().dataplane)?;
         let rx = feeds::budget_feed(&self.cp.budgets, name, self.cp.shutdown());
-        let stream = ReceiverStream::new(rx).map(|f| Ok(convert::feed_to_pb(f)));
+        let stream = ReceiverStream::new(rx).map(|f| Ok(link::feed_to_pb(f)));
         Ok(Response::new(Box::pin(stream)))
     }
 
@@ -179,55 +179,29 @@ impl Link for LinkService {
 }
 
 impl LinkService {
+    /// Reads the batch (a record whose session id, env or trace does not parse is refused
+    /// alone), then hands it to the controlplane's one ingest path.
     async fn ingest(
         &self,
         batch: Vec<link_pb::RequestRecord>,
     ) -> Result<Response<link_pb::IngestRequestsResponse>, Status> {
-        if batch.len() > MAX_INGEST_BATCH {
-            return Err(Status::invalid_argument(format!(
-                "at most {MAX_INGEST_BATCH} records per call"
-            )));
-        }
+        nm_controlplane::link::check_batch_len(batch.len()).map_err(to_status)?;
         let mut rejected = Vec::new();
         let mut readable = Vec::with_capacity(batch.len());
+        let mut positions = Vec::with_capacity(batch.len());
         for (i, r) in batch.into_iter().enumerate() {
-            match convert::record_from_pb(r) {
-                Ok(record) => readable.push((i, record)),
+            match link::record_from_pb(r) {
+                Ok(record) => {
+                    positions.push(i);
+                    readable.push(record);
+                }
                 Err(why) => rejected.push(link_pb::RejectedRecord {
                     index: i as u32,
                     reason: why.to_owned(),
                 }),
             }
         }
-        // A record must name a key that was valid when its request was made.
-        let uses: Vec<(&str, i64)> = readable
-            .iter()
-            .map(|(_, r)| (&*r.key_id, r.started_at_ms))
-            .collect();
-        let valid = self.cp.keys.valid_at(&uses).await.map_err(to_status)?;
-        let mut accepted = Vec::with_capacity(readable.len());
-        let mut positions = Vec::with_capacity(readable.len());
-        for ((i, record), ok) in readable.into_iter().zip(valid) {
-            if ok {
-                positions.push(i);
-                accepted.push(record);
-            } else {
-                rejected.push(link_pb::RejectedRecord {
-                    index: i as u32,
-                    reason: "key_id must name a key that was valid when the request was made"
-                        .to_owned(),
-                });
-            }
-        }
-        if !rejected.is_empty() {
-            warn!(
-                records = rejected.len(),
-                "request records refused: unknown or revoked key"
-            );
-        }
-        let outcome = nm_controlplane::store::retry_conflicts(|| self.cp.records.ingest(&accepted))
-            .await
-            .map_err(to_status)?;
+        let outcome = self.cp.ingest(&readable).await.map_err(to_status)?;
         rejected.extend(
             outcome
                 .rejected
@@ -246,6 +220,8 @@ impl LinkService {
         }))
     }
 
+    /// Reads the signal (its session id and action parsed here), then hands it to the
+    /// controlplane's one signal path.
     async fn store_signal(
         &self,
         req: link_pb::RecordSignalRequest,
@@ -257,36 +233,15 @@ impl LinkService {
         let signal = req
             .signal
             .ok_or_else(|| Status::invalid_argument("signal is required"))?;
-        let signal = convert::signal_from_pb(signal).map_err(to_status)?;
-        let session = signal.session_id.clone();
-        let valid = self
+        let signal = link::signal_from_pb(signal).map_err(Status::invalid_argument)?;
+        let outcome = self
             .cp
-            .keys
-            .valid_at(&[(signal.key_id.as_str(), signal.received_at_ms)])
+            .record_signal(signal, commit_within)
             .await
             .map_err(to_status)?;
-        if valid != [true] {
-            return Err(Status::invalid_argument(
-                "key_id must name a key that was valid when the signal was sent",
-            ));
-        }
-        let stored = self
-            .cp
-            .signals
-            .record_within(signal, commit_within)
-            .await
-            .map_err(to_status)?;
-        let session_spans = crate::link::local::session_spans(&self.cp, &session)
-            .await
-            .into_iter()
-            .map(|t| link_pb::SpanRef {
-                trace_id: t.trace_hex(),
-                span_id: t.span_hex(),
-            })
-            .collect();
         Ok(Response::new(link_pb::RecordSignalResponse {
-            duplicate: stored == nm_controlplane::Stored::Duplicate,
-            session_spans,
+            duplicate: outcome.stored == nm_controlplane::Stored::Duplicate,
+            session_spans: link::spans_to_pb(&outcome.session_spans),
         }))
     }
 }

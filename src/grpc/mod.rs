@@ -1,7 +1,8 @@
 //! gRPC: the generated code for proto/ (the admin API [`pb`] and the internal link
 //! [`link_pb`]), the controlplane's services ([`server`], [`analytics`], [`link_server`]), the
-//! mappings between protobuf and domain types ([`convert`]), the one mapping from controlplane
-//! errors to gRPC status ([`status`]), and the client channel with its TLS ([`channel`]).
+//! admin API's mappings between protobuf and domain types ([`convert`]; the link's are
+//! `nm_types::link`), the one mapping from controlplane errors to gRPC status ([`status`]), and
+//! the client channel with its TLS ([`channel`]).
 
 pub mod analytics;
 pub mod convert;
@@ -24,12 +25,14 @@ pub mod pb {
     tonic::include_proto!("nm.v1");
 }
 
-/// Code generated from `proto/nm/link/v1/link.proto`: the internal link.
+/// The internal link `proto/nm/link/v1/link.proto`: its messages (nm-types' `link` module,
+/// shared with the dataplane's spool) and the tonic client and server generated here over them.
 pub mod link_pb {
     #![allow(
         clippy::allow_attributes_without_reason,
         reason = "tonic-generated code"
     )]
+    pub use nm_types::link::pb::*;
     tonic::include_proto!("nm.link.v1");
 }
 
@@ -44,7 +47,7 @@ pub const LINK_SECRET_METADATA: &str = "nm-link-secret";
 /// connection lost mid-call) a dataplane cannot know, and says so.
 pub const NOT_STORED_METADATA: &str = "nm-not-stored";
 /// Largest message either side of the link sends or accepts, set explicitly on both: record
-/// batches are cut well below it (see `link::shipper::MAX_BATCH_BYTES`).
+/// batches are cut well below it (see `nm_dataplane::link::shipper::MAX_BATCH_BYTES`).
 pub const MAX_LINK_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 
 /// A lazily connected channel to the controlplane (reconnects by itself), over TLS for an

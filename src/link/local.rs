@@ -1,25 +1,44 @@
 //! The in-process adapter: the dataplane of `nm-gateway serve` calls its own controlplane
-//! directly. Streams are the controlplane's own; records and signals are stored by reference.
+//! directly, through the same ingest and signal paths as the gRPC link server. Streams are the
+//! controlplane's own; records and signals are stored by reference.
 
-use nm_controlplane::{Controlplane, NewSignal};
+use nm_controlplane::Controlplane;
+use nm_controlplane::otel::SpanSource;
+use nm_dataplane::link::{Ingested, LinkError, LinkStream, Port, SessionSpans};
 use nm_types::budget::Feed;
 use nm_types::record::RequestRecord;
+use nm_types::signal::Signal;
 use nm_types::throttle::Throttle;
 use nm_types::{KeyVerifiers, VerifierKey};
+use opentelemetry::context::FutureExt as _;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
-
-use super::{Ingested, LinkError, LinkStream, Port, SessionSpans};
 
 #[derive(Debug, Clone)]
 pub struct InProcess {
     cp: Controlplane,
     verifier: VerifierKey,
+    /// With tracing on, the tracer the controlplane's database spans are made with: every call
+    /// carries it in its context, as the gRPC link server's span does in a split controlplane.
+    source: Option<SpanSource>,
 }
 
 impl InProcess {
-    pub fn new(cp: Controlplane, verifier: VerifierKey) -> Self {
-        Self { cp, verifier }
+    pub fn new(cp: Controlplane, verifier: VerifierKey, source: Option<SpanSource>) -> Self {
+        Self {
+            cp,
+            verifier,
+            source,
+        }
+    }
+
+    /// The caller's context, with the tracer for the controlplane's spans.
+    fn context(&self) -> opentelemetry::Context {
+        let cx = opentelemetry::Context::current();
+        match &self.source {
+            Some(s) => cx.with_value(s.clone()),
+            None => cx,
+        }
     }
 }
 
@@ -62,7 +81,10 @@ impl Port for InProcess {
     }
 
     async fn ingest(&self, batch: &[RequestRecord]) -> Result<Ingested, LinkError> {
-        let outcome = nm_controlplane::store::retry_conflicts(|| self.cp.records.ingest(batch))
+        let outcome = self
+            .cp
+            .ingest(batch)
+            .with_context(self.context())
             .await
             .map_err(link_error)?;
         Ok(Ingested {
@@ -74,34 +96,15 @@ impl Port for InProcess {
 
     async fn record_signal(
         &self,
-        signal: NewSignal,
+        signal: Signal,
         commit_within: std::time::Duration,
     ) -> Result<SessionSpans, LinkError> {
-        let session = signal.session_id.clone();
-        self.cp
-            .signals
-            .record_within(signal, commit_within)
+        let outcome = self
+            .cp
+            .record_signal(signal, commit_within)
+            .with_context(self.context())
             .await
             .map_err(link_error)?;
-        Ok(session_spans(&self.cp, &session).await)
-    }
-}
-
-/// The spans of `session`'s latest traced requests, when the current call is traced (its
-/// context carries a tracer); a failed lookup only costs the links.
-pub(crate) async fn session_spans(
-    cp: &nm_controlplane::Controlplane,
-    session: &str,
-) -> SessionSpans {
-    let cx = opentelemetry::Context::current();
-    if cx.get::<nm_controlplane::otel::SpanSource>().is_none() {
-        return Vec::new();
-    }
-    match cp.signals.session_spans(session, 8).await {
-        Ok(spans) => spans,
-        Err(e) => {
-            tracing::debug!(error = %e, "cannot read the session's traces");
-            Vec::new()
-        }
+        Ok(outcome.session_spans)
     }
 }

@@ -2,18 +2,19 @@
 //! `nm.link.v1.Link`, presenting the link secret on every call (over TLS for an `https://`
 //! controlplane URL; see [`crate::grpc::channel`]).
 
-use nm_controlplane::NewSignal;
+use nm_dataplane::link::{Ingested, LinkError, LinkStream, Port, SessionSpans};
 use nm_types::KeyVerifiers;
 use nm_types::budget::Feed;
+use nm_types::link;
 use nm_types::record::RequestRecord;
+use nm_types::signal::Signal;
 use tokio_stream::StreamExt;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
-use super::{Ingested, LinkError, LinkStream, Port};
 use crate::grpc::link_pb::{self, link_client::LinkClient};
-use crate::grpc::{LINK_SECRET_METADATA, MAX_LINK_MESSAGE_BYTES, NOT_STORED_METADATA, convert};
+use crate::grpc::{LINK_SECRET_METADATA, MAX_LINK_MESSAGE_BYTES, NOT_STORED_METADATA};
 
 /// Adds the link secret to every call.
 #[derive(Clone)]
@@ -104,7 +105,7 @@ impl Port for Grpc {
             .map_err(link_error)?
             .into_inner();
         Ok(Box::pin(stream.map(|item| {
-            item.map_err(link_error).map(convert::key_verifiers_from_pb)
+            item.map_err(link_error).map(link::key_verifiers_from_pb)
         })))
     }
 
@@ -119,12 +120,12 @@ impl Port for Grpc {
             .map_err(link_error)?
             .into_inner();
         Ok(Box::pin(stream.map(|item| {
-            item.map_err(link_error).map(convert::feed_from_pb)
+            item.map_err(link_error).map(link::feed_from_pb)
         })))
     }
 
     async fn ingest(&self, batch: &[RequestRecord]) -> Result<Ingested, LinkError> {
-        let records = batch.iter().map(convert::record_to_pb).collect();
+        let records = batch.iter().map(link::record_to_pb).collect();
         let mut req = tonic::Request::new(link_pb::IngestRequestsRequest { records });
         crate::otel::link::inject(req.metadata_mut());
         let resp = self
@@ -147,11 +148,11 @@ impl Port for Grpc {
 
     async fn record_signal(
         &self,
-        signal: NewSignal,
+        signal: Signal,
         commit_within: std::time::Duration,
-    ) -> Result<super::SessionSpans, LinkError> {
+    ) -> Result<SessionSpans, LinkError> {
         let mut req = tonic::Request::new(link_pb::RecordSignalRequest {
-            signal: Some(convert::signal_to_pb(signal)),
+            signal: Some(link::signal_to_pb(signal)),
             commit_within_ms: u32::try_from(commit_within.as_millis()).unwrap_or(u32::MAX),
         });
         crate::otel::link::inject(req.metadata_mut());
@@ -162,10 +163,6 @@ impl Port for Grpc {
             .await
             .map_err(signal_error)?
             .into_inner();
-        Ok(resp
-            .session_spans
-            .iter()
-            .filter_map(|s| nm_types::record::TraceRef::from_hex(&s.trace_id, &s.span_id))
-            .collect())
+        Ok(link::spans_from_pb(&resp.session_spans))
     }
 }

@@ -10,9 +10,7 @@ use opentelemetry::Context;
 use opentelemetry::KeyValue;
 use opentelemetry::global::BoxedTracer;
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
-use opentelemetry::trace::{
-    Link, SpanContext, SpanId, SpanKind, TraceContextExt, TraceFlags, TraceId, TraceState, Tracer,
-};
+use opentelemetry::trace::{SpanKind, TraceContextExt, Tracer};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use tonic::metadata::{MetadataKey, MetadataMap, MetadataValue};
 
@@ -58,46 +56,9 @@ impl LinkTracing {
             .with_value(SpanSource(self.0.clone()))
     }
 
-    /// The CLIENT span of a batch call `method` carrying `records` records, linked to the
-    /// spans of the traced ones; None when none is traced (an untraced batch is not worth a
-    /// span). A trace of its own: a batch serves many requests.
-    pub fn batch(
-        &self,
-        method: &'static str,
-        records: usize,
-        traced: impl Iterator<Item = nm_types::record::TraceRef>,
-    ) -> Option<Context> {
-        let links: Vec<Link> = traced
-            .map(|t| {
-                Link::with_context(SpanContext::new(
-                    TraceId::from_bytes(t.trace_id),
-                    SpanId::from_bytes(t.span_id),
-                    TraceFlags::SAMPLED,
-                    true,
-                    TraceState::default(),
-                ))
-            })
-            .collect();
-        if links.is_empty() {
-            return None;
-        }
-        let span = self
-            .0
-            .span_builder(format!("nm.link.v1.Link/{method}"))
-            .with_kind(SpanKind::Client)
-            .with_attributes([
-                KeyValue::new("rpc.system", "grpc"),
-                KeyValue::new("rpc.service", "nm.link.v1.Link"),
-                KeyValue::new("rpc.method", method),
-                KeyValue::new("nm.records", i64::try_from(records).unwrap_or(i64::MAX)),
-            ])
-            .with_links(links)
-            .start_with_context(self.0.as_ref(), &Context::new());
-        Some(
-            Context::new()
-                .with_span(span)
-                .with_value(SpanSource(self.0.clone())),
-        )
+    /// The dataplane's spans of the record batches it ships, from the same tracer.
+    pub fn batches(&self) -> nm_dataplane::link::BatchSpans {
+        nm_dataplane::link::BatchSpans::new(self.0.clone())
     }
 
     /// What the context of a call made in process (`serve`) needs for the database spans.

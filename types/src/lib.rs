@@ -7,8 +7,11 @@
 #![forbid(unsafe_code)]
 
 pub mod budget;
+#[cfg(feature = "link")]
+pub mod link;
 pub mod money;
 pub mod record;
+pub mod signal;
 pub mod throttle;
 
 use std::fmt;

@@ -21,11 +21,11 @@ use super::report::Window;
 use super::rollup::{self, SignalFacts};
 use super::synthetic::Rng;
 use crate::records::{RequestRecord, Usage};
-use crate::signals::NewSignal;
 use crate::sql::Sql;
 use crate::store::{Migrator, Store};
 use crate::{Budgets, Records, Signals};
 use nm_types::Action;
+use nm_types::signal::Signal;
 
 const HOUR: i64 = 3_600_000;
 const DAY: i64 = 24 * HOUR;
@@ -97,7 +97,7 @@ async fn drop_postgres(url: &str) {
 enum Step {
     Records(Vec<RequestRecord>),
     /// Signals sent concurrently (they share group commits).
-    Signals(Vec<NewSignal>),
+    Signals(Vec<Signal>),
 }
 
 fn pick<'a, T>(rng: &mut Rng, items: &'a [T]) -> &'a T {
@@ -179,14 +179,14 @@ fn traffic(seed: u64, sessions: usize) -> Vec<Step> {
             } else {
                 None
             };
-            signals.push(NewSignal {
+            signals.push(Signal {
                 id: format!("s{n}-{k}"),
                 received_at_ms: at,
-                session_id: session_id.clone(),
+                session_id: session_id.parse().unwrap(),
                 action,
                 edit_distance,
                 custom_label: None,
-                key_id: "key_1".to_owned(),
+                key_id: "key_1".into(),
                 idempotency_key: rng.chance(0.5).then(|| format!("idem-{n}-{k}")),
                 // Used while the session is unknown: right, wrong or none.
                 agent_hint: match rng.below(5) {
@@ -231,7 +231,7 @@ fn traffic(seed: u64, sessions: usize) -> Vec<Step> {
         let mut retries = Vec::new();
         for s in chunk.iter().filter(|s| s.idempotency_key.is_some()) {
             if rng.chance(0.2) {
-                retries.push(NewSignal {
+                retries.push(Signal {
                     id: format!("{}-retry", s.id),
                     received_at_ms: s.received_at_ms + rng.below(3) as i64,
                     ..s.clone()
@@ -440,7 +440,7 @@ async fn insert_rows(db: &DatabaseConnection, steps: &[Step], keep_rollup: bool)
     use sea_orm::TransactionTrait;
     let backend = db.get_database_backend();
     let mut records: Vec<&RequestRecord> = Vec::new();
-    let mut signals: Vec<&NewSignal> = Vec::new();
+    let mut signals: Vec<&Signal> = Vec::new();
     for step in steps {
         match step {
             Step::Records(b) => records.extend(b),
@@ -491,7 +491,7 @@ async fn insert_rows(db: &DatabaseConnection, steps: &[Step], keep_rollup: bool)
             .push(", ")
             .bind(s.received_at_ms)
             .push(", ")
-            .bind(s.session_id.clone())
+            .bind(s.session_id.as_str().to_owned())
             .push(", ")
             .bind(s.action.as_str())
             .push(", ")
@@ -510,7 +510,7 @@ async fn insert_rows(db: &DatabaseConnection, steps: &[Step], keep_rollup: bool)
             .filter_map(|s| {
                 Some(SignalFacts {
                     agent: s.agent_hint.as_deref()?,
-                    session_id: &s.session_id,
+                    session_id: s.session_id.as_str(),
                     received_at_ms: s.received_at_ms,
                     action: s.action,
                     edit_distance: s.edit_distance.map(|d| d as i64),

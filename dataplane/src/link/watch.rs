@@ -12,19 +12,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use nm_dataplane::budget::Budgets;
-use nm_dataplane::metrics::Metrics;
-use nm_dataplane::{
-    Health, KeySet, Principal, SignalSink, SignalSubmission, SubmitError, SubmitFuture,
-};
 use nm_types::KeyVerifiers;
+use nm_types::signal::Signal;
 use tokio::sync::watch;
 use tokio_stream::StreamExt;
 use tracing::{debug, warn};
 
 use super::{Backoff, LinkError, LinkStream, Port};
-use crate::grpc::convert::signal_to_stored;
-use opentelemetry::context::FutureExt as _;
+use crate::budget::Budgets;
+use crate::metrics::Metrics;
+use crate::{Health, KeySet, Principal, SignalSink, SubmitError, SubmitFuture};
 
 /// Without a snapshot or heartbeat for this long, the controlplane counts as unreachable.
 pub const STALE_AFTER: Duration = Duration::from_secs(6);
@@ -40,25 +37,13 @@ pub const SIGNAL_TIMEOUT: Duration = Duration::from_secs(8);
 #[derive(Debug, Clone)]
 pub struct PortSignals {
     pub port: Arc<dyn Port>,
-    /// In `serve`, the tracer the controlplane's database spans are made with (the caller's
-    /// context carries it there).
-    pub source: Option<nm_controlplane::otel::SpanSource>,
 }
 
 impl SignalSink for PortSignals {
-    fn submit(&self, signal: SignalSubmission) -> SubmitFuture {
+    fn submit(&self, signal: Signal) -> SubmitFuture {
         let port = self.port.clone();
-        let source = self.source.clone();
         Box::pin(async move {
-            let signal = signal_to_stored(signal);
-            let cx = opentelemetry::Context::current();
-            let cx = match source {
-                Some(s) => cx.with_value(s),
-                None => cx,
-            };
-            let call = port
-                .record_signal(signal, SIGNAL_COMMIT_WITHIN)
-                .with_context(cx);
+            let call = port.record_signal(signal, SIGNAL_COMMIT_WITHIN);
             match tokio::time::timeout(SIGNAL_TIMEOUT, call).await {
                 Err(_) => Err(SubmitError::Unconfirmed(format!(
                     "the controlplane did not confirm the commit within {}s",

@@ -24,29 +24,25 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use nm_dataplane::RecordQueue;
-use nm_dataplane::budget::Budgets;
-use nm_dataplane::journal::Settler;
-use nm_dataplane::metrics::Metrics;
-use nm_dataplane::spool::{Spool, SpoolError, SpooledBatch};
-use prost::Message;
+use nm_types::link::{decode_batch, encode_batch};
+use nm_types::record::{RequestRecord, shorten_path};
+use opentelemetry::context::FutureExt as _;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
-use nm_types::record::{RequestRecord, shorten_path};
-
 use super::dead_letter::DeadLetters;
-use super::{Backoff, Ingested, LinkError, Port};
-use crate::grpc::convert::{record_from_pb, record_to_pb};
-use crate::grpc::link_pb;
-use crate::otel::link::LinkTracing;
-use opentelemetry::context::FutureExt as _;
+use super::{Backoff, BatchSpans, Ingested, LinkError, Port};
+use crate::RecordQueue;
+use crate::budget::Budgets;
+use crate::journal::Settler;
+use crate::metrics::Metrics;
+use crate::spool::{Spool, SpoolError, SpooledBatch};
 
 /// Most records per batch.
 pub const MAX_BATCH: usize = 1_000;
 /// Most bytes per batch, by [`size_bound`]: well below the link's message limit
-/// (`grpc::MAX_LINK_MESSAGE_BYTES`), so no batch can be too large to send.
+/// (the root's `grpc::MAX_LINK_MESSAGE_BYTES`), so no batch can be too large to send.
 pub const MAX_BATCH_BYTES: usize = 4 * 1024 * 1024;
 /// How often a delivery problem is logged at WARN; the rest go to debug.
 pub const WARN_EVERY: Duration = Duration::from_secs(30);
@@ -132,15 +128,9 @@ fn chunks(records: &[RequestRecord]) -> Vec<&[RequestRecord]> {
     out
 }
 
-/// A batch as the spool (and the record journal) stores it: the `IngestRequests` message.
-pub fn encode_batch(records: &[RequestRecord]) -> Vec<u8> {
-    let records = records.iter().map(record_to_pb).collect();
-    link_pb::IngestRequestsRequest { records }.encode_to_vec()
-}
-
 /// Drains `queue` until `stop` turns true and the queue is empty. Every record taken from it
 /// is reported to `settler` once it is delivered, refused for good, spooled or counted as lost
-/// (the crash ledger and the journal, `nm_dataplane::journal`).
+/// (the crash ledger and the journal, [`crate::journal`]).
 #[expect(
     clippy::too_many_arguments,
     reason = "the shipper's parts, named at its one call"
@@ -153,7 +143,7 @@ pub async fn ship(
     dead_letters: DeadLetters,
     metrics: Metrics,
     settler: Settler,
-    tracing: Option<LinkTracing>,
+    tracing: Option<BatchSpans>,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut shipper = Shipper {
@@ -282,7 +272,7 @@ async fn sleep_until(at: Option<Instant>) {
 struct Shipper {
     port: Arc<dyn Port>,
     /// A span for each delivered batch that holds traced records, linked to their requests.
-    tracing: Option<LinkTracing>,
+    tracing: Option<BatchSpans>,
     budgets: Budgets,
     spool: SharedSpool,
     dead_letters: DeadLetters,
@@ -343,8 +333,8 @@ impl Shipper {
             }
         };
         let SpooledBatch { bytes, records } = head;
-        let req = match link_pb::IngestRequestsRequest::decode(bytes.as_slice()) {
-            Ok(req) => req,
+        let read = match decode_batch(&bytes) {
+            Ok(read) => read,
             Err(e) => {
                 // Frames are CRC-checked, so this is a batch of another version; it cannot be
                 // sent as is, and keeping it would block every batch behind it.
@@ -357,11 +347,10 @@ impl Shipper {
         };
         // Spooled records were typed when written, so each reads back; one that does not (a
         // file from another version) could never be stored: counted and logged, not retried.
-        let total = req.records.len();
-        let records: Vec<RequestRecord> = req
-            .records
+        let total = read.len();
+        let records: Vec<RequestRecord> = read
             .into_iter()
-            .filter_map(|r| record_from_pb(r).ok().map(leaving))
+            .filter_map(|r| r.ok().map(leaving))
             .collect();
         if records.len() < total {
             let lost = (total - records.len()) as u64;
@@ -441,7 +430,7 @@ impl Shipper {
             .map(|(_, why)| why.clone())
             .unwrap_or_default();
         let file = self.dead_letters.clone();
-        let at_ms = nm_controlplane::now_ms();
+        let at_ms = crate::records::unix_ms(std::time::SystemTime::now());
         let written = tokio::task::spawn_blocking(move || {
             let refs: Vec<_> = owned.iter().map(|(r, why)| (r, why.as_str())).collect();
             file.append(&refs, at_ms)

@@ -1,0 +1,411 @@
+//! The link's wire format, once: the `nm.link.v1` protobuf messages (generated from
+//! `proto/nm/link/v1/link.proto` by this crate's build script, [`pb`]) and the one mapping
+//! between them and the types both halves speak: records, signals, key snapshots, the budget
+//! feed. Both adapters use it (the root's gRPC client and server), and so do the dataplane's
+//! spool and journal, which store a batch of records as its `IngestRequests` message
+//! ([`encode_batch`], [`decode_batch`]).
+//!
+//! Parsing happens here, once, at the edge: a session id, env or action that does not parse is
+//! the error (the rule it breaks); every other rule is [`RequestRecord::check`]'s and
+//! [`Signal::check`]'s, run by the controlplane whatever adapter brought the data.
+//!
+//! Behind the `link` feature: the controlplane crate never needs it.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use prost::Message;
+use prost_types::Timestamp;
+
+use crate::budget::{BudgetRule, Feed, Period, Spend};
+use crate::record::{RequestRecord, TraceRef};
+use crate::signal::Signal;
+use crate::{Action, Env, KeyVerifiers, SessionId, Usage, UsageStatus, VerifiedKey};
+
+/// Code generated from `proto/nm/link/v1/link.proto`: the messages only (the root adds the
+/// tonic service code over them).
+pub mod pb {
+    #![allow(
+        clippy::allow_attributes_without_reason,
+        reason = "prost-generated code"
+    )]
+    include!(concat!(env!("OUT_DIR"), "/nm.link.v1.rs"));
+}
+
+/// Why a session id from the wire was refused.
+const BAD_SESSION_ID: &str = "session_id must look like sess_<id>";
+
+pub fn ms_to_timestamp(ms: i64) -> Timestamp {
+    Timestamp {
+        seconds: ms.div_euclid(1000),
+        nanos: (ms.rem_euclid(1000) * 1_000_000) as i32,
+    }
+}
+
+pub fn timestamp_to_ms(ts: &Timestamp) -> i64 {
+    ts.seconds
+        .saturating_mul(1000)
+        .saturating_add(i64::from(ts.nanos) / 1_000_000)
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+// === records ===
+
+/// The record on the wire (and in the spool). The one mapping, with [`record_from_pb`].
+pub fn record_to_pb(r: &RequestRecord) -> pb::RequestRecord {
+    use UsageStatus as S;
+    let usage_status = match r.usage_status {
+        S::Reported => pb::UsageStatus::Reported,
+        S::Partial => pb::UsageStatus::Partial,
+        S::Missing => pb::UsageStatus::Missing,
+        S::NotApplicable => pb::UsageStatus::NotApplicable,
+    };
+    let u = &r.usage;
+    pb::RequestRecord {
+        request_id: r.request_id.clone(),
+        started_at: Some(ms_to_timestamp(r.started_at_ms)),
+        key_id: r.key_id.to_string(),
+        provider: r.provider.to_string(),
+        method: r.method.to_string(),
+        path: r.path.clone(),
+        model: r.model.clone(),
+        agent: r.agent.clone(),
+        session_id: r.session_id.as_ref().map(|s| s.as_str().to_owned()),
+        env: r.env.map(|e| e.as_str().to_owned()),
+        user_id: r.user_id.clone(),
+        status: u32::from(r.status),
+        latency_ms: r.latency_ms,
+        ttfb_ms: r.ttfb_ms,
+        streamed: r.streamed,
+        error_code: r.error_code.as_deref().map(str::to_owned),
+        response_bytes: r.response_bytes,
+        answered_model: u.model.clone(),
+        input_tokens: u.input_tokens,
+        output_tokens: u.output_tokens,
+        cached_input_tokens: u.cached_input_tokens,
+        cache_write_tokens: u.cache_write_tokens,
+        reasoning_tokens: u.reasoning_tokens,
+        finish_reason: u.finish_reason.clone(),
+        cost_micros: r.cost_micros,
+        usage_status: usage_status.into(),
+        budget_micros: r.budget_micros,
+        trace_id: r.trace.map(|t| t.trace_hex()),
+        span_id: r.trace.map(|t| t.span_hex()),
+    }
+}
+
+/// Wire -> record: the session id and env are parsed here (the rule they break is the error);
+/// every other rule is [`RequestRecord::check`]'s. A status beyond `u16` becomes one the check
+/// refuses, never a wrapped-around valid one.
+pub fn record_from_pb(r: pb::RequestRecord) -> Result<RequestRecord, &'static str> {
+    use UsageStatus as S;
+    let usage_status = match r.usage_status() {
+        pb::UsageStatus::Reported => S::Reported,
+        pb::UsageStatus::Partial => S::Partial,
+        pb::UsageStatus::Missing => S::Missing,
+        pb::UsageStatus::NotApplicable | pb::UsageStatus::Unspecified => S::NotApplicable,
+    };
+    let session_id = r
+        .session_id
+        .map(|s| s.parse::<SessionId>())
+        .transpose()
+        .map_err(|_| BAD_SESSION_ID)?;
+    let env = r
+        .env
+        .map(|e| e.parse::<Env>())
+        .transpose()
+        .map_err(|_| "env must be production, staging or development")?;
+    let trace =
+        match (&r.trace_id, &r.span_id) {
+            (None, None) => None,
+            (Some(t), Some(s)) => Some(TraceRef::from_hex(t, s).ok_or(
+                "trace_id and span_id must be 32 and 16 lower-case hex digits, not all zero",
+            )?),
+            _ => return Err("trace_id and span_id come together"),
+        };
+    Ok(RequestRecord {
+        request_id: r.request_id,
+        started_at_ms: r.started_at.as_ref().map_or(0, timestamp_to_ms),
+        key_id: r.key_id.into(),
+        provider: r.provider.into(),
+        method: r.method.into(),
+        path: r.path,
+        model: r.model,
+        agent: r.agent,
+        session_id,
+        env,
+        user_id: r.user_id,
+        status: u16::try_from(r.status).unwrap_or(u16::MAX),
+        latency_ms: r.latency_ms,
+        ttfb_ms: r.ttfb_ms,
+        streamed: r.streamed,
+        error_code: r.error_code.map(Into::into),
+        response_bytes: r.response_bytes,
+        usage: Usage {
+            model: r.answered_model,
+            input_tokens: r.input_tokens,
+            output_tokens: r.output_tokens,
+            cached_input_tokens: r.cached_input_tokens,
+            cache_write_tokens: r.cache_write_tokens,
+            reasoning_tokens: r.reasoning_tokens,
+            finish_reason: r.finish_reason,
+            // The link does not carry it: nothing downstream of the dataplane uses it.
+            response_id: None,
+        },
+        usage_status,
+        cost_micros: r.cost_micros,
+        budget_micros: r.budget_micros,
+        trace,
+    })
+}
+
+/// A batch as the spool and the record journal store it: its `IngestRequests` message.
+pub fn encode_batch(records: &[RequestRecord]) -> Vec<u8> {
+    let records = records.iter().map(record_to_pb).collect();
+    pb::IngestRequestsRequest { records }.encode_to_vec()
+}
+
+/// A stored batch read back: each record, or the rule it breaks on reading (a file of another
+/// version). An error when the bytes are not such a message at all.
+pub fn decode_batch(
+    bytes: &[u8],
+) -> Result<Vec<Result<RequestRecord, &'static str>>, prost::DecodeError> {
+    let req = pb::IngestRequestsRequest::decode(bytes)?;
+    Ok(req.records.into_iter().map(record_from_pb).collect())
+}
+
+// === signals ===
+
+/// Signal -> wire.
+pub fn signal_to_pb(s: Signal) -> pb::Signal {
+    pb::Signal {
+        session_id: s.session_id.as_str().to_owned(),
+        action: s.action.as_str().to_owned(),
+        edit_distance: s.edit_distance,
+        custom_label_json: s.custom_label,
+        agent_hint: s.agent_hint,
+        idempotency_key: s.idempotency_key,
+        key_id: s.key_id.to_string(),
+        request_id: s.id,
+        received_at: Some(ms_to_timestamp(s.received_at_ms)),
+    }
+}
+
+/// Wire -> signal: the session id and the action are parsed here (the rule they break is the
+/// error); every other rule is [`Signal::check`]'s. Without a time, the signal was received now.
+pub fn signal_from_pb(s: pb::Signal) -> Result<Signal, String> {
+    let session_id = s
+        .session_id
+        .parse::<SessionId>()
+        .map_err(|_| BAD_SESSION_ID.to_owned())?;
+    let action = s.action.parse::<Action>().map_err(|e| e.to_string())?;
+    Ok(Signal {
+        id: s.request_id,
+        received_at_ms: s.received_at.as_ref().map_or_else(now_ms, timestamp_to_ms),
+        session_id,
+        action,
+        edit_distance: s.edit_distance,
+        custom_label: s.custom_label_json,
+        key_id: s.key_id.into(),
+        idempotency_key: s.idempotency_key,
+        agent_hint: s.agent_hint,
+    })
+}
+
+/// Trace references -> wire (a signal's session's spans).
+pub fn spans_to_pb(spans: &[TraceRef]) -> Vec<pb::SpanRef> {
+    spans
+        .iter()
+        .map(|t| pb::SpanRef {
+            trace_id: t.trace_hex(),
+            span_id: t.span_hex(),
+        })
+        .collect()
+}
+
+/// Wire -> trace references; a malformed one is left out (it could link nothing).
+pub fn spans_from_pb(spans: &[pb::SpanRef]) -> Vec<TraceRef> {
+    spans
+        .iter()
+        .filter_map(|s| TraceRef::from_hex(&s.trace_id, &s.span_id))
+        .collect()
+}
+
+// === key snapshots and the budget feed ===
+
+pub fn key_verifiers_to_pb(k: KeyVerifiers) -> pb::KeySnapshot {
+    pb::KeySnapshot {
+        version: k.version,
+        keys: k
+            .keys
+            .into_iter()
+            .map(|k| pb::KeyEntry {
+                id: k.id,
+                verifier: k.verifier.to_vec(),
+                admin: k.admin,
+            })
+            .collect(),
+        write_problem: k.write_problem.unwrap_or_default(),
+    }
+}
+
+/// Wire -> key verifiers; an entry whose verifier is not 32 bytes is left out (it could match
+/// nothing).
+pub fn key_verifiers_from_pb(k: pb::KeySnapshot) -> KeyVerifiers {
+    KeyVerifiers {
+        version: k.version,
+        keys: k
+            .keys
+            .into_iter()
+            .filter_map(|e| {
+                Some(VerifiedKey {
+                    verifier: e.verifier.as_slice().try_into().ok()?,
+                    id: e.id,
+                    admin: e.admin,
+                })
+            })
+            .collect(),
+        write_problem: Some(k.write_problem).filter(|p| !p.is_empty()),
+    }
+}
+
+fn rule_to_pb(user_id: Option<String>, r: &BudgetRule) -> pb::BudgetRule {
+    pb::BudgetRule {
+        user_id,
+        limit_micros: r.limit_micros,
+        monthly: r.period == Period::Month,
+        requests_per_minute: r.requests_per_minute,
+    }
+}
+
+fn rule_from_pb(r: &pb::BudgetRule) -> BudgetRule {
+    BudgetRule {
+        limit_micros: r.limit_micros,
+        period: if r.monthly {
+            Period::Month
+        } else {
+            Period::Day
+        },
+        requests_per_minute: r.requests_per_minute,
+    }
+}
+
+pub fn feed_to_pb(f: Feed) -> pb::BudgetFeed {
+    let mut rules: Vec<_> = f.default.iter().map(|r| rule_to_pb(None, r)).collect();
+    rules.extend(
+        f.overrides
+            .iter()
+            .map(|(u, r)| rule_to_pb(Some(u.clone()), r)),
+    );
+    pb::BudgetFeed {
+        epoch: f.epoch,
+        seq: f.seq,
+        full: f.full,
+        rules,
+        spend: f
+            .spend
+            .into_iter()
+            .map(|(user_id, s)| pb::UserSpend {
+                user_id,
+                day_micros: s.day_micros,
+                month_micros: s.month_micros,
+                minute: s.minute,
+                minute_requests: s.minute_requests,
+            })
+            .collect(),
+        day: f.day,
+        month: f.month,
+    }
+}
+
+pub fn feed_from_pb(msg: pb::BudgetFeed) -> Feed {
+    let mut default = None;
+    let mut overrides = Vec::new();
+    for r in &msg.rules {
+        let rule = rule_from_pb(r);
+        match &r.user_id {
+            None => default = Some(rule),
+            Some(u) => overrides.push((u.clone(), rule)),
+        }
+    }
+    Feed {
+        epoch: msg.epoch,
+        seq: msg.seq,
+        full: msg.full,
+        default,
+        overrides,
+        spend: msg
+            .spend
+            .into_iter()
+            .map(|s| {
+                (
+                    s.user_id,
+                    Spend {
+                        day_micros: s.day_micros,
+                        month_micros: s.month_micros,
+                        minute: s.minute,
+                        minute_requests: s.minute_requests,
+                    },
+                )
+            })
+            .collect(),
+        day: msg.day,
+        month: msg.month,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_round_trip() {
+        for ms in [0, 1, 999, 1_700_000_000_123, -1] {
+            assert_eq!(timestamp_to_ms(&ms_to_timestamp(ms)), ms);
+        }
+    }
+
+    #[test]
+    fn a_batch_reads_back_as_written() {
+        let record = RequestRecord {
+            request_id: "r1".to_owned(),
+            started_at_ms: 1_700_000_000_123,
+            key_id: "key_1".into(),
+            provider: "openai".into(),
+            method: "POST".into(),
+            path: "/v1/chat/completions".to_owned(),
+            session_id: "sess_1".parse().ok(),
+            env: Some(Env::Staging),
+            ..RequestRecord::default()
+        };
+        let got = decode_batch(&encode_batch(std::slice::from_ref(&record))).unwrap();
+        assert_eq!(got, vec![Ok(record)]);
+        assert!(decode_batch(b"\xff\xff").is_err());
+    }
+
+    #[test]
+    fn a_signal_crosses_the_wire_unchanged() {
+        let signal = Signal {
+            id: "req_1".to_owned(),
+            received_at_ms: 1_700_000_000_123,
+            session_id: "sess_1".parse().unwrap(),
+            action: Action::Edited,
+            edit_distance: Some(3),
+            custom_label: Some("{\"a\":1}".to_owned()),
+            key_id: "key_1".into(),
+            idempotency_key: Some("idem".to_owned()),
+            agent_hint: Some("agent".to_owned()),
+        };
+        assert_eq!(signal_from_pb(signal_to_pb(signal.clone())), Ok(signal));
+        let bad = pb::Signal {
+            session_id: "nope".to_owned(),
+            action: "accepted".to_owned(),
+            ..Default::default()
+        };
+        assert_eq!(signal_from_pb(bad), Err(BAD_SESSION_ID.to_owned()));
+    }
+}
