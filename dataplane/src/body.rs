@@ -38,15 +38,17 @@ use pin_project_lite::pin_project;
 use tracing::Span;
 
 use crate::budget::Reservation;
-use crate::forward::UpstreamBody;
 use crate::journal::Commit;
 use crate::otel::{End, Outcome};
+pub use crate::pace::BoxError;
 use crate::pace::{PaceLimits, Paced};
 use crate::pricing::{Cost, PriceTable};
 use crate::records::{self, RecordSink, RequestRecord, UsageStatus};
 use crate::usage::Meter;
 
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// An upstream's answer body, given up when it stalls for the body idle timeout
+/// ([`crate::pace`]).
+pub type UpstreamBody = Paced<Incoming>;
 
 /// Whether a request body has been read to its end, shared between the body and the layer that
 /// answers errors ([`crate::layers::rescue`]).

@@ -32,6 +32,7 @@ pub mod server;
 pub mod signal;
 pub mod spool;
 pub mod stack;
+pub mod state;
 pub mod usage;
 pub mod workers;
 

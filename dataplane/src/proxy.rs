@@ -15,19 +15,18 @@ use http::{Request, Response, header};
 use http_body_util::Full;
 
 use crate::attribution::Attribution;
-use crate::body::{Completion, GatewayBody, ObservedBody, RequestBody};
+use crate::body::{Completion, GatewayBody, ObservedBody, RequestBody, UpstreamBody};
 use crate::budget::{Refusal, Reservation};
 use crate::edge;
 use crate::error::ProxyError;
 use crate::forward::{
-    RequestFacts, UpstreamBody, request_facts, strip_response_headers, upstream_headers,
-    upstream_uri,
+    RequestFacts, request_facts, strip_response_headers, upstream_headers, upstream_uri,
 };
 use crate::otel::{Call, RequestTrace};
 use crate::path::{check_native_path, split_prefix};
 use crate::providers::Provider;
 use crate::records::{self, RequestRecord};
-use crate::stack::State;
+use crate::state::State;
 use crate::usage::{Framing, Meter};
 
 /// Handles one proxy request. Gateway-made errors after authentication are recorded too, so the
