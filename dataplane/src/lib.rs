@@ -14,6 +14,7 @@ pub mod budget;
 pub mod conns;
 pub mod edge;
 pub mod error;
+pub mod event;
 pub mod forward;
 pub mod hot_path;
 pub mod journal;

@@ -3,10 +3,10 @@
 //! | layer | adds / reads |
 //! |---|---|
 //! | [`RequestIdLayer`] | adds `RequestId`; sets `NM-Request-Id` on every response |
-//! | [`TraceLayer`] | reads `RequestId`; adds `RequestSpan` (the request's log span) and, with tracing on, `RequestTrace` (its exported spans); sets `NM-Trace-Id` |
-//! | [`RescueLayer`] | turns every `ProxyError` below into a native-shaped response, logs it once |
-//! | [`AuthLayer`] | reads `NM-Key`; adds `Principal` (routes that need none: [`crate::routes`]) |
-//! | [`Router`] | the gateway's own routes ([`crate::routes::TABLE`]), else `/<provider>/...` ([`crate::proxy`]) |
+//! | [`TraceLayer`] | reads `RequestId`; classifies the route; adds `RequestStart` (the route, the request's log span and, with tracing on, its exported spans); sets `NM-Trace-Id` |
+//! | [`RescueLayer`] | reads the route; turns every `ProxyError` below into a native-shaped response, logs it once |
+//! | [`AuthLayer`] | reads the route and `NM-Key`; adds `Principal` (routes that need none: [`crate::routes`]) |
+//! | [`Router`] | reads the route: the gateway's own routes ([`crate::routes::TABLE`]), else `/<provider>/...` ([`crate::proxy`]) |
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -22,6 +22,7 @@ use tower::{Service, ServiceBuilder};
 
 use crate::body::{GatewayBody, RequestBody};
 use crate::error::ProxyError;
+use crate::event::RequestStart;
 use crate::layers::{AuthLayer, RequestIdLayer, RescueLayer, TraceLayer};
 use crate::routes::{Own, Route};
 pub use crate::state::State;
@@ -71,7 +72,7 @@ impl Service<Request<RequestBody>> for Router {
     fn call(&mut self, req: Request<RequestBody>) -> Self::Future {
         let state = self.state.clone();
         let method = req.method().clone();
-        match Route::of(req.uri().path()) {
+        match RequestStart::route_of(&req) {
             Route::Own(Own::Ready) => {
                 Box::pin(async move { health(&state, &method, Probe::Ready) })
             }

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use crate::event::{SinkHandles, Sinks};
 use crate::forward::Upstream;
 use crate::keys::{Health, KeySet};
 use crate::providers::Registry;
@@ -32,4 +33,24 @@ pub struct State {
     pub hot_path: crate::hot_path::HotPath,
     /// Exported spans ([`crate::otel`]); None when tracing is off.
     pub tracing: Option<crate::otel::Tracing>,
+}
+
+impl State {
+    /// Where a request's end goes ([`crate::event`]).
+    pub fn sinks(&self) -> Sinks<'_> {
+        Sinks {
+            records: &self.records,
+            prices: &self.prices,
+            metrics: &self.metrics,
+        }
+    }
+
+    /// The same, for an answer body to carry to its end.
+    pub fn sink_handles(&self) -> SinkHandles {
+        SinkHandles {
+            records: self.records.clone(),
+            prices: self.prices.clone(),
+            metrics: self.metrics.clone(),
+        }
+    }
 }
