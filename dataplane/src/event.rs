@@ -7,7 +7,7 @@
 //! | the request record ([`crate::records`]) | the event's record, with usage, cost and timings |
 //! | the budget ([`crate::budget`]) | the reservation, settled at the request's cost |
 //! | the exported spans ([`crate::otel`]) | the CLIENT span's answer and end, the SERVER span's outcome |
-//! | the metrics ([`crate::metrics`]) | GenAI operation, HTTP server duration, gateway overhead |
+//! | the metrics ([`crate::metrics`]) | GenAI operation, HTTP server duration, gateway overhead, budget refusals |
 //! | the log | the `request` span's fields and one `request completed` line |
 //!
 //! A request ends one of three ways ([`Ending`]): its answer passed through to its end, it was
@@ -126,6 +126,8 @@ pub struct RequestEvent {
     pub first_byte: Option<Instant>,
     /// The answer's bytes passed so far.
     pub bytes: u64,
+    /// The budget limit that refused the request (`spend`, `rate`), if one did.
+    pub budget_refused: Option<&'static str>,
     /// The answer's first bytes, when content is captured for its span
     /// (`OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`).
     pub captured: Option<Vec<u8>>,
@@ -152,6 +154,7 @@ impl RequestEvent {
             overhead: None,
             first_byte: None,
             bytes: 0,
+            budget_refused: None,
             captured: None,
         }
     }
@@ -294,13 +297,17 @@ impl RequestEvent {
         span.record("nm.latency_ms", r.latency_ms);
     }
 
-    /// The GenAI operation metrics, the HTTP server duration and the gateway's overhead. (A
+    /// The GenAI operation metrics, the HTTP server duration, the gateway's overhead and budget
+    /// refusals. (A
     /// refused request's answer is the gateway's own: the trace layer times it like any other.)
     fn record_metrics(&self, ending: Ending, ended: Instant, metrics: &Metrics) {
         let r = &self.record;
         let provider = &self.provider;
         if let Some(overhead) = self.overhead {
             metrics.gateway_overhead(&provider.system, overhead);
+        }
+        if let Some(limit) = self.budget_refused {
+            metrics.budget_refused(limit);
         }
         let error_type: Option<Cow<'static, str>> = match ending {
             Ending::Complete if r.status >= 400 => Some(Cow::Owned(r.status.to_string())),

@@ -141,7 +141,7 @@ fn check_budget(
     body_len: usize,
     user: &str,
     request_id: &str,
-) -> Result<Option<Reservation>, ProxyError> {
+) -> Result<Option<Reservation>, Refusal> {
     let input = (body_len.div_ceil(BYTES_PER_TOKEN) as u64).min(MAX_RESERVED_INPUT_TOKENS);
     let output = max_output_tokens.unwrap_or(state.reserve_output_tokens);
     let estimate = model
@@ -154,21 +154,17 @@ fn check_budget(
     let now_ms = SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-    state
-        .budgets
-        .admit(user, request_id, estimate, now_ms)
-        .map_err(|refusal| match refusal {
-            Refusal::Spent { .. } | Refusal::Rate { .. } => {
-                let reason = if matches!(refusal, Refusal::Spent { .. }) {
-                    "spend"
-                } else {
-                    "rate"
-                };
-                state.metrics.budget_refused(reason);
-                refusal_error(refusal)
-            }
-            Refusal::NotLoaded => refusal_error(refusal),
-        })
+    state.budgets.admit(user, request_id, estimate, now_ms)
+}
+
+/// The limit that refused a request (the refusals metric's `reason`); None when the budgets are
+/// not loaded yet, which is no refusal of the user's.
+fn refused_by(refusal: &Refusal) -> Option<&'static str> {
+    match refusal {
+        Refusal::Spent { .. } => Some("spend"),
+        Refusal::Rate { .. } => Some("rate"),
+        Refusal::NotLoaded => None,
+    }
 }
 
 fn refusal_error(refusal: Refusal) -> ProxyError {
@@ -207,6 +203,7 @@ async fn forward(
         provider,
         trace,
         reservation,
+        budget_refused,
         ..
     } = event;
     check_native_path(&record.path)?;
@@ -229,7 +226,11 @@ async fn forward(
             body.len(),
             user,
             &record.request_id,
-        )?;
+        )
+        .map_err(|refusal| {
+            *budget_refused = refused_by(&refusal);
+            refusal_error(refusal)
+        })?;
     }
 
     let query = parts.uri.query();

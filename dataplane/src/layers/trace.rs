@@ -1,8 +1,10 @@
 //! Opens the request's spans: the `tracing` span behind its log lines (fields known later —
-//! route, provider, agent, status, latency — are declared `Empty` and recorded by the layers that
-//! learn them), and, with tracing on, its exported SERVER span ([`crate::otel`]).
+//! route, provider, agent, status, latency — are declared `Empty`; a proxied request's event
+//! records them when it ends, [`crate::event`], the gateway's own routes as they answer), and,
+//! with tracing on, its exported SERVER span ([`crate::otel`]). It classifies the request's
+//! route, once, and hands it down with the spans ([`RequestStart`]).
 //!
-//! The proxy hands both to the response body, so a streamed request's spans last until its
+//! The proxy hands the spans to the response body, so a streamed request's spans last until its
 //! stream ends. Every answer to a traced (sampled) request carries `NM-Trace-Id`. The health probes and
 //! `/metrics` are never traced.
 
@@ -16,7 +18,7 @@ use tower::{Layer, Service};
 use tracing::instrument::{Instrument, Instrumented};
 use tracing::{Span, field::Empty};
 
-use super::RequestId;
+use super::request_id::RequestId;
 use std::time::Instant;
 
 use crate::body::GatewayBody;
