@@ -379,3 +379,126 @@ impl RequestEvent {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use nm_types::budget::{BudgetRule, Feed, Period, day_of, month_of_day};
+
+    use super::*;
+    use crate::budget::Budgets;
+    use crate::providers::{Registry, builtin};
+    use crate::records::{RecordQueue, record_queue};
+
+    /// A user with a dollar a day, and a request of theirs admitted with a reservation of
+    /// `reserved` micro-dollars.
+    fn admitted(reserved: u64) -> (Budgets, RequestEvent) {
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let budgets = Budgets::default();
+        budgets.apply_feed(Feed {
+            full: true,
+            default: Some(BudgetRule {
+                limit_micros: Some(1_000_000),
+                period: Period::Day,
+                requests_per_minute: None,
+            }),
+            day: day_of(now),
+            month: month_of_day(day_of(now)),
+            ..Default::default()
+        });
+        let registry = Registry::build(builtin().into_iter().map(|(n, s)| (n.to_owned(), s)))
+            .expect("the built-in providers");
+        let provider = registry.get("openai").expect("openai").clone();
+        let mut record = records::started(
+            "req-1".to_owned(),
+            SystemTime::now(),
+            Arc::from("key-1"),
+            provider.name.clone(),
+            &http::Method::POST,
+            "/v1/chat/completions".to_owned(),
+        );
+        record.model = Some("gpt-4o-mini".to_owned());
+        record.user_id = Some("u".to_owned());
+        let mut event = RequestEvent::new(
+            record,
+            provider,
+            crate::routes::PROXY_TEMPLATE,
+            Instant::now(),
+            Span::none(),
+            None,
+        );
+        event.reservation = budgets
+            .admit("u", "req-1", reserved, now)
+            .expect("admitted");
+        (budgets, event)
+    }
+
+    fn end(
+        event: RequestEvent,
+        ending: Ending,
+        usage: nm_types::Usage,
+    ) -> (RequestRecord, Metrics) {
+        let metrics = Metrics::default();
+        let (records, mut queue): (RecordSink, RecordQueue) = record_queue(1, metrics.clone());
+        let prices = PriceTable::builtin();
+        let ended = event.started + Duration::from_millis(9);
+        let sinks = Sinks {
+            records: &records,
+            prices: &prices,
+            metrics: &metrics,
+        };
+        assert!(event.end(ending, ended, usage, sinks, true).is_none());
+        (queue.try_recv().expect("the record was sent"), metrics)
+    }
+
+    #[test]
+    fn a_refused_request_pays_nothing_and_its_record_carries_the_error() {
+        let (_budgets, mut event) = admitted(5_000);
+        event.budget_refused = Some("spend");
+        let refused = Ending::Refused {
+            status: 502,
+            code: "upstream_unreachable",
+        };
+        let (record, metrics) = end(event, refused, nm_types::Usage::default());
+        assert_eq!(record.status, 502);
+        assert_eq!(record.error_code.as_deref(), Some("upstream_unreachable"));
+        assert_eq!(record.latency_ms, 9);
+        assert_eq!(record.budget_micros, Some(0));
+        assert_eq!(record.cost_micros, None);
+        assert_eq!(record.response_bytes, 0);
+        let text = metrics.render();
+        assert!(text.contains(r#"reason="spend""#), "{text}");
+    }
+
+    #[test]
+    fn a_successful_answer_without_usage_counts_its_reservation() {
+        let (_budgets, mut event) = admitted(5_000);
+        event.record.status = 200;
+        event.bytes = 42;
+        event.first_byte = Some(event.started + Duration::from_millis(4));
+        let (record, _) = end(event, Ending::Complete, nm_types::Usage::default());
+        assert_eq!(record.usage_status, UsageStatus::Missing);
+        assert_eq!(record.budget_micros, Some(5_000));
+        assert_eq!((record.ttfb_ms, record.response_bytes), (Some(4), 42));
+        assert_eq!(record.error_code, None);
+    }
+
+    #[test]
+    fn an_answer_cut_short_keeps_the_usage_seen_and_pays_for_it() {
+        let (_budgets, mut event) = admitted(5_000);
+        event.record.status = 200;
+        let usage = nm_types::Usage {
+            input_tokens: Some(1_000),
+            output_tokens: Some(10),
+            ..Default::default()
+        };
+        let (record, _) = end(event, Ending::ClientGone, usage);
+        assert_eq!(record.usage_status, UsageStatus::Partial);
+        assert_eq!(record.error_code.as_deref(), Some("client_disconnected"));
+        assert!(record.cost_micros.is_some());
+        assert_eq!(record.budget_micros, record.cost_micros);
+    }
+}
