@@ -5,8 +5,9 @@
 //! `ObservedBody` never buffers or alters a frame: it forwards each one as it is polled (so
 //! backpressure reaches the upstream), counts bytes, notes the first byte's time, shows the
 //! frame to the usage [`Meter`] (which reads it in place), and when the body ends — completely,
-//! with an upstream error, or because the client went away and hyper dropped it — it completes
-//! the request record (usage, cost, the budget's settlement) and closes the request's span.
+//! with an upstream error, or because the client went away and hyper dropped it — it ends the
+//! request's event ([`crate::event`]), which completes the record, settles the budget, and
+//! ends the request's spans, metrics and log line.
 //! Dropping it also drops the upstream body, which closes the upstream stream: a client that
 //! disconnects cancels the upstream request.
 //!
@@ -21,32 +22,29 @@
 //! completed at once instead, and its last frame (or its end) is held until the record is in the
 //! journal on disk: a crash after the client saw the end cannot lose the record.
 
-use std::borrow::Cow;
 use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Waker};
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use pin_project_lite::pin_project;
-use tracing::Span;
 
-use crate::budget::Reservation;
-use crate::forward::UpstreamBody;
+use crate::event::{Ending, RequestEvent, SinkHandles};
 use crate::journal::Commit;
-use crate::otel::{End, Outcome};
+pub use crate::pace::BoxError;
 use crate::pace::{PaceLimits, Paced};
-use crate::pricing::{Cost, PriceTable};
-use crate::records::{self, RecordSink, RequestRecord, UsageStatus};
 use crate::usage::Meter;
 
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// An upstream's answer body, given up when it stalls for the body idle timeout
+/// ([`crate::pace`]).
+pub type UpstreamBody = Paced<Incoming>;
 
 /// Whether a request body has been read to its end, shared between the body and the layer that
 /// answers errors ([`crate::layers::rescue`]).
@@ -165,170 +163,8 @@ impl Body for GatewayBody {
     }
 }
 
-/// How a proxied body ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Ending {
-    Complete,
-    UpstreamError,
-    ClientGone,
-}
-
-/// What is needed to complete a request record once the body ends.
-#[derive(Debug)]
-pub struct Completion {
-    pub record: RequestRecord,
-    pub started: Instant,
-    pub sink: RecordSink,
-    pub span: Span,
-    pub prices: std::sync::Arc<PriceTable>,
-    /// The end user's budget hold, settled when the body ends.
-    pub reservation: Option<Reservation>,
-    /// The request's exported spans, ended with the body (tracing on).
-    pub trace: Option<crate::otel::RequestTrace>,
-    /// The answer's first bytes, when content is captured for its span.
-    pub output: Option<Vec<u8>>,
-    /// `gen_ai.operation.name` of the call, when it is a GenAI operation, and
-    /// `gen_ai.provider.name`: the GenAI metrics' labels.
-    pub operation: Option<&'static str>,
-    pub system: Arc<str>,
-    pub metrics: crate::metrics::Metrics,
-}
-
-impl Completion {
-    /// Completes and queues the record; with `wait`, in `spool` durability, returns the
-    /// journal's [`Commit`] to wait on before the answer may end.
-    fn finish(
-        mut self,
-        ending: Ending,
-        ended: Instant,
-        first_byte: Option<Instant>,
-        bytes: u64,
-        meter: Option<Meter>,
-        wait: bool,
-    ) -> Option<Arc<Commit>> {
-        let r = &mut self.record;
-        r.latency_ms = records::millis(ended.duration_since(self.started));
-        r.ttfb_ms = first_byte.map(|t| records::millis(t.duration_since(self.started)));
-        r.response_bytes = bytes;
-        r.error_code = match ending {
-            Ending::Complete => r.error_code.take(),
-            Ending::UpstreamError => Some(Cow::Borrowed("upstream_body_error")),
-            Ending::ClientGone => Some(Cow::Borrowed("client_disconnected")),
-        };
-        r.usage = meter.map(Meter::finish).unwrap_or_default();
-        // A metered answer cut short (the upstream broke, the client left) is `partial` once
-        // anything of its usage was read (its counts, or only its model before the counts
-        // came): the usage seen so far. `missing` is for an answer that ended without usage, or
-        // was cut before the meter learned anything.
-        let seen = r.usage != nm_types::Usage::default();
-        r.usage_status = match (ending, r.usage.is_known()) {
-            (Ending::Complete, true) => UsageStatus::Reported,
-            (Ending::Complete, false) => UsageStatus::Missing,
-            (Ending::UpstreamError | Ending::ClientGone, _) if seen => UsageStatus::Partial,
-            (Ending::UpstreamError | Ending::ClientGone, _) => UsageStatus::Missing,
-        };
-        let model = r.usage.model.as_deref().or(r.model.as_deref());
-        r.cost_micros = match self.prices.cost(&r.provider, model, &r.usage) {
-            Cost::Known { micros } => Some(micros),
-            Cost::UnknownModel | Cost::UnknownUsage => None,
-        };
-        if let Some(hold) = self.reservation.take() {
-            // Unknown is not free: a successful answer without usage counts its reservation.
-            let charge = r.cost_micros.unwrap_or(if (200..300).contains(&r.status) {
-                hold.reserved_micros()
-            } else {
-                0
-            });
-            hold.settle(charge);
-            r.budget_micros = Some(charge);
-        }
-        if let Some(m) = &r.usage.model {
-            self.span.record("gen_ai.response.model", m.as_str());
-        }
-        if let Some(t) = r.usage.input_tokens {
-            self.span.record("gen_ai.usage.input_tokens", t);
-        }
-        if let Some(t) = r.usage.output_tokens {
-            self.span.record("gen_ai.usage.output_tokens", t);
-        }
-        if let Some(c) = r.cost_micros {
-            self.span.record("nm.cost_micros", c);
-        }
-        let latency_ms = r.latency_ms;
-        self.span.record("nm.latency_ms", latency_ms);
-        let error_type: Option<Cow<'static, str>> = match ending {
-            Ending::Complete if r.status >= 400 => Some(Cow::Owned(r.status.to_string())),
-            Ending::Complete => None,
-            Ending::UpstreamError => Some(Cow::Borrowed("upstream_aborted")),
-            Ending::ClientGone => Some(Cow::Borrowed("client_disconnected")),
-        };
-        let duration = ended.duration_since(self.started);
-        let trace_id = r.trace.map(|t| t.trace_hex());
-        if let Some(operation) = self.operation {
-            self.metrics.operation(&crate::metrics::Operation {
-                operation,
-                provider: &self.system,
-                request_model: r.model.as_deref(),
-                response_model: r.usage.model.as_deref(),
-                error_type: error_type.as_deref(),
-                duration,
-                time_to_first_chunk: first_byte
-                    .filter(|_| r.streamed)
-                    .map(|t| t.duration_since(self.started)),
-                input_tokens: r.usage.input_tokens,
-                output_tokens: r.usage.output_tokens,
-                trace_id: trace_id.as_deref(),
-            });
-        }
-        if let Ok(method) = http::Method::from_bytes(r.method.as_bytes()) {
-            self.metrics.http_server(
-                &method,
-                crate::routes::PROXY_TEMPLATE,
-                r.status,
-                duration,
-                trace_id.as_deref(),
-            );
-        }
-        if let Some(trace) = self.trace.take() {
-            let outcome = match ending {
-                Ending::Complete => Outcome::Complete,
-                Ending::UpstreamError => Outcome::UpstreamAborted,
-                Ending::ClientGone => Outcome::ClientDisconnected,
-            };
-            // The clock time of the body's end (the completion may run a moment later).
-            let at = SystemTime::now()
-                .checked_sub(ended.elapsed())
-                .unwrap_or_else(SystemTime::now);
-            trace.end(&End {
-                outcome,
-                at,
-                status: r.status,
-                usage: &r.usage,
-                cost_micros: r.cost_micros,
-                time_to_first_chunk: first_byte.map(|t| t.duration_since(self.started)),
-                streamed: r.streamed,
-                output: self.output.as_deref(),
-            });
-        }
-        self.span.in_scope(|| {
-            tracing::info!(
-                http.response.status_code = r.status,
-                latency_ms,
-                bytes,
-                ending = ?ending,
-                "request completed"
-            );
-        });
-        if wait {
-            return self.sink.commit(self.record);
-        }
-        self.sink.send(self.record);
-        None
-    }
-}
-
-/// A body's end, waiting to complete its request record: the completion, how and when the body
-/// ended, and the last frame, not yet shown to the meter. Dropping it completes the record.
+/// A body's end, waiting to end its request's event: the event, how and when the body ended,
+/// and the last frame, not yet shown to the meter. Dropping it ends the event.
 struct Finish {
     tracked: Option<Box<Tracked>>,
     ending: Ending,
@@ -340,12 +176,10 @@ struct Finish {
 /// moves through the layers and into hyper as a few words instead of a kilobyte, and so does
 /// its [`Finish`] into the completion queue.
 struct Tracked {
-    completion: Completion,
+    /// The request, filled on as the answer passes (first byte, bytes, captured content).
+    event: RequestEvent,
     meter: Option<Meter>,
-    first_byte: Option<Instant>,
-    bytes: u64,
-    /// The answer's first bytes, for its span (`OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`).
-    captured: Option<Vec<u8>>,
+    sinks: SinkHandles,
 }
 
 thread_local! {
@@ -478,20 +312,23 @@ impl Finish {
     fn complete(&mut self, wait: bool) -> Option<Arc<Commit>> {
         let tracked = self.tracked.take()?;
         let Tracked {
-            mut completion,
+            mut event,
             mut meter,
-            first_byte,
-            bytes,
-            captured,
+            sinks,
         } = *tracked;
         if let (Some(m), Some(last)) = (meter.as_mut(), &self.last) {
             m.feed(last);
         }
-        if let (Some(mut text), Some(last)) = (captured, &self.last) {
-            capture(&mut text, last);
-            completion.output = Some(text);
-        }
-        completion.finish(self.ending, self.ended, first_byte, bytes, meter, wait)
+        // The captured content goes on the span only with the answer's last frame.
+        event.captured = match (event.captured.take(), &self.last) {
+            (Some(mut text), Some(last)) => {
+                capture(&mut text, last);
+                Some(text)
+            }
+            _ => None,
+        };
+        let usage = meter.map(Meter::finish).unwrap_or_default();
+        event.end(self.ending, self.ended, usage, sinks.sinks(), wait)
     }
 }
 
@@ -525,8 +362,14 @@ struct Held {
 
 impl ObservedBody {
     /// `meter` reads usage from the frames; None when the answer cannot carry any we understand.
-    pub fn new(inner: UpstreamBody, completion: Completion, meter: Option<Meter>) -> Self {
-        let captured = completion
+    /// `event` ends with the body, into `sinks`.
+    pub fn new(
+        inner: UpstreamBody,
+        mut event: RequestEvent,
+        meter: Option<Meter>,
+        sinks: SinkHandles,
+    ) -> Self {
+        event.captured = event
             .trace
             .as_ref()
             .filter(|t| t.captures_content())
@@ -534,11 +377,9 @@ impl ObservedBody {
         Self {
             inner,
             tracked: Some(Box::new(Tracked {
-                completion,
+                event,
                 meter,
-                first_byte: None,
-                bytes: 0,
-                captured,
+                sinks,
             })),
             held: None,
         }
@@ -561,7 +402,10 @@ impl Body for ObservedBody {
             return Poll::Ready(this.held.take().and_then(|h| h.frame).map(Ok));
         }
         let polled = this.inner.as_mut().poll_frame(cx);
-        let Some(t) = this.tracked.as_deref_mut() else {
+        let Some(Tracked {
+            event: t, meter, ..
+        }) = this.tracked.as_deref_mut()
+        else {
             return polled;
         };
         let mut last = None;
@@ -579,10 +423,10 @@ impl Body for ObservedBody {
                     {
                         capture(text, data);
                     }
-                    if (t.meter.is_some() || t.captured.is_some()) && end {
+                    if (meter.is_some() || t.captured.is_some()) && end {
                         // Metered once the response is written (a clone shares the bytes).
                         last = Some(data.clone());
-                    } else if let Some(m) = t.meter.as_mut() {
+                    } else if let Some(m) = meter.as_mut() {
                         m.feed(data);
                     }
                 }
@@ -594,7 +438,7 @@ impl Body for ObservedBody {
         if let Some(ending) = ending
             && let Some(tracked) = this.tracked.take()
         {
-            let durable = tracked.completion.sink.is_durable();
+            let durable = tracked.sinks.records.is_durable();
             let finish = Finish::now(tracked, ending, last);
             if !(durable && ending == Ending::Complete) {
                 finish.later();
@@ -639,8 +483,9 @@ mod tests {
 
     use super::*;
     use crate::metrics::Metrics;
-    use crate::providers::WireFormat;
-    use crate::records::{RecordQueue, record_queue};
+    use crate::pricing::PriceTable;
+    use crate::providers::{Registry, WireFormat, builtin};
+    use crate::records::{self, RecordQueue, UsageStatus, record_queue};
     use crate::usage::Framing;
 
     const ANSWER: &[u8] = br#"{"id":"c1","object":"chat.completion","model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":3,"total_tokens":15}}"#;
@@ -658,27 +503,30 @@ mod tests {
         );
         record.model = Some("gpt-4o-mini".to_owned());
         record.status = 200;
-        let completion = Completion {
+        let registry =
+            Registry::build(builtin().into_iter().map(|(n, s)| (n.to_owned(), s))).unwrap();
+        let provider = registry.get("openai").unwrap().clone();
+        let mut event = RequestEvent::new(
             record,
+            provider,
+            crate::routes::PROXY_TEMPLATE,
             started,
-            sink,
-            span: Span::none(),
+            tracing::Span::none(),
+            None,
+        );
+        event.first_byte = Some(started + Duration::from_millis(5));
+        event.bytes = ANSWER.len() as u64;
+        let sinks = SinkHandles {
+            records: sink,
             prices: Arc::new(PriceTable::builtin()),
-            reservation: None,
-            trace: None,
-            output: None,
-            operation: Some("chat"),
-            system: Arc::from("openai"),
             metrics: Metrics::default(),
         };
         let ended = started + Duration::from_millis(7);
         let finish = Finish {
             tracked: Some(Box::new(Tracked {
-                completion,
+                event,
                 meter: Some(Meter::new(WireFormat::Openai, Framing::Json)),
-                first_byte: Some(started + Duration::from_millis(5)),
-                bytes: ANSWER.len() as u64,
-                captured: None,
+                sinks,
             })),
             ending: Ending::Complete,
             ended,

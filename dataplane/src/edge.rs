@@ -1,6 +1,7 @@
 //! What a handler takes from its request, written once for the proxy and the signal route: the
 //! body read under a size limit, and what the layers above attached (the principal, the request
-//! id, the request's span). Each is taken, not cloned: nothing below the handler reads it.
+//! id, the request's spans and route). Each is taken, not cloned: nothing below the handler
+//! reads it.
 
 use bytes::Bytes;
 use http::{Extensions, HeaderMap, header};
@@ -8,9 +9,9 @@ use http_body_util::{BodyExt, Limited};
 
 use crate::body::RequestBody;
 use crate::error::ProxyError;
+use crate::event::RequestStart;
 use crate::keys::Principal;
 use crate::layers::RequestId;
-use crate::layers::trace::RequestSpan;
 
 /// Reads a whole request body of at most `limit` bytes. A declared `Content-Length` over the
 /// limit is refused before a byte is read; a body that grows past it is refused as it does
@@ -57,12 +58,20 @@ pub fn take_request_id(extensions: &mut Extensions) -> String {
 
 /// The request's exported spans, when tracing is on.
 pub fn take_trace(extensions: &mut Extensions) -> Option<crate::otel::RequestTrace> {
-    extensions.remove::<crate::otel::RequestTrace>()
+    extensions
+        .get_mut::<RequestStart>()
+        .and_then(|s| s.trace.take())
 }
 
-/// The request's span from the trace layer, or the current span outside the full stack.
-pub fn take_span(extensions: &mut Extensions) -> tracing::Span {
-    extensions
-        .remove::<RequestSpan>()
-        .map_or_else(tracing::Span::current, |s| s.0)
+/// What the trace layer opened for the request; outside the full stack, the current span and
+/// the route of the request's path.
+pub fn take_start<B>(req: &mut http::Request<B>) -> RequestStart {
+    match req.extensions_mut().remove::<RequestStart>() {
+        Some(start) => start,
+        None => RequestStart {
+            span: tracing::Span::current(),
+            route: crate::routes::Route::of(req.uri().path()),
+            trace: None,
+        },
+    }
 }

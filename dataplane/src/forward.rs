@@ -13,12 +13,12 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, Uri};
 use http_body_util::Full;
-use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
+use crate::body::UpstreamBody;
 use crate::error::ProxyError;
 use crate::pace::{PaceLimits, Paced};
 use crate::providers::{AuthStyle, Provider};
@@ -52,9 +52,6 @@ pub struct Upstream {
     /// Longest wait for the next frame of an answer's body ([`crate::pace`]).
     body_idle_timeout: Duration,
 }
-
-/// An upstream's answer body, given up when it stalls for the body idle timeout.
-pub type UpstreamBody = Paced<Incoming>;
 
 /// Default longest wait for the next frame of an upstream answer (Envoy's stream idle default:
 /// long enough for a model that thinks before it streams).

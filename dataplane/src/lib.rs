@@ -16,6 +16,7 @@ pub mod budget;
 pub mod conns;
 pub mod edge;
 pub mod error;
+pub mod event;
 pub mod forward;
 pub mod hot_path;
 pub mod journal;
@@ -35,6 +36,7 @@ pub mod server;
 pub mod signal;
 pub mod spool;
 pub mod stack;
+pub mod state;
 pub mod usage;
 pub mod workers;
 

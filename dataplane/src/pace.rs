@@ -32,7 +32,8 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 
-use crate::body::BoxError;
+/// The error of the bodies the gateway passes through (any body's error, boxed).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A body gave nothing for too long (or came in slower than the minimum rate).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -5,55 +5,52 @@
 //! attribution headers, read the body under the size limit (to learn the model and the answer's
 //! length cap; the original bytes are what is sent), check the end user's budget and reserve
 //! the request's estimated cost, build the upstream request, send it, and wrap the upstream body
-//! so its frames are metered and its end completes the request record.
+//! so its frames are metered. Each step fills the request's event ([`crate::event`]); the event
+//! alone writes the record, the spans, the metrics, the log and the budget, when the request
+//! ends.
 
-use std::borrow::Cow;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use http::{Request, Response, header};
 use http_body_util::Full;
 
+use nm_types::Usage;
+
 use crate::attribution::Attribution;
-use crate::body::{Completion, GatewayBody, ObservedBody, RequestBody};
+use crate::body::{GatewayBody, ObservedBody, RequestBody, UpstreamBody};
 use crate::budget::{Refusal, Reservation};
 use crate::edge;
 use crate::error::ProxyError;
-use crate::forward::{
-    RequestFacts, UpstreamBody, request_facts, strip_response_headers, upstream_headers,
-    upstream_uri,
-};
+use crate::event::{Ending, RequestEvent};
+use crate::forward::{request_facts, strip_response_headers, upstream_headers, upstream_uri};
 use crate::otel::{Call, RequestTrace};
 use crate::path::{check_native_path, split_prefix};
 use crate::providers::Provider;
-use crate::records::{self, RequestRecord};
-use crate::stack::State;
+use crate::records;
+use crate::state::State;
 use crate::usage::{Framing, Meter};
 
-/// Handles one proxy request. Gateway-made errors after authentication are recorded too, so the
-/// controlplane sees every request a key made.
+/// Handles one proxy request: its event is opened once the key and provider are known, filled
+/// as the request goes, and ended by the answer's body (or here, when the gateway answers with
+/// an error), so the controlplane sees every request a key made.
 pub async fn handle(
     state: Arc<State>,
     mut req: Request<RequestBody>,
 ) -> Result<Response<GatewayBody>, ProxyError> {
     let started = Instant::now();
     let started_at = SystemTime::now();
-    let span = edge::take_span(req.extensions_mut());
-    let mut trace = edge::take_trace(req.extensions_mut());
+    let start = edge::take_start(&mut req);
     let principal = edge::take_principal(req.extensions_mut())?;
     let request_id = edge::take_request_id(req.extensions_mut());
-    let path = req.uri().path();
     let (prefix, native) =
-        split_prefix(path).ok_or_else(|| ProxyError::UnknownProvider(String::new()))?;
+        split_prefix(req.uri().path()).ok_or_else(|| ProxyError::UnknownProvider(String::new()))?;
     let provider = state
         .registry
         .get(prefix)
         .cloned()
         .ok_or_else(|| ProxyError::UnknownProvider(prefix.to_owned()))?;
-    span.record("gen_ai.provider.name", &*provider.name);
-    span.record("http.route", crate::routes::PROXY_TEMPLATE);
-
-    let mut record = records::started(
+    let record = records::started(
         request_id,
         started_at,
         principal.key_id,
@@ -61,88 +58,45 @@ pub async fn handle(
         req.method(),
         native.to_owned(),
     );
+    let route = start.route.template().unwrap_or_default();
+    let mut event = RequestEvent::new(record, provider, route, started, start.span, start.trace);
 
-    let mut reservation = None;
-    let result = forward(
-        &state,
-        &provider,
-        req,
-        &mut record,
-        &mut reservation,
-        &span,
-        &mut trace,
-    )
-    .await;
-    record.trace = trace.as_ref().and_then(RequestTrace::trace_ref);
+    let result = forward(&state, req, &mut event).await;
+    event.record.trace = event.trace.as_ref().and_then(RequestTrace::trace_ref);
     match result {
-        Ok((resp, upstream_wait)) => {
-            let (parts, upstream_body) = resp.into_parts();
-            let framing = answer_framing(&parts.headers);
-            record.streamed = framing == Some(Framing::Sse);
-            if let Some(t) = &trace {
-                t.answered(record.status, record.streamed);
-            }
-            let meter = framing.and_then(|f| meter_for(&provider, &parts.headers, f));
-            let operation = crate::otel::operation_name(provider.format, &record.path);
-            let completion = Completion {
-                record,
-                started,
-                sink: state.records.clone(),
-                span,
-                prices: state.prices.clone(),
-                reservation,
-                trace,
-                output: None,
-                operation,
-                system: provider.system.clone(),
-                metrics: state.metrics.clone(),
-            };
-            let resp = Response::from_parts(
-                parts,
-                GatewayBody::Upstream {
-                    inner: ObservedBody::new(upstream_body, completion, meter),
-                },
-            );
-            // Time spent here up to the answer's head, less the wait on the provider.
-            state.metrics.gateway_overhead(
-                &provider.system,
-                started.elapsed().saturating_sub(upstream_wait),
-            );
-            Ok(resp)
-        }
+        Ok((resp, upstream_wait)) => Ok(answer(&state, event, resp, upstream_wait)),
         Err(e) => {
             let (status, code, _) = e.classify();
-            if let Some(t) = trace.as_mut() {
-                t.call_failed(code);
-                t.gateway_error(code, status.as_u16());
-            }
-            if let Some(operation) = crate::otel::operation_name(provider.format, &record.path) {
-                state.metrics.operation(&crate::metrics::Operation {
-                    operation,
-                    provider: &provider.system,
-                    request_model: record.model.as_deref(),
-                    error_type: Some(code),
-                    duration: started.elapsed(),
-                    trace_id: record.trace.map(|t| t.trace_hex()).as_deref(),
-                    ..Default::default()
-                });
-            }
-            record.status = status.as_u16();
-            record.error_code = Some(Cow::Borrowed(code));
-            record.latency_ms = records::millis(started.elapsed());
-            if let Some(hold) = reservation {
-                // Admitted, but nothing reached the provider: nothing to pay.
-                hold.settle(0);
-                record.budget_micros = Some(0);
-            }
+            let refused = Ending::Refused {
+                status: status.as_u16(),
+                code,
+            };
             // In `spool` durability the error is answered once its record is on disk, like
             // any other answer's end.
-            if let Some(commit) = state.records.commit(record) {
+            let ended = Instant::now();
+            if let Some(commit) = event.end(refused, ended, Usage::default(), state.sinks(), true) {
                 std::future::poll_fn(|cx| commit.poll(cx)).await;
             }
             Err(e)
         }
     }
+}
+
+/// The answer's head arrived: its body passes through observed, and ends the event.
+fn answer(
+    state: &State,
+    mut event: RequestEvent,
+    resp: Response<UpstreamBody>,
+    upstream_wait: Duration,
+) -> Response<GatewayBody> {
+    let (parts, upstream_body) = resp.into_parts();
+    let framing = answer_framing(&parts.headers);
+    event.record.streamed = framing == Some(Framing::Sse);
+    let meter = framing.and_then(|f| meter_for(&event.provider, &parts.headers, f));
+    // Time spent here up to the answer's head, less the wait on the provider.
+    event.overhead = Some(event.started.elapsed().saturating_sub(upstream_wait));
+    let body = ObservedBody::new(upstream_body, event, meter, state.sink_handles());
+    Response::from_parts(parts, GatewayBody::Upstream { inner: body })
 }
 
 /// How the answer's content type frames it: an SSE stream, JSON, or neither (None).
@@ -182,18 +136,15 @@ const MAX_RESERVED_INPUT_TOKENS: u64 = 200_000;
 fn check_budget(
     state: &State,
     provider: &Provider,
-    facts: &RequestFacts,
+    model: Option<&str>,
+    max_output_tokens: Option<u64>,
     body_len: usize,
     user: &str,
     request_id: &str,
-) -> Result<Option<Reservation>, ProxyError> {
+) -> Result<Option<Reservation>, Refusal> {
     let input = (body_len.div_ceil(BYTES_PER_TOKEN) as u64).min(MAX_RESERVED_INPUT_TOKENS);
-    let output = facts
-        .max_output_tokens
-        .unwrap_or(state.reserve_output_tokens);
-    let estimate = facts
-        .model
-        .as_deref()
+    let output = max_output_tokens.unwrap_or(state.reserve_output_tokens);
+    let estimate = model
         .and_then(|m| {
             state
                 .prices
@@ -203,21 +154,17 @@ fn check_budget(
     let now_ms = SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-    state
-        .budgets
-        .admit(user, request_id, estimate, now_ms)
-        .map_err(|refusal| match refusal {
-            Refusal::Spent { .. } | Refusal::Rate { .. } => {
-                let reason = if matches!(refusal, Refusal::Spent { .. }) {
-                    "spend"
-                } else {
-                    "rate"
-                };
-                state.metrics.budget_refused(reason);
-                refusal_error(refusal)
-            }
-            Refusal::NotLoaded => refusal_error(refusal),
-        })
+    state.budgets.admit(user, request_id, estimate, now_ms)
+}
+
+/// The limit that refused a request (the refusals metric's `reason`); None when the budgets are
+/// not loaded yet, which is no refusal of the user's.
+fn refused_by(refusal: &Refusal) -> Option<&'static str> {
+    match refusal {
+        Refusal::Spent { .. } => Some("spend"),
+        Refusal::Rate { .. } => Some("rate"),
+        Refusal::NotLoaded => None,
+    }
 }
 
 fn refusal_error(refusal: Refusal) -> ProxyError {
@@ -244,32 +191,23 @@ fn refusal_error(refusal: Refusal) -> ProxyError {
     }
 }
 
+/// The request's steps up to the answer's head: check the path, attribute, read the body, check
+/// the budget, send. What they learn goes into the event.
 async fn forward(
     state: &State,
-    provider: &Provider,
     req: Request<RequestBody>,
-    record: &mut RequestRecord,
-    reservation: &mut Option<Reservation>,
-    span: &tracing::Span,
-    trace: &mut Option<RequestTrace>,
-) -> Result<(Response<UpstreamBody>, std::time::Duration), ProxyError> {
+    event: &mut RequestEvent,
+) -> Result<(Response<UpstreamBody>, Duration), ProxyError> {
+    let RequestEvent {
+        record,
+        provider,
+        trace,
+        reservation,
+        budget_refused,
+        ..
+    } = event;
     check_native_path(&record.path)?;
     let attribution = Attribution::from_headers(req.headers())?;
-    if let Some(a) = &attribution.agent {
-        span.record("nm.agent", a.as_str());
-    }
-    if let Some(s) = &attribution.session {
-        span.record("nm.session", s.as_str());
-    }
-    if let Some(e) = attribution.env {
-        span.record("nm.env", e.as_str());
-    }
-    if let Some(t) = trace.as_ref() {
-        t.attribute(
-            attribution.agent.as_deref(),
-            attribution.env.map(|e| e.as_str()),
-        );
-    }
     record.agent = attribution.agent;
     record.session_id = attribution.session;
     record.env = attribution.env;
@@ -278,19 +216,21 @@ async fn forward(
     let (parts, body) = req.into_parts();
     let body = edge::read_body(&parts.headers, body, state.max_body_bytes).await?;
     let facts = request_facts(&body, &record.path);
-    record.model = facts.model.clone();
-    if let Some(m) = &record.model {
-        span.record("gen_ai.request.model", m.as_str());
-    }
+    record.model = facts.model;
     if let Some(user) = &record.user_id {
         *reservation = check_budget(
             state,
             provider,
-            &facts,
+            record.model.as_deref(),
+            facts.max_output_tokens,
             body.len(),
             user,
             &record.request_id,
-        )?;
+        )
+        .map_err(|refusal| {
+            *budget_refused = refused_by(&refusal);
+            refusal_error(refusal)
+        })?;
     }
 
     let query = parts.uri.query();
@@ -301,7 +241,7 @@ async fn forward(
             provider,
             native_path: &record.path,
             method: &parts.method,
-            model: facts.model.as_deref(),
+            model: record.model.as_deref(),
             max_tokens: facts.max_output_tokens,
             session: record.session_id.as_ref().map(|s| s.as_str()),
             body: &body,
@@ -322,7 +262,6 @@ async fn forward(
     let waited = sent.elapsed();
     strip_response_headers(resp.headers_mut());
     record.status = resp.status().as_u16();
-    span.record("http.response.status_code", record.status);
     Ok((resp, waited))
 }
 

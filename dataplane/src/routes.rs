@@ -1,7 +1,7 @@
 //! Every path the gateway answers itself, in one table ([`TABLE`]), and what any request path
-//! resolves to ([`Route::of`]). The router ([`crate::stack`]), the key check
-//! ([`crate::layers::auth`]) and the error shape ([`crate::layers::rescue`]) all ask
-//! [`Route::of`]; the provider registry refuses a provider named like a route's first segment
+//! resolves to ([`Route::of`]). The trace layer asks [`Route::of`] once per request; the router
+//! ([`crate::stack`]), the key check ([`crate::layers::auth`]) and the error shape
+//! ([`crate::layers::rescue`]) read its answer; the provider registry refuses a provider named like a route's first segment
 //! ([`is_reserved`]). A new route is one line here and one arm in the router.
 
 use crate::path::split_prefix;
@@ -76,8 +76,9 @@ pub enum Route {
 }
 
 impl Route {
-    /// Resolves a request path (exact match; no normalisation). Asked by three layers per
-    /// request, so a proxy path costs one segment split and three short comparisons.
+    /// Resolves a request path (exact match; no normalisation). Asked once per request, by the
+    /// trace layer, which hands the answer down ([`crate::event::RequestStart`]); a proxy path
+    /// costs one segment split and three short comparisons.
     pub fn of(path: &str) -> Self {
         match split_prefix(path) {
             Some((first, _)) if is_reserved(first) => TABLE
@@ -95,6 +96,18 @@ impl Route {
         match self {
             Self::Own(own) => TABLE.iter().any(|e| e.route == own && e.needs_key),
             Self::Unknown | Self::Proxy => true,
+        }
+    }
+
+    /// `http.route`: the matched template (None for an unknown path).
+    pub fn template(self) -> Option<&'static str> {
+        match self {
+            Self::Own(Own::Ready) => Some("/health"),
+            Self::Own(Own::Live) => Some("/health/live"),
+            Self::Own(Own::Metrics) => Some("/metrics"),
+            Self::Own(Own::Signal) => Some("/v1/signal"),
+            Self::Proxy => Some(PROXY_TEMPLATE),
+            Self::Unknown => None,
         }
     }
 

@@ -19,7 +19,8 @@ use tokio::net::TcpListener;
 use tracing::{debug, info, warn};
 
 use crate::conns::{Conns, Track};
-use crate::stack::{State, service};
+use crate::stack::service;
+use crate::state::State;
 use crate::workers::{self, Workers};
 
 /// How a drain ended.

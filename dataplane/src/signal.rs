@@ -29,7 +29,7 @@ use serde_json::value::RawValue;
 use crate::body::{GatewayBody, RequestBody};
 use crate::edge;
 use crate::error::ProxyError;
-use crate::stack::State;
+use crate::state::State;
 use opentelemetry::context::FutureExt as _;
 
 /// Largest signal body.

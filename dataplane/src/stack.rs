@@ -3,10 +3,10 @@
 //! | layer | adds / reads |
 //! |---|---|
 //! | [`RequestIdLayer`] | adds `RequestId`; sets `NM-Request-Id` on every response |
-//! | [`TraceLayer`] | reads `RequestId`; adds `RequestSpan` (the request's log span) and, with tracing on, `RequestTrace` (its exported spans); sets `NM-Trace-Id` |
-//! | [`RescueLayer`] | turns every `ProxyError` below into a native-shaped response, logs it once |
-//! | [`AuthLayer`] | reads `NM-Key`; adds `Principal` (routes that need none: [`crate::routes`]) |
-//! | [`Router`] | the gateway's own routes ([`crate::routes::TABLE`]), else `/<provider>/...` ([`crate::proxy`]) |
+//! | [`TraceLayer`] | reads `RequestId`; classifies the route; adds `RequestStart` (the route, the request's log span and, with tracing on, its exported spans); sets `NM-Trace-Id` |
+//! | [`RescueLayer`] | reads the route; turns every `ProxyError` below into a native-shaped response, logs it once |
+//! | [`AuthLayer`] | reads the route and `NM-Key`; adds `Principal` (routes that need none: [`crate::routes`]) |
+//! | [`Router`] | reads the route: the gateway's own routes ([`crate::routes::TABLE`]), else `/<provider>/...` ([`crate::proxy`]) |
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -22,37 +22,10 @@ use tower::{Service, ServiceBuilder};
 
 use crate::body::{GatewayBody, RequestBody};
 use crate::error::ProxyError;
-use crate::forward::Upstream;
-use crate::keys::{Health, KeySet};
+use crate::event::RequestStart;
 use crate::layers::{AuthLayer, RequestIdLayer, RescueLayer, TraceLayer};
-use crate::providers::Registry;
-use crate::records::RecordSink;
 use crate::routes::{Own, Route};
-use crate::signal::SignalSink;
-
-/// Everything a request handler needs. Shared, read-only apart from the key set and health.
-#[derive(Debug)]
-pub struct State {
-    pub registry: Arc<Registry>,
-    pub keys: KeySet,
-    pub health: Health,
-    pub upstream: Upstream,
-    pub records: RecordSink,
-    pub signals: Arc<dyn SignalSink>,
-    pub max_body_bytes: usize,
-    pub version: &'static str,
-    pub prices: Arc<crate::pricing::PriceTable>,
-    pub budgets: crate::budget::Budgets,
-    pub metrics: crate::metrics::Metrics,
-    /// Answer length assumed for a budget reservation when the request sets no cap.
-    pub reserve_output_tokens: u64,
-    /// Client connection limits (header timeout, cap, request-body pace).
-    pub conn_limits: crate::conns::ConnLimits,
-    /// The per-thread mechanisms in force ([`crate::hot_path`]).
-    pub hot_path: crate::hot_path::HotPath,
-    /// Exported spans ([`crate::otel`]); None when tracing is off.
-    pub tracing: Option<crate::otel::Tracing>,
-}
+pub use crate::state::State;
 
 /// Builds the dataplane service for one connection (cheap: clones of `Arc`s).
 pub fn service(
@@ -99,7 +72,7 @@ impl Service<Request<RequestBody>> for Router {
     fn call(&mut self, req: Request<RequestBody>) -> Self::Future {
         let state = self.state.clone();
         let method = req.method().clone();
-        match Route::of(req.uri().path()) {
+        match RequestStart::route_of(&req) {
             Route::Own(Own::Ready) => {
                 Box::pin(async move { health(&state, &method, Probe::Ready) })
             }

@@ -11,8 +11,8 @@ use tower::{Layer, Service};
 
 use crate::body::GatewayBody;
 use crate::error::ProxyError;
+use crate::event::RequestStart;
 use crate::keys::KeySet;
-use crate::routes::Route;
 
 pub const NM_KEY: http::HeaderName = http::HeaderName::from_static("nm-key");
 
@@ -56,7 +56,7 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        if !Route::of(req.uri().path()).needs_key() {
+        if !RequestStart::route_of(&req).needs_key() {
             return ResponseFuture::Inner {
                 inner: self.inner.call(req),
             };

@@ -23,10 +23,10 @@ use tower::{Layer, Service};
 
 use crate::body::{GatewayBody, ReadToEnd, RequestBody};
 use crate::error::{ErrorFlavor, ProxyError, Side};
+use crate::event::RequestStart;
 use crate::pace::PaceLimits;
 use crate::path::split_prefix;
 use crate::providers::{Registry, WireFormat};
-use crate::routes::Route;
 
 /// The 503 lines' allowance (see [`nm_types::throttle`]).
 static UNAVAILABLE_LOGGED: Throttle = Throttle::new(std::time::Duration::from_secs(1));
@@ -63,14 +63,14 @@ pub struct Rescue<S> {
 }
 
 impl<S> Rescue<S> {
-    /// The error shape for a path: the gateway envelope for its own routes and reserved names
-    /// ([`Route`]), else its provider's. Unknown prefixes get the OpenAI shape, the one most
+    /// The error shape for a request: the gateway envelope for its own routes and reserved names
+    /// ([`crate::routes::Route`]), else its provider's. Unknown prefixes get the OpenAI shape, the one most
     /// clients parse.
-    fn flavor(&self, path: &str) -> ErrorFlavor {
-        if Route::of(path).gateway_shaped() {
+    fn flavor<B>(&self, req: &Request<B>) -> ErrorFlavor {
+        if RequestStart::route_of(req).gateway_shaped() {
             return ErrorFlavor::Gateway;
         }
-        let style = split_prefix(path)
+        let style = split_prefix(req.uri().path())
             .and_then(|(prefix, _)| self.registry.get(prefix))
             .map_or(WireFormat::Openai, |p| p.format);
         ErrorFlavor::Provider(style)
@@ -99,7 +99,7 @@ where
     }
 
     fn call(&mut self, req: Request<Incoming>) -> Self::Future {
-        let flavor = self.flavor(req.uri().path());
+        let flavor = self.flavor(&req);
         let (parts, body) = req.into_parts();
         let (body, read) = RequestBody::new(body, self.pace);
         ResponseFuture {

@@ -1,8 +1,10 @@
 //! Opens the request's spans: the `tracing` span behind its log lines (fields known later —
-//! route, provider, agent, status, latency — are declared `Empty` and recorded by the layers that
-//! learn them), and, with tracing on, its exported SERVER span ([`crate::otel`]).
+//! route, provider, agent, status, latency — are declared `Empty`; a proxied request's event
+//! records them when it ends, [`crate::event`], the gateway's own routes as they answer), and,
+//! with tracing on, its exported SERVER span ([`crate::otel`]). It classifies the request's
+//! route, once, and hands it down with the spans ([`RequestStart`]).
 //!
-//! The proxy hands both to the response body, so a streamed request's spans last until its
+//! The proxy hands the spans to the response body, so a streamed request's spans last until its
 //! stream ends. Every answer to a traced (sampled) request carries `NM-Trace-Id`. The health probes and
 //! `/metrics` are never traced.
 
@@ -16,10 +18,11 @@ use tower::{Layer, Service};
 use tracing::instrument::{Instrument, Instrumented};
 use tracing::{Span, field::Empty};
 
-use super::RequestId;
+use super::request_id::RequestId;
 use std::time::Instant;
 
 use crate::body::GatewayBody;
+use crate::event::RequestStart;
 use crate::metrics::Metrics;
 use crate::otel::{RequestTrace, TRACE_ID_HEADER, Tracing};
 use crate::routes::{Own, Route};
@@ -94,8 +97,9 @@ where
             gen_ai.usage.output_tokens = Empty,
             nm.cost_micros = Empty,
         );
+        // The one classification of the request's route: the layers below read it.
         let matched = Route::of(req.uri().path());
-        let route = route_template(matched);
+        let route = matched.template();
         // The probes and the scrape are never traced: they would bury the requests.
         let traced = !matches!(matched, Route::Own(Own::Ready | Own::Live | Own::Metrics));
         let exported = self
@@ -109,10 +113,11 @@ where
             route: route.unwrap_or(""),
             metrics: self.metrics.clone(),
         };
-        if let Some(t) = &exported {
-            req.extensions_mut().insert(t.clone());
-        }
-        req.extensions_mut().insert(RequestSpan(span.clone()));
+        req.extensions_mut().insert(RequestStart {
+            span: span.clone(),
+            route: matched,
+            trace: exported.clone(),
+        });
         // Call inside the span, so what the inner layers do synchronously is attributed too.
         let fut = span.in_scope(|| self.inner.call(req));
         Traced {
@@ -120,18 +125,6 @@ where
             exported,
             served,
         }
-    }
-}
-
-/// `http.route`: the matched template (None for an unknown path).
-fn route_template(route: Route) -> Option<&'static str> {
-    match route {
-        Route::Own(Own::Ready) => Some("/health"),
-        Route::Own(Own::Live) => Some("/health/live"),
-        Route::Own(Own::Metrics) => Some("/metrics"),
-        Route::Own(Own::Signal) => Some("/v1/signal"),
-        Route::Proxy => Some(crate::routes::PROXY_TEMPLATE),
-        Route::Unknown => None,
     }
 }
 
@@ -212,7 +205,3 @@ where
         Poll::Ready(out)
     }
 }
-
-/// The request's span, for code that outlives the request future (the response body).
-#[derive(Debug, Clone)]
-pub struct RequestSpan(pub Span);

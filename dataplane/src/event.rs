@@ -1,0 +1,504 @@
+//! The end-of-request event: one value per proxied request ([`RequestEvent`]), filled as the
+//! request goes and turned, once, when the request ends, into everything the gateway says about
+//! it ([`RequestEvent::end`]):
+//!
+//! | sink | what it gets |
+//! |---|---|
+//! | the request record ([`crate::records`]) | the event's record, with usage, cost and timings |
+//! | the budget ([`crate::budget`]) | the reservation, settled at the request's cost |
+//! | the exported spans ([`crate::otel`]) | the CLIENT span's answer and end, the SERVER span's outcome |
+//! | the metrics ([`crate::metrics`]) | GenAI operation, HTTP server duration, gateway overhead, budget refusals |
+//! | the log | the `request` span's fields and one `request completed` line |
+//!
+//! A request ends one of three ways ([`Ending`]): its answer passed through to its end, it was
+//! cut short (the upstream broke off, the client went away), or the gateway answered it itself
+//! with an error. Nothing in the middle of a request writes to a sink: the proxy
+//! ([`crate::proxy`]) only fills the event. Requests refused before their key and provider are
+//! known (no key, an unknown provider) have no event and no record; the rescue layer logs them.
+//!
+//! Where it lives: the proxy's handler builds it; once an answer arrives it moves into the answer
+//! body's tracked state ([`crate::body`]), the allocation each proxied answer already has, and
+//! ends when the body does. Ending it formats nothing a sink does not need, and the log span's
+//! fields are recorded in the order the request learnt them.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use tracing::Span;
+
+use crate::budget::Reservation;
+use crate::journal::Commit;
+use crate::metrics::{Metrics, Operation};
+use crate::otel::{End, Outcome, RequestTrace};
+use crate::pricing::{Cost, PriceTable};
+use crate::providers::Provider;
+use crate::records::{self, RecordSink, RequestRecord, UsageStatus};
+use crate::routes::Route;
+
+/// How a proxied request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// The answer passed through to its end.
+    Complete,
+    /// The upstream broke off its answer (or stalled, [`crate::pace`]).
+    UpstreamError,
+    /// The client went away before the answer's end.
+    ClientGone,
+    /// The gateway answered with an error of its own; nothing of an upstream answer reached the
+    /// client.
+    Refused { status: u16, code: &'static str },
+}
+
+impl Ending {
+    /// Whether an upstream answer reached the client (complete or cut short).
+    fn answered(self) -> bool {
+        !matches!(self, Ending::Refused { .. })
+    }
+}
+
+/// What the trace layer ([`crate::layers::trace`]) opens for every request, as a request
+/// extension: the request's log span, its route (classified once, there), and with tracing on
+/// its exported spans. The layers below read the route; a handler takes the rest.
+#[derive(Debug, Clone)]
+pub struct RequestStart {
+    pub span: Span,
+    pub route: Route,
+    pub trace: Option<RequestTrace>,
+}
+
+impl RequestStart {
+    /// The route of a request, as the trace layer classified it (classified here outside the
+    /// full stack, in unit tests).
+    pub fn route_of<B>(req: &http::Request<B>) -> Route {
+        req.extensions()
+            .get::<RequestStart>()
+            .map_or_else(|| Route::of(req.uri().path()), |s| s.route)
+    }
+}
+
+/// Where a finished event goes: the record queue, the prices its cost is read from, the metrics.
+#[derive(Debug, Clone, Copy)]
+pub struct Sinks<'a> {
+    pub records: &'a RecordSink,
+    pub prices: &'a PriceTable,
+    pub metrics: &'a Metrics,
+}
+
+/// The same, owned: what an answer body carries to its end (handles cloned from the state).
+#[derive(Debug, Clone)]
+pub struct SinkHandles {
+    pub records: RecordSink,
+    pub prices: Arc<PriceTable>,
+    pub metrics: Metrics,
+}
+
+impl SinkHandles {
+    pub fn sinks(&self) -> Sinks<'_> {
+        Sinks {
+            records: &self.records,
+            prices: &self.prices,
+            metrics: &self.metrics,
+        }
+    }
+}
+
+/// One proxied request, as far as it has got.
+#[derive(Debug)]
+pub struct RequestEvent {
+    /// What the controlplane will be told: key, provider, path, attribution, model, status;
+    /// usage, cost and timings once the request ends.
+    pub record: RequestRecord,
+    pub provider: Arc<Provider>,
+    /// `http.route`: the matched template ([`Route::template`]).
+    pub route: &'static str,
+    pub started: Instant,
+    /// The request's log span ([`crate::layers::trace`]).
+    pub span: Span,
+    /// The request's exported spans (tracing on).
+    pub trace: Option<RequestTrace>,
+    /// The end user's budget hold, settled when the request ends.
+    pub reservation: Option<Reservation>,
+    /// Time spent on the gateway's side up to the answer's head (the wait on the provider left
+    /// out); None until an answer's head arrived.
+    pub overhead: Option<Duration>,
+    /// When the answer's first bytes passed.
+    pub first_byte: Option<Instant>,
+    /// The answer's bytes passed so far.
+    pub bytes: u64,
+    /// The budget limit that refused the request (`spend`, `rate`), if one did.
+    pub budget_refused: Option<&'static str>,
+    /// The answer's first bytes, when content is captured for its span
+    /// (`OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`).
+    pub captured: Option<Vec<u8>>,
+}
+
+impl RequestEvent {
+    /// The event of a request whose key and provider are known.
+    pub fn new(
+        record: RequestRecord,
+        provider: Arc<Provider>,
+        route: &'static str,
+        started: Instant,
+        span: Span,
+        trace: Option<RequestTrace>,
+    ) -> Self {
+        Self {
+            record,
+            provider,
+            route,
+            started,
+            span,
+            trace,
+            reservation: None,
+            overhead: None,
+            first_byte: None,
+            bytes: 0,
+            budget_refused: None,
+            captured: None,
+        }
+    }
+
+    /// Ends the request at `ended`, with the usage the answer reported (default when none was
+    /// read), and writes every sink. With `wait`, in `spool` durability, returns the journal's
+    /// [`Commit`] to wait on before the answer may end.
+    pub fn end(
+        mut self,
+        ending: Ending,
+        ended: Instant,
+        usage: nm_types::Usage,
+        sinks: Sinks<'_>,
+        wait: bool,
+    ) -> Option<Arc<Commit>> {
+        self.complete_record(ending, ended, usage, sinks.prices);
+        self.settle(ending);
+        self.record_log_fields(ending);
+        self.record_metrics(ending, ended, sinks.metrics);
+        self.end_spans(ending, ended);
+        if ending.answered() {
+            let r = &self.record;
+            self.span.in_scope(|| {
+                tracing::info!(
+                    http.response.status_code = r.status,
+                    latency_ms = r.latency_ms,
+                    bytes = r.response_bytes,
+                    ending = ?ending,
+                    "request completed"
+                );
+            });
+        }
+        if wait {
+            return sinks.records.commit(self.record);
+        }
+        sinks.records.send(self.record);
+        None
+    }
+
+    /// The record's end: timings, error code, usage and its status, cost.
+    fn complete_record(
+        &mut self,
+        ending: Ending,
+        ended: Instant,
+        usage: nm_types::Usage,
+        prices: &PriceTable,
+    ) {
+        let r = &mut self.record;
+        r.latency_ms = records::millis(ended.duration_since(self.started));
+        if let Ending::Refused { status, code } = ending {
+            r.status = status;
+            r.error_code = Some(Cow::Borrowed(code));
+            return;
+        }
+        r.ttfb_ms = self
+            .first_byte
+            .map(|t| records::millis(t.duration_since(self.started)));
+        r.response_bytes = self.bytes;
+        r.error_code = match ending {
+            Ending::UpstreamError => Some(Cow::Borrowed("upstream_body_error")),
+            Ending::ClientGone => Some(Cow::Borrowed("client_disconnected")),
+            Ending::Complete | Ending::Refused { .. } => r.error_code.take(),
+        };
+        r.usage = usage;
+        // A metered answer cut short (the upstream broke, the client left) is `partial` once
+        // anything of its usage was read (its counts, or only its model before the counts
+        // came): the usage seen so far. `missing` is for an answer that ended without usage, or
+        // was cut before the meter learned anything.
+        let seen = r.usage != nm_types::Usage::default();
+        r.usage_status = match (ending, r.usage.is_known()) {
+            (Ending::Complete, true) => UsageStatus::Reported,
+            (Ending::Complete | Ending::Refused { .. }, false) => UsageStatus::Missing,
+            (Ending::UpstreamError | Ending::ClientGone, _) if seen => UsageStatus::Partial,
+            (Ending::UpstreamError | Ending::ClientGone | Ending::Refused { .. }, _) => {
+                UsageStatus::Missing
+            }
+        };
+        let model = r.usage.model.as_deref().or(r.model.as_deref());
+        r.cost_micros = match prices.cost(&r.provider, model, &r.usage) {
+            Cost::Known { micros } => Some(micros),
+            Cost::UnknownModel | Cost::UnknownUsage => None,
+        };
+    }
+
+    /// Settles the end user's budget hold, if the request took one.
+    fn settle(&mut self, ending: Ending) {
+        let Some(hold) = self.reservation.take() else {
+            return;
+        };
+        let r = &mut self.record;
+        let charge = match ending {
+            // Admitted, but nothing reached the provider: nothing to pay.
+            Ending::Refused { .. } => 0,
+            // Unknown is not free: a successful answer without usage counts its reservation.
+            _ => r.cost_micros.unwrap_or(if (200..300).contains(&r.status) {
+                hold.reserved_micros()
+            } else {
+                0
+            }),
+        };
+        hold.settle(charge);
+        r.budget_micros = Some(charge);
+    }
+
+    /// The log span's fields, in the order the request learnt them. A refused request's status
+    /// is the rescue layer's to record (it answers every error, with or without an event), and
+    /// it has no answer to describe.
+    fn record_log_fields(&self, ending: Ending) {
+        let (span, r) = (&self.span, &self.record);
+        span.record("gen_ai.provider.name", &*r.provider);
+        span.record("http.route", self.route);
+        if let Some(a) = &r.agent {
+            span.record("nm.agent", a.as_str());
+        }
+        if let Some(s) = &r.session_id {
+            span.record("nm.session", s.as_str());
+        }
+        if let Some(e) = r.env {
+            span.record("nm.env", e.as_str());
+        }
+        if let Some(m) = &r.model {
+            span.record("gen_ai.request.model", m.as_str());
+        }
+        if !ending.answered() {
+            return;
+        }
+        span.record("http.response.status_code", r.status);
+        if let Some(m) = &r.usage.model {
+            span.record("gen_ai.response.model", m.as_str());
+        }
+        if let Some(t) = r.usage.input_tokens {
+            span.record("gen_ai.usage.input_tokens", t);
+        }
+        if let Some(t) = r.usage.output_tokens {
+            span.record("gen_ai.usage.output_tokens", t);
+        }
+        if let Some(c) = r.cost_micros {
+            span.record("nm.cost_micros", c);
+        }
+        span.record("nm.latency_ms", r.latency_ms);
+    }
+
+    /// The GenAI operation metrics, the HTTP server duration, the gateway's overhead and budget
+    /// refusals. (A
+    /// refused request's answer is the gateway's own: the trace layer times it like any other.)
+    fn record_metrics(&self, ending: Ending, ended: Instant, metrics: &Metrics) {
+        let r = &self.record;
+        let provider = &self.provider;
+        if let Some(overhead) = self.overhead {
+            metrics.gateway_overhead(&provider.system, overhead);
+        }
+        if let Some(limit) = self.budget_refused {
+            metrics.budget_refused(limit);
+        }
+        let error_type: Option<Cow<'static, str>> = match ending {
+            Ending::Complete if r.status >= 400 => Some(Cow::Owned(r.status.to_string())),
+            Ending::Complete => None,
+            Ending::UpstreamError => Some(Cow::Borrowed("upstream_aborted")),
+            Ending::ClientGone => Some(Cow::Borrowed("client_disconnected")),
+            Ending::Refused { code, .. } => Some(Cow::Borrowed(code)),
+        };
+        let duration = ended.duration_since(self.started);
+        let trace_id = r.trace.map(|t| t.trace_hex());
+        if let Some(operation) = crate::otel::operation_name(provider.format, &r.path) {
+            metrics.operation(&Operation {
+                operation,
+                provider: &provider.system,
+                request_model: r.model.as_deref(),
+                response_model: r.usage.model.as_deref(),
+                error_type: error_type.as_deref(),
+                duration,
+                time_to_first_chunk: self
+                    .first_byte
+                    .filter(|_| r.streamed)
+                    .map(|t| t.duration_since(self.started)),
+                input_tokens: r.usage.input_tokens,
+                output_tokens: r.usage.output_tokens,
+                trace_id: trace_id.as_deref(),
+            });
+        }
+        if !ending.answered() {
+            return;
+        }
+        if let Ok(method) = http::Method::from_bytes(r.method.as_bytes()) {
+            metrics.http_server(&method, self.route, r.status, duration, trace_id.as_deref());
+        }
+    }
+
+    /// Ends the exported spans: the CLIENT span with the answer (or the call's failure), the
+    /// SERVER span with an answer the gateway passed through (the trace layer ends it on an
+    /// answer of the gateway's own).
+    fn end_spans(&mut self, ending: Ending, ended: Instant) {
+        let Some(mut trace) = self.trace.take() else {
+            return;
+        };
+        let r = &self.record;
+        trace.attribute(r.agent.as_deref(), r.env.map(|e| e.as_str()));
+        let outcome = match ending {
+            Ending::Complete => Outcome::Complete,
+            Ending::UpstreamError => Outcome::UpstreamAborted,
+            Ending::ClientGone => Outcome::ClientDisconnected,
+            Ending::Refused { status, code } => {
+                trace.call_failed(code);
+                trace.gateway_error(code, status);
+                return;
+            }
+        };
+        trace.answered(r.status, r.streamed);
+        // The clock time of the body's end (the event may end a moment later).
+        let at = SystemTime::now()
+            .checked_sub(ended.elapsed())
+            .unwrap_or_else(SystemTime::now);
+        trace.end(&End {
+            outcome,
+            at,
+            status: r.status,
+            usage: &r.usage,
+            cost_micros: r.cost_micros,
+            time_to_first_chunk: self.first_byte.map(|t| t.duration_since(self.started)),
+            streamed: r.streamed,
+            output: self.captured.as_deref(),
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use nm_types::budget::{BudgetRule, Feed, Period, day_of, month_of_day};
+
+    use super::*;
+    use crate::budget::Budgets;
+    use crate::providers::{Registry, builtin};
+    use crate::records::{RecordQueue, record_queue};
+
+    /// A user with a dollar a day, and a request of theirs admitted with a reservation of
+    /// `reserved` micro-dollars.
+    fn admitted(reserved: u64) -> (Budgets, RequestEvent) {
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let budgets = Budgets::default();
+        budgets.apply_feed(Feed {
+            full: true,
+            default: Some(BudgetRule {
+                limit_micros: Some(1_000_000),
+                period: Period::Day,
+                requests_per_minute: None,
+            }),
+            day: day_of(now),
+            month: month_of_day(day_of(now)),
+            ..Default::default()
+        });
+        let registry = Registry::build(builtin().into_iter().map(|(n, s)| (n.to_owned(), s)))
+            .expect("the built-in providers");
+        let provider = registry.get("openai").expect("openai").clone();
+        let mut record = records::started(
+            "req-1".to_owned(),
+            SystemTime::now(),
+            Arc::from("key-1"),
+            provider.name.clone(),
+            &http::Method::POST,
+            "/v1/chat/completions".to_owned(),
+        );
+        record.model = Some("gpt-4o-mini".to_owned());
+        record.user_id = Some("u".to_owned());
+        let mut event = RequestEvent::new(
+            record,
+            provider,
+            crate::routes::PROXY_TEMPLATE,
+            Instant::now(),
+            Span::none(),
+            None,
+        );
+        event.reservation = budgets
+            .admit("u", "req-1", reserved, now)
+            .expect("admitted");
+        (budgets, event)
+    }
+
+    fn end(
+        event: RequestEvent,
+        ending: Ending,
+        usage: nm_types::Usage,
+    ) -> (RequestRecord, Metrics) {
+        let metrics = Metrics::default();
+        let (records, mut queue): (RecordSink, RecordQueue) = record_queue(1, metrics.clone());
+        let prices = PriceTable::builtin();
+        let ended = event.started + Duration::from_millis(9);
+        let sinks = Sinks {
+            records: &records,
+            prices: &prices,
+            metrics: &metrics,
+        };
+        assert!(event.end(ending, ended, usage, sinks, true).is_none());
+        (queue.try_recv().expect("the record was sent"), metrics)
+    }
+
+    #[test]
+    fn a_refused_request_pays_nothing_and_its_record_carries_the_error() {
+        let (_budgets, mut event) = admitted(5_000);
+        event.budget_refused = Some("spend");
+        let refused = Ending::Refused {
+            status: 502,
+            code: "upstream_unreachable",
+        };
+        let (record, metrics) = end(event, refused, nm_types::Usage::default());
+        assert_eq!(record.status, 502);
+        assert_eq!(record.error_code.as_deref(), Some("upstream_unreachable"));
+        assert_eq!(record.latency_ms, 9);
+        assert_eq!(record.budget_micros, Some(0));
+        assert_eq!(record.cost_micros, None);
+        assert_eq!(record.response_bytes, 0);
+        let text = metrics.render();
+        assert!(text.contains(r#"reason="spend""#), "{text}");
+    }
+
+    #[test]
+    fn a_successful_answer_without_usage_counts_its_reservation() {
+        let (_budgets, mut event) = admitted(5_000);
+        event.record.status = 200;
+        event.bytes = 42;
+        event.first_byte = Some(event.started + Duration::from_millis(4));
+        let (record, _) = end(event, Ending::Complete, nm_types::Usage::default());
+        assert_eq!(record.usage_status, UsageStatus::Missing);
+        assert_eq!(record.budget_micros, Some(5_000));
+        assert_eq!((record.ttfb_ms, record.response_bytes), (Some(4), 42));
+        assert_eq!(record.error_code, None);
+    }
+
+    #[test]
+    fn an_answer_cut_short_keeps_the_usage_seen_and_pays_for_it() {
+        let (_budgets, mut event) = admitted(5_000);
+        event.record.status = 200;
+        let usage = nm_types::Usage {
+            input_tokens: Some(1_000),
+            output_tokens: Some(10),
+            ..Default::default()
+        };
+        let (record, _) = end(event, Ending::ClientGone, usage);
+        assert_eq!(record.usage_status, UsageStatus::Partial);
+        assert_eq!(record.error_code.as_deref(), Some("client_disconnected"));
+        assert!(record.cost_micros.is_some());
+        assert_eq!(record.budget_micros, record.cost_micros);
+    }
+}

@@ -1,0 +1,56 @@
+//! What every handler shares: the dataplane's [`State`]. Its own module so that the handlers
+//! ([`crate::proxy`], [`crate::signal`]) and the stack that routes to them ([`crate::stack`])
+//! all read it without importing each other.
+
+use std::sync::Arc;
+
+use crate::event::{SinkHandles, Sinks};
+use crate::forward::Upstream;
+use crate::keys::{Health, KeySet};
+use crate::providers::Registry;
+use crate::records::RecordSink;
+use crate::signal::SignalSink;
+
+/// Everything a request handler needs. Shared, read-only apart from the key set and health.
+#[derive(Debug)]
+pub struct State {
+    pub registry: Arc<Registry>,
+    pub keys: KeySet,
+    pub health: Health,
+    pub upstream: Upstream,
+    pub records: RecordSink,
+    pub signals: Arc<dyn SignalSink>,
+    pub max_body_bytes: usize,
+    pub version: &'static str,
+    pub prices: Arc<crate::pricing::PriceTable>,
+    pub budgets: crate::budget::Budgets,
+    pub metrics: crate::metrics::Metrics,
+    /// Answer length assumed for a budget reservation when the request sets no cap.
+    pub reserve_output_tokens: u64,
+    /// Client connection limits (header timeout, cap, request-body pace).
+    pub conn_limits: crate::conns::ConnLimits,
+    /// The per-thread mechanisms in force ([`crate::hot_path`]).
+    pub hot_path: crate::hot_path::HotPath,
+    /// Exported spans ([`crate::otel`]); None when tracing is off.
+    pub tracing: Option<crate::otel::Tracing>,
+}
+
+impl State {
+    /// Where a request's end goes ([`crate::event`]).
+    pub fn sinks(&self) -> Sinks<'_> {
+        Sinks {
+            records: &self.records,
+            prices: &self.prices,
+            metrics: &self.metrics,
+        }
+    }
+
+    /// The same, for an answer body to carry to its end.
+    pub fn sink_handles(&self) -> SinkHandles {
+        SinkHandles {
+            records: self.records.clone(),
+            prices: self.prices.clone(),
+            metrics: self.metrics.clone(),
+        }
+    }
+}
