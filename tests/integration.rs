@@ -7,6 +7,7 @@ mod analytics;
 mod budgets;
 mod errors;
 mod faults;
+mod imports;
 mod keys;
 mod link;
 mod metrics;
