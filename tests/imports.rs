@@ -28,7 +28,13 @@ use std::path::Path;
 /// Circles in files this branch does not own, removed on other branches of issue 30 (the
 /// dataplane's and the root's). The integrator empties this list after merging: the test fails
 /// for a circle missing from it and for an entry that no longer exists, so it can only shrink.
-const PENDING_ELSEWHERE: &[&str] = &[];
+const PENDING_ELSEWHERE: &[&str] = &[
+    "nm_dataplane: body, error, forward, pace",
+    "nm_dataplane: journal, records",
+    "nm_dataplane: proxy, signal, stack",
+    "nm_gateway: app, grpc::analytics, grpc::server, otel",
+    "nm_gateway: config, otel::settings",
+];
 
 /// Workspace members that are not product code.
 const NOT_PRODUCT: &[&str] = &["bench"];
