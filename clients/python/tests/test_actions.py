@@ -41,7 +41,7 @@ def test_actions_are_the_declared_ones_in_order() -> None:
 
 def test_edit_distance_is_required_exactly_for_the_declared_actions() -> None:
     required = {a["name"] for a in declared() if a["requires_edit_distance"]}
-    assert EDIT_DISTANCE_REQUIRED == required
+    assert required == EDIT_DISTANCE_REQUIRED
     for name in NAMES:
         if name in required:
             with pytest.raises(InvalidSignal) as e:

@@ -73,7 +73,10 @@ describe("signal actions", () => {
     });
     const wanted = NAMES.map(camel);
     sameSet("copy", actionMethods(methodsOf([...wanted, "run", "signal"])), wanted);
-    assert.throws(() => sameSet("copy", actionMethods(methodsOf(wanted.slice(1))), wanted), /missing \[accepted\]/);
+    assert.throws(
+      () => sameSet("copy", actionMethods(methodsOf(wanted.slice(1))), wanted),
+      /missing \[accepted\]/,
+    );
     assert.throws(
       () => sameSet("copy", actionMethods(methodsOf([...wanted, "shared"])), wanted),
       /not declared \[shared\]/,
@@ -85,7 +88,10 @@ describe("signal actions", () => {
     for (const name of NAMES) {
       const sent = gw.signal("sess_1", name as (typeof ACTIONS)[number]);
       if (REQUIRED.has(name)) {
-        await assert.rejects(sent, (e: unknown) => e instanceof InvalidSignal && e.code === "edit_distance_required");
+        await assert.rejects(
+          sent,
+          (e: unknown) => e instanceof InvalidSignal && e.code === "edit_distance_required",
+        );
       } else {
         await sent;
       }
