@@ -70,10 +70,10 @@ def test_a_method_added_or_missing_is_seen() -> None:
     class Extra(Session):
         __slots__ = ()
 
-        def shared(self) -> None:
+        def not_an_action(self) -> None:
             """An action nobody declared."""
 
-    assert action_methods(Extra) == {*NAMES, "shared"}
+    assert action_methods(Extra) == {*NAMES, "not_an_action"}
     fewer = type("Fewer", (), {n: (lambda self: None) for n in NAMES[1:]})
     assert action_methods(fewer) == set(NAMES[1:])
 

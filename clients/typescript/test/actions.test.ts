@@ -78,8 +78,8 @@ describe("signal actions", () => {
       /missing \[accepted\]/,
     );
     assert.throws(
-      () => sameSet("copy", actionMethods(methodsOf([...wanted, "shared"])), wanted),
-      /not declared \[shared\]/,
+      () => sameSet("copy", actionMethods(methodsOf([...wanted, "notAnAction"])), wanted),
+      /not declared \[notAnAction\]/,
     );
   });
 
