@@ -8,6 +8,7 @@ mod budgets;
 mod docs;
 mod errors;
 mod faults;
+mod imports;
 mod keys;
 mod link;
 mod link_rules;

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use nm_gateway::grpc::pb::{self, agents_client::AgentsClient, status_client::StatusClient};
+use nm_types::Action;
 use tonic::transport::Channel;
 
 use crate::common::eventually;
@@ -13,16 +14,6 @@ use crate::common::http::Answer;
 use crate::common::mock::MockProvider;
 
 const JSON: (&str, &str) = ("content-type", "application/json");
-const ACTIONS: [&str; 8] = [
-    "accepted",
-    "edited",
-    "regenerated",
-    "abandoned",
-    "thumbs_up",
-    "thumbs_down",
-    "published",
-    "sent",
-];
 
 async fn signal(gw: &TestGateway, headers: &[(&str, &str)], body: &str) -> Answer {
     let mut h = vec![("nm-key", ADMIN_KEY), JSON];
@@ -31,9 +22,12 @@ async fn signal(gw: &TestGateway, headers: &[(&str, &str)], body: &str) -> Answe
 }
 
 fn sig(session: &str, action: &str) -> String {
-    if action == "edited" {
+    if action
+        .parse::<Action>()
+        .is_ok_and(Action::requires_edit_distance)
+    {
         format!(
-            r#"{{"session_id":"{session}","action":"edited","edit_distance":12,"custom_label":null}}"#
+            r#"{{"session_id":"{session}","action":"{action}","edit_distance":12,"custom_label":null}}"#
         )
     } else {
         format!(r#"{{"session_id":"{session}","action":"{action}","custom_label":null}}"#)
@@ -226,9 +220,9 @@ async fn all_actions_counted_exactly(db: Db) {
     })
     .await;
 
-    for (i, action) in ACTIONS.iter().enumerate() {
+    for (i, action) in Action::ALL.iter().enumerate() {
         for _ in 0..=i {
-            ok(&signal(&gw, &[], &sig("sess_w1", action)).await);
+            ok(&signal(&gw, &[], &sig("sess_w1", action.as_str())).await);
         }
     }
     let c = counts(&gw, Some("writer")).await;
@@ -554,7 +548,10 @@ async fn many_concurrent_signals_are_all_committed() {
                         ("nm-agent", "busy"),
                         ("idempotency-key", &format!("c{c}-{i}")),
                     ],
-                    &sig(&format!("sess_c{c}"), ACTIONS[i % 8]),
+                    &sig(
+                        &format!("sess_c{c}"),
+                        Action::ALL[i % Action::ALL.len()].as_str(),
+                    ),
                 )
                 .await;
                 assert_eq!(a.status, 200);

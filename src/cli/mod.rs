@@ -13,6 +13,7 @@ pub use usage::{UsageArgs, usage};
 use std::io::Write;
 
 use anyhow::Context;
+use nm_types::Action;
 use serde_json::json;
 use tonic::metadata::MetadataValue;
 
@@ -272,16 +273,10 @@ pub async fn agents(
                 .with_context(|| format!("controlplane {cp}"))?
                 .into_inner();
             let by = s.by_action.unwrap_or_default();
-            let counts = [
-                ("accepted", by.accepted),
-                ("edited", by.edited),
-                ("regenerated", by.regenerated),
-                ("abandoned", by.abandoned),
-                ("thumbs_up", by.thumbs_up),
-                ("thumbs_down", by.thumbs_down),
-                ("published", by.published),
-                ("sent", by.sent),
-            ];
+            let counts: Vec<(&str, u64)> = Action::ALL
+                .into_iter()
+                .map(|a| (a.as_str(), action_count(&by, a)))
+                .collect();
             if json {
                 let by_action: serde_json::Map<String, serde_json::Value> = counts
                     .iter()
@@ -498,6 +493,21 @@ pub fn write_table(
         writeln!(out, "(none)")?;
     }
     Ok(())
+}
+
+/// The count of `action` in the controlplane's answer. Exhaustive, so an action added to
+/// `types/signal-actions.json` fails to compile here until its proto field is read.
+fn action_count(by: &pb::ActionCounts, action: Action) -> u64 {
+    match action {
+        Action::Accepted => by.accepted,
+        Action::Edited => by.edited,
+        Action::Regenerated => by.regenerated,
+        Action::Abandoned => by.abandoned,
+        Action::ThumbsUp => by.thumbs_up,
+        Action::ThumbsDown => by.thumbs_down,
+        Action::Published => by.published,
+        Action::Sent => by.sent,
+    }
 }
 
 #[cfg(test)]

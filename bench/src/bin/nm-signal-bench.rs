@@ -8,7 +8,7 @@
 //! named by `--postgres`, skipped with a notice when it cannot be reached) it starts the real
 //! `nm-gateway serve` from the same target directory, then `--clients` (default 64) concurrent
 //! clients, each on its own keep-alive HTTP/1.1 connection, send `POST /v1/signal` back to back
-//! for `--duration` (default 10 s) after `--warmup` (default 2 s): all eight actions over many
+//! for `--duration` (default 10 s) after `--warmup` (default 2 s): every action over many
 //! sessions. It reports acknowledged signals per second, errors, latency p50/p90/p99/max, and
 //! checks through the admin CLI that the stored count equals the acknowledged count. Targets on
 //! a 2-core machine: >= 3,000 signals/s on SQLite with p99 < 50 ms (printed as PASS/FAIL; the exit
@@ -28,19 +28,10 @@ use clap::Parser;
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper_util::rt::TokioIo;
+use nm_types::Action;
 use sea_orm::{ConnectionTrait, Database};
 
 const KEY: &str = "nmk_e7c3a9f1b5d2e8c4a6f0b2d9e1c7a3f5b8d0e2c4a6f1b3d9";
-const ACTIONS: [&str; 8] = [
-    "accepted",
-    "edited",
-    "regenerated",
-    "abandoned",
-    "thumbs_up",
-    "thumbs_down",
-    "published",
-    "sent",
-];
 
 #[derive(Debug, Parser)]
 #[command(about = "Signals acknowledged per second, and their latency, on SQLite and PostgreSQL")]
@@ -158,10 +149,10 @@ async fn client(
     let mut n = 0usize;
     while !stop.load(Ordering::Relaxed) {
         n += 1;
-        let action = ACTIONS[n % ACTIONS.len()];
-        let body = if action == "edited" {
+        let action = Action::ALL[n % Action::ALL.len()];
+        let body = if action.requires_edit_distance() {
             format!(
-                r#"{{"session_id":"sess_b{id}_{}","action":"edited","edit_distance":{n}}}"#,
+                r#"{{"session_id":"sess_b{id}_{}","action":"{action}","edit_distance":{n}}}"#,
                 n % 50
             )
         } else {

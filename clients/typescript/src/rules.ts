@@ -8,6 +8,11 @@ import { randomUUID } from "node:crypto";
 
 import { ConfigError } from "./errors.js";
 
+/**
+ * The signal actions as declared in types/signal-actions.json (the one declaration, from which
+ * the gateway's own parser is generated); test/actions.test.ts checks this list, the actions
+ * needing an edit distance and the session methods (one per action) against it.
+ */
 export const ACTIONS = [
   "accepted",
   "edited",
@@ -20,6 +25,8 @@ export const ACTIONS = [
 ] as const;
 /** What an end user did with an output. */
 export type Action = (typeof ACTIONS)[number];
+/** The actions a signal must carry an edit distance with. */
+export const EDIT_DISTANCE_REQUIRED: ReadonlySet<Action> = new Set<Action>(["edited"]);
 
 export const ENVS = ["production", "staging", "development"] as const;
 /** `NM-Env`. */

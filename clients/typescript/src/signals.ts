@@ -22,6 +22,7 @@ import { InvalidSignal, SignalError } from "./errors.js";
 import {
   type Action,
   ACTIONS,
+  EDIT_DISTANCE_REQUIRED,
   isAction,
   isSessionId,
   MAX_CUSTOM_LABEL_BYTES,
@@ -85,10 +86,10 @@ export function buildSignal(sessionId: unknown, action: unknown, opts: SignalOpt
       `editDistance must be a non-negative integer (characters changed); got ${String(editDistance)}`,
     );
   }
-  if (action === "edited" && (editDistance === undefined || editDistance === null)) {
+  if (EDIT_DISTANCE_REQUIRED.has(action) && (editDistance === undefined || editDistance === null)) {
     throw new InvalidSignal(
       "edit_distance_required",
-      "editDistance is required when action is edited: pass { editDistance }, or { original, final } to have it computed",
+      `editDistance is required when action is ${action}: pass { editDistance }, or { original, final } to have it computed`,
     );
   }
   const body: Record<string, unknown> = { session_id: sessionId, action };

@@ -12,6 +12,10 @@
 //! - [`simulate`] runs the rules on simulated counts, look after look: the false-claim rate at
 //!   any look and the power (the tests and `nm-analytics-bench --power`).
 //!
+//! Imports go one way: `rollup` (the `session_rollups` table, kept by the ingest) builds on
+//! `outcome` (also the outcome model in SQL) and holds the TTFB bands it stores; `query` reads
+//! the rollup; `recommend` reads `query`'s groups. None of them imports back up this chain.
+//!
 //! [`Analytics`] ties them together. Below [`RECOMMENDATION_THRESHOLD`] signals an agent is
 //! *collecting*: the answer gives the count, the recent daily rate and the estimated date of
 //! the first recommendations. At or past it, the recommendations are computed over the last

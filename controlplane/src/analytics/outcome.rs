@@ -103,6 +103,25 @@ pub fn is_success(action: Action, edit_distance: Option<u64>) -> bool {
     }
 }
 
+/// The class of one signal in SQL: 1 success, 2 abandoned, 0 other failure, from
+/// [`is_success`] (the one definition of success) and the heavy-edit threshold.
+pub(crate) fn class_case() -> String {
+    let mut used = Vec::new();
+    for a in Action::ALL {
+        if a != Action::Edited && is_success(a, None) {
+            used.push(format!("'{a}'"));
+        }
+    }
+    format!(
+        "CASE WHEN action IN ({}) THEN 1 \
+         WHEN action = '{}' AND edit_distance < {HEAVY_EDIT_CHARS} THEN 1 \
+         WHEN action = '{}' THEN 2 ELSE 0 END",
+        used.join(", "),
+        Action::Edited,
+        Action::Abandoned,
+    )
+}
+
 /// Whether an edit of `edit_distance` characters is heavy (at least [`HEAVY_EDIT_CHARS`]).
 /// An unknown distance is not claimed heavy.
 pub fn is_heavy_edit(edit_distance: Option<u64>) -> bool {
@@ -234,6 +253,15 @@ impl Extend<SessionOutcome> for Tally {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn class_case_follows_the_outcome_model() {
+        let case = class_case();
+        assert!(case.contains("'accepted'") && case.contains("'thumbs_up'"));
+        assert!(case.contains("'sent'") && case.contains("'published'"));
+        assert!(!case.contains("'regenerated'") && !case.contains("'thumbs_down'"));
+        assert!(case.contains("edit_distance < 200"));
+    }
 
     const DISTANCES: [Option<u64>; 9] = [
         None,

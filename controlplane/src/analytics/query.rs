@@ -34,20 +34,15 @@ use std::collections::BTreeMap;
 
 use sea_orm::{ConnectionTrait, DatabaseBackend, QueryResult, Statement};
 
-use super::outcome::{HEAVY_EDIT_CHARS, is_success};
 use super::report::{OutcomeRow, Window};
-use super::rollup;
+use super::rollup::{self, ttfb_band};
 use crate::error::Result;
 use crate::sql::{Sql, count};
 use crate::store::Store;
-use nm_types::Action;
 
 /// Requests are read from this long before the window, so a session whose answer came shortly
 /// before its first signal in the window still has its model and cost.
 pub const REQUEST_LOOKBACK_MS: i64 = 86_400_000;
-
-/// Time-to-first-byte bands (upper bounds, ms) for the latency analysis; the last band is open.
-pub const TTFB_BANDS_MS: [i64; 5] = [500, 1_000, 2_000, 4_000, 8_000];
 
 /// What outcome rates are grouped by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,25 +100,6 @@ impl Dimension {
             _ => raw,
         }
     }
-}
-
-/// The class of one signal in SQL: 1 success, 2 abandoned, 0 other failure, from
-/// [`is_success`] (the one definition of success) and the heavy-edit threshold.
-pub(crate) fn class_case() -> String {
-    let mut used = Vec::new();
-    for a in Action::ALL {
-        if a != Action::Edited && is_success(a, None) {
-            used.push(format!("'{a}'"));
-        }
-    }
-    format!(
-        "CASE WHEN action IN ({}) THEN 1 \
-         WHEN action = '{}' AND edit_distance < {HEAVY_EDIT_CHARS} THEN 1 \
-         WHEN action = '{}' THEN 2 ELSE 0 END",
-        used.join(", "),
-        Action::Edited,
-        Action::Abandoned,
-    )
 }
 
 /// Measures over the sessions of `s` that have signals (`s` also holds the agent's sessions
@@ -433,7 +409,7 @@ pub struct Aggregates {
     /// Sessions whose last signal is in the recent trend window, and in the one before.
     pub recent: OutcomeRow,
     pub previous: OutcomeRow,
-    /// Sessions by time-to-first-byte band, fastest first (index into [`TTFB_BANDS_MS`], the
+    /// Sessions by time-to-first-byte band, fastest first (index into the bands of `rollup::TTFB_BANDS_MS`, the
     /// band past the last bound last); sessions without a TTFB are left out.
     pub by_ttfb: Vec<(usize, OutcomeRow)>,
     /// Sessions by end user (with signals).
@@ -456,18 +432,6 @@ pub struct Periods {
 #[tracing::instrument(skip_all, fields(nm.agent = %agent))]
 pub async fn aggregates(store: &Store, agent: &str, periods: Periods) -> Result<Aggregates> {
     aggregates_from(store, Source::Rollup, agent, periods).await
-}
-
-/// The time-to-first-byte band of the expression `ttfb` (`0`.., as text with `text`; NULL
-/// without a TTFB).
-pub(crate) fn ttfb_band(ttfb: &str, text: bool) -> String {
-    let quote = if text { "'" } else { "" };
-    let mut band = format!("CASE WHEN {ttfb} IS NULL THEN NULL");
-    for (i, bound) in TTFB_BANDS_MS.iter().enumerate() {
-        band.push_str(&format!(" WHEN {ttfb} < {bound} THEN {quote}{i}{quote}"));
-    }
-    band.push_str(&format!(" ELSE {quote}{}{quote} END", TTFB_BANDS_MS.len()));
-    band
 }
 
 /// [`aggregates`] over the per-session table of `source`.
@@ -836,15 +800,6 @@ fn measures_of(row: &QueryResult, key: Vec<Option<String>>) -> Result<OutcomeRow
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn class_case_follows_the_outcome_model() {
-        let case = class_case();
-        assert!(case.contains("'accepted'") && case.contains("'thumbs_up'"));
-        assert!(case.contains("'sent'") && case.contains("'published'"));
-        assert!(!case.contains("'regenerated'") && !case.contains("'thumbs_down'"));
-        assert!(case.contains("edit_distance < 200"));
-    }
 
     #[test]
     fn weeks_start_on_monday() {

@@ -16,10 +16,11 @@
 
 use nm_types::money::format_usd;
 
-use super::query::{Aggregates, Periods, TTFB_BANDS_MS};
+use super::query::{Aggregates, Periods};
 use super::report::{
     CostScope, Effect, EvidenceItem, Figure, Kind, OutcomeCost, OutcomeRow, Recommendation, Window,
 };
+use super::rollup::TTFB_BANDS_MS;
 use super::stats::{
     self, Direction, Intersections, MIN_SAMPLES_PER_ARM, NON_INFERIORITY_MARGIN, Proportion,
     best_arm, better, cost_concentration, differs, exceeds, performs_as_well, trend,

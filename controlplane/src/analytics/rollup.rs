@@ -32,12 +32,28 @@ use sea_orm::{ConnectionTrait, DatabaseBackend, Statement, Value};
 
 use std::collections::BTreeMap;
 
-use super::outcome::{HEAVY_EDIT_CHARS, is_heavy_edit, is_success};
-use super::query::{class_case, ttfb_band};
+use super::outcome::{HEAVY_EDIT_CHARS, class_case, is_heavy_edit, is_success};
 use crate::error::Result;
 use crate::records::RequestRecord;
 use crate::sql::{Sql, chunks_of, insert_values, push_value_rows};
 use nm_types::Action;
+
+/// Time-to-first-byte bands (upper bounds, ms) for the latency analysis; the last band is open.
+/// Defined here because each row stores its band (the `ttfb_band` column, [`DERIVED`]): a change
+/// of the bands needs a migration that rebuilds the table.
+pub const TTFB_BANDS_MS: [i64; 5] = [500, 1_000, 2_000, 4_000, 8_000];
+
+/// The time-to-first-byte band of the expression `ttfb` (`0`.., as text with `text`; NULL
+/// without a TTFB).
+pub(crate) fn ttfb_band(ttfb: &str, text: bool) -> String {
+    let quote = if text { "'" } else { "" };
+    let mut band = format!("CASE WHEN {ttfb} IS NULL THEN NULL");
+    for (i, bound) in TTFB_BANDS_MS.iter().enumerate() {
+        band.push_str(&format!(" WHEN {ttfb} < {bound} THEN {quote}{i}{quote}"));
+    }
+    band.push_str(&format!(" ELSE {quote}{}{quote} END", TTFB_BANDS_MS.len()));
+    band
+}
 
 /// The rollup's columns after (agent, session_id), in the order [`AGGREGATES`] computes them.
 pub(crate) const COLUMNS: [&str; 17] = [

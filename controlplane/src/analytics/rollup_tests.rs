@@ -12,9 +12,9 @@
 use sea_orm::{ConnectionTrait, Database, DatabaseConnection, QueryResult};
 use sea_orm_migration::MigratorTrait;
 
-use super::outcome::HEAVY_EDIT_CHARS;
+use super::outcome::{HEAVY_EDIT_CHARS, class_case};
 use super::query::{
-    Aggregates, Dimension, Periods, REQUEST_LOOKBACK_MS, Source, aggregates_from, class_case,
+    Aggregates, Dimension, Periods, REQUEST_LOOKBACK_MS, Source, aggregates_from,
     outcome_rates_from,
 };
 use super::report::Window;

@@ -11,9 +11,10 @@
 //! deterministic: the same arguments give the same figures. Used by the tests (a few thousand
 //! agents) and by `nm-analytics-bench --power` (more, and the table in `bench/README.md`).
 
-use super::query::{Aggregates, Periods, TTFB_BANDS_MS};
+use super::query::{Aggregates, Periods};
 use super::recommend;
 use super::report::{Kind, OutcomeRow, Recommendation, Window};
+use super::rollup::TTFB_BANDS_MS;
 use super::stats::{self, Intersections, MIN_SAMPLES_PER_ARM, Proportion};
 use super::synthetic::Rng;
 use super::{DAY_MS, WINDOW_DAYS};

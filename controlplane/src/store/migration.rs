@@ -748,7 +748,7 @@ mod m0006_session_rollups {
     #[cfg(test)]
     mod tests {
         use super::BACKFILL;
-        use crate::analytics::query::ttfb_band;
+        use crate::analytics::rollup::ttfb_band;
 
         /// The stored TTFB band is the analytics' band: changing the bands needs a migration.
         #[test]

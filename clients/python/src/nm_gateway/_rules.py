@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import re
 import uuid
-from typing import Optional, Tuple
+from typing import FrozenSet, Optional, Tuple
 
 from ._errors import ConfigError
 
+# The signal actions as declared in types/signal-actions.json (the one declaration, from which the
+# gateway's own parser is generated); tests/test_actions.py checks these two and the session
+# methods (one per action) against it.
 ACTIONS: Tuple[str, ...] = (
     "accepted",
     "edited",
@@ -23,6 +26,8 @@ ACTIONS: Tuple[str, ...] = (
     "published",
     "sent",
 )
+# The actions a signal must carry edit_distance with.
+EDIT_DISTANCE_REQUIRED: FrozenSet[str] = frozenset({"edited"})
 ENVS: Tuple[str, ...] = ("production", "staging", "development")
 
 MAX_SESSION_ID_LEN = 128  # the <id> part of sess_<id>

@@ -44,6 +44,7 @@ from typing import Any, Dict, Optional, Protocol
 from ._errors import InvalidSignal, SignalError
 from ._rules import (
     ACTIONS,
+    EDIT_DISTANCE_REQUIRED,
     MAX_CUSTOM_LABEL_BYTES,
     MAX_EDIT_DISTANCE,
     MAX_IDEMPOTENCY_KEY_LEN,
@@ -106,10 +107,10 @@ def build_signal(
             "invalid_edit_distance",
             f"edit_distance must be a non-negative integer (characters changed); got {edit_distance!r}",
         )
-    if action == "edited" and edit_distance is None:
+    if action in EDIT_DISTANCE_REQUIRED and edit_distance is None:
         raise InvalidSignal(
             "edit_distance_required",
-            "edit_distance is required when action is edited: pass edit_distance=N, "
+            f"edit_distance is required when action is {action}: pass edit_distance=N, "
             "or original=... and final=... to have it computed",
         )
     body: Dict[str, Any] = {"session_id": session_id, "action": action}
