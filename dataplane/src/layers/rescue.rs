@@ -64,8 +64,8 @@ pub struct Rescue<S> {
 
 impl<S> Rescue<S> {
     /// The error shape for a request: the gateway envelope for its own routes and reserved names
-    /// ([`crate::routes::Route`]), else its provider's. Unknown prefixes get the OpenAI shape, the one most
-    /// clients parse.
+    /// ([`crate::routes::Route`]), else its provider's. Unknown prefixes get the OpenAI shape,
+    /// the one most clients parse.
     fn flavor<B>(&self, req: &Request<B>) -> ErrorFlavor {
         if RequestStart::route_of(req).gateway_shaped() {
             return ErrorFlavor::Gateway;
