@@ -39,9 +39,6 @@ use crate::otel::Telemetry;
 use crate::otel::export::DropCounter;
 use nm_dataplane::metrics::Metrics;
 
-/// The version reported by `/health` and `--version`.
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
-
 /// A started process shape.
 #[derive(Debug)]
 pub struct Running {
@@ -265,7 +262,7 @@ async fn dataplane(
         shutdown_grace: settings.shutdown_grace,
         record_queue_capacity: settings.record_queue,
         extra_roots: settings.extra_ca_certs.clone(),
-        version: VERSION,
+        version: crate::VERSION,
         prices: settings.prices.clone(),
         reserve_output_tokens: settings.reserve_output_tokens,
         key_verifier,

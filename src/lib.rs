@@ -5,6 +5,9 @@
 
 #![forbid(unsafe_code)]
 
+/// The gateway's version, as every process reports it.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
 pub mod app;
 pub mod cli;
 pub mod config;

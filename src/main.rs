@@ -30,7 +30,7 @@ const ALLOCATOR_PURGE_DELAY_MS: std::ffi::c_long = 1_000;
 const EXIT_USAGE: u8 = 64;
 
 #[derive(Debug, Parser)]
-#[command(name = "nm-gateway", version = app::VERSION, about = "LLM gateway: transparent provider proxy with signals, usage and keys")]
+#[command(name = "nm-gateway", version = nm_gateway::VERSION, about = "LLM gateway: transparent provider proxy with signals, usage and keys")]
 struct Cli {
     /// TOML settings file (flags > env > file > defaults).
     #[arg(long, global = true, value_name = "FILE")]
@@ -338,7 +338,7 @@ mod tests {
             .filter_map(|a| Some((a.get_long()?, a.get_help()?.to_string())));
         let mut seen = BTreeSet::new();
         for (long, help) in args {
-            let row = config::decl::all()
+            let row = config::all()
                 .find(|m| m.flag.is_some_and(|f| f.long == long))
                 .unwrap_or_else(|| panic!("--{long}: no setting declares it"));
             assert!(
@@ -348,7 +348,7 @@ mod tests {
             );
             seen.insert(long);
         }
-        for m in config::decl::all() {
+        for m in config::all() {
             if let Some(f) = m.flag {
                 assert!(
                     seen.contains(f.long),

@@ -25,17 +25,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::Path;
 
-/// Circles in files this branch does not own, removed on other branches of issue 30 (the
-/// dataplane's and the root's). The integrator empties this list after merging: the test fails
-/// for a circle missing from it and for an entry that no longer exists, so it can only shrink.
-const PENDING_ELSEWHERE: &[&str] = &[
-    "nm_dataplane: body, error, forward, pace",
-    "nm_dataplane: journal, records",
-    "nm_dataplane: proxy, signal, stack",
-    "nm_gateway: app, grpc::analytics, grpc::server, otel",
-    "nm_gateway: config, otel::settings",
-];
-
 /// Workspace members that are not product code.
 const NOT_PRODUCT: &[&str] = &["bench"];
 
@@ -56,7 +45,7 @@ fn product_code_has_no_import_circles() {
         graph.modules
     );
     let circles = graph.circles();
-    if let Err(e) = judge(&circles, PENDING_ELSEWHERE) {
+    if let Err(e) = judge(&circles) {
         panic!("{e}");
     }
 }
@@ -102,22 +91,11 @@ fn product_crates(root: &Path) -> Vec<CrateRoot> {
     crates
 }
 
-/// Fails for a circle not in `pending`, and for an entry of `pending` that is no circle (any
-/// more).
-fn judge(circles: &[Circle], pending: &[&str]) -> Result<(), String> {
-    let found: BTreeSet<&str> = circles.iter().map(|c| c.name.as_str()).collect();
+/// Fails listing every circle.
+fn judge(circles: &[Circle]) -> Result<(), String> {
     let mut msg = String::new();
-    for c in circles
-        .iter()
-        .filter(|c| !pending.contains(&c.name.as_str()))
-    {
+    for c in circles {
         let _ = writeln!(msg, "import circle {}\n{}", c.name, c.detail);
-    }
-    for p in pending.iter().filter(|p| !found.contains(**p)) {
-        let _ = writeln!(
-            msg,
-            "PENDING_ELSEWHERE lists {p:?}, which is no circle (any more): remove it"
-        );
     }
     if msg.is_empty() { Ok(()) } else { Err(msg) }
 }
@@ -1229,20 +1207,15 @@ fn imports_a_declared_module_without_a_file_is_an_error() {
 }
 
 #[test]
-fn imports_pending_list_must_match_exactly() {
+fn imports_every_circle_fails_by_name() {
     let circle = |name: &str| Circle {
         name: name.to_owned(),
         detail: String::new(),
     };
-    let found = [circle("k: a, b"), circle("k: c, d")];
-    assert!(judge(&found, &["k: a, b", "k: c, d"]).is_ok());
-    // A circle not listed fails.
-    let e = judge(&found, &["k: a, b"]).err().unwrap_or_default();
-    assert!(e.contains("import circle k: c, d"), "{e}");
-    // A listed circle that is gone fails too, so the list shrinks.
-    let e = judge(&found[..1], &["k: a, b", "k: c, d"])
+    let e = judge(&[circle("k: a, b"), circle("k: c, d")])
         .err()
         .unwrap_or_default();
-    assert!(e.contains("\"k: c, d\", which is no circle"), "{e}");
-    assert!(judge(&[], &[]).is_ok());
+    assert!(e.contains("import circle k: a, b"), "{e}");
+    assert!(e.contains("import circle k: c, d"), "{e}");
+    assert!(judge(&[]).is_ok());
 }

@@ -48,10 +48,10 @@ use tokio::net::TcpListener;
 
 pub use error::ProxyError;
 pub use keys::{Health, KeySet, Principal};
+pub use link::{SignalSink, SubmitError, SubmitFuture};
 pub use providers::{AuthStyle, ProviderSpec, Registry, WireFormat};
 pub use records::{RecordQueue, RecordSink, RequestRecord};
 pub use server::Drained;
-pub use signal::{SignalSink, SubmitError, SubmitFuture};
 
 /// Default request-body limit (images are big).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;

@@ -10,10 +10,10 @@
 //! typo such as `edit_distnace` cannot silently drop data; duplicate fields are refused too;
 //! `edit_distance` may accompany any action but must always be a non-negative integer;
 //! `custom_label` is kept as the exact JSON text sent (at most 1 KiB).
+//!
+//! [`SignalSink`]: crate::link::SignalSink
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -29,6 +29,7 @@ use serde_json::value::RawValue;
 use crate::body::{GatewayBody, RequestBody};
 use crate::edge;
 use crate::error::ProxyError;
+use crate::link::SubmitError;
 use crate::state::State;
 use opentelemetry::context::FutureExt as _;
 
@@ -46,32 +47,6 @@ pub struct Head {
     pub key_id: Arc<str>,
     pub idempotency_key: Option<String>,
     pub agent_hint: Option<String>,
-}
-
-/// Why the controlplane did not store a signal.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SubmitError {
-    /// Not stored; the client may retry.
-    #[error("{0}")]
-    Unavailable(String),
-    /// Refused for breaking a rule (the dataplane's own checks should have caught it).
-    #[error("{0}")]
-    Rejected(String),
-    /// No answer in time: the signal was being committed when the wait ended (or the answer
-    /// was lost), so it may have been stored.
-    #[error("{0}")]
-    Unconfirmed(String),
-}
-
-/// Resolves once the signal is committed, with the exported spans of its session's latest
-/// requests when the call was traced (its span links to them).
-pub type SubmitFuture =
-    Pin<Box<dyn Future<Output = Result<Vec<nm_types::record::TraceRef>, SubmitError>> + Send>>;
-
-/// Where accepted signals go: the link's port (`link::PortSignals`).
-pub trait SignalSink: fmt::Debug + Send + Sync + 'static {
-    /// Resolves once the signal is durably stored.
-    fn submit(&self, signal: Signal) -> SubmitFuture;
 }
 
 /// A refused body: the contract code and a message naming the field.

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use crate::event::{SinkHandles, Sinks};
 use crate::forward::Upstream;
 use crate::keys::{Health, KeySet};
+use crate::link::SignalSink;
 use crate::providers::Registry;
 use crate::records::RecordSink;
-use crate::signal::SignalSink;
 
 /// Everything a request handler needs. Shared, read-only apart from the key set and health.
 #[derive(Debug)]

@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::{ConfigError, Flags, Mode};
+use super::{Flags, Mode};
 
 /// The concern a setting belongs to: one section of docs/settings.md, one file of `config/`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -213,35 +213,6 @@ macro_rules! declare {
 }
 pub(crate) use declare;
 
-/// Every declared setting, group by group.
-pub fn all() -> impl Iterator<Item = &'static Meta> {
-    [
-        super::server::TABLE,
-        super::link::TABLE,
-        super::storage::TABLE,
-        super::providers::TABLE,
-        super::budgets::TABLE,
-        super::limits::TABLE,
-        super::tracing::TABLE,
-        crate::otel::settings::TABLE,
-    ]
-    .into_iter()
-    .flatten()
-    .copied()
-}
-
-/// The setting a file key belongs to.
-pub fn by_file_key(key: &str) -> Option<&'static Meta> {
-    all().find(|m| m.file.is_some_and(|(k, _)| k == key))
-}
-
-/// Every file key, for the message about an unknown one.
-pub fn file_keys() -> Vec<&'static str> {
-    let mut keys: Vec<&str> = all().filter_map(|m| m.file.map(|(k, _)| k)).collect();
-    keys.extend(["providers", "prices"]);
-    keys
-}
-
 /// Whether `value` has the TOML type of `kind`.
 pub fn file_value_fits(kind: Kind, value: &toml::Value) -> bool {
     matches!(
@@ -283,7 +254,7 @@ impl<'a> Sources<'a> {
         let raw = self
             .given(meta)
             .or_else(|| meta.default_raw(self.mode))
-            .ok_or_else(|| super::invalid(meta.env, "required"))?;
+            .ok_or_else(|| invalid(meta.env, "required"))?;
         (setting.parse)(meta.env, raw)
     }
 
@@ -292,5 +263,24 @@ impl<'a> Sources<'a> {
         self.given(&setting.meta)
             .map(|raw| (setting.parse)(setting.meta.env, raw))
             .transpose()
+    }
+}
+
+/// A setting that cannot be used: names it and the problem.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{key}: {problem}")]
+    Invalid { key: String, problem: String },
+    #[error("config file {path}: {problem}")]
+    File {
+        path: std::path::PathBuf,
+        problem: String,
+    },
+}
+
+pub(super) fn invalid(key: &str, problem: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.to_owned(),
+        problem: problem.into(),
     }
 }

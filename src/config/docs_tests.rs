@@ -20,7 +20,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use super::Mode;
-use super::decl::{self, Chart, Default, Group, Kind, Lit, Meta, Raw};
+use super::decl::{Chart, Default, Group, Kind, Lit, Meta, Raw};
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -71,7 +71,7 @@ fn table() -> String {
     for group in Group::ALL {
         let _ = writeln!(out, "\n### {}\n", group.title());
         out.push_str("| env | flag | file key | default | what it does |\n|---|---|---|---|---|\n");
-        for m in decl::all().filter(|m| m.group == group) {
+        for m in super::all().filter(|m| m.group == group) {
             let flag = m
                 .flag
                 .map_or("-".to_owned(), |f| code(&format!("--{}", f.long)));
@@ -132,7 +132,7 @@ fn settings_names_keys_and_flags_are_unique_and_defaults_parse() {
     let mut envs = BTreeSet::new();
     let mut keys = BTreeSet::new();
     let mut flags = BTreeSet::new();
-    for m in decl::all() {
+    for m in super::all() {
         assert!(envs.insert(m.env), "{} declared twice", m.env);
         assert!(
             m.env.starts_with("NM_") || m.env.starts_with("OTEL_"),
@@ -163,7 +163,7 @@ fn settings_names_keys_and_flags_are_unique_and_defaults_parse() {
 
 #[test]
 fn settings_file_keys_are_the_declared_ones_of_their_type() {
-    for m in decl::all() {
+    for m in super::all() {
         let Some((key, kind)) = m.file else { continue };
         let good = match kind {
             Kind::Str => format!("{key} = \"x\""),
@@ -345,7 +345,7 @@ fn settings_chart_config_values_are_declared_rows_with_their_defaults() {
         .filter_map(|v| v.as_str())
         .collect();
 
-    let rows: BTreeMap<&str, &Meta> = decl::all()
+    let rows: BTreeMap<&str, &Meta> = super::all()
         .filter_map(|m| match m.chart {
             Chart::Value(k) | Chart::ValueOwnDefault(k, _) => Some((k, m)),
             _ => None,
@@ -402,12 +402,12 @@ fn settings_chart_config_values_are_declared_rows_with_their_defaults() {
 fn settings_chart_sets_only_declared_variables_and_all_it_should() {
     let names = template_names();
     // configmap.yaml makes `NM_<KEY>` of every `config.*` value.
-    let from_config: BTreeSet<String> = decl::all()
+    let from_config: BTreeSet<String> = super::all()
         .filter(|m| matches!(m.chart, Chart::Value(_) | Chart::ValueOwnDefault(..)))
         .map(|m| m.env.to_owned())
         .collect();
     for name in &names {
-        let row = decl::all().find(|m| match m.prefix() {
+        let row = super::all().find(|m| match m.prefix() {
             Some(prefix) => name == prefix,
             None => name == m.env,
         });
@@ -419,7 +419,7 @@ fn settings_chart_sets_only_declared_variables_and_all_it_should() {
             Some(_) => {}
         }
     }
-    for m in decl::all() {
+    for m in super::all() {
         let named = names.contains(m.prefix().unwrap_or(m.env));
         match m.chart {
             Chart::Template | Chart::Otel => {
@@ -443,7 +443,7 @@ fn settings_chart_otel_values_are_the_declared_defaults() {
     let otel = section(&values, "otel");
     let schema = schema_section("otel");
     let row = |env: &str| {
-        decl::all()
+        super::all()
             .find(|m| m.env == env)
             .unwrap_or_else(|| panic!("{env} is not declared"))
     };

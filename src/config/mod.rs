@@ -49,6 +49,8 @@ use nm_dataplane::hot_path::HotPath;
 use rustls::pki_types::CertificateDer;
 use serde::Deserialize;
 
+pub use decl::ConfigError;
+use decl::invalid;
 pub use link::{MIN_SECRET_GUESSES_LOG10, MIN_SECRET_LEN, guesses_log10, strong_secret};
 pub use providers::FileProvider;
 
@@ -108,10 +110,10 @@ impl<'de> Deserialize<'de> for FileSettings {
         }
         let whole = Whole::deserialize(d)?;
         for (key, value) in &whole.values {
-            let Some((_, kind)) = decl::by_file_key(key).and_then(|m| m.file) else {
+            let Some((_, kind)) = by_file_key(key).and_then(|m| m.file) else {
                 return Err(serde::de::Error::custom(format!(
                     "unknown field `{key}`, expected one of {}",
-                    decl::file_keys().join(", ")
+                    file_keys().join(", ")
                 )));
             };
             if !decl::file_value_fits(kind, value) {
@@ -234,19 +236,33 @@ impl std::fmt::Debug for ClientTls {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("{key}: {problem}")]
-    Invalid { key: String, problem: String },
-    #[error("config file {path}: {problem}")]
-    File { path: PathBuf, problem: String },
+/// Every declared setting, group by group.
+pub fn all() -> impl Iterator<Item = &'static decl::Meta> {
+    [
+        server::TABLE,
+        link::TABLE,
+        storage::TABLE,
+        providers::TABLE,
+        budgets::TABLE,
+        limits::TABLE,
+        tracing::TABLE,
+        crate::otel::settings::TABLE,
+    ]
+    .into_iter()
+    .flatten()
+    .copied()
 }
 
-fn invalid(key: &str, problem: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        key: key.to_owned(),
-        problem: problem.into(),
-    }
+/// The setting a file key belongs to.
+pub fn by_file_key(key: &str) -> Option<&'static decl::Meta> {
+    all().find(|m| m.file.is_some_and(|(k, _)| k == key))
+}
+
+/// Every file key, for the message about an unknown one.
+pub fn file_keys() -> Vec<&'static str> {
+    let mut keys: Vec<&str> = all().filter_map(|m| m.file.map(|(k, _)| k)).collect();
+    keys.extend(["providers", "prices"]);
+    keys
 }
 
 /// Reads and parses a TOML settings file.

@@ -16,7 +16,7 @@ use super::pb;
 use super::pb::analytics_server::Analytics as AnalyticsApi;
 use nm_controlplane::Controlplane;
 
-use super::server::require_admin;
+use super::require_admin;
 use super::status::to_status;
 
 #[derive(Debug, Clone)]

@@ -12,7 +12,9 @@ pub mod status;
 
 use std::time::Duration;
 
+use nm_controlplane::{KeyInfo, Keys};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::{Request, Status};
 
 use crate::config::ClientTls;
 
@@ -72,4 +74,25 @@ pub fn channel(url: &str, tls: &ClientTls) -> anyhow::Result<Channel> {
         endpoint = endpoint.tls_config(config)?;
     }
     Ok(endpoint.connect_lazy())
+}
+
+/// The admin key of an admin call, checked against the in-memory key set.
+pub(crate) fn require_admin<T>(keys: &Keys, req: &Request<T>) -> Result<KeyInfo, Status> {
+    let secret = req
+        .metadata()
+        .get(NM_KEY_METADATA)
+        .ok_or_else(|| {
+            Status::unauthenticated(
+                "missing nm-key metadata: admin calls need an admin service key",
+            )
+        })?
+        .to_str()
+        .map_err(|_| Status::unauthenticated("invalid nm-key"))?;
+    let key = keys
+        .authenticate(secret.trim())
+        .ok_or_else(|| Status::unauthenticated("invalid nm-key: unknown or revoked"))?;
+    if !key.admin {
+        return Err(Status::permission_denied("this call needs an admin key"));
+    }
+    Ok(key)
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nm_controlplane::signals::SignalFilter;
-use nm_controlplane::{Controlplane, KeyInfo, Keys, Store, now_ms};
+use nm_controlplane::{Controlplane, Store, now_ms};
 use nm_types::Env;
 use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
@@ -28,7 +28,7 @@ use super::pb::budgets_server::{Budgets as BudgetsApi, BudgetsServer};
 use super::pb::keys_server::{Keys as KeysApi, KeysServer};
 use super::pb::status_server::{Status as StatusApi, StatusServer};
 use super::pb::usage_server::{Usage as UsageApi, UsageServer};
-use super::{FILE_DESCRIPTOR_SET, NM_KEY_METADATA, convert, pb, status::to_status};
+use super::{FILE_DESCRIPTOR_SET, convert, pb, require_admin, status::to_status};
 
 /// How often the key set is re-read from the database (changes by other replicas).
 pub const KEY_REFRESH: Duration = Duration::from_secs(2);
@@ -42,27 +42,6 @@ pub struct Options {
     pub tls: Option<ServerTls>,
     /// Server spans of the link's traced calls (tracing on).
     pub tracing: Option<crate::otel::link::LinkTracing>,
-}
-
-/// The admin key of an admin call, checked against the in-memory key set.
-pub(crate) fn require_admin<T>(keys: &Keys, req: &Request<T>) -> Result<KeyInfo, Status> {
-    let secret = req
-        .metadata()
-        .get(NM_KEY_METADATA)
-        .ok_or_else(|| {
-            Status::unauthenticated(
-                "missing nm-key metadata: admin calls need an admin service key",
-            )
-        })?
-        .to_str()
-        .map_err(|_| Status::unauthenticated("invalid nm-key"))?;
-    let key = keys
-        .authenticate(secret.trim())
-        .ok_or_else(|| Status::unauthenticated("invalid nm-key: unknown or revoked"))?;
-    if !key.admin {
-        return Err(Status::permission_denied("this call needs an admin key"));
-    }
-    Ok(key)
 }
 
 // === impl Keys ===
@@ -382,7 +361,7 @@ impl StatusApi for StatusService {
             migrations_current,
             database_writable,
             database: store.system().to_owned(),
-            version: crate::app::VERSION.to_owned(),
+            version: crate::VERSION.to_owned(),
             reason,
         }))
     }

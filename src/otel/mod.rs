@@ -73,7 +73,7 @@ impl Telemetry {
                     .map(|(k, v)| KeyValue::new(k.clone(), v.clone())),
             )
             .with_service_name(service)
-            .with_attribute(KeyValue::new("service.version", crate::app::VERSION))
+            .with_attribute(KeyValue::new("service.version", crate::VERSION))
             .build();
         let provider = SdkTracerProvider::builder()
             .with_span_processor(processor)
@@ -90,7 +90,7 @@ impl Telemetry {
     /// A tracer for the gateway's spans.
     pub fn tracer(&self) -> BoxedTracer {
         let scope = InstrumentationScope::builder(SCOPE)
-            .with_version(crate::app::VERSION)
+            .with_version(crate::VERSION)
             .with_schema_url("https://opentelemetry.io/schemas/1.37.0")
             .build();
         BoxedTracer::new(Box::new(self.provider.tracer_with_scope(scope)))

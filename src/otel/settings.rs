@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::time::Duration;
 
-use crate::config::ConfigError;
+use crate::config::decl::ConfigError;
 
 pub const OTEL_SDK_DISABLED: &str = "OTEL_SDK_DISABLED";
 pub const OTEL_TRACES_EXPORTER: &str = "OTEL_TRACES_EXPORTER";

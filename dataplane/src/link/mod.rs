@@ -20,7 +20,7 @@
 //! record and signal passes are the controlplane's, whatever adapter brought them; this crate
 //! never depends on the controlplane crate.
 //!
-//! [`SignalSink`]: crate::SignalSink
+//! [`SignalSink`]: SignalSink
 
 mod backoff;
 pub mod dead_letter;
@@ -32,6 +32,7 @@ pub use backoff::Backoff;
 pub use trace::BatchSpans;
 
 use std::fmt;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -181,4 +182,30 @@ impl Link {
         self.budget_watcher.abort();
         let _ = self.shipper.await;
     }
+}
+
+/// Why the controlplane did not store a signal.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    /// Not stored; the client may retry.
+    #[error("{0}")]
+    Unavailable(String),
+    /// Refused for breaking a rule (the dataplane's own checks should have caught it).
+    #[error("{0}")]
+    Rejected(String),
+    /// No answer in time: the signal was being committed when the wait ended (or the answer
+    /// was lost), so it may have been stored.
+    #[error("{0}")]
+    Unconfirmed(String),
+}
+
+/// Resolves once the signal is committed, with the exported spans of its session's latest
+/// requests when the call was traced (its span links to them).
+pub type SubmitFuture =
+    Pin<Box<dyn Future<Output = Result<Vec<nm_types::record::TraceRef>, SubmitError>> + Send>>;
+
+/// Where accepted signals go: the link's port ([`watch::PortSignals`]).
+pub trait SignalSink: fmt::Debug + Send + Sync + 'static {
+    /// Resolves once the signal is durably stored.
+    fn submit(&self, signal: Signal) -> SubmitFuture;
 }
