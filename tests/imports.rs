@@ -502,13 +502,13 @@ impl Graph {
             match &toks[i].tok {
                 Tok::Punct('#') if is_punct(toks.get(i + 1), '[') => {
                     let end = group_end(&toks, i + 1);
-                    if is_ident(toks.get(i + 2), "path") && is_punct(toks.get(i + 3), '=') {
-                        if let Some(Token {
+                    if is_ident(toks.get(i + 2), "path")
+                        && is_punct(toks.get(i + 3), '=')
+                        && let Some(Token {
                             tok: Tok::Str(p), ..
                         }) = toks.get(i + 4)
-                        {
-                            path_attr = Some(p.clone());
-                        }
+                    {
+                        path_attr = Some(p.clone());
                     }
                     i = end;
                     continue;
