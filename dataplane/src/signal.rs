@@ -116,10 +116,13 @@ pub fn parse_body(body: &[u8], head: Head) -> Result<Signal, Invalid> {
                 })?,
         ),
     };
-    if action == Action::Edited && edit_distance.is_none() {
+    if action.requires_edit_distance() && edit_distance.is_none() {
         return Err(invalid(
             "edit_distance_required",
-            "edit_distance is required when action is edited",
+            format!(
+                "edit_distance is required when action is {}",
+                action.as_str()
+            ),
         ));
     }
 

@@ -9,7 +9,7 @@
 //! [`super::Analytics::recompute_at`] carries them (the end-to-end version of the same runs,
 //! through SQLite and the stored answer, is in `ground_truth_tests.rs`). Seeded and
 //! deterministic: the same arguments give the same figures. Used by the tests (a few thousand
-//! agents) and by `nm-analytics-bench --power` (more, and the table in `bench/README.md`).
+//! agents) and by `nm-analytics-bench --power` (more, and the table in `bench/HISTORY.md`).
 
 use super::query::{Aggregates, Periods};
 use super::recommend;

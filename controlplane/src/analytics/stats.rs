@@ -98,7 +98,7 @@
 //! 0.03%), so it needs more sessions for the same effect; but its window starts with 30 days
 //! of sessions. Without the spending, each stretch would spend the whole 5%: a year of
 //! recomputes (up to 12 a day) showed a false best model to 13.6% of equal-models agents,
-//! against 3.6% with it (the README's "Agent analytics" has the figures).
+//! against 3.6% with it (docs/analytics.md has the figures).
 //!
 //! Each decision returns its [`Evidence`] (counts, rates, intervals, the difference, the
 //! always-valid p-value and the Bayesian probability that one arm is better), so a
