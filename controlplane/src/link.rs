@@ -14,6 +14,7 @@
 //! What was parsed at the edge (a session id, an env, an action) arrives typed; the adapters
 //! only map and authenticate.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use nm_types::record::{RequestRecord, TraceRef};
@@ -60,26 +61,29 @@ impl Controlplane {
             .map(|r| (&*r.key_id, r.started_at_ms))
             .collect();
         let valid = self.keys.valid_at(&uses).await?;
-        let mut rejected = Vec::new();
-        let mut accepted = Vec::with_capacity(batch.len());
-        let mut positions = Vec::with_capacity(batch.len());
-        for (i, (record, ok)) in batch.iter().zip(valid).enumerate() {
-            if ok {
-                positions.push(i);
-                accepted.push(record.clone());
-            } else {
-                rejected.push((
-                    i,
-                    "key_id must name a key that was valid when the request was made".to_owned(),
-                ));
-            }
-        }
-        if !rejected.is_empty() {
+        let mut rejected: Vec<(usize, String)> = valid
+            .iter()
+            .enumerate()
+            .filter(|(_, ok)| !**ok)
+            .map(|(i, _)| {
+                let rule = "key_id must name a key that was valid when the request was made";
+                (i, rule.to_owned())
+            })
+            .collect();
+        // Almost every batch is all valid: it is stored as it came, without a copy.
+        let (accepted, positions): (Cow<'_, [RequestRecord]>, Vec<usize>) = if rejected.is_empty() {
+            (Cow::Borrowed(batch), (0..batch.len()).collect())
+        } else {
             warn!(
                 records = rejected.len(),
                 "request records refused: unknown or revoked key"
             );
-        }
+            let positions: Vec<usize> = (0..batch.len()).filter(|&i| valid[i]).collect();
+            (
+                positions.iter().map(|&i| batch[i].clone()).collect(),
+                positions,
+            )
+        };
         let mut outcome = store::retry_conflicts(|| self.records.ingest(&accepted)).await?;
         rejected.extend(
             outcome
