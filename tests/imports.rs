@@ -1045,7 +1045,7 @@ fn imports_three_modules_in_a_ring_name_every_edge_and_the_cycle() {
     let files = [
         ("src/lib.rs", "mod x; mod y; mod z; mod w;"),
         ("src/x.rs", "use crate::y;"),
-        ("src/y.rs", "fn f() -> crate::z::T { todo!() }"),
+        ("src/y.rs", "fn f(t: crate::z::T) -> usize { t.len() }"),
         ("src/z.rs", "use super::{w, x::Thing as Other};"),
         ("src/w.rs", ""),
     ];
