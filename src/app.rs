@@ -274,6 +274,7 @@ async fn dataplane(
         hot_path: settings.hot_path,
         tracing,
         metrics,
+        access_log: crate::telemetry::access_log(),
     };
     let signals = Arc::new(PortSignals { port: port.clone() });
     let (dp, queue) = Dataplane::new(config, signals)?;

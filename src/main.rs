@@ -135,7 +135,9 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(run(cli))
+    let code = runtime.block_on(run(cli));
+    telemetry::flush();
+    code
 }
 
 async fn run(cli: Cli) -> ExitCode {
@@ -241,6 +243,7 @@ async fn run(cli: Cli) -> ExitCode {
         Ok(r) => r,
         Err(e) => {
             tracing::error!(error = format!("{e:#}"), "startup failed");
+            telemetry::flush();
             eprintln!("nm-gateway: {e:#}");
             return ExitCode::FAILURE;
         }

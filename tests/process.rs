@@ -34,6 +34,18 @@ impl Proc {
 
     /// Spawns the binary under a wrapper command (e.g. `prlimit --nofile=1024:1024 --`).
     fn spawn_under(wrapper: &[&str], args: &[&str], env: &[(&str, &str)], cwd: &Path) -> Self {
+        Self::spawn_gated(wrapper, args, env, cwd, None)
+    }
+
+    /// Spawns the binary; with `stall`, its stderr stops being read after the line that
+    /// contains the text, until the gate opens (a stalled pipe).
+    fn spawn_gated(
+        wrapper: &[&str],
+        args: &[&str],
+        env: &[(&str, &str)],
+        cwd: &Path,
+        stall: Option<(&'static str, std::sync::mpsc::Receiver<()>)>,
+    ) -> Self {
         let mut cmd = match wrapper.split_first() {
             Some((program, rest)) => {
                 let mut c = Command::new(program);
@@ -51,31 +63,39 @@ impl Proc {
             cmd.env(k, v);
         }
         let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {BIN}: {e}"));
-        let collect = |pipe: Option<Box<dyn std::io::Read + Send>>| {
-            let lines = Arc::new(Mutex::new(Vec::new()));
-            let sink = lines.clone();
-            if let Some(pipe) = pipe {
-                std::thread::spawn(move || {
-                    for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                        if let Ok(mut l) = sink.lock() {
-                            l.push(line);
+        let collect =
+            |pipe: Option<Box<dyn std::io::Read + Send>>,
+             mut stall: Option<(&'static str, std::sync::mpsc::Receiver<()>)>| {
+                let lines = Arc::new(Mutex::new(Vec::new()));
+                let sink = lines.clone();
+                if let Some(pipe) = pipe {
+                    std::thread::spawn(move || {
+                        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                            let gate = stall.take_if(|(after, _)| line.contains(*after));
+                            if let Ok(mut l) = sink.lock() {
+                                l.push(line);
+                            }
+                            if let Some((_, gate)) = gate {
+                                let _ = gate.recv();
+                            }
                         }
-                    }
-                });
-            }
-            lines
-        };
+                    });
+                }
+                lines
+            };
         let stdout = collect(
             child
                 .stdout
                 .take()
                 .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+            None,
         );
         let stderr = collect(
             child
                 .stderr
                 .take()
                 .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+            stall,
         );
         Self {
             child,
@@ -873,6 +893,119 @@ async fn an_outage_logs_a_line_a_second_not_one_per_signal() {
         flood.join("\n")
     );
     drop(frozen);
+}
+
+/// Issue 31, 1: a stderr nobody reads (a full pipe) never stalls requests. Every request is
+/// answered while the pipe is stalled; the access lines that found the log queue full are
+/// dropped and counted; once the pipe is read again, lines flow again.
+#[tokio::test]
+async fn a_stalled_stderr_drops_counted_lines_and_never_stalls_requests() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let mock =
+        MockProvider::json(r#"{"id":"x","usage":{"prompt_tokens":1,"completion_tokens":1}}"#)
+            .start()
+            .await;
+    let (open, gate) = std::sync::mpsc::channel();
+    let mut p = Proc::spawn_gated(
+        &[],
+        &["serve"],
+        &[
+            ("NM_HTTP_ADDR", "127.0.0.1:0"),
+            ("NM_GRPC_ADDR", "127.0.0.1:0"),
+            ("NM_BOOTSTRAP_KEY", KEY),
+            ("NM_UPSTREAM_OPENAI", &mock.url),
+        ],
+        dir.path(),
+        Some(("dataplane HTTP listening on", gate)),
+    );
+    let http = p.listening("dataplane HTTP").await;
+    let url = format!("http://{http}/openai/v1/chat/completions");
+    let c = client();
+    // The pipe (64 KiB) and the log queue (8192 lines) hold about 8400 access lines: more
+    // requests than that, 32 at a time, all answered while nobody reads stderr.
+    let total = 9_000;
+    let mut statuses = Vec::with_capacity(total);
+    for wave in 0..total / 32 + 1 {
+        let mut waiting = Vec::new();
+        for _ in 0..32.min(total - (wave * 32).min(total)) {
+            let (c, url) = (c.clone(), url.clone());
+            waiting.push(tokio::spawn(async move {
+                let answer = async {
+                    read(send(&c, request("POST", &url, &[("nm-key", KEY)], "{}")).await).await
+                };
+                match tokio::time::timeout(Duration::from_secs(30), answer).await {
+                    Ok(a) => a.status,
+                    Err(_) => panic!("a request stalled behind the stalled stderr"),
+                }
+            }));
+        }
+        for w in waiting {
+            statuses.push(w.await.unwrap_or_else(|e| panic!("{e}")));
+        }
+    }
+    assert_eq!(statuses.len(), total);
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    let dropped = || async {
+        let metrics = read(
+            send(
+                &c,
+                request("GET", &format!("http://{http}/metrics"), &[], ""),
+            )
+            .await,
+        )
+        .await;
+        let text = String::from_utf8_lossy(&metrics.body).into_owned();
+        text.lines()
+            .find_map(|l| l.strip_prefix("nm_log_lines_dropped_total "))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no nm_log_lines_dropped_total:\n{text}"))
+    };
+    assert!(
+        dropped().await > 0,
+        "nothing dropped: the pipe never stalled the log"
+    );
+    // Read again: the lines queued come out, and new requests are logged again.
+    open.send(()).unwrap_or_else(|e| panic!("{e}"));
+    let mut after = 0;
+    eventually(
+        Duration::from_secs(30),
+        "an access line after the stall",
+        || {
+            after += 1;
+            let (c, url, agent) = (c.clone(), url.clone(), format!("after-the-stall-{after}"));
+            let logs = p.stderr();
+            async move {
+                let answer = read(
+                    send(
+                        &c,
+                        request("POST", &url, &[("nm-key", KEY), ("nm-agent", &agent)], "{}"),
+                    )
+                    .await,
+                )
+                .await;
+                assert_eq!(answer.status, 200);
+                logs.contains("after-the-stall").then_some(())
+            }
+        },
+    )
+    .await;
+    // Every access line was written or counted as dropped.
+    let answered = (total + after) as u64;
+    eventually(
+        Duration::from_secs(30),
+        "every access line written or counted",
+        || async {
+            let logged = p
+                .stderr()
+                .lines()
+                .filter(|l| l.contains("request completed"))
+                .count() as u64;
+            (logged + dropped().await == answered).then_some(())
+        },
+    )
+    .await;
+    p.terminate();
+    assert_eq!(p.exit_code().await, 0);
 }
 
 /// Files made immutable (`chattr +i`), made mutable again when dropped.

@@ -520,6 +520,7 @@ mod tests {
             records: sink,
             prices: Arc::new(PriceTable::builtin()),
             metrics: Metrics::default(),
+            log: crate::log::AccessLog::off(),
         };
         let ended = started + Duration::from_millis(7);
         let finish = Finish {

@@ -72,6 +72,7 @@ pub fn take_start<B>(req: &mut http::Request<B>) -> RequestStart {
             span: tracing::Span::current(),
             route: crate::routes::Route::of(req.uri().path()),
             trace: None,
+            log_ids: None,
         },
     }
 }

@@ -8,7 +8,7 @@
 //! | the budget ([`crate::budget`]) | the reservation, settled at the request's cost |
 //! | the exported spans ([`crate::otel`]) | the CLIENT span's answer and end, the SERVER span's outcome |
 //! | the metrics ([`crate::metrics`]) | GenAI operation, HTTP server duration, gateway overhead, budget refusals |
-//! | the log | the `request` span's fields and one `request completed` line |
+//! | the access log ([`crate::log`]) | one `request completed` line, written from the record |
 //!
 //! A request ends one of three ways ([`Ending`]): its answer passed through to its end, it was
 //! cut short (the upstream broke off, the client went away), or the gateway answered it itself
@@ -18,17 +18,20 @@
 //!
 //! Where it lives: the proxy's handler builds it; once an answer arrives it moves into the answer
 //! body's tracked state ([`crate::body`]), the allocation each proxied answer already has, and
-//! ends when the body does. Ending it formats nothing a sink does not need, and the log span's
-//! fields are recorded in the order the request learnt them.
+//! ends when the body does. Ending it formats nothing a sink does not need: the access line is
+//! written once, from the record, and only when the log filter lets it through. A refused
+//! request's fields go on its log span instead, for the rescue layer's error line.
 
 use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use nm_types::record::TraceRef;
 use tracing::Span;
 
 use crate::budget::Reservation;
 use crate::journal::Commit;
+use crate::log::{AccessLine, AccessLog};
 use crate::metrics::{Metrics, Operation};
 use crate::otel::{End, Outcome, RequestTrace};
 use crate::pricing::{Cost, PriceTable};
@@ -65,6 +68,9 @@ pub struct RequestStart {
     pub span: Span,
     pub route: Route,
     pub trace: Option<RequestTrace>,
+    /// The ids the log span carries: the SERVER span's, when its context is valid (sampled or
+    /// not).
+    pub log_ids: Option<TraceRef>,
 }
 
 impl RequestStart {
@@ -77,12 +83,14 @@ impl RequestStart {
     }
 }
 
-/// Where a finished event goes: the record queue, the prices its cost is read from, the metrics.
+/// Where a finished event goes: the record queue, the prices its cost is read from, the
+/// metrics, the access log.
 #[derive(Debug, Clone, Copy)]
 pub struct Sinks<'a> {
     pub records: &'a RecordSink,
     pub prices: &'a PriceTable,
     pub metrics: &'a Metrics,
+    pub log: &'a AccessLog,
 }
 
 /// The same, owned: what an answer body carries to its end (handles cloned from the state).
@@ -91,6 +99,7 @@ pub struct SinkHandles {
     pub records: RecordSink,
     pub prices: Arc<PriceTable>,
     pub metrics: Metrics,
+    pub log: AccessLog,
 }
 
 impl SinkHandles {
@@ -99,6 +108,7 @@ impl SinkHandles {
             records: &self.records,
             prices: &self.prices,
             metrics: &self.metrics,
+            log: &self.log,
         }
     }
 }
@@ -115,6 +125,8 @@ pub struct RequestEvent {
     pub started: Instant,
     /// The request's log span ([`crate::layers::trace`]).
     pub span: Span,
+    /// The ids on the log span, for the access line ([`RequestStart::log_ids`]).
+    pub log_ids: Option<TraceRef>,
     /// The request's exported spans (tracing on).
     pub trace: Option<RequestTrace>,
     /// The end user's budget hold, settled when the request ends.
@@ -149,6 +161,7 @@ impl RequestEvent {
             route,
             started,
             span,
+            log_ids: None,
             trace,
             reservation: None,
             overhead: None,
@@ -172,21 +185,9 @@ impl RequestEvent {
     ) -> Option<Arc<Commit>> {
         self.complete_record(ending, ended, usage, sinks.prices);
         self.settle(ending);
-        self.record_log_fields(ending);
         self.record_metrics(ending, ended, sinks.metrics);
         self.end_spans(ending, ended);
-        if ending.answered() {
-            let r = &self.record;
-            self.span.in_scope(|| {
-                tracing::info!(
-                    http.response.status_code = r.status,
-                    latency_ms = r.latency_ms,
-                    bytes = r.response_bytes,
-                    ending = ?ending,
-                    "request completed"
-                );
-            });
-        }
+        self.log(ending, sinks.log);
         if wait {
             return sinks.records.commit(self.record);
         }
@@ -259,42 +260,41 @@ impl RequestEvent {
         r.budget_micros = Some(charge);
     }
 
-    /// The log span's fields, in the order the request learnt them. A refused request's status
-    /// is the rescue layer's to record (it answers every error, with or without an event), and
-    /// it has no answer to describe.
-    fn record_log_fields(&self, ending: Ending) {
-        let (span, r) = (&self.span, &self.record);
-        span.record("gen_ai.provider.name", &*r.provider);
-        span.record("http.route", self.route);
-        if let Some(a) = &r.agent {
-            span.record("nm.agent", a.as_str());
-        }
-        if let Some(s) = &r.session_id {
-            span.record("nm.session", s.as_str());
-        }
-        if let Some(e) = r.env {
-            span.record("nm.env", e.as_str());
-        }
-        if let Some(m) = &r.model {
-            span.record("gen_ai.request.model", m.as_str());
-        }
-        if !ending.answered() {
-            return;
-        }
-        span.record("http.response.status_code", r.status);
-        if let Some(m) = &r.usage.model {
-            span.record("gen_ai.response.model", m.as_str());
-        }
-        if let Some(t) = r.usage.input_tokens {
-            span.record("gen_ai.usage.input_tokens", t);
-        }
-        if let Some(t) = r.usage.output_tokens {
-            span.record("gen_ai.usage.output_tokens", t);
-        }
-        if let Some(c) = r.cost_micros {
-            span.record("nm.cost_micros", c);
-        }
-        span.record("nm.latency_ms", r.latency_ms);
+    /// An answered request's access line; a refused request's fields on its log span, where
+    /// the rescue layer's error line (it answers every error, with or without an event) finds
+    /// them.
+    fn log(&self, ending: Ending, log: &AccessLog) {
+        let r = &self.record;
+        let ending = match ending {
+            Ending::Complete => "Complete",
+            Ending::UpstreamError => "UpstreamError",
+            Ending::ClientGone => "ClientGone",
+            Ending::Refused { .. } => {
+                let span = &self.span;
+                span.record("http.route", self.route);
+                span.record("gen_ai.provider.name", &*r.provider);
+                if let Some(m) = &r.model {
+                    span.record("gen_ai.request.model", m.as_str());
+                }
+                if let Some(a) = &r.agent {
+                    span.record("nm.agent", a.as_str());
+                }
+                if let Some(s) = &r.session_id {
+                    span.record("nm.session", s.as_str());
+                }
+                if let Some(e) = r.env {
+                    span.record("nm.env", e.as_str());
+                }
+                span.record("nm.key_id", &*r.key_id);
+                return;
+            }
+        };
+        log.write(&AccessLine {
+            record: r,
+            route: self.route,
+            ids: self.log_ids.as_ref(),
+            ending,
+        });
     }
 
     /// The GenAI operation metrics, the HTTP server duration, the gateway's overhead and budget
@@ -317,7 +317,8 @@ impl RequestEvent {
             Ending::Refused { code, .. } => Some(Cow::Borrowed(code)),
         };
         let duration = ended.duration_since(self.started);
-        let trace_id = r.trace.map(|t| t.trace_hex());
+        let digits = r.trace.map(|t| t.trace_digits());
+        let trace_id = digits.as_ref().map(|d| d.as_str());
         if let Some(operation) = crate::otel::operation_name(provider.format, &r.path) {
             metrics.operation(&Operation {
                 operation,
@@ -332,14 +333,14 @@ impl RequestEvent {
                     .map(|t| t.duration_since(self.started)),
                 input_tokens: r.usage.input_tokens,
                 output_tokens: r.usage.output_tokens,
-                trace_id: trace_id.as_deref(),
+                trace_id,
             });
         }
         if !ending.answered() {
             return;
         }
         if let Ok(method) = http::Method::from_bytes(r.method.as_bytes()) {
-            metrics.http_server(&method, self.route, r.status, duration, trace_id.as_deref());
+            metrics.http_server(&method, self.route, r.status, duration, trace_id);
         }
     }
 
@@ -445,10 +446,12 @@ mod tests {
         let (records, mut queue): (RecordSink, RecordQueue) = record_queue(1, metrics.clone());
         let prices = PriceTable::builtin();
         let ended = event.started + Duration::from_millis(9);
+        let log = AccessLog::off();
         let sinks = Sinks {
             records: &records,
             prices: &prices,
             metrics: &metrics,
+            log: &log,
         };
         assert!(event.end(ending, ended, usage, sinks, true).is_none());
         (queue.try_recv().expect("the record was sent"), metrics)

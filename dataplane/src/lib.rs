@@ -23,6 +23,7 @@ pub mod journal;
 pub mod keys;
 pub mod layers;
 pub mod link;
+pub mod log;
 pub mod metrics;
 pub mod otel;
 pub mod pace;
@@ -86,6 +87,8 @@ pub struct DataplaneConfig {
     pub tracing: Option<otel::Tracing>,
     /// The metrics `/metrics` serves (made by the root, which counts into them too).
     pub metrics: metrics::Metrics,
+    /// Where access lines go ([`log`]); [`log::AccessLog::off`] for none.
+    pub access_log: log::AccessLog,
 }
 
 /// Answer length assumed for a budget reservation when a request sets no `max_tokens`.
@@ -140,6 +143,7 @@ impl Dataplane {
             reserve_output_tokens: config.reserve_output_tokens,
             hot_path,
             tracing: config.tracing,
+            access_log: config.access_log,
         };
         Ok((
             Self {

@@ -335,6 +335,7 @@ struct Inner {
     records_lost_in_crash: Counter,
     records_journal_replayed: Counter,
     otel_spans_dropped: Family<Reason, Counter>,
+    log_lines_dropped: Counter,
     label_overflow: Family<LabelName, Counter>,
     gateway_overhead: Family<ProviderLabels, Histogram>,
     token_usage: Family<TokenLabels, Histogram>,
@@ -487,6 +488,12 @@ impl Default for Metrics {
             "Trace spans this dataplane made and never exported, by reason (e.g. queue_full: the exporter's queue was full; export_failed: the collector refused or did not answer)",
             Declared(otel_spans_dropped.clone()),
         );
+        let log_lines_dropped = Counter::default();
+        registry.register(
+            "log_lines_dropped",
+            "Log lines (access lines and others) this process dropped: its log output's queue was full (a stalled or slow stderr), or writing to stderr failed",
+            log_lines_dropped.clone(),
+        );
         let label_overflow = Family::<LabelName, Counter>::default();
         registry.register(
             "metric_label_overflow",
@@ -543,6 +550,7 @@ impl Default for Metrics {
         Self {
             inner: Arc::new(Inner {
                 otel_spans_dropped,
+                log_lines_dropped,
                 label_overflow,
                 gateway_overhead,
                 token_usage,
@@ -630,6 +638,13 @@ impl Metrics {
             .otel_spans_dropped
             .get_or_create(&Reason { reason })
             .inc_by(n);
+    }
+
+    /// Brings the count of dropped log lines up to `total`, the log output's own count
+    /// ([`crate::log::LogLines::dropped`]), read when the metrics are served.
+    pub fn log_lines_dropped_to(&self, total: u64) {
+        let counter = &self.inner.log_lines_dropped;
+        counter.inc_by(total.saturating_sub(counter.get()));
     }
 
     /// One GenAI operation: its duration (with the trace id as exemplar), its time to first

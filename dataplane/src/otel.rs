@@ -234,6 +234,16 @@ impl RequestTrace {
         })
     }
 
+    /// The SERVER span's ids when its context is valid, sampled or not: what the request's log
+    /// lines name.
+    pub fn log_ids(&self) -> Option<nm_types::record::TraceRef> {
+        let cx = self.span_context();
+        cx.is_valid().then(|| nm_types::record::TraceRef {
+            trace_id: cx.trace_id().to_bytes(),
+            span_id: cx.span_id().to_bytes(),
+        })
+    }
+
     /// Whether the spans are exported (sampled).
     pub fn is_sampled(&self) -> bool {
         self.server.span().span_context().is_sampled()

@@ -223,6 +223,7 @@ pub async fn handle(
         message: i.message,
     };
     let principal = edge::take_principal(req.extensions_mut())?;
+    tracing::Span::current().record("nm.key_id", &*principal.key_id);
     let id = edge::take_request_id(req.extensions_mut());
     let trace = edge::take_trace(req.extensions_mut());
     let agent_hint = match header_str(req.headers(), "nm-agent")? {

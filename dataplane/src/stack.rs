@@ -97,6 +97,9 @@ fn metrics(state: &State, method: &Method) -> Result<Response<GatewayBody>, Prox
         return Err(ProxyError::MethodNotAllowed(method.clone()));
     }
     tracing::Span::current().record("http.route", "/metrics");
+    if let Some(lines) = state.access_log.lines() {
+        state.metrics.log_lines_dropped_to(lines.dropped());
+    }
     let mut resp = Response::new(GatewayBody::full(state.metrics.render()));
     resp.headers_mut().insert(
         header::CONTENT_TYPE,

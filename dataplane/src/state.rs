@@ -33,6 +33,8 @@ pub struct State {
     pub hot_path: crate::hot_path::HotPath,
     /// Exported spans ([`crate::otel`]); None when tracing is off.
     pub tracing: Option<crate::otel::Tracing>,
+    /// One line per proxied request ([`crate::log`]).
+    pub access_log: crate::log::AccessLog,
 }
 
 impl State {
@@ -42,6 +44,7 @@ impl State {
             records: &self.records,
             prices: &self.prices,
             metrics: &self.metrics,
+            log: &self.access_log,
         }
     }
 
@@ -51,6 +54,7 @@ impl State {
             records: self.records.clone(),
             prices: self.prices.clone(),
             metrics: self.metrics.clone(),
+            log: self.access_log.clone(),
         }
     }
 }

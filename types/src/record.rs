@@ -96,12 +96,22 @@ pub struct TraceRef {
 impl TraceRef {
     /// The trace id as 32 lower-case hex digits (the W3C and OTLP/JSON spelling).
     pub fn trace_hex(&self) -> String {
-        hex(&self.trace_id)
+        self.trace_digits().as_str().to_owned()
     }
 
     /// The span id as 16 lower-case hex digits.
     pub fn span_hex(&self) -> String {
-        hex(&self.span_id)
+        self.span_digits().as_str().to_owned()
+    }
+
+    /// The trace id's hex digits, on the stack.
+    pub fn trace_digits(&self) -> HexDigits<32> {
+        HexDigits::of(&self.trace_id)
+    }
+
+    /// The span id's hex digits, on the stack.
+    pub fn span_digits(&self) -> HexDigits<16> {
+        HexDigits::of(&self.span_id)
     }
 
     /// Reads the hex spellings back; None unless both are lower-case hex of the right length
@@ -113,14 +123,25 @@ impl TraceRef {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(char::from(DIGITS[usize::from(b >> 4)]));
-        out.push(char::from(DIGITS[usize::from(b & 0xf)]));
+/// The `N` lower-case hex digits of an `N / 2`-byte id, without a heap allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HexDigits<const N: usize>([u8; N]);
+
+impl<const N: usize> HexDigits<N> {
+    fn of(bytes: &[u8]) -> Self {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut out = [b'0'; N];
+        for (pair, b) in out.chunks_exact_mut(2).zip(bytes) {
+            pair[0] = DIGITS[usize::from(b >> 4)];
+            pair[1] = DIGITS[usize::from(b & 0xf)];
+        }
+        Self(out)
     }
-    out
+
+    pub fn as_str(&self) -> &str {
+        // Hex digits are ASCII.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
 }
 
 fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {

@@ -76,7 +76,8 @@ where
         };
         match principal {
             Ok(p) => {
-                tracing::Span::current().record("nm.key_id", &*p.key_id);
+                // The key id is logged by who uses the key: the proxy's access line (or its
+                // error's span), the signal handler.
                 req.extensions_mut().insert(p);
                 ResponseFuture::Inner {
                     inner: self.inner.call(req),

@@ -15,8 +15,8 @@ use std::task::{Context, Poll};
 use http::{HeaderValue, Request, Response};
 use pin_project_lite::pin_project;
 use tower::{Layer, Service};
+use tracing::field::Empty;
 use tracing::instrument::{Instrument, Instrumented};
-use tracing::{Span, field::Empty};
 
 use super::request_id::RequestId;
 use std::time::Instant;
@@ -77,26 +77,6 @@ where
             .get::<RequestId>()
             .map(|r| r.0.as_str())
             .unwrap_or_default();
-        let span = tracing::info_span!(
-            "request",
-            nm.request_id = id,
-            trace_id = Empty,
-            span_id = Empty,
-            http.request.method = %req.method(),
-            http.route = Empty,
-            gen_ai.provider.name = Empty,
-            gen_ai.request.model = Empty,
-            nm.agent = Empty,
-            nm.session = Empty,
-            nm.env = Empty,
-            nm.key_id = Empty,
-            http.response.status_code = Empty,
-            nm.latency_ms = Empty,
-            gen_ai.response.model = Empty,
-            gen_ai.usage.input_tokens = Empty,
-            gen_ai.usage.output_tokens = Empty,
-            nm.cost_micros = Empty,
-        );
         // The one classification of the request's route: the layers below read it.
         let matched = Route::of(req.uri().path());
         let route = matched.template();
@@ -106,7 +86,27 @@ where
             .tracing
             .as_ref()
             .filter(|_| traced)
-            .map(|t| server_span(t, &req, route, id, &span));
+            .map(|t| t.server(req.headers(), req.method(), route, req.uri().path(), id));
+        let log_ids = exported.as_ref().and_then(RequestTrace::log_ids);
+        let hex = log_ids.map(|t| (t.trace_digits(), t.span_digits()));
+        // The fields a proxied request learns later go in its access line ([`crate::log`]),
+        // not here: the span holds what every line of the request shares. Those declared
+        // `Empty` are recorded by the gateway's own routes and on a refused request's span.
+        let span = tracing::info_span!(
+            "request",
+            nm.request_id = id,
+            trace_id = hex.as_ref().map(|h| h.0.as_str()),
+            span_id = hex.as_ref().map(|h| h.1.as_str()),
+            http.request.method = %req.method(),
+            http.route = Empty,
+            gen_ai.provider.name = Empty,
+            gen_ai.request.model = Empty,
+            nm.agent = Empty,
+            nm.session = Empty,
+            nm.env = Empty,
+            nm.key_id = Empty,
+            http.response.status_code = Empty,
+        );
         let served = Served {
             started: Instant::now(),
             method: req.method().clone(),
@@ -117,6 +117,7 @@ where
             span: span.clone(),
             route: matched,
             trace: exported.clone(),
+            log_ids,
         });
         // Call inside the span, so what the inner layers do synchronously is attributed too.
         let fut = span.in_scope(|| self.inner.call(req));
@@ -126,24 +127,6 @@ where
             served,
         }
     }
-}
-
-/// The SERVER span of a traced request; its ids go on the log span.
-fn server_span<B>(
-    tracing: &Tracing,
-    req: &Request<B>,
-    route: Option<&'static str>,
-    request_id: &str,
-    span: &Span,
-) -> RequestTrace {
-    let path = req.uri().path();
-    let trace = tracing.server(req.headers(), req.method(), route, path, request_id);
-    let cx = trace.span_context();
-    if cx.is_valid() {
-        span.record("trace_id", crate::otel::trace_hex(cx.trace_id()));
-        span.record("span_id", crate::otel::span_hex(cx.span_id()));
-    }
-    trace
 }
 
 pin_project! {
