@@ -241,55 +241,73 @@ fn json_string(out: &mut Vec<u8>, s: &str) {
 /// cannot end its field, its line, or send a terminal a control sequence.
 fn quoted(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
+    escape_debug(s, |piece| out.extend_from_slice(piece.as_bytes()));
+    out.push(b'"');
+}
+
+/// Bytes that end a plain run: `"`, `\`, C0 controls, DEL, and 0xC2 (the lead byte of the C1
+/// controls, U+0080..U+009F, and of other characters, which pass).
+const STOPS: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut b = 0;
+    while b < 0x20 {
+        t[b] = true;
+        b += 1;
+    }
+    t[b'"' as usize] = true;
+    t[b'\\' as usize] = true;
+    t[0x7f] = true;
+    t[0xc2] = true;
+    t
+};
+
+/// `s` escaped as `Debug` escapes a `str` (without the quotes), handed to `put` in pieces:
+/// plain runs as they are, each escape on its own.
+pub fn escape_debug(s: &str, mut put: impl FnMut(&str)) {
     let bytes = s.as_bytes();
     let mut plain = 0;
     let mut i = 0;
     while i < bytes.len() {
         let b = bytes[i];
-        let escape: Option<(usize, u32)> = match b {
-            b'"' | b'\\' | 0..0x20 | 0x7f => Some((1, b.into())),
-            // U+0080..U+009F, the C1 controls: 0xC2 0x80..0x9F in UTF-8.
-            0xc2 if matches!(bytes.get(i + 1), Some(0x80..=0x9f)) => {
-                Some((2, u32::from(bytes[i + 1])))
-            }
-            _ => None,
-        };
-        let Some((len, c)) = escape else {
+        if !STOPS[usize::from(b)] {
             i += 1;
             continue;
+        }
+        let (len, code) = match (b, bytes.get(i + 1)) {
+            // U+0080..U+009F are 0xC2 0x80..0x9F; other characters led by 0xC2 pass.
+            (0xc2, Some(&next @ 0x80..=0x9f)) => (2, next),
+            (0xc2, _) => {
+                i += 1;
+                continue;
+            }
+            _ => (1, b),
         };
-        out.extend_from_slice(&bytes[plain..i]);
-        match c {
-            0x22 => out.extend_from_slice(b"\\\""),
-            0x5c => out.extend_from_slice(b"\\\\"),
-            0x0a => out.extend_from_slice(b"\\n"),
-            0x0d => out.extend_from_slice(b"\\r"),
-            0x09 => out.extend_from_slice(b"\\t"),
-            0 => out.extend_from_slice(b"\\0"),
+        put(&s[plain..i]);
+        match code {
+            b'"' => put("\\\""),
+            b'\\' => put("\\\\"),
+            b'\n' => put("\\n"),
+            b'\r' => put("\\r"),
+            b'\t' => put("\\t"),
+            0 => put("\\0"),
             c => {
-                out.extend_from_slice(b"\\u{");
-                hex_digits(out, c);
-                out.push(b'}');
+                const DIGITS: &[u8; 16] = b"0123456789abcdef";
+                let mut buf = *b"\\u{00}";
+                buf[3] = DIGITS[usize::from(c >> 4)];
+                buf[4] = DIGITS[usize::from(c & 0xf)];
+                // No leading zero, as `Debug` writes them: `\u{1b}`, `\u{7}`.
+                if c < 0x10 {
+                    buf.copy_within(4..6, 3);
+                    put(std::str::from_utf8(&buf[..5]).unwrap_or_default());
+                } else {
+                    put(std::str::from_utf8(&buf).unwrap_or_default());
+                }
             }
         }
         i += len;
         plain = i;
     }
-    out.extend_from_slice(&bytes[plain..]);
-    out.push(b'"');
-}
-
-/// `c` in lower-case hex, without leading zeros.
-fn hex_digits(out: &mut Vec<u8>, c: u32) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut started = false;
-    for shift in (0..8).rev() {
-        let d = (c >> (shift * 4)) & 0xf;
-        if d != 0 || started || shift == 0 {
-            started = true;
-            out.push(DIGITS[d as usize]);
-        }
-    }
+    put(&s[plain..]);
 }
 
 /// A trace's ids in hex digits, made on the stack.
@@ -493,6 +511,15 @@ mod tests {
     }
 
     proptest! {
+        /// For ASCII, the C1 controls and printable characters beyond, exactly what `Debug`
+        /// writes.
+        #[test]
+        fn escapes_as_debug_does(s in "[\\x00-\\x7f\u{80}-\u{9f}é€😀]{0,40}") {
+            let mut out = String::new();
+            escape_debug(&s, |piece| out.push_str(piece));
+            prop_assert_eq!(format!("\"{out}\""), format!("{s:?}"));
+        }
+
         /// Any model string: one text line whose quoted value reads back as the string (as
         /// Rust's `Debug` escapes it), and one JSON object that holds it exactly.
         #[test]
