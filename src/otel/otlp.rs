@@ -198,11 +198,49 @@ fn attribute(out: &mut Vec<u8>, field: u32, kv: &KeyValue) {
 }
 
 fn key_value(out: &mut Vec<u8>, field: u32, key: &str, value: &Value) {
-    nested(out, field, |out| {
-        string(out, 1, key);
-        // KeyValue.value: always present.
-        nested(out, 2, |out| any_value(out, value));
-    });
+    // The common values' lengths are known up front: written in one pass, no length patched.
+    let scalar: Option<(u32, u32, &[u8], u64)> = match value {
+        Value::String(s) => Some((1, LEN, s.as_str().as_bytes(), 0)),
+        Value::Bool(b) => Some((2, VARINT, b"".as_slice(), u64::from(*b))),
+        Value::I64(i) => Some((3, VARINT, b"".as_slice(), *i as u64)),
+        Value::F64(f) => Some((4, FIXED64, b"".as_slice(), f.to_bits())),
+        _ => None,
+    };
+    let Some((member, wire, text, number)) = scalar else {
+        nested(out, field, |out| {
+            string(out, 1, key);
+            // KeyValue.value: always present.
+            nested(out, 2, |out| any_value(out, value));
+        });
+        return;
+    };
+    // AnyValue: its one member (tags 1 to 4 are one byte).
+    let any = 1 + match wire {
+        LEN => varint_len(text.len() as u64) + text.len(),
+        VARINT => varint_len(number),
+        _ => 8,
+    };
+    let key_field = if key.is_empty() {
+        0
+    } else {
+        1 + varint_len(key.len() as u64) + key.len()
+    };
+    let kv = key_field + 1 + varint_len(any as u64) + any;
+    out.reserve(5 + varint_len(kv as u64) + kv);
+    tag(out, field, LEN);
+    varint(out, kv as u64);
+    string(out, 1, key);
+    tag(out, 2, LEN);
+    varint(out, any as u64);
+    tag(out, member, wire);
+    match wire {
+        LEN => {
+            varint(out, text.len() as u64);
+            out.extend_from_slice(text);
+        }
+        VARINT => varint(out, number),
+        _ => out.extend_from_slice(&number.to_le_bytes()),
+    }
 }
 
 /// An `AnyValue`'s content: its `oneof` member, written whatever its value.
@@ -294,9 +332,19 @@ fn nested(out: &mut Vec<u8>, field: u32, write: impl FnOnce(&mut Vec<u8>)) {
     if len < 0x80 {
         out[at] = len as u8;
     } else {
+        // Widen the prefix: move the content up by the extra bytes.
         let (bytes, n) = varint_bytes(len as u64);
-        out.splice(at..=at, bytes[..n].iter().copied());
+        let end = out.len();
+        out.resize(end + n - 1, 0);
+        out.copy_within(at + 1..end, at + n);
+        out[at..at + n].copy_from_slice(&bytes[..n]);
     }
+}
+
+/// How many bytes `v` takes as a varint.
+fn varint_len(v: u64) -> usize {
+    // 1 byte per 7 bits, at least 1.
+    ((64 - (v | 1).leading_zeros() as usize) + 6) / 7
 }
 
 /// A string field, left out when empty.

@@ -196,3 +196,12 @@ fn the_encoder_is_reused_across_batches() {
     encoder.encode(&second, &mut out);
     assert_eq!(out, the_exporters_bytes(&second, &other));
 }
+
+#[test]
+fn varint_lengths_are_the_bytes_written() {
+    for v in [0, 1, 127, 128, 16_383, 16_384, u64::from(u32::MAX), u64::MAX] {
+        let mut out = Vec::new();
+        super::varint(&mut out, v);
+        assert_eq!(super::varint_len(v), out.len(), "{v}");
+    }
+}

@@ -139,7 +139,8 @@ fn server_span<B>(
     let path = req.uri().path();
     let trace = tracing.server(req.headers(), req.method(), route, path, request_id);
     let cx = trace.span_context();
-    if cx.is_valid() {
+    // A log span filtered out records nothing: the ids are not even written out.
+    if cx.is_valid() && !span.is_disabled() {
         span.record("trace_id", crate::otel::trace_hex(cx.trace_id()));
         span.record("span_id", crate::otel::span_hex(cx.span_id()));
     }
