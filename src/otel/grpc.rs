@@ -41,8 +41,8 @@ impl GrpcSender {
         for (k, v) in &export.headers {
             let key = MetadataKey::from_bytes(k.as_bytes())
                 .map_err(|_| BuildError::HeaderName(k.clone()))?;
-            let value =
-                MetadataValue::try_from(v.as_str()).map_err(|_| BuildError::HeaderValue(k.clone()))?;
+            let value = MetadataValue::try_from(v.as_str())
+                .map_err(|_| BuildError::HeaderValue(k.clone()))?;
             metadata.insert(key, value);
         }
         let mut endpoint = Endpoint::from_shared(export.endpoint.clone())

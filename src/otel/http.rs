@@ -49,12 +49,15 @@ impl OtlpHttpClient {
             .map_err(|e: http::uri::InvalidUri| BuildError::Endpoint(e.to_string()))?;
         let mut headers = HeaderMap::new();
         headers.insert(CONTENT_TYPE, PROTOBUF);
-        headers.insert(http::header::USER_AGENT, HeaderValue::from_static(USER_AGENT));
+        headers.insert(
+            http::header::USER_AGENT,
+            HeaderValue::from_static(USER_AGENT),
+        );
         for (k, v) in &export.headers {
-            let name = HeaderName::try_from(k.as_str())
-                .map_err(|_| BuildError::HeaderName(k.clone()))?;
-            let value =
-                HeaderValue::try_from(v.as_str()).map_err(|_| BuildError::HeaderValue(k.clone()))?;
+            let name =
+                HeaderName::try_from(k.as_str()).map_err(|_| BuildError::HeaderName(k.clone()))?;
+            let value = HeaderValue::try_from(v.as_str())
+                .map_err(|_| BuildError::HeaderValue(k.clone()))?;
             headers.insert(name, value);
         }
         let mut roots = rustls::RootCertStore {
@@ -62,7 +65,8 @@ impl OtlpHttpClient {
         };
         if let Some(pem) = &export.ca_pem {
             for cert in CertificateDer::pem_slice_iter(pem) {
-                let cert = cert.map_err(|e| BuildError::Tls(format!("OTLP CA certificate: {e}")))?;
+                let cert =
+                    cert.map_err(|e| BuildError::Tls(format!("OTLP CA certificate: {e}")))?;
                 roots
                     .add(cert)
                     .map_err(|e| BuildError::Tls(format!("OTLP CA certificate: {e}")))?;

@@ -74,7 +74,13 @@ fn rich(trace: u128, span: u64, scope: InstrumentationScope) -> SpanData {
     )];
     links.dropped_count = 6;
     SpanData {
-        span_context: context(trace, span, TraceFlags::SAMPLED, false, "vendor=span,other=x"),
+        span_context: context(
+            trace,
+            span,
+            TraceFlags::SAMPLED,
+            false,
+            "vendor=span,other=x",
+        ),
         parent_span_id: SpanId::from(0x8877_6655_4433_2211),
         parent_span_is_remote: true,
         span_kind: SpanKind::Client,
@@ -164,7 +170,12 @@ fn a_batch_encodes_to_the_exporters_bytes() {
     let scopes: Vec<(&str, usize)> = decoded.resource_spans[0]
         .scope_spans
         .iter()
-        .map(|s| (s.scope.as_ref().map_or("", |s| s.name.as_str()), s.spans.len()))
+        .map(|s| {
+            (
+                s.scope.as_ref().map_or("", |s| s.name.as_str()),
+                s.spans.len(),
+            )
+        })
         .collect();
     assert_eq!(scopes, [("nm-gateway", 2), ("nm-gateway", 4), ("other", 1)]);
 }
@@ -178,7 +189,10 @@ fn a_large_batch_and_a_long_value_encode_to_the_exporters_bytes() {
         .push(KeyValue::new("gen_ai.input.messages", "é".repeat(20_000)));
     let mut spans = vec![big];
     spans.extend((0..600).map(|i| plain(i, i as u64 + 1, SpanKind::Client, Status::Unset)));
-    assert_eq!(ours(&spans, &resource), the_exporters_bytes(&spans, &resource));
+    assert_eq!(
+        ours(&spans, &resource),
+        the_exporters_bytes(&spans, &resource)
+    );
 }
 
 #[test]
@@ -199,7 +213,16 @@ fn the_encoder_is_reused_across_batches() {
 
 #[test]
 fn varint_lengths_are_the_bytes_written() {
-    for v in [0, 1, 127, 128, 16_383, 16_384, u64::from(u32::MAX), u64::MAX] {
+    for v in [
+        0,
+        1,
+        127,
+        128,
+        16_383,
+        16_384,
+        u64::from(u32::MAX),
+        u64::MAX,
+    ] {
         let mut out = Vec::new();
         super::varint(&mut out, v);
         assert_eq!(super::varint_len(v), out.len(), "{v}");

@@ -161,10 +161,11 @@ mod tests {
         let decoded = ExportResponse::decode(bytes.as_slice()).unwrap();
         assert_eq!(decoded, answer);
         // The wire of opentelemetry-proto's message.
-        let theirs = opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse::decode(
-            bytes.as_slice(),
-        )
-        .unwrap();
+        let theirs =
+            opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse::decode(
+                bytes.as_slice(),
+            )
+            .unwrap();
         let p = theirs.partial_success.unwrap();
         assert_eq!((p.rejected_spans, p.error_message.as_str()), (3, "too old"));
     }
