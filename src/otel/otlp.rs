@@ -3,7 +3,7 @@
 //! intermediate message structs, no copied strings and no allocation per span.
 //!
 //! The bytes are the ones the OpenTelemetry exporter sent (its `SpanData` to proto conversion,
-//! then prost): the same fields, in the same order, with proto3's rule that a scalar at its
+//! then prost): the same fields, in tag order as prost writes them, with proto3's rule that a scalar at its
 //! default value is left out (a `oneof` member, a message that is present and an `AnyValue`
 //! always written); a unit test compares the two on spans using every field. One
 //! `ResourceSpans` per request, the process's resource; one `ScopeSpans` per instrumentation
@@ -116,11 +116,6 @@ fn span(out: &mut Vec<u8>, span: &SpanData) {
     if span.parent_span_id != SpanId::INVALID {
         bytes(out, 4, &span.parent_span_id.to_bytes());
     }
-    fixed32(
-        out,
-        16,
-        flags(span.parent_span_is_remote, cx.trace_flags().to_u8()),
-    );
     string(out, 5, &span.name);
     uint(out, 6, kind(&span.span_kind));
     fixed64(out, 7, nanos(span.start_time));
@@ -163,6 +158,11 @@ fn span(out: &mut Vec<u8>, span: &SpanData) {
             uint(out, 3, 2);
         }
     });
+    fixed32(
+        out,
+        16,
+        flags(span.parent_span_is_remote, cx.trace_flags().to_u8()),
+    );
 }
 
 /// `Span.flags` and `Link.flags`: the W3C trace flags and the parent's remoteness.
