@@ -169,7 +169,7 @@ struct Worker {
     drops: DropCounter,
     /// Whether the last export failed.
     failing: bool,
-    /// The batch being exported, and its encoding (both reused).
+    /// The batch being exported (reused), and its encoding.
     pending: Vec<SpanData>,
     encoder: Encoder,
     buffer: Vec<u8>,
@@ -252,7 +252,13 @@ impl Worker {
             let exported = match exporter {
                 Some(e) => {
                     self.encoder.encode(&self.pending, &mut self.buffer);
-                    let body = Bytes::copy_from_slice(&self.buffer);
+                    // The encoded batch is handed over whole (a copy of it would cost as much as
+                    // its encoding); the next one gets a buffer of the same size.
+                    let size = self.buffer.capacity();
+                    let body = Bytes::from(std::mem::replace(
+                        &mut self.buffer,
+                        Vec::with_capacity(size),
+                    ));
                     let timeout = self.timeout;
                     // The timer is made inside the runtime (it needs its clock).
                     runtime

@@ -11,9 +11,9 @@
 //!
 //! Why: converting a span to opentelemetry-proto's structs copied every key and value into new
 //! `String`s and `Vec`s (and the exporter cloned the batch first), then prost walked the structs
-//! computing each nested length again at every level. Here each nested message's length is
-//! written in place once its content is: a one-byte prefix is reserved and widened, moving the
-//! content, only for the rare message of 128 bytes or more.
+//! computing each nested length again at every level. Here an attribute's length is computed
+//! before it is written, and a larger message's is written in front of it once its content is,
+//! in room reserved by a guess of its size (a wrong guess moves the content once).
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -44,6 +44,8 @@ pub struct Encoder {
     resource_schema: String,
     /// Each span's scope group, reused between batches.
     groups: Vec<usize>,
+    /// The last batch's encoded bytes per span.
+    bytes_per_span: usize,
 }
 
 impl Encoder {
@@ -79,24 +81,29 @@ impl Encoder {
             };
             self.groups.push(group);
         }
+        // The batch's two enclosing lengths are guessed from the last batch's bytes per span.
+        let guess = varint_len((spans.len() * self.bytes_per_span) as u64);
         // ExportTraceServiceRequest.resource_spans
-        nested(out, 1, |out| {
+        nested_sized(out, 1, guess, |out| {
             // ResourceSpans.resource
             tag(out, 1, LEN);
             varint(out, self.resource.len() as u64);
             out.extend_from_slice(&self.resource);
             for (g, scope) in scopes.iter().enumerate() {
                 // ResourceSpans.scope_spans
-                nested(out, 2, |out| {
+                nested_sized(out, 2, guess, |out| {
                     nested(out, 1, |out| instrumentation_scope(out, scope));
                     for (span, _) in spans.iter().zip(&self.groups).filter(|(_, i)| **i == g) {
-                        nested(out, 2, |out| self::span(out, span));
+                        nested_sized(out, 2, 2, |out| self::span(out, span));
                     }
                     string(out, 3, scope.schema_url().unwrap_or_default());
                 });
             }
             string(out, 3, &self.resource_schema);
         });
+        if let Some(per_span) = out.len().checked_div(spans.len()) {
+            self.bytes_per_span = per_span.max(1);
+        }
     }
 }
 
@@ -322,23 +329,31 @@ fn varint_bytes(mut v: u64) -> ([u8; 10], usize) {
 }
 
 /// A length-delimited field whose content `write` appends; its length is put in front once
-/// known (one byte reserved, widened when the content is 128 bytes or more).
+/// known, in one reserved byte (widened when the content is 128 bytes or more).
 fn nested(out: &mut Vec<u8>, field: u32, write: impl FnOnce(&mut Vec<u8>)) {
+    nested_sized(out, field, 1, write);
+}
+
+/// [`nested`] with `guess` bytes reserved for the length: a guess that fits the content's
+/// length class (2 for a span, more for a batch) leaves the content where it was written,
+/// rather than moving all of it to make room.
+fn nested_sized(out: &mut Vec<u8>, field: u32, guess: usize, write: impl FnOnce(&mut Vec<u8>)) {
     tag(out, field, LEN);
     let at = out.len();
-    out.push(0);
+    out.resize(at + guess, 0);
     write(out);
-    let len = out.len() - at - 1;
-    if len < 0x80 {
-        out[at] = len as u8;
-    } else {
-        // Widen the prefix: move the content up by the extra bytes.
-        let (bytes, n) = varint_bytes(len as u64);
-        let end = out.len();
-        out.resize(end + n - 1, 0);
-        out.copy_within(at + 1..end, at + n);
-        out[at..at + n].copy_from_slice(&bytes[..n]);
+    let end = out.len();
+    let len = end - at - guess;
+    let (bytes, n) = varint_bytes(len as u64);
+    if n != guess {
+        // Move the content to fit the length's bytes.
+        if n > guess {
+            out.resize(end + n - guess, 0);
+        }
+        out.copy_within(at + guess..end, at + n);
+        out.truncate(at + n + len);
     }
+    out[at..at + n].copy_from_slice(&bytes[..n]);
 }
 
 /// How many bytes `v` takes as a varint.

@@ -228,3 +228,23 @@ fn varint_lengths_are_the_bytes_written() {
         assert_eq!(super::varint_len(v), out.len(), "{v}");
     }
 }
+
+#[test]
+fn a_wrong_guess_of_a_batchs_size_still_gives_the_exporters_bytes() {
+    // A batch of large spans, then one of a small span: the guess (from the last batch's bytes
+    // per span) is too large, then too small.
+    let resource = resource();
+    let mut encoder = Encoder::new(&resource);
+    let mut out = Vec::new();
+    let mut big = plain(1, 2, SpanKind::Server, Status::Unset);
+    big.attributes
+        .push(KeyValue::new("gen_ai.input.messages", "x".repeat(40_000)));
+    for batch in [
+        vec![big.clone(), big.clone()],
+        vec![plain(3, 4, SpanKind::Client, Status::Unset)],
+        vec![big.clone(), big],
+    ] {
+        encoder.encode(&batch, &mut out);
+        assert_eq!(out, the_exporters_bytes(&batch, &resource));
+    }
+}
