@@ -359,7 +359,7 @@ fn nested_sized(out: &mut Vec<u8>, field: u32, guess: usize, write: impl FnOnce(
 /// How many bytes `v` takes as a varint.
 fn varint_len(v: u64) -> usize {
     // 1 byte per 7 bits, at least 1.
-    ((64 - (v | 1).leading_zeros() as usize) + 6) / 7
+    (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
 }
 
 /// A string field, left out when empty.

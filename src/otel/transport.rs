@@ -69,16 +69,16 @@ pub struct PartialSuccess {
 /// The exporter of one of the two protocols.
 #[derive(Debug, Clone)]
 pub enum Sender {
-    Grpc(GrpcSender),
-    Http(OtlpHttpClient),
+    Grpc(Box<GrpcSender>),
+    Http(Box<OtlpHttpClient>),
 }
 
 impl Sender {
     /// The sender `export` asks for. Must be called inside the Tokio runtime it will run on.
     pub fn new(export: &Export) -> Result<Self, BuildError> {
         Ok(match export.protocol {
-            Protocol::Grpc => Self::Grpc(GrpcSender::new(export)?),
-            Protocol::HttpProtobuf => Self::Http(OtlpHttpClient::new(export)?),
+            Protocol::Grpc => Self::Grpc(Box::new(GrpcSender::new(export)?)),
+            Protocol::HttpProtobuf => Self::Http(Box::new(OtlpHttpClient::new(export)?)),
         })
     }
 
