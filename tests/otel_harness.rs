@@ -153,7 +153,7 @@ async fn sdk_export_over_http_protobuf_arrives_whole() {
     let otlp = OtlpReceiver::start().await;
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
-        // The gateway's own client (the SDK's hyper client is not built in).
+        // A client of the harness's own (the SDK's hyper client is not built in).
         .with_http_client(http_client(Duration::from_secs(10)))
         .with_protocol(Protocol::HttpBinary)
         // A programmatic endpoint is used as given; only OTEL_EXPORTER_OTLP_ENDPOINT gets
@@ -349,7 +349,52 @@ mod collect {
     }
 }
 
-fn http_client(timeout: Duration) -> nm_gateway::otel::http::OtlpHttpClient {
-    nm_gateway::otel::http::OtlpHttpClient::new(None, timeout)
-        .unwrap_or_else(|e| panic!("http client: {e}"))
+fn http_client(timeout: Duration) -> harness_http::Client {
+    harness_http::Client::new(timeout)
+}
+
+/// A plain-HTTP client for the SDK's OTLP/HTTP exporter (the SDK's own hyper client is not
+/// built in): hyper, giving up after a timeout.
+mod harness_http {
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use http::{Request, Response};
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::client::legacy::Client as Hyper;
+    use hyper_util::client::legacy::connect::HttpConnector;
+    use hyper_util::rt::TokioExecutor;
+    use opentelemetry_http::{HttpClient, HttpError};
+
+    #[derive(Debug, Clone)]
+    pub struct Client {
+        hyper: Hyper<HttpConnector, Full<Bytes>>,
+        timeout: Duration,
+    }
+
+    impl Client {
+        pub fn new(timeout: Duration) -> Self {
+            Self {
+                hyper: Hyper::builder(TokioExecutor::new()).build_http(),
+                timeout,
+            }
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl HttpClient for Client {
+        async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
+            let (parts, body) = request.into_parts();
+            let request = Request::from_parts(parts, Full::new(body));
+            let exchange = async {
+                let response = self.hyper.request(request).await?;
+                let (parts, body) = response.into_parts();
+                let body = body.collect().await?.to_bytes();
+                Ok::<_, HttpError>(Response::from_parts(parts, body))
+            };
+            tokio::time::timeout(self.timeout, exchange)
+                .await
+                .map_err(|_| HttpError::from(format!("no answer within {:?}", self.timeout)))?
+        }
+    }
 }

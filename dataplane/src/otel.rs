@@ -50,6 +50,12 @@ struct Inner {
     capture_content: bool,
 }
 
+/// The most attributes a SERVER span gets (`server_attributes`, then `attribute` or `signal`,
+/// `respond`, and `error.type` once).
+const SERVER_ATTRIBUTES: usize = 12;
+/// The most attributes a CLIENT span gets (`client_attributes`, `answered`, `end`).
+const CLIENT_ATTRIBUTES: usize = 24;
+
 /// The headers of W3C trace context.
 const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
@@ -109,10 +115,12 @@ impl Tracing {
         let parent = self.inner.propagator.extract(&HeaderExtractor(headers));
         let tracer = &self.inner.tracer;
         // The sampler decides first (ours read neither name nor attributes): a span that is
-        // not recorded costs no name and no attribute.
+        // not recorded costs no name and no attribute. The empty list handed to the SDK
+        // becomes the span's own, room made once for every attribute it will get.
         let mut span = tracer
             .span_builder("")
             .with_kind(SpanKind::Server)
+            .with_attributes(Vec::with_capacity(SERVER_ATTRIBUTES))
             .start_with_context(tracer, &parent);
         if span.is_recording() {
             span.update_name(server_name(method, route));
@@ -334,6 +342,7 @@ impl RequestTrace {
         let mut span = tracer
             .span_builder("")
             .with_kind(SpanKind::Client)
+            .with_attributes(Vec::with_capacity(CLIENT_ATTRIBUTES))
             .start_with_context(tracer, &self.server);
         if span.is_recording() {
             let (name, attributes) = self.client_attributes(call);

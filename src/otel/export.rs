@@ -7,7 +7,9 @@
 //! Like the SDK's batch processor, the request path does not wake the thread for each span: a
 //! span only joins the queue; the thread wakes on its schedule, when a batch is full, or to
 //! flush and shut down. Unlike it, drops are counted where the operator sees them
-//! (`nm_otel_spans_dropped_total`, reasons `queue_full` and `export_failed`).
+//! (`nm_otel_spans_dropped_total`, reasons `queue_full` and `export_failed`), and a batch is
+//! encoded straight into OTLP protobuf ([`super::otlp`]) in a buffer the thread reuses, then sent
+//! ([`super::transport`]).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
@@ -15,10 +17,15 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use nm_types::throttle::Throttle;
 use opentelemetry::Context;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
-use opentelemetry_sdk::trace::{Span, SpanData, SpanExporter, SpanProcessor};
+use opentelemetry_sdk::trace::{Span, SpanData, SpanProcessor};
+
+use super::otlp::Encoder;
+use super::transport::{BuildError, Sender};
 
 /// Counts spans that were not exported, by reason.
 pub type DropCounter = Arc<dyn Fn(&'static str, u64) + Send + Sync>;
@@ -62,11 +69,10 @@ pub struct Schedule {
 }
 
 impl Batching {
-    /// Starts the export thread; `make` builds the exporter on it, inside its runtime.
-    pub fn start<E, F>(schedule: Schedule, make: F, drops: DropCounter) -> std::io::Result<Self>
+    /// Starts the export thread; `make` builds the sender on it, inside its runtime.
+    pub fn start<F>(schedule: Schedule, make: F, drops: DropCounter) -> std::io::Result<Self>
     where
-        E: SpanExporter + 'static,
-        F: FnOnce() -> Result<E, String> + Send + 'static,
+        F: FnOnce() -> Result<Sender, BuildError> + Send + 'static,
     {
         let (spans, span_rx) = mpsc::sync_channel(schedule.queue);
         // Control messages are few; a small buffer keeps `Batch` from ever waiting.
@@ -83,6 +89,9 @@ impl Batching {
             timeout: schedule.timeout,
             drops: drops.clone(),
             failing: false,
+            pending: Vec::new(),
+            encoder: Encoder::default(),
+            buffer: Vec::new(),
         };
         let thread = std::thread::Builder::new()
             .name("nm-otel-export".to_owned())
@@ -160,13 +169,19 @@ struct Worker {
     drops: DropCounter,
     /// Whether the last export failed.
     failing: bool,
+    /// The batch being exported (reused), and its encoding.
+    pending: Vec<SpanData>,
+    encoder: Encoder,
+    buffer: Vec<u8>,
 }
 
+/// Partial successes (spans a collector refused) are logged at most once a minute.
+static REJECTED: Throttle = Throttle::new(Duration::from_secs(60));
+
 impl Worker {
-    fn run<E, F>(mut self, make: F)
+    fn run<F>(mut self, make: F)
     where
-        E: SpanExporter,
-        F: FnOnce() -> Result<E, String>,
+        F: FnOnce() -> Result<Sender, BuildError>,
     {
         let runtime = match tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -182,7 +197,7 @@ impl Worker {
             let _entered = runtime.enter();
             make()
         };
-        let mut exporter = match exporter {
+        let exporter = match exporter {
             Ok(e) => Some(e),
             Err(e) => {
                 tracing::error!(error = %e, "cannot build the OTLP exporter; no span will be exported");
@@ -197,20 +212,13 @@ impl Worker {
                     self.batch_asked.store(false, Ordering::Relaxed);
                     self.export_queued(&runtime, exporter.as_ref());
                 }
-                Ok(Control::Resource(r)) => {
-                    if let Some(e) = exporter.as_mut() {
-                        e.set_resource(&r);
-                    }
-                }
+                Ok(Control::Resource(r)) => self.encoder.set_resource(&r),
                 Ok(Control::Flush(done)) => {
                     self.export_queued(&runtime, exporter.as_ref());
                     let _ = done.send(());
                 }
                 Ok(Control::Shutdown(done)) => {
                     self.export_queued(&runtime, exporter.as_ref());
-                    if let Some(e) = exporter.as_mut() {
-                        let _ = e.shutdown();
-                    }
                     let _ = done.send(());
                     return;
                 }
@@ -227,46 +235,65 @@ impl Worker {
     }
 
     /// Exports everything queued, in batches.
-    fn export_queued<E: SpanExporter>(
-        &mut self,
-        runtime: &tokio::runtime::Runtime,
-        exporter: Option<&E>,
-    ) {
+    fn export_queued(&mut self, runtime: &tokio::runtime::Runtime, exporter: Option<&Sender>) {
         loop {
-            let mut batch = Vec::with_capacity(self.batch.min(64));
-            while batch.len() < self.batch {
+            while self.pending.len() < self.batch {
                 match self.spans.try_recv() {
-                    Ok(span) => batch.push(span),
+                    Ok(span) => self.pending.push(span),
                     Err(_) => break,
                 }
             }
-            self.queued.fetch_sub(batch.len(), Ordering::Relaxed);
-            let n = batch.len() as u64;
+            let n = self.pending.len();
             if n == 0 {
                 return;
             }
-            let full = batch.len() == self.batch;
+            self.queued.fetch_sub(n, Ordering::Relaxed);
+            let full = n == self.batch;
             let exported = match exporter {
-                Some(e) => runtime
-                    .block_on(async {
-                        tokio::time::timeout(
-                            self.timeout + Duration::from_millis(500),
-                            e.export(batch),
-                        )
-                        .await
-                    })
-                    .map_err(|_| "timed out".to_owned())
-                    .and_then(|r| r.map_err(|e| e.to_string())),
+                Some(e) => {
+                    self.encoder.encode(&self.pending, &mut self.buffer);
+                    // The encoded batch is handed over whole (a copy of it would cost as much as
+                    // its encoding); the next one gets a buffer of the same size.
+                    let size = self.buffer.capacity();
+                    let body = Bytes::from(std::mem::replace(
+                        &mut self.buffer,
+                        Vec::with_capacity(size),
+                    ));
+                    let timeout = self.timeout;
+                    // The timer is made inside the runtime (it needs its clock).
+                    runtime
+                        .block_on(async {
+                            tokio::time::timeout(
+                                timeout + Duration::from_millis(500),
+                                e.send(body, timeout),
+                            )
+                            .await
+                        })
+                        .map_err(|_| "timed out".to_owned())
+                        .and_then(|r| r.map_err(|e| e.to_string()))
+                }
                 None => Err("no exporter".to_owned()),
             };
+            self.pending.clear();
             match exported {
-                Ok(()) if self.failing => {
-                    self.failing = false;
-                    tracing::info!("OTLP export works again");
+                Ok(answer) => {
+                    if std::mem::replace(&mut self.failing, false) {
+                        tracing::info!("OTLP export works again");
+                    }
+                    if let Some(p) = answer.partial_success
+                        && (p.rejected_spans > 0 || !p.error_message.is_empty())
+                        && let Some(suppressed) = REJECTED.allow()
+                    {
+                        tracing::warn!(
+                            rejected_spans = p.rejected_spans,
+                            message = %p.error_message,
+                            suppressed,
+                            "the OTLP collector refused part of a batch"
+                        );
+                    }
                 }
-                Ok(()) => {}
                 Err(e) => {
-                    (self.drops)("export_failed", n);
+                    (self.drops)("export_failed", n as u64);
                     // Once per outage, not once per batch.
                     if !std::mem::replace(&mut self.failing, true) {
                         tracing::warn!(error = %e, spans = n, "OTLP export failed; spans are dropped (nm_otel_spans_dropped_total) until the collector answers");

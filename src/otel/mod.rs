@@ -4,29 +4,32 @@
 //! (so tests can run several in one process, each with its own `service.name`), hands its
 //! tracer to the halves, and shuts it down last, flushing what is queued.
 //!
-//! Spans leave through [`export::Batching`], a bounded queue and an export thread of its own:
-//! the request path never waits on the collector, and what cannot be queued or exported is
-//! counted (`nm_otel_spans_dropped_total`).
+//! Spans are made by the OpenTelemetry SDK (sampling, ids, limits, context) and leave through
+//! [`export::Batching`], a bounded queue and an export thread of its own: the request path never
+//! waits on the collector, and what cannot be queued or exported is counted
+//! (`nm_otel_spans_dropped_total`). The thread encodes each batch straight into OTLP protobuf
+//! ([`otlp`]) and sends it over gRPC ([`grpc`]) or HTTP ([`http`]) ([`transport`]).
 
 pub mod export;
+pub mod grpc;
 pub mod http;
 pub mod link;
+pub mod otlp;
 pub mod settings;
-
-use std::collections::HashMap;
+pub mod transport;
 
 use opentelemetry::InstrumentationScope;
 use opentelemetry::KeyValue;
 use opentelemetry::global::BoxedTracer;
 use opentelemetry::propagation::{TextMapCompositePropagator, TextMapPropagator};
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_otlp::{WithExportConfig, WithHttpConfig, WithTonicConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::propagation::{BaggagePropagator, TraceContextPropagator};
 use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
 
 use self::export::{Batching, DropCounter, Schedule};
-use self::settings::{Export, Protocol, Root};
+use self::settings::{Export, Root};
+use self::transport::Sender;
 
 /// The instrumentation scope of every span the gateway makes.
 pub const SCOPE: &str = "nm-gateway";
@@ -47,7 +50,7 @@ impl Telemetry {
         drops: DropCounter,
     ) -> std::io::Result<Self> {
         let config = export.clone();
-        let make = move || build_exporter(&config);
+        let make = move || Sender::new(&config);
         let processor = Batching::start(
             Schedule {
                 queue: export.queue,
@@ -150,46 +153,4 @@ fn sampler(s: settings::Sampler) -> Sampler {
         settings::Sampler::Ratio(r) => Sampler::TraceIdRatioBased(r),
         settings::Sampler::ParentBased(r) => Sampler::ParentBased(Box::new(root(r))),
     }
-}
-
-/// Builds the OTLP exporter (on the export thread, inside its runtime).
-fn build_exporter(export: &Export) -> Result<opentelemetry_otlp::SpanExporter, String> {
-    let built = match export.protocol {
-        Protocol::Grpc => {
-            let mut metadata = tonic::metadata::MetadataMap::new();
-            for (k, v) in &export.headers {
-                let key = tonic::metadata::MetadataKey::from_bytes(k.as_bytes())
-                    .map_err(|_| format!("OTLP header {k:?} is not a valid gRPC metadata key"))?;
-                let value = v
-                    .parse()
-                    .map_err(|_| format!("the value of OTLP header {k:?} is not valid metadata"))?;
-                metadata.insert(key, value);
-            }
-            let mut builder = opentelemetry_otlp::SpanExporter::builder()
-                .with_tonic()
-                .with_endpoint(export.endpoint.clone())
-                .with_timeout(export.timeout)
-                .with_metadata(metadata);
-            if export.endpoint.starts_with("https://") {
-                let mut tls = tonic::transport::ClientTlsConfig::new().with_webpki_roots();
-                if let Some(pem) = &export.ca_pem {
-                    tls = tls.ca_certificate(tonic::transport::Certificate::from_pem(pem));
-                }
-                builder = builder.with_tls_config(tls);
-            }
-            builder.build()
-        }
-        Protocol::HttpProtobuf => opentelemetry_otlp::SpanExporter::builder()
-            .with_http()
-            .with_http_client(http::OtlpHttpClient::new(
-                export.ca_pem.as_deref(),
-                export.timeout,
-            )?)
-            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-            .with_endpoint(export.endpoint.clone())
-            .with_timeout(export.timeout)
-            .with_headers(export.headers.iter().cloned().collect::<HashMap<_, _>>())
-            .build(),
-    };
-    built.map_err(|e| e.to_string())
 }
