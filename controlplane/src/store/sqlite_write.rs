@@ -276,17 +276,22 @@ impl KeptWriter {
             .take()
     }
 
-    /// Keeps a connection whose transaction committed; when one is kept already (or the store
-    /// is closing), `conn` goes back to the pool instead.
+    /// Keeps a connection whose transaction committed. When one is kept already, the one with
+    /// rusqlite statements stays (a write probe that ran beside an ingest must not push out the
+    /// ingest's prepared statements) and the other goes back to the pool; when the store is
+    /// closing, `conn` goes back too.
     fn put(&self, conn: WriteConn) {
         if conn.busy || self.closed.load(Ordering::Relaxed) {
             return conn.discard();
         }
         let mut slot = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
-        if slot.is_none() {
-            *slot = Some(conn);
-        }
-        // Otherwise `conn` drops: its statements first (its worker is idle), then back to the pool.
+        let keep_new = slot
+            .as_ref()
+            .is_none_or(|kept| kept.lite.is_none() && conn.lite.is_some());
+        let spare = if keep_new { slot.replace(conn) } else { Some(conn) };
+        drop(slot);
+        // The spare drops here: its statements first (its worker is idle), then back to the pool.
+        drop(spare);
     }
 
     /// Gives the kept connection back to the pool and keeps none from now on: the pool's
