@@ -66,8 +66,17 @@ fn insert_rows(
 ) -> rusqlite::Result<Fresh> {
     conn.prepare_cached("SAVEPOINT request_rows")?.execute([])?;
     let mut inserted = 0;
+    // The chunks come largest first: each statement is taken from the cache once per batch and
+    // rebound chunk after chunk. (Back in the cache its bindings are cleared, which frees the
+    // copies SQLite made of the bound text; rebinding reuses them.)
+    let mut current: Option<(usize, rusqlite::CachedStatement<'_>)> = None;
     for chunk in chunks_by(records, &ROW_COUNTS) {
-        let mut stmt = conn.prepare_cached(sql.sql(chunk.len()))?;
+        if current.as_ref().is_none_or(|(rows, _)| *rows != chunk.len()) {
+            current = Some((chunk.len(), conn.prepare_cached(sql.sql(chunk.len()))?));
+        }
+        let Some((_, stmt)) = current.as_mut() else {
+            continue;
+        };
         for (r, record) in chunk.iter().enumerate() {
             for (i, cell) in row_cells(record).iter().enumerate() {
                 stmt.raw_bind_parameter(r * COLUMNS.len() + i + 1, cell)?;
@@ -75,6 +84,7 @@ fn insert_rows(
         }
         inserted += stmt.raw_execute()?;
     }
+    drop(current);
     if inserted == records.len() {
         conn.prepare_cached("RELEASE request_rows")?.execute([])?;
         return Ok(Fresh::All);
