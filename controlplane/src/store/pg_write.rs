@@ -45,7 +45,15 @@ impl Drop for PgWrite {
 
 impl PgWrite {
     pub(super) async fn begin(pool: &PgPool, writability: Writability) -> Result<Self, DbErr> {
-        let mut conn = pool.acquire().await.map_err(exec_err)?;
+        let mut conn = match pool.acquire().await {
+            Ok(conn) => conn,
+            Err(e) => {
+                // No connection: the database does not answer (as sea-orm's `begin` reports it).
+                let e = DbErr::Conn(RuntimeErr::SqlxError(Arc::new(e)));
+                writability.failed(&e);
+                return Err(e);
+            }
+        };
         if let Err(e) = sqlx::raw_sql("BEGIN").execute(&mut *conn).await {
             // Not known to be usable: closed, not given back.
             conn.close_on_drop();
