@@ -134,10 +134,7 @@ pub fn chunks_of<T>(items: &[T]) -> impl Iterator<Item = &[T]> {
 
 /// `items` cut into consecutive slices of sizes drawn greedily from `sizes` (largest first,
 /// ending with 1), for one multi-row statement each.
-pub fn chunks_by<'a, T>(
-    items: &'a [T],
-    sizes: &'static [usize],
-) -> impl Iterator<Item = &'a [T]> {
+pub fn chunks_by<'a, T>(items: &'a [T], sizes: &'static [usize]) -> impl Iterator<Item = &'a [T]> {
     let mut rest = items;
     chunk_sizes(items.len(), sizes).map(move |size| {
         let (chunk, tail) = rest.split_at(size);
@@ -168,7 +165,9 @@ mod chunk_tests {
             [256, 16, 16, 4, 4, 4]
         );
         assert_eq!(chunks.concat(), items);
-        let sizes: Vec<usize> = chunks_by(&items[..53], &[32, 8, 1]).map(<[usize]>::len).collect();
+        let sizes: Vec<usize> = chunks_by(&items[..53], &[32, 8, 1])
+            .map(<[usize]>::len)
+            .collect();
         assert_eq!(sizes, [32, 8, 8, 1, 1, 1, 1, 1]);
     }
 }

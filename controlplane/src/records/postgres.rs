@@ -105,7 +105,11 @@ impl<'a> Column<'a> {
             Column::Int(v) => q.bind(v.as_slice()),
             Column::Int32(v) => q.bind(v.as_slice()),
             Column::Bool(v) => q.bind(v.as_slice()),
-            Column::Hex(v) => q.bind(v.iter().map(|h| h.as_ref().map(Hex::as_str)).collect::<Vec<_>>()),
+            Column::Hex(v) => q.bind(
+                v.iter()
+                    .map(|h| h.as_ref().map(Hex::as_str))
+                    .collect::<Vec<_>>(),
+            ),
         }
     }
 }

@@ -71,7 +71,10 @@ fn insert_rows(
     // copies SQLite made of the bound text; rebinding reuses them.)
     let mut current: Option<(usize, rusqlite::CachedStatement<'_>)> = None;
     for chunk in chunks_by(records, &ROW_COUNTS) {
-        if current.as_ref().is_none_or(|(rows, _)| *rows != chunk.len()) {
+        if current
+            .as_ref()
+            .is_none_or(|(rows, _)| *rows != chunk.len())
+        {
             current = Some((chunk.len(), conn.prepare_cached(sql.sql(chunk.len()))?));
         }
         let Some((_, stmt)) = current.as_mut() else {
@@ -89,7 +92,8 @@ fn insert_rows(
         conn.prepare_cached("RELEASE request_rows")?.execute([])?;
         return Ok(Fresh::All);
     }
-    conn.prepare_cached("ROLLBACK TO request_rows")?.execute([])?;
+    conn.prepare_cached("ROLLBACK TO request_rows")?
+        .execute([])?;
     conn.prepare_cached("RELEASE request_rows")?.execute([])?;
     let mut stmt = conn.prepare_cached(sql.sql(1))?;
     let mut ids = std::collections::HashSet::with_capacity(records.len());

@@ -31,8 +31,8 @@ use crate::error::{Error, Result};
 
 pub use migration::Migrator;
 pub use pg_write::PgWrite;
-pub use sqlite_write::SqliteWrite;
 use sqlite_write::KeptWriter;
+pub use sqlite_write::SqliteWrite;
 pub use writable::{Writability, WriteProblem};
 
 /// A handle on the controlplane database. Cheap to clone (a connection pool).

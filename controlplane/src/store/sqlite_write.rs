@@ -288,7 +288,11 @@ impl KeptWriter {
         let keep_new = slot
             .as_ref()
             .is_none_or(|kept| kept.lite.is_none() && conn.lite.is_some());
-        let spare = if keep_new { slot.replace(conn) } else { Some(conn) };
+        let spare = if keep_new {
+            slot.replace(conn)
+        } else {
+            Some(conn)
+        };
         drop(slot);
         // The spare drops here: its statements first (its worker is idle), then back to the pool.
         drop(spare);
@@ -379,7 +383,10 @@ impl ConnectionTrait for SqliteWrite {
     async fn query_all_raw(&self, stmt: Statement) -> Result<Vec<QueryResult>, DbErr> {
         let mut conn = self.held().await?;
         conn.busy = true;
-        let rows = query(stmt).fetch_all(&mut *conn.sqlx).await.map_err(query_err);
+        let rows = query(stmt)
+            .fetch_all(&mut *conn.sqlx)
+            .await
+            .map_err(query_err);
         conn.busy = false;
         self.seen(rows)
             .map(|rows| rows.into_iter().map(QueryResult::from).collect())
@@ -460,7 +467,10 @@ mod tests {
         assert!(!other.await.unwrap(), "the kept connection is not shared");
 
         let txn = store.begin_write().await.unwrap();
-        assert!(!has_mark(&txn).await, "a connection that did not commit is gone");
+        assert!(
+            !has_mark(&txn).await,
+            "a connection that did not commit is gone"
+        );
         let rows = sqlite(&txn)
             .with_rusqlite(|c| c.prepare_cached(insert)?.execute([2]))
             .await
