@@ -231,10 +231,11 @@ impl WriteConn {
     /// state), once rusqlite's statements are finalized.
     fn discard(mut self) {
         self.sqlx.close_on_drop();
-        if self.busy && self.lite.is_some() {
-            if let Ok(rt) = Handle::try_current() {
-                rt.spawn(self.finalize_then_close());
-            }
+        if self.busy
+            && self.lite.is_some()
+            && let Ok(rt) = Handle::try_current()
+        {
+            rt.spawn(self.finalize_then_close());
         }
         // Otherwise `self` drops here: its statements first (the worker is idle), then the
         // connection, closed.
