@@ -3,18 +3,13 @@
 # move with the machine's noise (see bench/README.md, "Counting instructions instead of seconds").
 #
 #   cargo build --profile dist -p nm-gateway -p nm-bench --bin nm-gateway --bin nm-bench
-#   bench/callgrind.sh            # nm-gateway serve (default settings: metered, budget path on,
-#                                 # the access log at INFO)
-#   bench/callgrind.sh dataplane  # nm-gateway dataplane alone, records shipped over gRPC to a
-#                                 # controlplane that runs outside callgrind
+#   bench/callgrind.sh            # nm-gateway serve (metered, budget path on)
 #   bench/callgrind.sh forwarder  # the minimal hyper forwarder, for comparison
-#   bench/ratios.sh               # all of them, JSON and streamed, as ratios to the forwarder
 #
 # GATEWAY_BIN=PATH measures another nm-gateway binary (an older build, say); BIN_DIR=DIR takes
-# both binaries from DIR. Settings such as NM_LOG or NM_HOT_PATH_OFF pass through to the gateway.
+# both binaries from DIR. Settings such as NM_HOT_PATH_OFF pass through to the gateway.
 # KEEP=FILE keeps the callgrind profile (for callgrind_annotate). STREAM=1 asks for the streamed
-# answer (20 SSE content chunks + finish + usage + [DONE]) instead of the JSON one. TRACED=1
-# exports every request's spans (sampler always_on) to nm-bench's OTLP collector.
+# answer (20 SSE content chunks + finish + usage + [DONE]) instead of the JSON one.
 # Needs valgrind and wrk (Debian: apt-get install valgrind wrk). Prints the requests served, the
 # user-space instructions per request, and the costliest functions (inclusive).
 set -euo pipefail
@@ -54,62 +49,20 @@ pids+=($!)
 for _ in $(seq 50); do [ -f "$dir/mock.port" ] && break; sleep 0.1; done
 mock=127.0.0.1:$(cat "$dir/mock.port")
 
-if [ "${TRACED:-0}" = 1 ]; then
-  sleep infinity | "$bin/nm-bench" collector --port-file "$dir/collector.port" &
-  pids+=($!)
-  for _ in $(seq 50); do [ -f "$dir/collector.port" ] && break; sleep 0.1; done
-  export OTEL_TRACES_SAMPLER=always_on OTEL_SERVICE_NAME=callgrind
-  export OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:$(cat "$dir/collector.port")
-fi
-
-# The default log filter, or the one given; the "listening on" lines are always let through.
-export NM_LOG="${NM_LOG:-info},nm_gateway::app=info"
-
 wait_for() { for _ in $(seq 120); do curl -sf "$1" >/dev/null 2>&1 && return 0; sleep 0.5; done; echo "callgrind.sh: $1 did not answer" >&2; exit 1; }
-# The address a process logged as "<what> listening on ADDR" (ports are picked by the system,
-# so runs side by side do not meet).
-listening() {
-  for _ in $(seq 240); do
-    addr=$(grep -o "$2 listening on [0-9.:]*" "$1" 2>/dev/null | head -n1 | awk '{print $NF}')
-    [ -n "$addr" ] && { echo "$addr"; return 0; }
-    sleep 0.5
-  done
-  echo "callgrind.sh: no \"$2 listening\" in $1" >&2; cat "$1" >&2; exit 1
-}
-budget() {  # a budget rule, so every request takes the budget path
-  NM_CONTROLPLANE_URL=http://$1 NM_ADMIN_KEY=$key "$gateway" budgets set \
-    --default --usd-per-day 1000000 --rpm 1000000 >/dev/null
-}
 
 case "$target" in
 gateway)
-  NM_HTTP_ADDR=127.0.0.1:0 NM_GRPC_ADDR=127.0.0.1:0 \
+  NM_LOG=warn NM_HTTP_ADDR=127.0.0.1:18590 NM_GRPC_ADDR=127.0.0.1:18591 \
     NM_DATABASE_URL="sqlite://$dir/gw.db?mode=rwc" NM_SPOOL_DIR="$dir/spool" \
     NM_BOOTSTRAP_KEY=$key NM_UPSTREAM_OPENAI=http://$mock \
     valgrind --tool=callgrind --callgrind-out-file="$dir/cg.out" "$gateway" serve \
     >"$dir/target.log" 2>&1 &
   pids+=($!)
-  http=$(listening "$dir/target.log" "dataplane HTTP")
-  wait_for "http://$http/health"
-  budget "$(listening "$dir/target.log" "controlplane gRPC")"
-  url=http://$http/openai/v1/chat/completions
-  ;;
-dataplane)
-  secret=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
-  NM_GRPC_ADDR=127.0.0.1:0 NM_DATABASE_URL="sqlite://$dir/cp.db?mode=rwc" \
-    NM_BOOTSTRAP_KEY=$key NM_LINK_SECRET=$secret OTEL_SERVICE_NAME=callgrind-cp \
-    "$gateway" controlplane >"$dir/controlplane.log" 2>&1 &
-  pids+=($!)
-  grpc=$(listening "$dir/controlplane.log" "controlplane gRPC")
-  NM_HTTP_ADDR=127.0.0.1:0 NM_CONTROLPLANE_URL=http://$grpc NM_LINK_SECRET=$secret \
-    NM_SPOOL_DIR="$dir/spool" NM_UPSTREAM_OPENAI=http://$mock \
-    valgrind --tool=callgrind --callgrind-out-file="$dir/cg.out" "$gateway" dataplane \
-    >"$dir/target.log" 2>&1 &
-  pids+=($!)
-  http=$(listening "$dir/target.log" "dataplane HTTP")
-  wait_for "http://$http/health"
-  budget "$grpc"
-  url=http://$http/openai/v1/chat/completions
+  wait_for http://127.0.0.1:18590/health
+  NM_CONTROLPLANE_URL=http://127.0.0.1:18591 NM_ADMIN_KEY=$key "$gateway" budgets set \
+    --default --usd-per-day 1000000 --rpm 1000000 >/dev/null
+  url=http://127.0.0.1:18590/openai/v1/chat/completions
   ;;
 forwarder)
   sleep infinity | valgrind --tool=callgrind --callgrind-out-file="$dir/cg.out" \
@@ -118,20 +71,16 @@ forwarder)
   for _ in $(seq 120); do [ -f "$dir/fwd.port" ] && break; sleep 0.5; done
   url=http://127.0.0.1:$(cat "$dir/fwd.port")/v1/chat/completions
   ;;
-*) echo "usage: bench/callgrind.sh [gateway|dataplane|forwarder]" >&2; exit 64 ;;
+*) echo "usage: bench/callgrind.sh [gateway|forwarder]" >&2; exit 64 ;;
 esac
-measured=${pids[-1]}   # valgrind runs its tool in its own process: this pid
 
 wrk -t1 -c10 -d5s -s "$dir/req.lua" "$url" >/dev/null   # warm up
 sleep 1
-callgrind_control -z "$measured" >/dev/null 2>&1
+callgrind_control -z >/dev/null 2>&1
 out=$(wrk -t1 -c10 -d"${secs}s" -s "$dir/req.lua" "$url")
-sleep 1.5   # the gateway stores (or ships) its last batch of records
-callgrind_control -d "$measured" >/dev/null 2>&1 || true
+sleep 1.5   # the gateway stores its last batch of records
+callgrind_control -d >/dev/null 2>&1
 requests=$(echo "$out" | awk '/requests in/ {print $1}')
-# On a busy machine the dump can finish after callgrind_control returns.
-for _ in $(seq 120); do ls "$dir"/cg.out.* >/dev/null 2>&1 && break; sleep 0.5; done
-sleep 1
 dump=$(ls "$dir"/cg.out.* | head -n1)
 total=$(callgrind_annotate "$dump" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
 if [ -n "${KEEP:-}" ]; then cp "$dump" "$KEEP"; echo "callgrind.sh: profile kept in $KEEP ($requests requests)"; fi
