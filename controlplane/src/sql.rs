@@ -113,9 +113,14 @@ pub const INSERT_CHUNK_SIZES: [usize; 5] = [256, 64, 16, 4, 1];
 /// Every distinct row count is a distinct SQL text, and each connection caches a prepared
 /// statement per text; a large multi-row statement is big (hundreds of KiB in SQLite). Fixed sizes
 /// keep at most five shapes per table in the cache instead of one per batch size.
-pub fn insert_chunks(mut n: usize) -> impl Iterator<Item = usize> {
+pub fn insert_chunks(n: usize) -> impl Iterator<Item = usize> {
+    chunk_sizes(n, &INSERT_CHUNK_SIZES)
+}
+
+/// `n` cut greedily into sizes drawn from `sizes` (largest first, ending with 1).
+fn chunk_sizes(mut n: usize, sizes: &'static [usize]) -> impl Iterator<Item = usize> {
     std::iter::from_fn(move || {
-        let size = INSERT_CHUNK_SIZES.into_iter().find(|s| *s <= n)?;
+        let size = sizes.iter().copied().find(|s| *s <= n)?;
         n -= size;
         Some(size)
     })
@@ -124,8 +129,14 @@ pub fn insert_chunks(mut n: usize) -> impl Iterator<Item = usize> {
 /// `items` cut into consecutive slices of the sizes [`insert_chunks`] draws, for one multi-row
 /// statement each.
 pub fn chunks_of<T>(items: &[T]) -> impl Iterator<Item = &[T]> {
+    chunks_by(items, &INSERT_CHUNK_SIZES)
+}
+
+/// `items` cut into consecutive slices of sizes drawn greedily from `sizes` (largest first,
+/// ending with 1), for one multi-row statement each.
+pub fn chunks_by<'a, T>(items: &'a [T], sizes: &'static [usize]) -> impl Iterator<Item = &'a [T]> {
     let mut rest = items;
-    insert_chunks(items.len()).map(move |size| {
+    chunk_sizes(items.len(), sizes).map(move |size| {
         let (chunk, tail) = rest.split_at(size);
         rest = tail;
         chunk
@@ -134,7 +145,7 @@ pub fn chunks_of<T>(items: &[T]) -> impl Iterator<Item = &[T]> {
 
 #[cfg(test)]
 mod chunk_tests {
-    use super::{chunks_of, insert_chunks};
+    use super::{chunks_by, chunks_of, insert_chunks};
 
     #[test]
     fn chunks_cover_every_row_with_few_shapes() {
@@ -154,5 +165,9 @@ mod chunk_tests {
             [256, 16, 16, 4, 4, 4]
         );
         assert_eq!(chunks.concat(), items);
+        let sizes: Vec<usize> = chunks_by(&items[..53], &[32, 8, 1])
+            .map(<[usize]>::len)
+            .collect();
+        assert_eq!(sizes, [32, 8, 8, 1, 1, 1, 1, 1]);
     }
 }

@@ -6,7 +6,8 @@
 //!   rollups, re-attributed signals, spend, one commit.
 //! - `row.rs`: the one mapping of a record to a `requests` row ([`row::COLUMNS`],
 //!   [`row::row_cells`]), shared by both databases.
-//! - `sqlite.rs` and `postgres.rs`: the row writer of each database, behind [`RowWriter`].
+//! - `sqlite.rs` and `postgres.rs`: the row writer of each database, behind [`RowWriter`]:
+//!   statements prepared once per connection, values bound from the records without copies.
 
 mod ingest;
 mod postgres;
@@ -62,7 +63,7 @@ impl InsertSql {
     fn new(backend: DatabaseBackend) -> Self {
         Self {
             sqlite: sqlite::SqliteRows::new(backend),
-            postgres: postgres::PostgresRows::new(backend),
+            postgres: postgres::PostgresRows::new(),
         }
     }
 }
@@ -94,6 +95,6 @@ pub(crate) async fn write_rows(txn: &WriteTxn, records: &[&RequestRecord]) -> Re
 async fn insert_new(txn: &WriteTxn, sql: &InsertSql, records: &[&RequestRecord]) -> Result<Fresh> {
     match txn {
         WriteTxn::Sqlite(txn) => sql.sqlite.insert_new(txn, records).await,
-        WriteTxn::Pooled(txn) => sql.postgres.insert_new(txn, records).await,
+        WriteTxn::Postgres(txn) => sql.postgres.insert_new(txn, records).await,
     }
 }

@@ -5,7 +5,7 @@
 use nm_types::{Env, SessionId};
 use rusqlite::ToSql;
 use rusqlite::types::{ToSqlOutput, ValueRef};
-use sea_orm::{DatabaseBackend, Value};
+use sea_orm::DatabaseBackend;
 
 use super::RequestRecord;
 use crate::sql::insert_values;
@@ -42,17 +42,49 @@ pub(super) const COLUMNS: [&str; 28] = [
     "span_id",
 ];
 
-/// One value of a `requests` row, borrowed from its record: bound by rusqlite on SQLite, turned
-/// into sea-orm values on PostgreSQL.
+/// One value of a `requests` row, borrowed from its record: bound by rusqlite on SQLite, gathered
+/// into one array per column for sqlx on PostgreSQL.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Cell<'a> {
     Text(Option<&'a str>),
     Int(Option<i64>),
     Int32(i32),
     Bool(bool),
-    /// A span's trace id, then its span id, stored as their hex spellings.
-    TraceId(Option<&'a nm_types::record::TraceRef>),
-    SpanId(Option<&'a nm_types::record::TraceRef>),
+    /// A span's trace id or span id, spelled in hex here (no allocation per row).
+    Hex(Option<Hex>),
+}
+
+/// An id of up to 16 bytes spelled in lower-case hex (the W3C and OTLP/JSON spelling, as
+/// [`nm_types::record::TraceRef::trace_hex`]), held inline.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Hex {
+    digits: [u8; 32],
+    len: usize,
+}
+
+impl Hex {
+    /// `bytes` in hex; only the first 16 bytes are spelled (trace ids are 16, span ids 8).
+    pub(super) fn of(bytes: &[u8]) -> Self {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut digits = [0; 32];
+        for (pair, b) in digits.chunks_exact_mut(2).zip(bytes) {
+            pair[0] = DIGITS[usize::from(b >> 4)];
+            pair[1] = DIGITS[usize::from(b & 0xf)];
+        }
+        Self {
+            digits,
+            len: 2 * bytes.len().min(16),
+        }
+    }
+
+    /// The digits: ASCII, hence UTF-8.
+    pub(super) fn as_bytes(&self) -> &[u8] {
+        &self.digits[..self.len]
+    }
+
+    pub(super) fn as_str(&self) -> &str {
+        std::str::from_utf8(self.as_bytes()).unwrap_or_default()
+    }
 }
 
 /// One record's values in [`COLUMNS`] order.
@@ -89,51 +121,28 @@ pub(super) fn row_cells(r: &RequestRecord) -> [Cell<'_>; COLUMNS.len()] {
         text(&u.finish_reason),
         count(r.cost_micros),
         Cell::Text(Some(r.usage_status.as_str())),
-        Cell::TraceId(r.trace.as_ref()),
-        Cell::SpanId(r.trace.as_ref()),
+        Cell::Hex(r.trace.as_ref().map(|t| Hex::of(&t.trace_id))),
+        Cell::Hex(r.trace.as_ref().map(|t| Hex::of(&t.span_id))),
     ]
-}
-
-impl From<Cell<'_>> for Value {
-    fn from(cell: Cell<'_>) -> Value {
-        match cell {
-            Cell::Text(s) => Value::String(s.map(str::to_owned)),
-            Cell::Int(n) => Value::BigInt(n),
-            Cell::Int32(n) => Value::Int(Some(n)),
-            Cell::Bool(b) => Value::Bool(Some(b)),
-            Cell::TraceId(t) => Value::String(t.map(|t| t.trace_hex())),
-            Cell::SpanId(t) => Value::String(t.map(|t| t.span_hex())),
-        }
-    }
 }
 
 impl ToSql for Cell<'_> {
     fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
-        match *self {
-            Cell::TraceId(Some(t)) => return Ok(ToSqlOutput::from(t.trace_hex())),
-            Cell::SpanId(Some(t)) => return Ok(ToSqlOutput::from(t.span_hex())),
-            _ => {}
-        }
-        Ok(ToSqlOutput::Borrowed(match *self {
+        Ok(ToSqlOutput::Borrowed(match self {
             Cell::Text(Some(s)) => ValueRef::Text(s.as_bytes()),
-            Cell::Text(None) | Cell::Int(None) => ValueRef::Null,
-            Cell::Int(Some(n)) => ValueRef::Integer(n),
-            Cell::Int32(n) => ValueRef::Integer(n.into()),
-            Cell::Bool(b) => ValueRef::Integer(b.into()),
-            Cell::TraceId(_) | Cell::SpanId(_) => ValueRef::Null,
+            Cell::Text(None) | Cell::Int(None) | Cell::Hex(None) => ValueRef::Null,
+            Cell::Int(Some(n)) => ValueRef::Integer(*n),
+            Cell::Int32(n) => ValueRef::Integer((*n).into()),
+            Cell::Bool(b) => ValueRef::Integer((*b).into()),
+            Cell::Hex(Some(h)) => ValueRef::Text(h.as_bytes()),
         }))
     }
 }
 
 /// The INSERT of `rows` records as one multi-row `VALUES` list of bound parameters. Resent
 /// records are skipped (`ON CONFLICT DO NOTHING`); with `returning`, the statement names the new
-/// ones.
-///
-/// On PostgreSQL a batch goes in as such statements, cut into a few fixed row counts
-/// ([`crate::sql::INSERT_CHUNK_SIZES`]) so each connection caches a handful of prepared statements (an
-/// earlier version sent the batch as one JSON parameter unpacked by `json_each`, and SQLite's JSON
-/// path lookups were then 16% of the whole gateway's instructions under load). On SQLite only the
-/// one-row statement is used, through rusqlite (`sqlite.rs`).
+/// ones. SQLite's writer (`sqlite.rs`) uses a few row counts of it; PostgreSQL's
+/// (`postgres.rs`) sends a batch as one array per column instead.
 pub(super) fn insert_sql(backend: DatabaseBackend, rows: usize, returning: bool) -> String {
     let mut sql = insert_values(backend, "requests", &COLUMNS, rows);
     sql.push_str(" ON CONFLICT (request_id) DO NOTHING");
@@ -145,4 +154,25 @@ pub(super) fn insert_sql(backend: DatabaseBackend, rows: usize, returning: bool)
 
 fn saturating_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use nm_types::record::TraceRef;
+
+    use super::Hex;
+
+    #[test]
+    fn hex_is_spelled_as_the_record_spells_it() {
+        let t = TraceRef {
+            trace_id: [
+                0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6, 0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e,
+                0x47, 0x36,
+            ],
+            span_id: [0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7],
+        };
+        assert_eq!(Hex::of(&t.trace_id).as_str(), t.trace_hex());
+        assert_eq!(Hex::of(&t.span_id).as_str(), t.span_hex());
+        assert_eq!(Hex::of(&[0xff; 20]).as_str(), "ff".repeat(16));
+    }
 }

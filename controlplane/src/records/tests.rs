@@ -77,10 +77,38 @@ async fn every_value_round_trips_on(url: String) {
         },
         usage_status: UsageStatus::Partial,
         cost_micros: Some(123_456_789),
+        trace: Some(nm_types::record::TraceRef {
+            trace_id: [
+                0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6, 0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e,
+                0x47, 0x36,
+            ],
+            span_id: [0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7],
+        }),
         ..Default::default()
     };
     let out = records.ingest(std::slice::from_ref(&r)).await.unwrap();
     assert_eq!(out.stored, 1);
+    let mut sql = crate::sql::Sql::new(
+        store.backend(),
+        "SELECT trace_id, span_id FROM requests WHERE request_id = ",
+    );
+    sql.bind(r.request_id.clone());
+    let row = store
+        .conn()
+        .query_one_raw(sql.build())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (
+            row.try_get::<String>("", "trace_id").unwrap(),
+            row.try_get::<String>("", "span_id").unwrap()
+        ),
+        (
+            "4bf92f3577b34da6a3ce929d0e0e4736".to_owned(),
+            "00f067aa0ba902b7".to_owned()
+        )
+    );
     let m = crate::store::entity::request::Entity::find_by_id(r.request_id.clone())
         .one(store.conn())
         .await

@@ -16,13 +16,17 @@ use std::ptr::NonNull;
 /// A rusqlite connection on a handle it does not own: dropping it finalizes the statements
 /// prepared on it, never the connection.
 ///
-/// The caller must hold sqlx's handle lock (`LockedSqliteHandle`) for as long as the result
-/// lives, and drop the result first: then no other thread calls into the connection meanwhile.
+/// The caller must hold sqlx's handle lock (`LockedSqliteHandle`) while it makes this call, and
+/// make every later call into the result (its statements, its drop) only while sqlx's worker
+/// makes none on the handle: under that lock again, or while no command sent to the worker may
+/// still be running. It must drop the result before sqlx closes the connection.
 pub(crate) fn borrow_sqlite(
     raw: NonNull<rusqlite::ffi::sqlite3>,
 ) -> rusqlite::Result<rusqlite::Connection> {
-    // SAFETY: `raw` is an open connection (sqlx's, from `LockedSqliteHandle`) on which no other
-    // thread makes calls while the caller holds that lock; the caller drops the result first.
+    // SAFETY: `raw` is an open connection (sqlx's, from `LockedSqliteHandle`), which outlives
+    // the result, and on which no two threads make calls at once: `sqlite_write::WriteConn`
+    // touches the result only under the handle lock or while sqlx's worker is idle, and drops
+    // it before the sqlx connection.
     unsafe { rusqlite::Connection::from_handle(raw.as_ptr()) }
 }
 

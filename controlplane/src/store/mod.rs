@@ -9,17 +9,20 @@ mod migration;
 #[forbid(unsafe_code)]
 mod nodelay;
 #[forbid(unsafe_code)]
+pub(crate) mod pg_write;
+#[forbid(unsafe_code)]
 mod sqlite_write;
 #[forbid(unsafe_code)]
 pub mod writable;
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
 use sea_orm::{
-    ConnectOptions, ConnectionTrait, Database, DatabaseBackend, DatabaseConnection,
-    DatabaseTransaction, DbErr, ExecResult, QueryResult, Statement, TransactionTrait,
+    ConnectOptions, ConnectionTrait, Database, DatabaseBackend, DatabaseConnection, DbErr,
+    ExecResult, QueryResult, Statement,
 };
 use sea_orm_migration::MigratorTrait;
 use tracing::info;
@@ -27,6 +30,8 @@ use tracing::info;
 use crate::error::{Error, Result};
 
 pub use migration::Migrator;
+pub use pg_write::PgWrite;
+use sqlite_write::KeptWriter;
 pub use sqlite_write::SqliteWrite;
 pub use writable::{Writability, WriteProblem};
 
@@ -35,6 +40,9 @@ pub use writable::{Writability, WriteProblem};
 pub struct Store {
     db: DatabaseConnection,
     writability: Writability,
+    /// SQLite: the write connection kept between write transactions, with its prepared
+    /// statements (see [`SqliteWrite`]).
+    kept_writer: Arc<KeptWriter>,
 }
 
 impl Store {
@@ -92,6 +100,7 @@ impl Store {
         Ok(Self {
             db,
             writability: Writability::new(),
+            kept_writer: Arc::default(),
         })
     }
 
@@ -135,23 +144,17 @@ impl Store {
     /// inserts can bypass sea-orm) begun with `BEGIN IMMEDIATE`: it takes the write lock up front
     /// (waiting up to the busy timeout), so a transaction that reads before it writes cannot fail
     /// with "database is locked" when another writer committed in between (SQLite refuses to
-    /// upgrade a stale read snapshot and does not wait in that case).
+    /// upgrade a stale read snapshot and does not wait in that case). On PostgreSQL it is a
+    /// [`PgWrite`], whose request rows sqlx binds straight from the records.
     pub async fn begin_write(&self) -> Result<WriteTxn> {
         if self.backend() == DatabaseBackend::Sqlite {
             let pool = self.db.get_sqlite_connection_pool();
-            let txn = SqliteWrite::begin(pool, self.writability.clone()).await?;
+            let txn = SqliteWrite::begin(pool, &self.kept_writer, self.writability.clone()).await?;
             return Ok(WriteTxn::Sqlite(txn));
         }
-        match self.db.begin().await {
-            Ok(txn) => Ok(WriteTxn::Pooled(PooledWrite {
-                txn,
-                writability: self.writability.clone(),
-            })),
-            Err(e) => {
-                self.writability.failed(&e);
-                Err(e.into())
-            }
-        }
+        let pool = self.db.get_postgres_connection_pool();
+        let txn = PgWrite::begin(pool, self.writability.clone()).await?;
+        Ok(WriteTxn::Postgres(txn))
     }
 
     /// True when the database answers a trivial query.
@@ -167,6 +170,8 @@ impl Store {
     }
 
     pub async fn close(self) -> Result<()> {
+        // The pool's `close` waits for every connection taken from it.
+        self.kept_writer.close();
         self.db.close().await?;
         Ok(())
     }
@@ -233,50 +238,22 @@ fn release_if_idle<C: sea_orm::sqlx::Connection>(
 }
 
 /// A write transaction from [`Store::begin_write`]. Dropped without [`WriteTxn::commit`], it
-/// rolls back.
+/// rolls back, and its connection is closed rather than given back to the pool.
 #[derive(Debug)]
 pub enum WriteTxn {
     /// SQLite: our transaction on one sqlx connection, which rusqlite can also use.
     Sqlite(SqliteWrite),
-    /// PostgreSQL: sea-orm's.
-    Pooled(PooledWrite),
-}
-
-/// sea-orm's transaction (PostgreSQL), reporting its outcome to the [`Writability`].
-#[derive(Debug)]
-pub struct PooledWrite {
-    txn: DatabaseTransaction,
-    writability: Writability,
-}
-
-impl std::ops::Deref for PooledWrite {
-    type Target = DatabaseTransaction;
-    fn deref(&self) -> &DatabaseTransaction {
-        &self.txn
-    }
+    /// PostgreSQL: our transaction on one sqlx connection, on which sqlx can bind rows itself.
+    Postgres(PgWrite),
 }
 
 impl WriteTxn {
     pub async fn commit(self) -> Result<()> {
         match self {
             WriteTxn::Sqlite(t) => t.commit().await?,
-            WriteTxn::Pooled(PooledWrite { txn, writability }) => match txn.commit().await {
-                Ok(()) => writability.succeeded(),
-                Err(e) => {
-                    writability.failed(&e);
-                    return Err(e.into());
-                }
-            },
+            WriteTxn::Postgres(t) => t.commit().await?,
         }
         Ok(())
-    }
-
-    /// Reports a failed statement of a PostgreSQL transaction (SQLite's report themselves).
-    fn seen<T>(&self, r: Result<T, DbErr>) -> Result<T, DbErr> {
-        if let (WriteTxn::Pooled(t), Err(e)) = (self, &r) {
-            t.writability.failed(e);
-        }
-        r
     }
 }
 
@@ -285,35 +262,35 @@ impl ConnectionTrait for WriteTxn {
     fn get_database_backend(&self) -> DatabaseBackend {
         match self {
             WriteTxn::Sqlite(t) => t.get_database_backend(),
-            WriteTxn::Pooled(t) => t.get_database_backend(),
+            WriteTxn::Postgres(t) => t.get_database_backend(),
         }
     }
 
     async fn execute_raw(&self, stmt: Statement) -> Result<ExecResult, DbErr> {
         match self {
             WriteTxn::Sqlite(t) => t.execute_raw(stmt).await,
-            WriteTxn::Pooled(t) => self.seen(t.txn.execute_raw(stmt).await),
+            WriteTxn::Postgres(t) => t.execute_raw(stmt).await,
         }
     }
 
     async fn execute_unprepared(&self, sql: &str) -> Result<ExecResult, DbErr> {
         match self {
             WriteTxn::Sqlite(t) => t.execute_unprepared(sql).await,
-            WriteTxn::Pooled(t) => self.seen(t.txn.execute_unprepared(sql).await),
+            WriteTxn::Postgres(t) => t.execute_unprepared(sql).await,
         }
     }
 
     async fn query_one_raw(&self, stmt: Statement) -> Result<Option<QueryResult>, DbErr> {
         match self {
             WriteTxn::Sqlite(t) => t.query_one_raw(stmt).await,
-            WriteTxn::Pooled(t) => self.seen(t.txn.query_one_raw(stmt).await),
+            WriteTxn::Postgres(t) => t.query_one_raw(stmt).await,
         }
     }
 
     async fn query_all_raw(&self, stmt: Statement) -> Result<Vec<QueryResult>, DbErr> {
         match self {
             WriteTxn::Sqlite(t) => t.query_all_raw(stmt).await,
-            WriteTxn::Pooled(t) => self.seen(t.txn.query_all_raw(stmt).await),
+            WriteTxn::Postgres(t) => t.query_all_raw(stmt).await,
         }
     }
 }
