@@ -25,7 +25,8 @@ use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{Span, SpanData, SpanProcessor};
 
 use super::otlp::Encoder;
-use super::transport::{BuildError, Sender};
+use super::transport::Sender;
+use super::wire::BuildError;
 
 /// Counts spans that were not exported, by reason.
 pub type DropCounter = Arc<dyn Fn(&'static str, u64) + Send + Sync>;

@@ -19,7 +19,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, GrpcMethod, Status};
 
 use super::settings::Export;
-use super::transport::{BuildError, ExportResponse, SendError, USER_AGENT};
+use super::wire::{BuildError, ExportResponse, SendError, USER_AGENT};
 
 const SERVICE: &str = "opentelemetry.proto.collector.trace.v1.TraceService";
 const PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";

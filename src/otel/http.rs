@@ -22,7 +22,7 @@ use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 
 use super::settings::Export;
-use super::transport::{BuildError, ExportResponse, SendError, USER_AGENT};
+use super::wire::{BuildError, ExportResponse, SendError, USER_AGENT};
 
 /// The largest collector answer read (an OTLP answer is a few bytes; an error page more).
 const MAX_ANSWER_BYTES: usize = 1024 * 1024;

@@ -17,6 +17,7 @@ pub mod link;
 pub mod otlp;
 pub mod settings;
 pub mod transport;
+pub mod wire;
 
 use opentelemetry::InstrumentationScope;
 use opentelemetry::KeyValue;

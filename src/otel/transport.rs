@@ -11,9 +11,7 @@ use bytes::Bytes;
 use super::grpc::GrpcSender;
 use super::http::OtlpHttpClient;
 use super::settings::{Export, Protocol};
-
-/// The `User-Agent` of the exports.
-pub const USER_AGENT: &str = concat!("nm-gateway/", env!("CARGO_PKG_VERSION"));
+use super::wire::{BuildError, ExportResponse, SendError};
 
 const MAX_RETRIES: u32 = 3;
 const INITIAL_DELAY: Duration = Duration::from_millis(100);
@@ -21,50 +19,6 @@ const MAX_DELAY: Duration = Duration::from_millis(1600);
 const MAX_JITTER_MS: u64 = 100;
 /// The longest a throttling collector is waited for between two attempts.
 const MAX_THROTTLE: Duration = Duration::from_secs(30);
-
-/// Why the exporter could not be built (the settings were checked at start; these are what only
-/// the transports can tell).
-#[derive(Debug, thiserror::Error)]
-pub enum BuildError {
-    #[error("the OTLP endpoint is not a valid URI: {0}")]
-    Endpoint(String),
-    #[error("OTLP header {0:?} is not a valid header or gRPC metadata name")]
-    HeaderName(String),
-    #[error("the value of OTLP header {0:?} is not a valid header or gRPC metadata value")]
-    HeaderValue(String),
-    #[error("OTLP TLS: {0}")]
-    Tls(String),
-}
-
-/// Why an attempt failed, and whether another may succeed.
-#[derive(Debug, thiserror::Error)]
-pub enum SendError {
-    /// A transient failure (no answer, the collector unavailable): worth retrying.
-    #[error("{0}")]
-    Retryable(String),
-    /// The collector asked to be left alone for `after`.
-    #[error("{message} (the collector asks to wait {after:?})")]
-    Throttled { after: Duration, message: String },
-    /// Retrying cannot help (refused, unauthenticated, malformed).
-    #[error("{0}")]
-    Final(String),
-}
-
-/// `ExportTraceServiceResponse`: whether the collector rejected some spans.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct ExportResponse {
-    #[prost(message, optional, tag = "1")]
-    pub partial_success: Option<PartialSuccess>,
-}
-
-/// `ExportTracePartialSuccess`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct PartialSuccess {
-    #[prost(int64, tag = "1")]
-    pub rejected_spans: i64,
-    #[prost(string, tag = "2")]
-    pub error_message: String,
-}
 
 /// The exporter of one of the two protocols.
 #[derive(Debug, Clone)]
@@ -139,6 +93,7 @@ fn jitter() -> Duration {
 
 #[cfg(test)]
 mod tests {
+    use super::super::wire::PartialSuccess;
     use super::*;
 
     #[test]
