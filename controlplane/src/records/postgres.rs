@@ -17,7 +17,7 @@ use super::row::{COLUMNS, Cell, Hex, row_cells};
 use super::{Fresh, RequestRecord, RowWriter};
 use crate::error::{Error, Result};
 use crate::store::PgWrite;
-use crate::store::pg_write::exec_err;
+use crate::store::sqlx_bridge::exec_err;
 
 /// The batch INSERT, without and with `RETURNING`, made once per [`super::Records`].
 #[derive(Debug)]

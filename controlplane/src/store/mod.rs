@@ -13,6 +13,8 @@ pub(crate) mod pg_write;
 #[forbid(unsafe_code)]
 mod sqlite_write;
 #[forbid(unsafe_code)]
+pub(crate) mod sqlx_bridge;
+#[forbid(unsafe_code)]
 pub mod writable;
 
 use std::path::Path;

@@ -13,11 +13,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use sea_orm::sqlx::pool::PoolConnection;
 use sea_orm::sqlx::{self, PgPool, Postgres};
 use sea_orm::{
-    ConnectionTrait, DatabaseBackend, DbErr, ExecResult, QueryResult, RuntimeErr, Statement, Values,
+    ConnectionTrait, DatabaseBackend, DbErr, ExecResult, QueryResult, RuntimeErr, Statement,
 };
-use sea_query_sqlx::SqlxValues;
 use tokio::sync::{Mutex, MutexGuard};
 
+use super::sqlx_bridge::{exec_err, query, query_err};
 use super::writable::Writability;
 
 /// A transaction on one PostgreSQL connection of the pool. Dropped without a successful
@@ -97,20 +97,6 @@ impl PgWrite {
         }
         r
     }
-}
-
-pub(crate) fn exec_err(e: sqlx::Error) -> DbErr {
-    DbErr::Exec(RuntimeErr::SqlxError(Arc::new(e)))
-}
-
-fn query_err(e: sqlx::Error) -> DbErr {
-    DbErr::Query(RuntimeErr::SqlxError(Arc::new(e)))
-}
-
-/// The statement as an sqlx query, its values moved (sea-orm clones them).
-fn query(stmt: Statement) -> sqlx::query::Query<'static, Postgres, SqlxValues> {
-    let values = SqlxValues(stmt.values.unwrap_or(Values(Vec::new())));
-    sqlx::query_with(sqlx::AssertSqlSafe(stmt.sql), values)
 }
 
 #[async_trait::async_trait]

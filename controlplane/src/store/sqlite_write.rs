@@ -37,14 +37,12 @@ use std::sync::{Arc, PoisonError};
 
 use sea_orm::sqlx::pool::PoolConnection;
 use sea_orm::sqlx::{self, Sqlite, SqlitePool};
-use sea_orm::{
-    ConnectionTrait, DatabaseBackend, DbErr, ExecResult, QueryResult, RuntimeErr, Statement, Values,
-};
-use sea_query_sqlx::SqlxValues;
+use sea_orm::{ConnectionTrait, DatabaseBackend, DbErr, ExecResult, QueryResult, Statement};
 use tokio::runtime::{Handle, RuntimeFlavor};
 use tokio::sync::{MappedMutexGuard, Mutex, MutexGuard};
 
 use super::ffi;
+use super::sqlx_bridge::{exec_err, query, query_err};
 use super::writable::Writability;
 use crate::error::{Error, Result};
 
@@ -327,20 +325,6 @@ impl Drop for DiscardUnlessKept {
 
 fn gone() -> DbErr {
     DbErr::Custom("the write transaction has ended".to_owned())
-}
-
-fn exec_err(e: sqlx::Error) -> DbErr {
-    DbErr::Exec(RuntimeErr::SqlxError(Arc::new(e)))
-}
-
-fn query_err(e: sqlx::Error) -> DbErr {
-    DbErr::Query(RuntimeErr::SqlxError(Arc::new(e)))
-}
-
-/// The statement as an sqlx query, its values moved (sea-orm clones them).
-fn query(stmt: Statement) -> sqlx::query::Query<'static, Sqlite, SqlxValues> {
-    let values = SqlxValues(stmt.values.unwrap_or(Values(Vec::new())));
-    sqlx::query_with(sqlx::AssertSqlSafe(stmt.sql), values)
 }
 
 // Each statement marks the connection busy while sqlx's worker may be running it (see
