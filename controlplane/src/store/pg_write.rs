@@ -70,18 +70,9 @@ impl PgWrite {
 
     pub async fn commit(self) -> Result<(), DbErr> {
         let mut conn = self.conn.lock().await;
-        match sqlx::raw_sql("COMMIT").execute(&mut **conn).await {
-            Ok(_) => {
-                self.committed.store(true, Ordering::Relaxed);
-                self.writability.succeeded();
-                Ok(())
-            }
-            Err(e) => {
-                let e = exec_err(e);
-                self.writability.failed(&e);
-                Err(e)
-            }
-        }
+        let done = sqlx::raw_sql("COMMIT").execute(&mut **conn).await;
+        self.writability
+            .commit_done(done.map_err(exec_err), &self.committed)
     }
 
     /// The transaction's connection, for statements sqlx binds itself. Their failures are
@@ -92,10 +83,7 @@ impl PgWrite {
 
     /// Reports a failed statement to the writability state and passes it on.
     pub(crate) fn seen<T>(&self, r: Result<T, DbErr>) -> Result<T, DbErr> {
-        if let Err(e) = &r {
-            self.writability.failed(e);
-        }
-        r
+        self.writability.seen(r)
     }
 }
 

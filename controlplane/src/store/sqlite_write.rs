@@ -132,21 +132,11 @@ impl SqliteWrite {
         let done = sqlx::raw_sql("COMMIT").execute(&mut *conn.sqlx).await;
         conn.busy = false;
         drop(conn);
-        match done {
-            Ok(_) => {
-                self.committed.store(true, Ordering::Relaxed);
-                self.writability.succeeded();
-                // `self` drops here: the connection goes back to the kept writer.
-                Ok(())
-            }
-            Err(e) => {
-                // SQLite may have rolled back by itself, or may still hold the transaction open;
-                // either way the connection is closed when `self` drops (not committed).
-                let e = exec_err(e);
-                self.writability.failed(&e);
-                Err(e)
-            }
-        }
+        // Committed, `self` drops and its connection goes back to the kept writer. Failed,
+        // SQLite may have rolled back by itself or may still hold the transaction open: either
+        // way the connection is closed when `self` drops (not committed).
+        self.writability
+            .commit_done(done.map_err(exec_err), &self.committed)
     }
 
     /// Runs `f` with rusqlite on this transaction's connection, so what it writes commits or
@@ -188,10 +178,7 @@ impl SqliteWrite {
 
     /// Reports a failed statement to the writability state and passes it on.
     fn seen<T>(&self, r: Result<T, DbErr>) -> Result<T, DbErr> {
-        if let Err(e) = &r {
-            self.writability.failed(e);
-        }
-        r
+        self.writability.seen(r)
     }
 }
 

@@ -67,6 +67,28 @@ impl Writability {
         }
     }
 
+    /// Notes a statement's failure, if it failed ([`Writability::failed`]), and passes its
+    /// result on.
+    pub(crate) fn seen<T>(&self, r: Result<T, DbErr>) -> Result<T, DbErr> {
+        if let Err(e) = &r {
+            self.failed(e);
+        }
+        r
+    }
+
+    /// A COMMIT's outcome: committed, the database takes writes again (and `committed` says
+    /// the transaction's connection may be used again); failed, the failure is noted.
+    pub(crate) fn commit_done<T>(
+        &self,
+        done: Result<T, DbErr>,
+        committed: &std::sync::atomic::AtomicBool,
+    ) -> Result<(), DbErr> {
+        self.seen(done)?;
+        committed.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.succeeded();
+        Ok(())
+    }
+
     pub(crate) fn failed_sqlite(&self, e: &rusqlite::Error) {
         if let Some(reason) = fault_of_rusqlite(e) {
             self.set(Some(reason));
