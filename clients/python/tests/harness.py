@@ -24,7 +24,18 @@ from typing import Any, Callable, Dict, List, Optional, TypeVar
 
 T = TypeVar("T")
 
-PROVIDERS = ("openai", "anthropic", "gemini", "groq", "mistral")
+PROVIDERS = (
+    "openai",
+    "anthropic",
+    "gemini",
+    "groq",
+    "mistral",
+    "deepseek",
+    "xai",
+    "together",
+    "fireworks",
+    "openrouter",
+)
 OPERATOR_OPENAI_KEY = "sk-operator-openai"
 DEADLINE_SECS = 30.0
 
@@ -184,6 +195,18 @@ class RealGateway:
         env = dict(self.env, NM_GRPC_ADDR=self.grpc_addr)
         self.controlplane = Process(["controlplane"], env, "controlplane (restarted)")
         _listening(self.controlplane, "controlplane gRPC")
+
+    def stop_serve(self) -> None:
+        """`serve` only: the whole gateway goes away (clients get connection errors)."""
+        assert not self.split and self.dataplane is not None
+        self.dataplane.stop()
+
+    def start_serve(self) -> None:
+        """`serve` only: the gateway comes back on the same addresses and database."""
+        assert not self.split
+        env = dict(self.env, NM_HTTP_ADDR=self.http_addr, NM_GRPC_ADDR=self.grpc_addr)
+        self.dataplane = Process(["serve"], env, "serve (restarted)")
+        _listening(self.dataplane, "dataplane HTTP")
 
     def stop(self) -> None:
         for p in (self.dataplane, self.controlplane):

@@ -30,7 +30,16 @@ def test_settings_come_from_the_environment_and_arguments_win() -> None:
     assert g.headers() == {"NM-Key": FAKE_KEY, "NM-Agent": "env-agent", "NM-Env": "staging"}
     g = Gateway(url="https://other/llm", key="nmk_x", agent="arg-agent", env="production", environ=env)
     assert (g.url, g.agent, g.env) == ("https://other/llm", "arg-agent", "production")
-    assert g.base_url("groq") == "https://other/llm/groq"
+    # What each provider's SDK takes as its base URL (the SDKs are run through a real gateway
+    # with these in test_real_gateway.py).
+    assert {p: g.base_url(p) for p in ("openai", "xai", "anthropic", "gemini", "groq", "acme")} == {
+        "openai": "https://other/llm/openai/v1",
+        "xai": "https://other/llm/xai/v1",
+        "anthropic": "https://other/llm/anthropic",
+        "gemini": "https://other/llm/gemini",
+        "groq": "https://other/llm/groq",
+        "acme": "https://other/llm/acme",
+    }
     for bad in ("OpenAI", "", "../x", "a/b"):
         with pytest.raises(ValueError, match="provider prefix"):
             g.base_url(bad)
@@ -69,6 +78,13 @@ def test_settings_read_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) ->
         ({"NM_GATEWAY_URL": "http://gw", "NM_KEY": FAKE_KEY}, {"agent": "café"}, "visible ASCII"),
         ({"NM_GATEWAY_URL": "http://gw", "NM_KEY": "nmk with space"}, {}, "NM_KEY: the key must be"),
         ({"NM_GATEWAY_URL": "http://gw", "NM_KEY": FAKE_KEY}, {"max_retries": -1}, "max_retries"),
+        ({"NM_GATEWAY_URL": "http://gw", "NM_KEY": FAKE_KEY}, {"max_retries": True}, "max_retries"),
+        ({"NM_GATEWAY_URL": "http://gw", "NM_KEY": FAKE_KEY}, {"retry_deadline": -1}, "retry_deadline"),
+        (
+            {"NM_GATEWAY_URL": "http://gw", "NM_KEY": FAKE_KEY},
+            {"retry_deadline": float("inf")},
+            "retry_deadline",
+        ),
     ],
 )
 def test_bad_settings_name_the_setting(env: dict, kwargs: dict, message: str) -> None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import tempfile
 import threading
+import time
 import uuid
 from typing import Any, Dict, List
 
@@ -284,8 +286,8 @@ def test_retried_through_a_controlplane_outage_and_counted_once(split: RealGatew
     library waits and resends with the same idempotency key until the restarted controlplane
     stores it; it is counted once. The background queue rides out the same outage."""
     agent = unique("py-outage")
-    gw = Gateway(url=split.url, key=split.admin_key, agent=agent, max_retries=60)
-    bg = Gateway(url=split.url, key=split.admin_key, agent=agent, max_retries=60, background_signals=True)
+    gw = Gateway(url=split.url, key=split.admin_key, agent=agent)  # the default retries
+    bg = Gateway(url=split.url, key=split.admin_key, agent=agent, background_signals=True)
     with gw.session() as s:
         gw.openai().chat.completions.create(model="gpt-4o-mini", messages=[])
     rows_for(split, agent, 1)  # the session is known to the controlplane
@@ -320,3 +322,111 @@ def test_retried_through_a_controlplane_outage_and_counted_once(split: RealGatew
     assert bg.close(timeout=5).sent == 1
     got = signals_of(split, agent, 2)
     assert got["by_action"]["edited"] == 1 and got["by_action"]["sent"] == 1
+
+
+#: How long the gateway stays away in the restart test: the README promises the defaults ride
+#: out a restart of a minute.
+OUTAGE_SECS = 60.0
+
+
+def test_the_defaults_ride_out_a_gateway_restart_of_a_minute(upstream: MockProvider) -> None:
+    """The whole gateway (`serve`) stops for a minute, then starts again on the same address
+    and database. A foreground signal sent with the default settings keeps retrying through
+    the outage (connection refused), is still waiting when the minute is over, and is stored
+    once when the gateway is back."""
+    with tempfile.TemporaryDirectory(prefix="nm-clients-restart-") as d:
+        g = RealGateway(d, upstream.url)
+        watcher = _FirstRetry()
+        log = logging.getLogger("nm_gateway")
+        log.addHandler(watcher)
+        old_level = log.level
+        log.setLevel(logging.INFO)
+        try:
+            agent = unique("py-restart")
+            gw = Gateway(url=g.url, key=g.admin_key, agent=agent)  # nothing about retries
+            with gw.session() as s:
+                gw.openai().chat.completions.create(model="gpt-4o-mini", messages=[])
+            rows_for(g, agent, 1)  # the session is known to the controlplane
+
+            g.stop_serve()
+            errors: List[BaseException] = []
+
+            def send() -> None:
+                try:
+                    s.accepted()
+                except BaseException as e:  # reported below
+                    errors.append(e)
+
+            sender = threading.Thread(target=send)
+            sender.start()
+            assert watcher.seen.wait(30), "the library never retried"
+            assert "(connection_error)" in watcher.messages[0], watcher.messages[0]
+            time.sleep(OUTAGE_SECS)  # not a synchronisation: the outage's length
+            assert sender.is_alive(), f"gave up within the outage: {errors}"
+            g.start_serve()
+            sender.join(timeout=120)
+            assert not sender.is_alive() and not errors, errors
+            assert len(watcher.messages) > 5, "more retries than the old default's 5"
+            got = signals_of(g, agent, 1)
+            assert got["by_action"]["accepted"] == 1
+        except BaseException:
+            print("\n" + g.logs())
+            raise
+        finally:
+            log.removeHandler(watcher)
+            log.setLevel(old_level)
+            g.stop()
+
+
+#: The path the provider's real API has under the gateway's base for it (the gateway's bases:
+#: api.openai.com, api.anthropic.com, generativelanguage.googleapis.com, api.groq.com,
+#: api.mistral.ai, api.deepseek.com, api.x.ai, api.together.xyz, api.fireworks.ai/inference,
+#: openrouter.ai/api), for the call each SDK makes below.
+NATIVE_PATHS = {
+    "openai": "/v1/chat/completions",
+    "anthropic": "/v1/messages",
+    "gemini": "/v1/models/gemini-2.0-flash:generateContent",  # google-genai 3.x: API v1 by default
+    "groq": "/openai/v1/chat/completions",
+    "mistral": "/v1/chat/completions",
+    "deepseek": "/v1/chat/completions",
+    "xai": "/v1/chat/completions",
+    "together": "/v1/chat/completions",
+    "fireworks": "/v1/chat/completions",
+    "openrouter": "/v1/chat/completions",
+}
+
+
+def test_base_url_is_what_each_providers_sdk_takes(real: RealGateway, upstream: MockProvider) -> None:
+    """Each provider's SDK built by hand with `base_url=gw.base_url(provider)` (the OpenAI SDK
+    for OpenAI and the OpenAI-compatible providers) reaches the provider's native path through
+    the gateway, and the gateway records the request under that provider."""
+    from google import genai
+    from mistralai.client import Mistral
+
+    agent = unique("py-base-url")
+    gw = Gateway(url=real.url, key=real.admin_key, agent=agent)
+    msgs: Any = [{"role": "user", "content": "Hi"}]
+
+    def stainless(module: Any, cls: Any, provider: str) -> Any:
+        hooks = module.DefaultHttpxClient(event_hooks=gw.event_hooks(is_async=False))
+        return cls(base_url=gw.base_url(provider), api_key="sk-test", http_client=hooks, max_retries=0)
+
+    upstream.clear()
+    for p in ("openai", "deepseek", "xai", "together", "fireworks", "openrouter"):
+        r = stainless(openai, openai.OpenAI, p).chat.completions.create(model="m", messages=msgs)
+        assert r.choices[0].message.content, p
+    stainless(anthropic, anthropic.Anthropic, "anthropic").messages.create(
+        model="claude-test", max_tokens=8, messages=msgs
+    )
+    stainless(groq, groq.Groq, "groq").chat.completions.create(model="m", messages=msgs)
+    g = genai.Client(
+        api_key="g-test", http_options={"base_url": gw.base_url("gemini"), "headers": gw.headers()}
+    )
+    assert g.models.generate_content(model="gemini-2.0-flash", contents="Hi").text
+    m = Mistral(api_key="m-test", server_url=gw.base_url("mistral"))
+    gw.wire(m.sdk_configuration.client, is_async=False)
+    m.chat.complete(model="m", messages=msgs)
+
+    assert sorted(r.path for r in upstream.received()) == sorted(NATIVE_PATHS.values())
+    rows = rows_for(real, agent, len(NATIVE_PATHS))
+    assert sorted(r["provider"] for r in rows) == sorted(NATIVE_PATHS)

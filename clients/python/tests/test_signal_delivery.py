@@ -15,7 +15,7 @@ from conftest import FAKE_KEY
 from mock_provider import MockProvider, Reply
 
 from nm_gateway import ACTIONS, Gateway, SignalError, error_code, request_id
-from nm_gateway._signals import MAX_WAIT_SECS, Sender
+from nm_gateway._signals import BACKOFF_CAP_SECS, MAX_WAIT_SECS, Sender
 
 UNAVAILABLE = Reply(
     503,
@@ -160,7 +160,31 @@ def test_waits_follow_retry_after_and_are_capped() -> None:
     assert s._delay(0, 2.0) == 2.0
     assert s._delay(0, 10_000.0) == MAX_WAIT_SECS
     for attempt in range(12):
-        assert 0 <= s._delay(attempt, None) <= 8.0
+        assert 0 <= s._delay(attempt, None) <= BACKOFF_CAP_SECS
+
+
+def test_the_defaults_retry_until_a_deadline_not_a_count(fake: MockProvider) -> None:
+    """With the defaults, 12 unavailable answers in a row (the old default gave up after 5
+    retries) are followed by a retry that is stored."""
+    gw = Gateway(url=fake.url, key=FAKE_KEY)
+    fake.script_signals(*[UNAVAILABLE] * 12)
+    gw.signal("sess_1", "accepted")
+    recs = fake.signals()
+    assert len(recs) == 13 and len({r.headers["idempotency-key"] for r in recs}) == 1
+
+
+@pytest.mark.parametrize("retry_deadline, attempts", [(0, 1), (0.5, 2)])
+def test_retries_stop_at_the_deadline(fake: MockProvider, retry_deadline: float, attempts: int) -> None:
+    """The gateway asks for 1 s each time: with a deadline of 0.5 s the one retry waits only
+    until the deadline, and none follows; with 0, none is made."""
+    gw = Gateway(url=fake.url, key=FAKE_KEY, retry_deadline=retry_deadline)
+    busy = Reply(503, {**UNAVAILABLE.headers, "Retry-After": "1"}, UNAVAILABLE.body)
+    fake.script_signals(*[busy] * 5)
+    with pytest.raises(SignalError) as e:
+        gw.signal("sess_1", "accepted")
+    assert (e.value.code, e.value.retryable) == ("unavailable", True)
+    assert f"gave up after {attempts} attempt(s)" in e.value.message
+    assert len(fake.signals()) == attempts
 
 
 def test_background_signals_are_queued_and_flushed(fake: MockProvider) -> None:
@@ -188,8 +212,12 @@ def test_a_full_queue_drops_and_counts(fake: MockProvider, caplog: pytest.LogCap
     assert any("dropped" in r.getMessage() for r in caplog.records)
     fake.release_signals()
     assert gw.flush(timeout=30)
+    caplog.clear()
     st = gw.close(timeout=5)
     assert (st.sent, st.dropped, st.pending) == (3, 3, 0)
+    assert [r.getMessage() for r in caplog.records] == [
+        "nm-gateway signals: 3 sent, 0 failed, 3 dropped (queue full), 0 unsent at close"
+    ]
     assert [r.json()["action"] for r in fake.signals()] == ["accepted", "sent", "sent"]
     with pytest.raises(RuntimeError, match="closed"):
         gw.signal("sess_1", "sent")
@@ -219,7 +247,7 @@ def test_queued_signals_are_flushed_at_exit_and_losses_reported(fake: MockProvid
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert sorted(r.json()["custom_label"] for r in fake.signals()) == [0, 1, 2]
-    assert "nm_gateway" not in done.stderr  # nothing lost, nothing to report
+    assert "nm-gateway signals" not in done.stderr  # nothing lost, nothing to report
     # Now overflow on purpose: the sender is held, so 10 signals cannot all fit.
     fake.hold_signals()
     script = textwrap.dedent(
@@ -234,9 +262,12 @@ def test_queued_signals_are_flushed_at_exit_and_losses_reported(fake: MockProvid
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     fake.release_signals()
     assert done.returncode == 0, done.stderr
-    report = [line for line in done.stderr.splitlines() if "nm_gateway signals:" in line]
+    report = [line for line in done.stderr.splitlines() if "nm-gateway signals:" in line]
     assert len(report) == 1, done.stderr
-    m = re.search(r"0 sent, 0 failed, (\d+) dropped \(queue full\), (\d+) unsent at close", report[0])
+    # The line the TypeScript library writes for the same loss (wiring.test.ts).
+    m = re.fullmatch(
+        r"nm-gateway signals: 0 sent, 0 failed, (\d+) dropped \(queue full\), (\d+) unsent at exit", report[0]
+    )
     assert m is not None, report[0]
     dropped, unsent = int(m.group(1)), int(m.group(2))
     # The held sender has the first signal in flight or still queued: 10 = queued + dropped.

@@ -83,6 +83,8 @@ def test_factories_return_the_sdks_own_clients(gw: Gateway) -> None:
     assert str(gw.openai().base_url).rstrip("/") == gw.url + "/openai/v1"
     assert str(gw.anthropic().base_url).rstrip("/") == gw.url + "/anthropic"
     assert str(gw.groq().base_url).rstrip("/") == gw.url + "/groq"
+    for name in ("openai", "anthropic", "groq"):  # the factories use what base_url() says
+        assert str(getattr(gw, name)().base_url).rstrip("/") == gw.base_url(name)
 
 
 def test_nested_sessions_restore_the_outer_one(gw: Gateway, fake: MockProvider) -> None:

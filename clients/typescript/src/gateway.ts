@@ -30,6 +30,7 @@ import {
 import { Session, SessionState, type SignalSink, storage } from "./session.js";
 import {
   buildSignal,
+  DEFAULT_RETRY_DEADLINE_MS,
   type RetryInfo,
   Sender,
   type SignalOptions,
@@ -40,6 +41,17 @@ import {
 /** Sent as the provider API key when none is configured; removed before the request leaves. */
 export const PROVIDER_KEY_PLACEHOLDER = "nm-gateway-no-provider-key";
 const CREDENTIAL_HEADERS = ["authorization", "x-api-key", "x-goog-api-key"];
+/**
+ * What a provider's SDK expects after the gateway's prefix. The OpenAI SDK takes a base URL
+ * that ends in the API version and appends `/chat/completions`; the OpenAI-compatible
+ * built-ins are used through it (their docs: api.x.ai/v1, api.together.xyz/v1,
+ * api.fireworks.ai/inference/v1, openrouter.ai/api/v1, api.deepseek.com/v1; the gateway's
+ * bases for them end before `/v1`). Anthropic's, Google's, Groq's and Mistral's SDKs append
+ * their own version path, so theirs is the bare prefix; so is a provider of your own.
+ */
+const SDK_PATHS = new Map(
+  ["openai", "deepseek", "xai", "together", "fireworks", "openrouter"].map((p) => [p, "/v1"]),
+);
 
 export interface GatewayOptions {
   /** Gateway base URL; default `NM_GATEWAY_URL`. */
@@ -52,7 +64,12 @@ export interface GatewayOptions {
   env?: Env | undefined;
   /** Per signal attempt. Default 10 s. */
   timeoutMs?: number | undefined;
-  /** Signal retries after the first attempt. Default 5. */
+  /**
+   * Transient signal failures (503, 429, connection) are retried until this long after the
+   * first attempt. Default 90 s: a gateway restart of a minute is ridden out.
+   */
+  retryDeadlineMs?: number | undefined;
+  /** At most this many signal retries after the first attempt. Default: no count, only the deadline. */
   maxRetries?: number | undefined;
   /** Signal calls only check and queue; one background loop sends. Default false. */
   backgroundSignals?: boolean | undefined;
@@ -125,9 +142,17 @@ export class Gateway implements SignalSink {
     }
     const [agent, agentSrc] = pick(opts.agent, "NM_AGENT", "agent");
     const [env, envSrc] = pick(opts.env, "NM_ENV", "env");
-    const maxRetries = opts.maxRetries ?? 5;
-    if (!Number.isSafeInteger(maxRetries) || maxRetries < 0) {
-      throw new ConfigError(`maxRetries must be a non-negative integer; got ${String(maxRetries)}`);
+    const maxRetries = opts.maxRetries;
+    if (maxRetries !== undefined && (!Number.isSafeInteger(maxRetries) || maxRetries < 0)) {
+      throw new ConfigError(
+        `maxRetries must be undefined or a non-negative integer; got ${String(maxRetries)}`,
+      );
+    }
+    const retryDeadlineMs = opts.retryDeadlineMs ?? DEFAULT_RETRY_DEADLINE_MS;
+    if (typeof retryDeadlineMs !== "number" || !(retryDeadlineMs >= 0 && retryDeadlineMs < Infinity)) {
+      throw new ConfigError(
+        `retryDeadlineMs must be a number of milliseconds >= 0; got ${String(retryDeadlineMs)}`,
+      );
     }
     const timeoutMs = opts.timeoutMs ?? 10_000;
     if (!(timeoutMs > 0)) throw new ConfigError(`timeoutMs must be positive; got ${String(timeoutMs)}`);
@@ -146,6 +171,7 @@ export class Gateway implements SignalSink {
       key,
       timeoutMs,
       maxRetries,
+      retryDeadlineMs,
       fetch: this.#fetch,
       onRetry: opts.onSignalRetry,
     });
@@ -154,12 +180,17 @@ export class Gateway implements SignalSink {
       : undefined;
   }
 
-  /** `<gateway>/<provider>`: the base URL for a provider prefix (`openai`, `groq`, ...). */
+  /**
+   * The base URL to give the provider's SDK: `<gateway>/openai/v1` for the OpenAI SDK (and
+   * `/v1` after `deepseek`, `xai`, `together`, `fireworks`, `openrouter`, used through it);
+   * `<gateway>/<provider>` for the SDKs that add their version path themselves (`anthropic`,
+   * `gemini`, `groq`, `mistral`) and for providers of your own.
+   */
   baseURL(provider: string): string {
     if (!/^[a-z0-9][a-z0-9_-]*$/.test(provider)) {
       throw new Error(`a provider prefix is a lowercase name like 'openai'; got ${JSON.stringify(provider)}`);
     }
-    return `${this.url}/${provider}`;
+    return `${this.url}/${provider}${SDK_PATHS.get(provider) ?? ""}`;
   }
 
   toJSON(): { url: string; agent: string | undefined; env: string | undefined } {

@@ -18,7 +18,7 @@ export function openai(gw: Gateway, options: ClientOptions = {}): OpenAI {
       typeof options.apiKey === "function"
         ? options.apiKey
         : gw.providerKey(options.apiKey, "OPENAI_API_KEY"),
-    baseURL: options.baseURL ?? `${gw.baseURL("openai")}/v1`,
+    baseURL: options.baseURL ?? gw.baseURL("openai"),
     fetch: gw.wrapFetch(options.fetch as Parameters<Gateway["wrapFetch"]>[0]) as NonNullable<
       ClientOptions["fetch"]
     >,

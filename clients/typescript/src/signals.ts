@@ -7,8 +7,12 @@
  * 2. `Sender.send` posts it. 200 `{"ok": true}` means the controlplane committed it. 503
  *    `unavailable`, 429 and connection errors (refused, reset, timed out) are retried with the
  *    same body and key, so a resend of a signal that was in fact stored is counted once. The
- *    wait is the answer's `Retry-After`, else exponential backoff with full jitter; each wait
- *    is capped (`MAX_WAIT_MS`), and so is the number of retries. Any other answer is final.
+ *    wait is the answer's `Retry-After`, else exponential backoff with full jitter (at most
+ *    `BACKOFF_CAP_MS`); each wait is capped (`MAX_WAIT_MS`). What bounds the retries is time:
+ *    none starts later than `retryDeadlineMs` (default 90 s) after the first attempt, so the
+ *    default rides out a gateway restart of a minute, and a call settles within
+ *    `retryDeadlineMs + timeoutMs`; `maxRetries`, when set, also bounds their number. Any
+ *    other answer is final.
  * 3. Background mode (`SignalQueue`): the caller only runs step 1 and enqueues; one async
  *    loop sends in order. The queue is bounded; when full the signal is dropped and counted.
  *    Its pending work keeps Node running until the queue is drained; once only its backoff
@@ -33,7 +37,9 @@ import {
 
 export const MAX_WAIT_MS = 30_000;
 const BACKOFF_BASE_MS = 250;
-const BACKOFF_CAP_MS = 8_000;
+const BACKOFF_CAP_MS = 5_000;
+/** No retry starts later than this after a signal's first attempt (unless set otherwise). */
+export const DEFAULT_RETRY_DEADLINE_MS = 90_000;
 const RETRY_STATUSES = new Set([429, 503]);
 const USER_AGENT = "nm-gateway-typescript/0.1.0";
 
@@ -169,7 +175,10 @@ export interface SenderOptions {
   url: string;
   key: string;
   timeoutMs: number;
-  maxRetries: number;
+  /** Retries at most this many times; undefined: no count, only the deadline. */
+  maxRetries: number | undefined;
+  /** No retry starts later than this after the first attempt. */
+  retryDeadlineMs: number;
   fetch: typeof fetch;
   /** Called before each retry wait (for logs; the tests use it to see a retry happen). */
   onRetry?: ((info: RetryInfo) => void) | undefined;
@@ -262,17 +271,28 @@ export class Sender {
 
   /** Sends until stored; throws `SignalError` on a final answer or when retries run out. */
   async send(sig: Signal, opts: { unrefWaits?: boolean; abort?: AbortSignal } = {}): Promise<void> {
+    const started = performance.now();
     for (let attempt = 0; ; attempt++) {
       const out = await this.attempt(sig);
       if (out.ok) return;
-      if (!out.retryable || attempt >= this.opts.maxRetries || opts.abort?.aborted) {
-        throw new SignalError(out.code, out.message, {
+      const { maxRetries, retryDeadlineMs } = this.opts;
+      const leftMs = retryDeadlineMs - (performance.now() - started);
+      if (
+        !out.retryable ||
+        (maxRetries !== undefined && attempt >= maxRetries) ||
+        leftMs <= 0 ||
+        opts.abort?.aborted
+      ) {
+        const gaveUp = out.retryable
+          ? ` (gave up after ${attempt + 1} attempt(s) in ${((performance.now() - started) / 1000).toFixed(1)}s)`
+          : "";
+        throw new SignalError(out.code, out.message + gaveUp, {
           status: out.status,
           retryable: out.retryable,
           requestId: out.requestId,
         });
       }
-      const delayMs = this.delayMs(attempt, out.retryAfterMs);
+      const delayMs = Math.min(this.delayMs(attempt, out.retryAfterMs), leftMs);
       this.opts.onRetry?.({ signal: sig, attempt: attempt + 1, delayMs, status: out.status, code: out.code });
       await sleep(delayMs, opts.unrefWaits ?? false, opts.abort);
     }
@@ -291,7 +311,7 @@ function hookProcess(): void {
     for (const q of liveQueues) q.finalFlush();
   });
   process.on("exit", () => {
-    for (const q of liveQueues) q.report();
+    for (const q of liveQueues) q.report("exit");
   });
 }
 
@@ -390,7 +410,7 @@ export class SignalQueue {
     await this.flush(timeoutMs);
     this.closed = true;
     this.abort.abort();
-    this.report();
+    this.report("close");
     liveQueues.delete(this);
     return this.stats();
   }
@@ -403,13 +423,14 @@ export class SignalQueue {
     void this.flush().then(() => clearTimeout(deadline));
   }
 
-  report(): void {
+  /** Reports losses once, on stderr: worded as the Python library's report (`LOSS_REPORT`). */
+  report(at: "close" | "exit"): void {
     if (this.reported) return;
     const st = this.stats();
     if (st.dropped || st.failed || st.pending) {
       this.reported = true;
       process.stderr.write(
-        `nm-gateway signals: ${st.sent} sent, ${st.failed} failed, ${st.dropped} dropped (queue full), ${st.pending} unsent at exit\n`,
+        `nm-gateway signals: ${st.sent} sent, ${st.failed} failed, ${st.dropped} dropped (queue full), ${st.pending} unsent at ${at}\n`,
       );
     }
   }

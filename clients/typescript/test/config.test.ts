@@ -36,7 +36,20 @@ describe("settings", () => {
       env: "production",
     });
     assert.deepEqual([g.url, g.agent, g.env], ["https://other/llm", "opt-agent", "production"]);
-    assert.equal(g.baseURL("groq"), "https://other/llm/groq");
+    // What each provider's SDK takes as its base URL (run through a real gateway in gateway.test.ts).
+    assert.deepEqual(
+      Object.fromEntries(
+        ["openai", "xai", "anthropic", "gemini", "groq", "acme"].map((p) => [p, g.baseURL(p)]),
+      ),
+      {
+        openai: "https://other/llm/openai/v1",
+        xai: "https://other/llm/xai/v1",
+        anthropic: "https://other/llm/anthropic",
+        gemini: "https://other/llm/gemini",
+        groq: "https://other/llm/groq",
+        acme: "https://other/llm/acme",
+      },
+    );
     for (const bad of ["OpenAI", "", "../x", "a/b"]) assert.throws(() => g.baseURL(bad), /provider prefix/);
     assert.ok(!JSON.stringify(g).includes("nmk_x"));
   });
@@ -69,6 +82,10 @@ describe("settings", () => {
     [{ NM_GATEWAY_URL: "http://gw", NM_KEY: KEY }, { agent: "café" }, /visible ASCII/],
     [{ NM_GATEWAY_URL: "http://gw", NM_KEY: "nmk with space" }, {}, /NM_KEY: the key must be/],
     [{ NM_GATEWAY_URL: "http://gw", NM_KEY: KEY }, { maxRetries: -1 }, /maxRetries/],
+    [{ NM_GATEWAY_URL: "http://gw", NM_KEY: KEY }, { maxRetries: 1.5 }, /maxRetries/],
+    [{ NM_GATEWAY_URL: "http://gw", NM_KEY: KEY }, { retryDeadlineMs: -1 }, /retryDeadlineMs/],
+    [{ NM_GATEWAY_URL: "http://gw", NM_KEY: KEY }, { retryDeadlineMs: Infinity }, /retryDeadlineMs/],
+    [{ NM_GATEWAY_URL: "http://gw", NM_KEY: KEY }, { retryDeadlineMs: "9" }, /retryDeadlineMs/],
   ];
   for (const [environ, opts, message] of bad) {
     it(`refuse ${JSON.stringify({ ...environ, ...opts })}`, () => {

@@ -6,9 +6,10 @@
 
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
+import { setTimeout as sleep } from "node:timers/promises";
 import { after, before, describe, it } from "node:test";
 
-import { ApiError } from "@google/genai";
+import { ApiError, GoogleGenAI } from "@google/genai";
 import { errorCode, Gateway, type RetryInfo, requestId, SignalError } from "@nm-gateway/client";
 import { anthropic } from "@nm-gateway/client/anthropic";
 import { genai } from "@nm-gateway/client/genai";
@@ -245,15 +246,13 @@ describe("a controlplane outage", () => {
         url: split.url,
         key: split.adminKey,
         agent,
-        maxRetries: 60,
-        environ: {},
+        environ: {}, // the default retries
         onSignalRetry: (r) => firstRetry(r),
       });
       const bg = new Gateway({
         url: split.url,
         key: split.adminKey,
         agent,
-        maxRetries: 60,
         environ: {},
         backgroundSignals: true,
       });
@@ -280,5 +279,114 @@ describe("a controlplane outage", () => {
     } finally {
       await split.stop();
     }
+  });
+});
+
+/** How long the gateway stays away: the README promises the defaults ride out a restart of a minute. */
+const OUTAGE_MS = 60_000;
+
+describe("a gateway restart of a minute", () => {
+  test("is ridden out by a foreground signal with the default settings", async () => {
+    // The whole gateway (`serve`) stops for a minute, then starts again on the same address and
+    // database: the signal keeps retrying (connection refused), is still waiting when the minute
+    // is over, and is stored once when the gateway is back.
+    const g = await new RealGateway(upstream.url).start();
+    try {
+      const agent = unique("ts-restart");
+      const retries: RetryInfo[] = [];
+      let firstRetry!: () => void;
+      const retried = new Promise<void>((r) => (firstRetry = r));
+      const gw = new Gateway({
+        url: g.url,
+        key: g.adminKey,
+        agent,
+        environ: {}, // nothing about retries
+        onSignalRetry: (r) => {
+          retries.push(r);
+          firstRetry();
+        },
+      });
+      const s = await gw.session(async (s) => {
+        await openai(gw).chat.completions.create({ model: "gpt-4o-mini", messages: [] });
+        return s;
+      });
+      await rowsFor(g, agent, 1); // the session is known to the controlplane
+
+      await g.stopServe();
+      let settled: string | undefined;
+      const sending = s.accepted().then(
+        () => (settled = "stored"),
+        (e: unknown) => (settled = `failed: ${String(e)}`),
+      );
+      await retried;
+      assert.equal(retries[0]?.code, "connection_error");
+      await sleep(OUTAGE_MS); // not a synchronisation: the outage's length
+      assert.equal(settled, undefined, "gave up within the outage");
+      await g.startServe();
+      await sending;
+      assert.equal(settled, "stored");
+      assert.ok(retries.length > 5, "more retries than the old default's 5");
+      const by = await signalsOf(g, agent, 1);
+      assert.equal(by.accepted, 1);
+    } catch (e) {
+      console.log(g.logs());
+      throw e;
+    } finally {
+      await g.stop();
+    }
+  });
+});
+
+/**
+ * The path the provider's real API has under the gateway's base for it (api.openai.com,
+ * api.anthropic.com, generativelanguage.googleapis.com, api.deepseek.com, api.x.ai,
+ * api.together.xyz, api.fireworks.ai/inference, openrouter.ai/api) for the call each SDK makes.
+ */
+const NATIVE_PATHS: Record<string, string> = {
+  openai: "/v1/chat/completions",
+  anthropic: "/v1/messages",
+  gemini: "/v1beta/models/gemini-2.0-flash:generateContent",
+  deepseek: "/v1/chat/completions",
+  xai: "/v1/chat/completions",
+  together: "/v1/chat/completions",
+  fireworks: "/v1/chat/completions",
+  openrouter: "/v1/chat/completions",
+};
+
+describe("baseURL", () => {
+  test("is what each provider's SDK takes", async () => {
+    // Each SDK built by hand with baseURL = gw.baseURL(provider) (the OpenAI SDK for OpenAI and
+    // the OpenAI-compatible providers) reaches the provider's native path through the gateway,
+    // which records the request under that provider.
+    const agent = unique("ts-base-url");
+    const gw = new Gateway({ url: real.url, key: real.adminKey, agent, environ: {} });
+    const messages = [{ role: "user" as const, content: "Hi" }];
+    upstream.clear();
+    for (const p of ["openai", "deepseek", "xai", "together", "fireworks", "openrouter"]) {
+      const client = new OpenAI({
+        baseURL: gw.baseURL(p),
+        apiKey: "sk-test",
+        fetch: gw.wrapFetch(),
+        maxRetries: 0,
+      });
+      const r = await client.chat.completions.create({ model: "m", messages });
+      assert.ok(r.choices[0]?.message.content, p);
+    }
+    const claude = new Anthropic({
+      baseURL: gw.baseURL("anthropic"),
+      apiKey: "sk-test",
+      fetch: gw.wrapFetch(),
+      maxRetries: 0,
+    });
+    await claude.messages.create({ model: "claude-test", max_tokens: 8, messages });
+    const gemini = new GoogleGenAI({
+      apiKey: "g-test",
+      httpOptions: { baseUrl: gw.baseURL("gemini"), headers: gw.headers() },
+    });
+    assert.ok((await gemini.models.generateContent({ model: "gemini-2.0-flash", contents: "Hi" })).text);
+
+    assert.deepEqual(upstream.received.map((r) => r.path).sort(), Object.values(NATIVE_PATHS).sort());
+    const rows = await rowsFor(real, agent, Object.keys(NATIVE_PATHS).length);
+    assert.deepEqual(rows.map((r) => r.provider).sort(), Object.keys(NATIVE_PATHS).sort());
   });
 });

@@ -100,6 +100,9 @@ describe("wired SDK clients", () => {
     assert.ok(genai(gw) instanceof GoogleGenAI);
     assert.equal(openai(gw).baseURL, `${gw.url}/openai/v1`);
     assert.equal(anthropic(gw).baseURL, `${gw.url}/anthropic`);
+    // The factories use what baseURL() says.
+    assert.equal(openai(gw).baseURL, gw.baseURL("openai"));
+    assert.equal(anthropic(gw).baseURL, gw.baseURL("anthropic"));
   });
 
   it("keep a provider key that was given", async () => {
@@ -375,6 +378,33 @@ describe("signals", () => {
     assert.equal(fake.signals().length, 3);
   });
 
+  it("with the defaults, retries run until a deadline, not a count", async () => {
+    // 12 unavailable answers in a row (the old default gave up after 5 retries), then stored.
+    const gw = new Gateway({ url: fake.url, key: KEY, environ: {} });
+    fake.scriptSignals(...Array.from({ length: 12 }, () => UNAVAILABLE));
+    await gw.signal("sess_1", "accepted");
+    const recs = fake.signals();
+    assert.equal(recs.length, 13);
+    assert.equal(new Set(recs.map((r) => r.headers["idempotency-key"])).size, 1);
+  });
+
+  for (const [retryDeadlineMs, attempts] of [
+    [0, 1],
+    [500, 2],
+  ] as const) {
+    it(`retries stop at the deadline (${retryDeadlineMs} ms: ${attempts} attempt(s))`, async () => {
+      // The gateway asks for 1 s each time: the one retry waits only until the deadline.
+      const gw = new Gateway({ url: fake.url, key: KEY, environ: {}, retryDeadlineMs });
+      const busy = { ...UNAVAILABLE, headers: { ...UNAVAILABLE.headers, "Retry-After": "1" } };
+      fake.scriptSignals(...Array.from({ length: 5 }, () => busy));
+      const err = await gw.signal("sess_1", "accepted").catch((e: unknown) => e);
+      assert.ok(err instanceof SignalError);
+      assert.deepEqual([err.code, err.retryable], ["unavailable", true]);
+      assert.ok(err.detail.includes(`gave up after ${attempts} attempt(s)`), err.detail);
+      assert.equal(fake.signals().length, attempts);
+    });
+  }
+
   it("connection errors are retried, then reported", async () => {
     const closed = await new MockProvider().start();
     const url = closed.url;
@@ -448,6 +478,17 @@ describe("signals", () => {
     });
     const report = out.stderr.split("\n").filter((l) => l.startsWith("nm-gateway signals:"));
     assert.equal(report.length, 1, out.stderr);
+    // The line the Python library writes for the same loss (test_signal_delivery.py).
     assert.equal(report[0], "nm-gateway signals: 0 sent, 1 failed, 7 dropped (queue full), 2 unsent at exit");
+    // gw.close() reports the same way, once, and says so.
+    const closing = await run(
+      process.execPath,
+      ["--input-type=module", "-e", script(10, 2) + "await gw.close(200);"],
+      { timeout: 60_000 },
+    );
+    const closed = closing.stderr.split("\n").filter((l) => l.startsWith("nm-gateway signals:"));
+    assert.deepEqual(closed, [
+      "nm-gateway signals: 0 sent, 0 failed, 7 dropped (queue full), 3 unsent at close",
+    ]);
   });
 });

@@ -36,7 +36,7 @@ from ._rules import (
     printable,
 )
 from ._session import SessionScope, _State, current_state
-from ._signals import Sender, SignalQueue, SignalStats, build_signal
+from ._signals import DEFAULT_RETRY_DEADLINE_SECS, Sender, SignalQueue, SignalStats, build_signal
 
 if TYPE_CHECKING:
     import anthropic as _anthropic
@@ -52,6 +52,14 @@ PROVIDER_KEY_PLACEHOLDER = "nm-gateway-no-provider-key"
 _CREDENTIAL_HEADERS = ("authorization", "x-api-key", "x-goog-api-key")
 _HOOKED = "_nm_gateway_hooked"
 _PROVIDER_RE = re.compile(r"[a-z0-9][a-z0-9_-]*")
+# What a provider's SDK expects after the gateway's prefix. The OpenAI SDK takes a base URL
+# that ends in the API version and appends `/chat/completions`; the OpenAI-compatible
+# built-ins are used through it (their docs: api.x.ai/v1, api.together.xyz/v1,
+# api.fireworks.ai/inference/v1, openrouter.ai/api/v1, api.deepseek.com/v1; the gateway's
+# bases for them end before `/v1`). Anthropic's, Google's, Groq's and Mistral's SDKs append
+# their own version path (`/v1/messages`, `/v1beta/models/...`, `/openai/v1/...`,
+# `/v1/chat/completions`), so theirs is the bare prefix; so is a provider of your own.
+_SDK_PATHS = {p: "/v1" for p in ("openai", "deepseek", "xai", "together", "fireworks", "openrouter")}
 
 
 def _missing(extra: str, module: str) -> ImportError:
@@ -64,7 +72,9 @@ class Gateway:
     Every argument falls back to an environment variable: `url` to `NM_GATEWAY_URL`, `key`
     to `NM_KEY`, `agent` to `NM_AGENT`, `env` to `NM_ENV`. `url` and `key` are required.
 
-    Signals: `timeout` per attempt (seconds), `max_retries` after the first attempt.
+    Signals: `timeout` per attempt (seconds); transient failures are retried until
+    `retry_deadline` seconds after the first attempt (default 90: a gateway restart of a
+    minute is ridden out), and at most `max_retries` times when set (default: no count).
     `background_signals=True` makes signal calls only check and queue (at most `queue_size`;
     beyond it they are dropped and counted); a daemon thread sends them, and they are flushed
     at interpreter exit for up to `flush_timeout` seconds. `environ` replaces `os.environ` as
@@ -79,7 +89,8 @@ class Gateway:
         agent: Optional[str] = None,
         env: Optional[str] = None,
         timeout: float = 10.0,
-        max_retries: int = 5,
+        max_retries: Optional[int] = None,
+        retry_deadline: float = DEFAULT_RETRY_DEADLINE_SECS,
         background_signals: bool = False,
         queue_size: int = 10_000,
         flush_timeout: float = 10.0,
@@ -112,8 +123,16 @@ class Gateway:
             raise ConfigError(f"{key_src}: the key must be visible ASCII without spaces")
         agent, agent_src = pick(agent, "NM_AGENT", "agent")
         env, env_src = pick(env, "NM_ENV", "env")
-        if not isinstance(max_retries, int) or max_retries < 0:
-            raise ConfigError(f"max_retries must be a non-negative integer; got {max_retries!r}")
+        if max_retries is not None and (
+            isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0
+        ):
+            raise ConfigError(f"max_retries must be None or a non-negative integer; got {max_retries!r}")
+        if (
+            isinstance(retry_deadline, bool)
+            or not isinstance(retry_deadline, (int, float))
+            or not (0 <= retry_deadline < float("inf"))
+        ):
+            raise ConfigError(f"retry_deadline must be a number of seconds >= 0; got {retry_deadline!r}")
         if not timeout > 0:
             raise ConfigError(f"timeout must be positive; got {timeout!r}")
         if not isinstance(queue_size, int) or queue_size < 1:
@@ -123,7 +142,9 @@ class Gateway:
         self._key: str = raw_key
         self.agent: Optional[str] = check_agent(agent, agent_src)
         self.env: Optional[str] = check_env(env, env_src)
-        self._sender = Sender(self.url, self._key, timeout=timeout, max_retries=max_retries)
+        self._sender = Sender(
+            self.url, self._key, timeout=timeout, max_retries=max_retries, retry_deadline=retry_deadline
+        )
         self._queue: Optional[SignalQueue] = (
             SignalQueue(self._sender, maxsize=queue_size, flush_timeout=flush_timeout)
             if background_signals
@@ -134,10 +155,13 @@ class Gateway:
         return f"Gateway(url={self.url!r}, agent={self.agent!r}, env={self.env!r})"
 
     def base_url(self, provider: str) -> str:
-        """`<gateway>/<provider>`: the base URL for a provider prefix (`openai`, `groq`, ...)."""
+        """The base URL to give the provider's SDK: `<gateway>/openai/v1` for the OpenAI SDK
+        (and `/v1` after `deepseek`, `xai`, `together`, `fireworks`, `openrouter`, used
+        through it); `<gateway>/<provider>` for the SDKs that add their version path
+        themselves (`anthropic`, `gemini`, `groq`, `mistral`) and for providers of your own."""
         if not isinstance(provider, str) or _PROVIDER_RE.fullmatch(provider) is None:
             raise ValueError(f"a provider prefix is a lowercase name like 'openai'; got {provider!r}")
-        return f"{self.url}/{provider}"
+        return f"{self.url}/{provider}{_SDK_PATHS.get(provider, '')}"
 
     # === attribution ===
 
@@ -324,7 +348,7 @@ class Gateway:
         except ImportError:
             raise _missing("openai", "openai") from None
         return self._stainless(
-            openai, openai.OpenAI, self.base_url("openai") + "/v1", "OPENAI_API_KEY", False, kwargs
+            openai, openai.OpenAI, self.base_url("openai"), "OPENAI_API_KEY", False, kwargs
         )
 
     def async_openai(self, **kwargs: Any) -> _openai.AsyncOpenAI:
@@ -334,7 +358,7 @@ class Gateway:
         except ImportError:
             raise _missing("openai", "openai") from None
         return self._stainless(
-            openai, openai.AsyncOpenAI, self.base_url("openai") + "/v1", "OPENAI_API_KEY", True, kwargs
+            openai, openai.AsyncOpenAI, self.base_url("openai"), "OPENAI_API_KEY", True, kwargs
         )
 
     def anthropic(self, **kwargs: Any) -> _anthropic.Anthropic:

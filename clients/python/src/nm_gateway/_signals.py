@@ -9,8 +9,12 @@ Lifecycle of one signal:
    `unavailable`, 429 and connection errors (refused, reset, timed out) are retried with the
    same body and the same key, so a retry of a signal that was in fact stored is acknowledged
    again and counted once. The wait is the answer's `Retry-After` when it gives one, else an
-   exponential backoff with full jitter; every wait is capped (`MAX_WAIT_SECS`), and so is
-   the number of retries. Any other answer is final and raises `SignalError` with its code.
+   exponential backoff with full jitter (at most `BACKOFF_CAP_SECS`); every wait is capped
+   (`MAX_WAIT_SECS`). What bounds the retries is time: none starts later than
+   `retry_deadline` seconds (default 90) after the first attempt, so the default rides out a
+   gateway restart of a minute, and a call returns within `retry_deadline + timeout`;
+   `max_retries`, when set, also bounds their number. Any other answer is final and raises
+   `SignalError` with its code.
 3. In background mode (`SignalQueue`), the caller only runs step 1 and enqueues; one daemon
    thread sends in order. The queue is bounded: when full, the signal is dropped and counted
    (never blocks the caller). At interpreter exit the queue is flushed for up to
@@ -38,7 +42,7 @@ import urllib.error
 import urllib.request
 import uuid
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Dict, Optional, Protocol
 
 from ._errors import InvalidSignal, SignalError
@@ -57,9 +61,17 @@ log = logging.getLogger("nm_gateway")
 
 MAX_WAIT_SECS = 30.0
 BACKOFF_BASE_SECS = 0.25
-BACKOFF_CAP_SECS = 8.0
+BACKOFF_CAP_SECS = 5.0
+#: No retry starts later than this after a signal's first attempt (unless set otherwise):
+#: longer than a gateway restart of a minute.
+DEFAULT_RETRY_DEADLINE_SECS = 90.0
 RETRY_STATUSES = (429, 503)
 USER_AGENT = "nm-gateway-python/0.1.0"
+#: The one line that reports background signals lost (at `close()` or at exit).
+LOSS_REPORT = (
+    "nm-gateway signals: {st.sent} sent, {st.failed} failed, {st.dropped} dropped (queue full), "
+    "{st.pending} unsent at {at}"
+)
 
 
 @dataclass(frozen=True)
@@ -188,11 +200,20 @@ def parse_retry_after(value: Optional[str], now: Optional[float] = None) -> Opti
 class Sender:
     """Posts signals to one gateway, with retries."""
 
-    def __init__(self, url: str, key: str, *, timeout: float, max_retries: int) -> None:
+    def __init__(
+        self,
+        url: str,
+        key: str,
+        *,
+        timeout: float,
+        max_retries: Optional[int] = None,
+        retry_deadline: float = DEFAULT_RETRY_DEADLINE_SECS,
+    ) -> None:
         self._endpoint = url + "/v1/signal"
         self._key = key
         self._timeout = timeout
         self.max_retries = max_retries
+        self.retry_deadline = retry_deadline
         self._rng = random.Random()
 
     def _attempt(self, sig: Signal) -> _Outcome:
@@ -227,44 +248,63 @@ class Sender:
             return min(retry_after, MAX_WAIT_SECS)
         return self._rng.uniform(0, min(BACKOFF_CAP_SECS, BACKOFF_BASE_SECS * 2**attempt))
 
-    def _retrying(self, sig: Signal, attempt: int, out: _Outcome, delay: float) -> None:
+    def _next_wait(self, sig: Signal, attempt: int, out: _Outcome, started: float) -> Optional[float]:
+        """How long to wait before retry `attempt + 1` (the retry is logged), or None to give up."""
+        if not out.retryable:
+            return None
+        if self.max_retries is not None and attempt >= self.max_retries:
+            return None
+        elapsed = time.monotonic() - started
+        left = self.retry_deadline - elapsed
+        if left <= 0:
+            return None
+        delay = min(self._delay(attempt, out.retry_after), left)
         log.info(
-            "signal %s for %s not stored (%s%s), retry %d of %d in %.2fs",
+            "signal %s for %s not stored (%s%s), retry %d in %.2fs (retries until %.0fs after the first)",
             sig.action,
             sig.session_id,
             out.code,
             f" {out.status}" if out.status else "",
             attempt + 1,
-            self.max_retries,
             delay,
+            self.retry_deadline,
             extra={"nm_signal_retry": attempt + 1, "nm_idempotency_key": sig.idempotency_key},
         )
+        return delay
+
+    def _give_up(self, out: _Outcome, attempts: int, started: float) -> SignalError:
+        if not out.retryable:
+            return out.error()
+        took = time.monotonic() - started
+        return replace(
+            out, message=f"{out.message} (gave up after {attempts} attempt(s) in {took:.1f}s)"
+        ).error()
 
     def send(self, sig: Signal) -> None:
         """Sends until stored; raises `SignalError` on a final answer or when retries run out."""
+        started = time.monotonic()
         attempt = 0
         while True:
             out = self._attempt(sig)
             if out.ok:
                 return
-            if not out.retryable or attempt >= self.max_retries:
-                raise out.error()
-            delay = self._delay(attempt, out.retry_after)
-            self._retrying(sig, attempt, out, delay)
+            delay = self._next_wait(sig, attempt, out, started)
+            if delay is None:
+                raise self._give_up(out, attempt + 1, started)
             time.sleep(delay)
             attempt += 1
 
     async def send_async(self, sig: Signal) -> None:
         """`send` for asyncio: the blocking post runs in a worker thread, waits are async."""
+        started = time.monotonic()
         attempt = 0
         while True:
             out = await asyncio.get_running_loop().run_in_executor(None, self._attempt, sig)
             if out.ok:
                 return
-            if not out.retryable or attempt >= self.max_retries:
-                raise out.error()
-            delay = self._delay(attempt, out.retry_after)
-            self._retrying(sig, attempt, out, delay)
+            delay = self._next_wait(sig, attempt, out, started)
+            if delay is None:
+                raise self._give_up(out, attempt + 1, started)
             await asyncio.sleep(delay)
             attempt += 1
 
@@ -366,25 +406,20 @@ class SignalQueue:
         with self._lock:
             return SignalStats(self._sent, self._failed, self._dropped, self._pending)
 
-    def close(self, timeout: Optional[float]) -> SignalStats:
-        """Flushes, stops taking signals and reports losses once."""
+    def close(self, timeout: Optional[float], *, at: str = "close") -> SignalStats:
+        """Flushes, stops taking signals and reports losses once (`at`: "close" or "exit")."""
         flushed = self.flush(timeout)
         with self._lock:
             already = self._closed
             self._closed = True
         st = self.stats()
         if not already and (st.dropped or st.failed or not flushed):
-            log.warning(
-                "nm_gateway signals: %d sent, %d failed, %d dropped (queue full), %d unsent at close",
-                st.sent,
-                st.failed,
-                st.dropped,
-                st.pending,
-            )
+            # Worded as the TypeScript library's report (clients/typescript/src/signals.ts).
+            log.warning(LOSS_REPORT.format(st=st, at=at))
         return st
 
     def flush_at_exit(self) -> None:
-        self.close(self._flush_timeout)
+        self.close(self._flush_timeout, at="exit")
 
 
 def _flush_at_exit(ref: weakref.ref[SignalQueue]) -> None:

@@ -6,6 +6,7 @@
  * deadline (records reach the controlplane in batches).
  */
 
+import assert from "node:assert/strict";
 import { type ChildProcess, execFile, spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { accessSync, constants, mkdtempSync, rmSync } from "node:fs";
@@ -14,7 +15,18 @@ import { join, resolve } from "node:path";
 import { promisify } from "node:util";
 
 const run = promisify(execFile);
-const PROVIDERS = ["openai", "anthropic", "gemini", "groq", "mistral"];
+const PROVIDERS = [
+  "openai",
+  "anthropic",
+  "gemini",
+  "groq",
+  "mistral",
+  "deepseek",
+  "xai",
+  "together",
+  "fireworks",
+  "openrouter",
+];
 export const OPERATOR_OPENAI_KEY = "sk-operator-openai";
 
 export function binary(): string {
@@ -199,6 +211,24 @@ export class RealGateway {
       "controlplane (restarted)",
     );
     await this.controlplane.waitForLine(listening("controlplane gRPC"));
+  }
+
+  /** `serve` only: the whole gateway goes away (clients get connection errors). */
+  async stopServe(): Promise<void> {
+    assert(!this.split);
+    await this.dataplane?.stop();
+  }
+
+  /** `serve` only: the gateway comes back on the same addresses and database. */
+  async startServe(): Promise<void> {
+    assert(!this.split);
+    const http = this.url.replace(/^http:\/\//, "");
+    this.dataplane = new Proc(
+      ["serve"],
+      { ...this.env, NM_HTTP_ADDR: http, NM_GRPC_ADDR: this.grpcAddr },
+      "serve (restarted)",
+    );
+    await this.dataplane.waitForLine(listening("dataplane HTTP"));
   }
 
   async stop(): Promise<void> {
