@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from mock_provider import MockProvider
 
@@ -77,7 +78,16 @@ async def test_tasks_each_with_their_own_session(gw: Gateway, fake: MockProvider
     assert users == {ids[i]: {f"task-user-{i}"} for i in range(N)}
 
 
+#: Python 3.14+: threads start with a copy of the starter's context when this flag is set
+#: (`-X thread_inherit_context=1`, the default of free-threaded builds); absent before 3.14.
+THREADS_INHERIT = bool(getattr(sys.flags, "thread_inherit_context", False))
+
+
 def test_a_thread_does_not_inherit_a_session_unless_carried(gw: Gateway, fake: MockProvider) -> None:
+    """The README's sentences, one by one: a plain `threading.Thread`, an executor's worker and
+    `loop.run_in_executor` start without the session (unless Python's thread_inherit_context
+    flag is set); `threading.Thread(target=s.wrap(fn))`, `executor.submit(s.run, fn)` and
+    `executor.submit(s.wrap(fn))` carry it. The gateway sees exactly that."""
     client = gw.openai()
 
     def ask() -> Optional[str]:
@@ -85,15 +95,39 @@ def test_a_thread_does_not_inherit_a_session_unless_carried(gw: Gateway, fake: M
         s = current_session()
         return None if s is None else s.id
 
+    got: Dict[str, Optional[str]] = {}
+
+    def into(name: str, fn: Callable[[], Optional[str]]) -> Callable[[], None]:
+        def run() -> None:
+            got[name] = fn()
+
+        return run
+
     with gw.session(user="u") as s, ThreadPoolExecutor(2) as pool:
-        plain = threading.Thread(target=ask)
-        plain.start()
-        plain.join()
-        carried = pool.submit(s.run, ask).result()
-        wrapped = pool.submit(s.wrap(ask)).result()
-        assert carried == wrapped == s.id
-    sessions = [r.headers.get("nm-session") for r in fake.received()]
-    assert sorted(sessions, key=str) == sorted([None, s.id, s.id], key=str)
+        for target in (into("plain thread", ask), s.wrap(into("wrapped thread", ask))):
+            t = threading.Thread(target=target)
+            t.start()
+            t.join()
+        got["executor"] = pool.submit(ask).result()
+        got["executor, s.run"] = pool.submit(s.run, ask).result()
+        got["executor, s.wrap"] = pool.submit(s.wrap(ask)).result()
+
+        async def in_executor() -> Optional[str]:
+            return await asyncio.get_running_loop().run_in_executor(pool, ask)
+
+        got["run_in_executor"] = asyncio.run(in_executor())
+    # With the flag, the pool's workers (started in here) have a copy of the session too.
+    inherited = s.id if THREADS_INHERIT else None
+    want = {
+        "plain thread": inherited,
+        "wrapped thread": s.id,
+        "executor": inherited,
+        "executor, s.run": s.id,
+        "executor, s.wrap": s.id,
+        "run_in_executor": inherited,
+    }
+    assert got == want
+    assert [r.headers.get("nm-session") for r in fake.received()] == list(want.values())
 
 
 async def test_tasks_and_to_thread_inherit_the_session(gw: Gateway, fake: MockProvider) -> None:
