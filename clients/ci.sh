@@ -9,7 +9,11 @@
 #   target/clients-node     npm ci of clients/typescript/package-lock.json; the package's
 #                           node_modules is a symlink to it
 #   target/clients-cache    pycache, mypy cache
-#   target/clients-dist     the built wheel and sdist
+#   target/clients-dist     the built wheel and sdist, and the npm tarball
+# Made afresh each run, as a new user would (see "Packages" below):
+#   target/clients-fresh-venv  a venv with only the built wheel and its openai extra
+#   target/clients-fresh-npm   an `npm init` project with only the packed tarball and the SDKs
+#   target/clients-pack        the TypeScript package as a clean checkout has it, packed there
 # Generated inside clients/ (ignored by clients/.gitignore): typescript/{node_modules,dist,build}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -77,15 +81,49 @@ rm -rf "$ts/dist" "$ts/build"
 step "typescript: node --test"
 (cd "$ts" && node --test build/test/*.test.js)
 
-# === Packages ===
+# === Packages, as a new user gets them ===
 step "python: wheel and sdist (python -m build)"
 dist=target/clients-dist
 rm -rf "$dist"
 "$venv/bin/python" -m build --no-isolation --outdir "$dist" "$py" >/dev/null
 "$venv/bin/python" "$py/tests/check_dist.py" "$dist"
 
-step "typescript: npm pack --dry-run"
-(cd "$ts" && npm pack --dry-run --json --ignore-scripts 2>/dev/null) >"$cache/npm-pack.json"
+step "python: the wheel in a fresh venv runs the READMEs' Python"
+fresh_venv=target/clients-fresh-venv
+rm -rf "$fresh_venv"
+python3 -m venv "$fresh_venv"
+wheel=$(ls "$dist"/nm_gateway-*.whl)
+# The SDK at the version tested here (-c), nothing else from the dev venv.
+"$fresh_venv/bin/python" -m pip install -q --no-compile -c "$py/requirements-dev.txt" "$root/$wheel[openai]"
+(cd "$py" && CLIENTS_QUICKSTART_PYTHON="$root/$fresh_venv/bin/python" \
+  "$root/$venv/bin/python" -m pytest -p no:cacheprovider -q tests/test_readme.py)
+
+step "typescript: npm pack from a clean copy (prepack builds dist/)"
+pack=target/clients-pack
+rm -rf "$pack"
+mkdir -p "$pack/src-copy"
+# What a clean checkout has: tracked and new files, none of the ignored ones (dist/, build/).
+(cd "$ts" && git ls-files --cached --others --exclude-standard -z . | xargs -0 cp --parents -t "$root/$pack/src-copy")
+ln -s "$root/$node_cache/node_modules" "$pack/src-copy/node_modules"  # devDependencies (tsc)
+(cd "$pack/src-copy" && npm pack --json --pack-destination "$root/$dist" 2>"$root/$cache/npm-pack.log") \
+  >"$cache/npm-pack.json" || { cat "$cache/npm-pack.log" >&2; exit 1; }
 node "$ts/test/check-pack.mjs" "$cache/npm-pack.json"
+
+step "typescript: the tarball in a fresh npm project runs the README's TypeScript"
+fresh_npm=target/clients-fresh-npm
+rm -rf "$fresh_npm"
+mkdir -p "$fresh_npm"
+tarball=$(ls "$dist"/nm-gateway-client-*.tgz)
+# The SDKs at the versions tested here (package-lock.json), nothing else from node_modules.
+sdks=$(node -e '
+  const lock = require(process.argv[1]);
+  console.log(["openai", "@anthropic-ai/sdk", "@google/genai"]
+    .map((n) => `${n}@${lock.packages["node_modules/" + n].version}`).join(" "));' "$root/$ts/package-lock.json")
+# shellcheck disable=SC2086 # $sdks: one word per package
+(cd "$fresh_npm" && npm init -y >/dev/null &&
+  npm install --no-audit --no-fund --loglevel=error "$root/$tarball" $sdks)
+cp "$ts/test/check-install.mjs" "$fresh_npm/"
+node "$fresh_npm/check-install.mjs"
+(cd "$ts" && NM_QUICKSTART_PROJECT="$root/$fresh_npm" node --test build/test/readme.test.js)
 
 step "clients: all passed"

@@ -34,7 +34,7 @@ if (JSON.stringify(files) !== JSON.stringify(want)) {
 const manifest = JSON.parse(readFileSync(new URL("../package.json", import.meta.url), "utf8"));
 for (const [entry, target] of Object.entries(manifest.exports)) {
   if (typeof target === "string") continue;
-  for (const path of [target.types, target.import]) {
+  for (const path of [target.types, target.import, target.default]) {
     if (!files.includes(path.replace(/^\.\//, ""))) fail(`exports ${entry} -> ${path} is not in the package`);
   }
 }
