@@ -1,9 +1,9 @@
 /**
- * The README's TypeScript, run as a new user runs it: each ```ts block saved as
- * `quickstart.mts` in a project that has the package, compiled by tsc (strict, `nodenext`: the
- * package's types must resolve through its `exports`) and the emitted ES module run by node
- * against a real gateway of its own, with only `NM_GATEWAY_URL` and `NM_KEY` set (the
- * README's `export` lines) and no provider key (the gateway adds its operator's).
+ * The README's TypeScript, used as a new user uses it, in a project that has the package: each
+ * ```ts block type-checked by tsc as `quickstart.mts` (strict, `nodenext`: the package's types
+ * must resolve through its `exports`), and saved as `quickstart.mjs` and run by node, as the
+ * README says, against a real gateway of its own, with only `NM_GATEWAY_URL` and `NM_KEY` set
+ * (the README's `export` lines) and no provider key (the gateway adds its operator's).
  *
  * The project is `NM_QUICKSTART_PROJECT` when set (clients/ci.sh: a fresh `npm init` project
  * with the packed tarball and `openai` installed), else a directory inside this package, which
@@ -55,8 +55,17 @@ describe("the README", () => {
       const code = tsBlocks()[i] ?? "";
       mkdirSync(PROJECT, { recursive: true });
       writeFileSync(join(PROJECT, "quickstart.mts"), code);
-      const compile = ["--strict", "--module", "nodenext", "--target", "es2022", "--skipLibCheck"];
-      await run(process.execPath, [TSC, ...compile, "quickstart.mts"], { cwd: PROJECT }).catch(
+      writeFileSync(join(PROJECT, "quickstart.mjs"), code);
+      const typecheck = [
+        "--noEmit",
+        "--strict",
+        "--module",
+        "nodenext",
+        "--target",
+        "es2022",
+        "--skipLibCheck",
+      ];
+      await run(process.execPath, [TSC, ...typecheck, "quickstart.mts"], { cwd: PROJECT }).catch(
         (e: unknown) => {
           const out = e as { stdout?: string };
           throw new Error(`tsc refused README block ${i}:\n${code}\n${out.stdout ?? String(e)}`);
