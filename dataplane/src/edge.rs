@@ -56,6 +56,11 @@ pub fn take_request_id(extensions: &mut Extensions) -> String {
         .unwrap_or_default()
 }
 
+/// The request's `request` span, of its log lines (None outside the full stack).
+pub fn request_log(extensions: &Extensions) -> Option<crate::log::RequestLog> {
+    extensions.get::<RequestStart>().map(|s| s.log.clone())
+}
+
 /// The request's exported spans, when tracing is on.
 pub fn take_trace(extensions: &mut Extensions) -> Option<crate::otel::RequestTrace> {
     extensions
@@ -63,16 +68,23 @@ pub fn take_trace(extensions: &mut Extensions) -> Option<crate::otel::RequestTra
         .and_then(|s| s.trace.take())
 }
 
-/// What the trace layer opened for the request; outside the full stack, the current span and
+/// What the trace layer opened for the request; outside the full stack, a `request` span and
 /// the route of the request's path.
 pub fn take_start<B>(req: &mut http::Request<B>) -> RequestStart {
     match req.extensions_mut().remove::<RequestStart>() {
         Some(start) => start,
-        None => RequestStart {
-            span: tracing::Span::current(),
-            route: crate::routes::Route::of(req.uri().path()),
-            trace: None,
-            log_ids: None,
-        },
+        None => {
+            let route = crate::routes::Route::of(req.uri().path());
+            let id = req
+                .extensions()
+                .get::<RequestId>()
+                .map(|r| r.0.as_str())
+                .unwrap_or_default();
+            RequestStart {
+                log: crate::log::RequestLog::new(id, None, req.method(), route.template()),
+                route,
+                trace: None,
+            }
+        }
     }
 }

@@ -20,18 +20,17 @@
 //! body's tracked state ([`crate::body`]), the allocation each proxied answer already has, and
 //! ends when the body does. Ending it formats nothing a sink does not need: the access line is
 //! written once, from the record, and only when the log filter lets it through. A refused
-//! request's fields go on its log span instead, for the rescue layer's error line.
+//! request's fields go on its `request` span ([`crate::log::RequestLog`]) instead, for the rescue
+//! layer's error line.
 
 use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use nm_types::record::TraceRef;
-use tracing::Span;
 
 use crate::budget::Reservation;
 use crate::journal::Commit;
-use crate::log::{AccessLine, AccessLog};
+use crate::log::{AccessLine, AccessLog, RequestLog};
 use crate::metrics::{Metrics, Operation};
 use crate::otel::{End, Outcome, RequestTrace};
 use crate::pricing::{Cost, PriceTable};
@@ -65,12 +64,10 @@ impl Ending {
 /// its exported spans. The layers below read the route; a handler takes the rest.
 #[derive(Debug, Clone)]
 pub struct RequestStart {
-    pub span: Span,
+    /// The request's `request` span, of its log lines.
+    pub log: RequestLog,
     pub route: Route,
     pub trace: Option<RequestTrace>,
-    /// The ids the log span carries: the SERVER span's, when its context is valid (sampled or
-    /// not).
-    pub log_ids: Option<TraceRef>,
 }
 
 impl RequestStart {
@@ -123,10 +120,8 @@ pub struct RequestEvent {
     /// `http.route`: the matched template ([`Route::template`]).
     pub route: &'static str,
     pub started: Instant,
-    /// The request's log span ([`crate::layers::trace`]).
-    pub span: Span,
-    /// The ids on the log span, for the access line ([`RequestStart::log_ids`]).
-    pub log_ids: Option<TraceRef>,
+    /// The request's `request` span, of its log lines ([`crate::log::request`]).
+    pub log: RequestLog,
     /// The request's exported spans (tracing on).
     pub trace: Option<RequestTrace>,
     /// The end user's budget hold, settled when the request ends.
@@ -152,7 +147,7 @@ impl RequestEvent {
         provider: Arc<Provider>,
         route: &'static str,
         started: Instant,
-        span: Span,
+        log: RequestLog,
         trace: Option<RequestTrace>,
     ) -> Self {
         Self {
@@ -160,8 +155,7 @@ impl RequestEvent {
             provider,
             route,
             started,
-            span,
-            log_ids: None,
+            log,
             trace,
             reservation: None,
             overhead: None,
@@ -260,9 +254,9 @@ impl RequestEvent {
         r.budget_micros = Some(charge);
     }
 
-    /// An answered request's access line; a refused request's fields on its log span, where
-    /// the rescue layer's error line (it answers every error, with or without an event) finds
-    /// them.
+    /// An answered request's access line; a refused request's fields on its `request` span,
+    /// where the rescue layer's error line (it answers every error, with or without an event)
+    /// finds them.
     fn log(&self, ending: Ending, log: &AccessLog) {
         let r = &self.record;
         let ending = match ending {
@@ -270,29 +264,21 @@ impl RequestEvent {
             Ending::UpstreamError => "UpstreamError",
             Ending::ClientGone => "ClientGone",
             Ending::Refused { .. } => {
-                let span = &self.span;
-                span.record("http.route", self.route);
-                span.record("gen_ai.provider.name", &*r.provider);
-                if let Some(m) = &r.model {
-                    span.record("gen_ai.request.model", m.as_str());
-                }
-                if let Some(a) = &r.agent {
-                    span.record("nm.agent", a.as_str());
-                }
-                if let Some(s) = &r.session_id {
-                    span.record("nm.session", s.as_str());
-                }
-                if let Some(e) = r.env {
-                    span.record("nm.env", e.as_str());
-                }
-                span.record("nm.key_id", &*r.key_id);
+                self.log.know(|k| {
+                    k.provider = Some(r.provider.clone());
+                    k.model.clone_from(&r.model);
+                    k.agent.clone_from(&r.agent);
+                    k.session = r.session_id.as_ref().map(|s| s.as_str().to_owned());
+                    k.env = r.env.map(|e| e.as_str());
+                    k.key_id = Some(r.key_id.clone());
+                });
                 return;
             }
         };
         log.write(&AccessLine {
             record: r,
             route: self.route,
-            ids: self.log_ids.as_ref(),
+            ids: self.log.ids(),
             ending,
         });
     }
@@ -428,7 +414,7 @@ mod tests {
             provider,
             crate::routes::PROXY_TEMPLATE,
             Instant::now(),
-            Span::none(),
+            RequestLog::new("req-1", None, &http::Method::POST, None),
             None,
         );
         event.reservation = budgets

@@ -59,8 +59,7 @@ pub async fn handle(
         native.to_owned(),
     );
     let route = start.route.template().unwrap_or_default();
-    let mut event = RequestEvent::new(record, provider, route, started, start.span, start.trace);
-    event.log_ids = start.log_ids;
+    let mut event = RequestEvent::new(record, provider, route, started, start.log, start.trace);
 
     let result = forward(&state, req, &mut event).await;
     event.record.trace = event.trace.as_ref().and_then(RequestTrace::trace_ref);

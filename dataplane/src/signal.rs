@@ -30,6 +30,8 @@ use crate::body::{GatewayBody, RequestBody};
 use crate::edge;
 use crate::error::ProxyError;
 use crate::link::SubmitError;
+use crate::log::Val;
+use crate::log::request::Known;
 use crate::state::State;
 use opentelemetry::context::FutureExt as _;
 
@@ -214,7 +216,7 @@ pub async fn handle(
     mut req: Request<RequestBody>,
 ) -> Result<Response<GatewayBody>, ProxyError> {
     let received_at = SystemTime::now();
-    tracing::Span::current().record("http.route", "/v1/signal");
+    let log = edge::request_log(req.extensions());
     if req.method() != Method::POST {
         return Err(ProxyError::MethodNotAllowed(req.method().clone()));
     }
@@ -223,7 +225,12 @@ pub async fn handle(
         message: i.message,
     };
     let principal = edge::take_principal(req.extensions_mut())?;
-    tracing::Span::current().record("nm.key_id", &*principal.key_id);
+    let know = |learn: &dyn Fn(&mut Known)| {
+        if let Some(log) = &log {
+            log.know(learn);
+        }
+    };
+    know(&|k| k.key_id = Some(principal.key_id.clone()));
     let id = edge::take_request_id(req.extensions_mut());
     let trace = edge::take_trace(req.extensions_mut());
     let agent_hint = match header_str(req.headers(), "nm-agent")? {
@@ -258,8 +265,7 @@ pub async fn handle(
         agent_hint,
     };
     let signal = parse_body(&body, head).map_err(bad)?;
-    let span = tracing::Span::current();
-    span.record("nm.session", signal.session_id.as_str());
+    know(&|k| k.session = Some(signal.session_id.as_str().to_owned()));
     let action = signal.action;
     if let Some(t) = &trace {
         t.signal(action.as_str(), signal.agent_hint.as_deref());
@@ -282,8 +288,19 @@ pub async fn handle(
         Err(SubmitError::Unconfirmed(why)) => return Err(ProxyError::Unconfirmed(why)),
         Err(SubmitError::Rejected(why)) => return Err(bad(invalid("invalid_field", why))),
     }
-    span.record("http.response.status_code", 200);
-    tracing::debug!(%action, "signal stored");
+    know(&|k| k.status = Some(200));
+    if let Some(log) = &log
+        && tracing::enabled!(tracing::Level::DEBUG)
+    {
+        let fields = [("action", Val::Bare(action.as_str()))];
+        log.line(
+            &state.access_log,
+            tracing::Level::DEBUG,
+            module_path!(),
+            "signal stored",
+            &fields,
+        );
+    }
     let mut resp = Response::new(GatewayBody::full(Bytes::from_static(br#"{"ok":true}"#)));
     resp.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -48,6 +48,7 @@ pub fn service(
                 idle: state.conn_limits.body_idle_timeout,
                 min_rate: state.conn_limits.body_min_rate,
             },
+            state.access_log.clone(),
         ))
         // Before routing: no provider sees a request without a valid key.
         .layer(AuthLayer::new(state.keys.clone()))
@@ -96,7 +97,6 @@ fn metrics(state: &State, method: &Method) -> Result<Response<GatewayBody>, Prox
     if method != Method::GET {
         return Err(ProxyError::MethodNotAllowed(method.clone()));
     }
-    tracing::Span::current().record("http.route", "/metrics");
     if let Some(lines) = state.access_log.lines() {
         state.metrics.log_lines_dropped_to(lines.dropped());
     }
@@ -129,11 +129,10 @@ fn health(
     if method != Method::GET && method != Method::HEAD {
         return Err(ProxyError::MethodNotAllowed(method.clone()));
     }
-    let (route, verdict) = match probe {
-        Probe::Ready => ("/health", state.health.status()),
-        Probe::Live => ("/health/live", Ok(())),
+    let verdict = match probe {
+        Probe::Ready => state.health.status(),
+        Probe::Live => Ok(()),
     };
-    tracing::Span::current().record("http.route", route);
     let (status, body) = match verdict {
         Ok(()) => (
             StatusCode::OK,

@@ -1,6 +1,7 @@
 //! The one place where a [`ProxyError`] becomes an HTTP response: in the provider's native error
 //! shape on proxy routes, in the gateway envelope on the gateway's own ([`crate::routes`]). Also the one place
-//! errors are logged: client errors at debug, upstream and gateway errors at warn.
+//! errors are logged, in the request's `request` span ([`crate::log::RequestLog`]): client errors
+//! at debug, upstream errors and 503s at warn, other gateway errors at error.
 //!
 //! It also hands the layers below the request body as a [`RequestBody`], which notes whether it
 //! was read to the end. An error answered before then (a bad key, path or header, a body over
@@ -20,13 +21,19 @@ use hyper::body::Incoming;
 use nm_types::throttle::Throttle;
 use pin_project_lite::pin_project;
 use tower::{Layer, Service};
+use tracing::Level;
 
 use crate::body::{GatewayBody, ReadToEnd, RequestBody};
+use crate::edge;
 use crate::error::{ErrorFlavor, ProxyError, Side};
 use crate::event::RequestStart;
+use crate::log::{AccessLog, RequestLog, Val};
 use crate::pace::PaceLimits;
 use crate::path::split_prefix;
 use crate::providers::{Registry, WireFormat};
+
+/// The target of the error lines (the filter's name for them).
+const TARGET: &str = module_path!();
 
 /// The 503 lines' allowance (see [`nm_types::throttle`]).
 static UNAVAILABLE_LOGGED: Throttle = Throttle::new(std::time::Duration::from_secs(1));
@@ -36,11 +43,17 @@ pub struct RescueLayer {
     registry: Arc<Registry>,
     /// How request bodies must keep moving ([`crate::pace`]).
     pace: PaceLimits,
+    /// Where the error lines go.
+    log: AccessLog,
 }
 
 impl RescueLayer {
-    pub fn new(registry: Arc<Registry>, pace: PaceLimits) -> Self {
-        Self { registry, pace }
+    pub fn new(registry: Arc<Registry>, pace: PaceLimits, log: AccessLog) -> Self {
+        Self {
+            registry,
+            pace,
+            log,
+        }
     }
 }
 
@@ -51,6 +64,7 @@ impl<S> Layer<S> for RescueLayer {
             inner,
             registry: self.registry.clone(),
             pace: self.pace,
+            log: self.log.clone(),
         }
     }
 }
@@ -60,6 +74,7 @@ pub struct Rescue<S> {
     inner: S,
     registry: Arc<Registry>,
     pace: PaceLimits,
+    log: AccessLog,
 }
 
 impl<S> Rescue<S> {
@@ -100,12 +115,14 @@ where
 
     fn call(&mut self, req: Request<Incoming>) -> Self::Future {
         let flavor = self.flavor(&req);
+        let request = edge::request_log(req.extensions());
         let (parts, body) = req.into_parts();
         let (body, read) = RequestBody::new(body, self.pace);
         ResponseFuture {
             inner: self.inner.call(Request::from_parts(parts, body)),
             flavor,
             read,
+            log: request.map(|r| (r, self.log.clone())),
         }
     }
 }
@@ -116,6 +133,8 @@ pin_project! {
         inner: F,
         flavor: ErrorFlavor,
         read: Option<ReadToEnd>,
+        // The request's `request` span and where its error line goes.
+        log: Option<(RequestLog, AccessLog)>,
     }
 }
 
@@ -133,19 +152,41 @@ where
             Poll::Ready(Err(e)) => e,
         };
         let (status, code, side) = err.classify();
-        let span = tracing::Span::current();
-        span.record("http.response.status_code", status.as_u16());
+        let line = |level, message, suppressed: Option<u64>| {
+            let Some((request, out)) = this.log.as_ref() else {
+                return;
+            };
+            request.know(|k| k.status = Some(status.as_u16()));
+            let fields = [("nm.error", Val::Str(code)), ("error", Val::Show(&err))];
+            match suppressed {
+                Some(n) => {
+                    let mut all = fields.to_vec();
+                    all.push(("suppressed", Val::Num(n)));
+                    request.line(out, level, TARGET, message, &all);
+                }
+                None => request.line(out, level, TARGET, message, &fields),
+            }
+        };
         match side {
-            Side::Client => tracing::debug!(nm.error = code, error = %err, "request refused"),
-            Side::Upstream => tracing::warn!(nm.error = code, error = %err, "upstream failed"),
+            Side::Client if tracing::enabled!(Level::DEBUG) => {
+                line(Level::DEBUG, "request refused", None);
+            }
+            Side::Upstream if tracing::enabled!(Level::WARN) => {
+                line(Level::WARN, "upstream failed", None);
+            }
             // An outage answers every request 503: at most a line a second, with the count of
             // the others.
             Side::Gateway if status == http::StatusCode::SERVICE_UNAVAILABLE => {
-                if let Some(suppressed) = UNAVAILABLE_LOGGED.allow() {
-                    tracing::warn!(nm.error = code, error = %err, suppressed, "unavailable");
+                if let Some(suppressed) = UNAVAILABLE_LOGGED.allow()
+                    && tracing::enabled!(Level::WARN)
+                {
+                    line(Level::WARN, "unavailable", Some(suppressed));
                 }
             }
-            Side::Gateway => tracing::error!(nm.error = code, error = %err, "gateway error"),
+            Side::Gateway if tracing::enabled!(Level::ERROR) => {
+                line(Level::ERROR, "gateway error", None);
+            }
+            Side::Client | Side::Upstream | Side::Gateway => {}
         }
         let mut resp = err.into_response(*this.flavor);
         if this.read.as_ref().is_some_and(|r| !r.get()) {

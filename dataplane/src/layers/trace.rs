@@ -1,8 +1,9 @@
-//! Opens the request's spans: the `tracing` span behind its log lines (fields known later —
-//! route, provider, agent, status, latency — are declared `Empty`; a proxied request's event
-//! records them when it ends, [`crate::event`], the gateway's own routes as they answer), and,
-//! with tracing on, its exported SERVER span ([`crate::otel`]). It classifies the request's
-//! route, once, and hands it down with the spans ([`RequestStart`]).
+//! Opens the request's spans: the `request` span of its log lines ([`RequestLog`]: the request
+//! id, the trace's ids, the method and route; what the request learns later is recorded there
+//! by the paths that refuse or answer it, a proxied answer's access line is written from its
+//! record, [`crate::event`]), and, with tracing on, its exported SERVER span ([`crate::otel`]).
+//! It classifies the request's route, once, and hands it down with the spans
+//! ([`RequestStart`]).
 //!
 //! The proxy hands the spans to the response body, so a streamed request's spans last until its
 //! stream ends. Every answer to a traced (sampled) request carries `NM-Trace-Id`. The health probes and
@@ -15,14 +16,13 @@ use std::task::{Context, Poll};
 use http::{HeaderValue, Request, Response};
 use pin_project_lite::pin_project;
 use tower::{Layer, Service};
-use tracing::field::Empty;
-use tracing::instrument::{Instrument, Instrumented};
 
 use super::request_id::RequestId;
 use std::time::Instant;
 
 use crate::body::GatewayBody;
 use crate::event::RequestStart;
+use crate::log::RequestLog;
 use crate::metrics::Metrics;
 use crate::otel::{RequestTrace, TRACE_ID_HEADER, Tracing};
 use crate::routes::{Own, Route};
@@ -87,26 +87,10 @@ where
             .as_ref()
             .filter(|_| traced)
             .map(|t| t.server(req.headers(), req.method(), route, req.uri().path(), id));
+        // The `request` span of the request's lines: held by the request, not by `tracing`
+        // ([`crate::log::request`]); its trace ids are the SERVER span's, sampled or not.
         let log_ids = exported.as_ref().and_then(RequestTrace::log_ids);
-        let hex = log_ids.map(|t| (t.trace_digits(), t.span_digits()));
-        // The fields a proxied request learns later go in its access line ([`crate::log`]),
-        // not here: the span holds what every line of the request shares. Those declared
-        // `Empty` are recorded by the gateway's own routes and on a refused request's span.
-        let span = tracing::info_span!(
-            "request",
-            nm.request_id = id,
-            trace_id = hex.as_ref().map(|h| h.0.as_str()),
-            span_id = hex.as_ref().map(|h| h.1.as_str()),
-            http.request.method = %req.method(),
-            http.route = Empty,
-            gen_ai.provider.name = Empty,
-            gen_ai.request.model = Empty,
-            nm.agent = Empty,
-            nm.session = Empty,
-            nm.env = Empty,
-            nm.key_id = Empty,
-            http.response.status_code = Empty,
-        );
+        let log = RequestLog::new(id, log_ids, req.method(), route);
         let served = Served {
             started: Instant::now(),
             method: req.method().clone(),
@@ -114,15 +98,13 @@ where
             metrics: self.metrics.clone(),
         };
         req.extensions_mut().insert(RequestStart {
-            span: span.clone(),
+            log,
             route: matched,
             trace: exported.clone(),
-            log_ids,
         });
-        // Call inside the span, so what the inner layers do synchronously is attributed too.
-        let fut = span.in_scope(|| self.inner.call(req));
+        let fut = self.inner.call(req);
         Traced {
-            inner: fut.instrument(span),
+            inner: fut,
             exported,
             served,
         }
@@ -133,7 +115,7 @@ pin_project! {
     /// The inner future; its answer gets `NM-Trace-Id` and sets the SERVER span's status.
     pub struct Traced<F> {
         #[pin]
-        inner: Instrumented<F>,
+        inner: F,
         exported: Option<RequestTrace>,
         served: Served,
     }

@@ -91,84 +91,150 @@ impl AccessLog {
             lines.write_line(buf);
         });
     }
+
+    /// Writes a line of a request's own (the caller checked the filter).
+    pub(crate) fn write_shape(&self, shape: &Shape<'_>) {
+        let Some(lines) = &self.lines else {
+            return;
+        };
+        LINE.with_borrow_mut(|buf| {
+            buf.clear();
+            shape.write(buf, self.format, SystemTime::now());
+            lines.write_line(buf);
+        });
+    }
 }
 
 /// Writes `line` at `now` into `out`, newline included.
 pub fn format(out: &mut Vec<u8>, format: LogFormat, line: &AccessLine<'_>, now: SystemTime) {
-    match format {
-        LogFormat::Text => text(out, line, now),
-        LogFormat::Json => json(out, line, now),
+    let span = AccessSpan {
+        line,
+        hex: Hex::of(line.ids),
+    };
+    Shape {
+        level: tracing::Level::INFO,
+        target: TARGET,
+        message: MESSAGE,
+        span: &span,
+        event: line,
     }
+    .write(out, format, now);
 }
 
 /// A field's value, as the `tracing` formatters write it.
 #[derive(Clone, Copy)]
-enum Val<'a> {
+pub enum Val<'a> {
     /// A string value: quoted (text) or a JSON string.
     Str(&'a str),
     /// A value recorded for display (`%`): bare in text, a JSON string.
     Bare(&'a str),
     Num(u64),
+    /// A value recorded for display (`%`) that is not a string yet.
+    Show(&'a dyn std::fmt::Display),
 }
 
-/// The request span's fields, in the order of the span's declaration
-/// ([`crate::layers::trace`]), those the request learnt.
-fn span_fields<'a>(line: &AccessLine<'a>, hex: &'a Hex, mut f: impl FnMut(&'static str, Val<'a>)) {
-    let r = line.record;
-    f("nm.request_id", Val::Str(&r.request_id));
-    if let Some((trace, span)) = &hex.0 {
-        f("trace_id", Val::Str(trace.as_str()));
-        f("span_id", Val::Str(span.as_str()));
-    }
-    f("http.request.method", Val::Bare(&r.method));
-    f("http.route", Val::Str(line.route));
-    f("gen_ai.provider.name", Val::Str(&r.provider));
-    if let Some(m) = &r.model {
-        f("gen_ai.request.model", Val::Str(m));
-    }
-    if let Some(a) = &r.agent {
-        f("nm.agent", Val::Str(a));
-    }
-    if let Some(s) = &r.session_id {
-        f("nm.session", Val::Str(s.as_str()));
-    }
-    if let Some(e) = r.env {
-        f("nm.env", Val::Str(e.as_str()));
-    }
-    f("nm.key_id", Val::Str(&r.key_id));
-    f("http.response.status_code", Val::Num(r.status.into()));
-    f("nm.latency_ms", Val::Num(r.latency_ms));
-    if let Some(m) = &r.usage.model {
-        f("gen_ai.response.model", Val::Str(m));
-    }
-    if let Some(t) = r.usage.input_tokens {
-        f("gen_ai.usage.input_tokens", Val::Num(t));
-    }
-    if let Some(t) = r.usage.output_tokens {
-        f("gen_ai.usage.output_tokens", Val::Num(t));
-    }
-    if let Some(c) = r.cost_micros {
-        f("nm.cost_micros", Val::Num(c));
+/// The fields of a line, its span's or its own, handed to `f` in order.
+pub(crate) trait Fields {
+    fn each<'a>(&'a self, f: &mut dyn FnMut(&'static str, Val<'a>));
+}
+
+/// A line in the `request` span, laid out as `tracing`'s formatters lay out an event in a span.
+pub(crate) struct Shape<'a> {
+    pub level: tracing::Level,
+    /// Ours, written as they are (no escaping).
+    pub target: &'static str,
+    pub message: &'static str,
+    /// The `request` span's fields.
+    pub span: &'a dyn Fields,
+    /// The line's own fields, after its message.
+    pub event: &'a dyn Fields,
+}
+
+impl Shape<'_> {
+    /// Writes the line at `now` into `out`, newline included.
+    pub(crate) fn write(&self, out: &mut Vec<u8>, format: LogFormat, now: SystemTime) {
+        match format {
+            LogFormat::Text => text(out, self, now),
+            LogFormat::Json => json(out, self, now),
+        }
     }
 }
 
-/// The line's own fields, after its message.
-fn event_fields<'a>(line: &AccessLine<'a>, mut f: impl FnMut(&'static str, Val<'a>)) {
-    let r = line.record;
-    f("http.response.status_code", Val::Num(r.status.into()));
-    f("latency_ms", Val::Num(r.latency_ms));
-    f("bytes", Val::Num(r.response_bytes));
-    f("ending", Val::Bare(line.ending));
+/// The access line's span fields: the request span's, in the order of its declaration
+/// ([`crate::log::RequestLog`]), those the request learnt, and the outcome's.
+struct AccessSpan<'a> {
+    line: &'a AccessLine<'a>,
+    hex: Hex,
+}
+
+impl Fields for AccessSpan<'_> {
+    fn each<'a>(&'a self, f: &mut dyn FnMut(&'static str, Val<'a>)) {
+        let r = self.line.record;
+        f("nm.request_id", Val::Str(&r.request_id));
+        if let Some((trace, span)) = &self.hex.0 {
+            f("trace_id", Val::Str(trace.as_str()));
+            f("span_id", Val::Str(span.as_str()));
+        }
+        f("http.request.method", Val::Bare(&r.method));
+        f("http.route", Val::Str(self.line.route));
+        f("gen_ai.provider.name", Val::Str(&r.provider));
+        if let Some(m) = &r.model {
+            f("gen_ai.request.model", Val::Str(m));
+        }
+        if let Some(a) = &r.agent {
+            f("nm.agent", Val::Str(a));
+        }
+        if let Some(s) = &r.session_id {
+            f("nm.session", Val::Str(s.as_str()));
+        }
+        if let Some(e) = r.env {
+            f("nm.env", Val::Str(e.as_str()));
+        }
+        f("nm.key_id", Val::Str(&r.key_id));
+        f("http.response.status_code", Val::Num(r.status.into()));
+        f("nm.latency_ms", Val::Num(r.latency_ms));
+        if let Some(m) = &r.usage.model {
+            f("gen_ai.response.model", Val::Str(m));
+        }
+        if let Some(t) = r.usage.input_tokens {
+            f("gen_ai.usage.input_tokens", Val::Num(t));
+        }
+        if let Some(t) = r.usage.output_tokens {
+            f("gen_ai.usage.output_tokens", Val::Num(t));
+        }
+        if let Some(c) = r.cost_micros {
+            f("nm.cost_micros", Val::Num(c));
+        }
+    }
+}
+
+/// The access line's own fields, after its message.
+impl Fields for AccessLine<'_> {
+    fn each<'a>(&'a self, f: &mut dyn FnMut(&'static str, Val<'a>)) {
+        let r = self.record;
+        f("http.response.status_code", Val::Num(r.status.into()));
+        f("latency_ms", Val::Num(r.latency_ms));
+        f("bytes", Val::Num(r.response_bytes));
+        f("ending", Val::Bare(self.ending));
+    }
 }
 
 /// `2026-11-28T20:31:28.123456Z  INFO request{nm.request_id="…" …}: nm_dataplane::event:
 /// request completed http.response.status_code=200 latency_ms=3 bytes=314 ending=Complete`
-fn text(out: &mut Vec<u8>, line: &AccessLine<'_>, now: SystemTime) {
-    let hex = Hex::of(line.ids);
+fn text(out: &mut Vec<u8>, line: &Shape<'_>, now: SystemTime) {
     timestamp(out, now);
-    out.extend_from_slice(b"  INFO request{");
+    out.push(b' ');
+    // The level right-aligned in five columns, as the text formatter pads it.
+    out.extend_from_slice(match line.level {
+        tracing::Level::TRACE => b"TRACE",
+        tracing::Level::DEBUG => b"DEBUG",
+        tracing::Level::INFO => b" INFO",
+        tracing::Level::WARN => b" WARN",
+        tracing::Level::ERROR => b"ERROR",
+    });
+    out.extend_from_slice(b" request{");
     let mut first = true;
-    span_fields(line, &hex, |name, v| {
+    line.span.each(&mut |name, v| {
         if !first {
             out.push(b' ');
         }
@@ -176,10 +242,10 @@ fn text(out: &mut Vec<u8>, line: &AccessLine<'_>, now: SystemTime) {
         text_field(out, name, v);
     });
     out.extend_from_slice(b"}: ");
-    out.extend_from_slice(TARGET.as_bytes());
+    out.extend_from_slice(line.target.as_bytes());
     out.extend_from_slice(b": ");
-    out.extend_from_slice(MESSAGE.as_bytes());
-    event_fields(line, |name, v| {
+    out.extend_from_slice(line.message.as_bytes());
+    line.event.each(&mut |name, v| {
         out.push(b' ');
         text_field(out, name, v);
     });
@@ -193,33 +259,47 @@ fn text_field(out: &mut Vec<u8>, name: &str, v: Val<'_>) {
         Val::Str(s) => quoted(out, s),
         Val::Bare(s) => out.extend_from_slice(s.as_bytes()),
         Val::Num(n) => out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes()),
+        // Bare, as the text formatter writes a `%` value, but with its control characters
+        // escaped: an error's text may quote what a client sent, and must not end the line.
+        Val::Show(d) => {
+            for c in d.to_string().chars() {
+                if c.is_control() {
+                    out.extend_from_slice(c.escape_debug().to_string().as_bytes());
+                } else {
+                    let mut utf8 = [0; 4];
+                    out.extend_from_slice(c.encode_utf8(&mut utf8).as_bytes());
+                }
+            }
+        }
     }
 }
 
 /// `{"timestamp":"…","level":"INFO","message":"request completed",<fields>,"target":"…",
 /// "span":{<span fields>,"name":"request"}}`, the layout of the JSON formatter with the event
 /// flattened and the current span.
-fn json(out: &mut Vec<u8>, line: &AccessLine<'_>, now: SystemTime) {
-    let hex = Hex::of(line.ids);
+fn json(out: &mut Vec<u8>, line: &Shape<'_>, now: SystemTime) {
     out.extend_from_slice(b"{\"timestamp\":\"");
     timestamp(out, now);
-    out.extend_from_slice(b"\",\"level\":\"INFO\",\"message\":\"");
-    out.extend_from_slice(MESSAGE.as_bytes());
+    out.extend_from_slice(b"\",\"level\":\"");
+    out.extend_from_slice(line.level.as_str().as_bytes());
+    out.extend_from_slice(b"\",\"message\":\"");
+    out.extend_from_slice(line.message.as_bytes());
     out.push(b'"');
-    event_fields(line, |name, v| {
+    line.event.each(&mut |name, v| {
         out.push(b',');
         json_field(out, name, v);
     });
     out.extend_from_slice(b",\"target\":\"");
-    out.extend_from_slice(TARGET.as_bytes());
+    out.extend_from_slice(line.target.as_bytes());
     out.extend_from_slice(b"\",\"span\":{");
-    span_fields(line, &hex, |name, v| {
+    line.span.each(&mut |name, v| {
         json_field(out, name, v);
         out.push(b',');
     });
     out.extend_from_slice(b"\"name\":\"request\"}}\n");
 }
 
+/// A field; its name is one of ours, which needs no escaping.
 fn json_field(out: &mut Vec<u8>, name: &str, v: Val<'_>) {
     out.push(b'"');
     out.extend_from_slice(name.as_bytes());
@@ -227,6 +307,7 @@ fn json_field(out: &mut Vec<u8>, name: &str, v: Val<'_>) {
     match v {
         Val::Str(s) | Val::Bare(s) => json_string(out, s),
         Val::Num(n) => out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes()),
+        Val::Show(d) => json_string(out, &d.to_string()),
     }
 }
 
