@@ -78,7 +78,11 @@ where
 }
 
 /// The process's subscriber: the filter, then lines in `format` to `writer`.
-fn subscriber<W>(filter: EnvFilter, format: LogFormat, writer: W) -> Box<dyn Subscriber + Send + Sync>
+fn subscriber<W>(
+    filter: EnvFilter,
+    format: LogFormat,
+    writer: W,
+) -> Box<dyn Subscriber + Send + Sync>
 where
     W: for<'a> MakeWriter<'a> + Send + Sync + 'static,
 {
@@ -236,8 +240,13 @@ mod tests {
 
     impl Shared {
         fn text(&self) -> String {
-            String::from_utf8(self.0.lock().unwrap_or_else(PoisonError::into_inner).clone())
-                .expect("utf-8")
+            String::from_utf8(
+                self.0
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone(),
+            )
+            .expect("utf-8")
         }
     }
 
@@ -334,7 +343,10 @@ mod tests {
         // Equal after the timestamp (27 bytes).
         assert_eq!(ours.len() - 27, theirs.len() - 27, "{ours}{theirs}");
         assert_eq!(ours[27..], theirs[27..]);
-        assert!(ours.contains("gen_ai.request.model=\"gpt-4o\\nmini\""), "{ours}");
+        assert!(
+            ours.contains("gen_ai.request.model=\"gpt-4o\\nmini\""),
+            "{ours}"
+        );
     }
 
     #[test]

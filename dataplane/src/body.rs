@@ -511,7 +511,7 @@ mod tests {
             provider,
             crate::routes::PROXY_TEMPLATE,
             started,
-            tracing::Span::none(),
+            crate::log::RequestLog::new("req-1", None, &http::Method::POST, None),
             None,
         );
         event.first_byte = Some(started + Duration::from_millis(5));

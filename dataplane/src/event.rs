@@ -27,7 +27,6 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-
 use crate::budget::Reservation;
 use crate::journal::Commit;
 use crate::log::{AccessLine, AccessLog, RequestLog};

@@ -346,6 +346,15 @@ const STOPS: [bool; 256] = {
 /// plain runs as they are, each escape on its own.
 pub fn escape_debug(s: &str, mut put: impl FnMut(&str)) {
     let bytes = s.as_bytes();
+    // Most values are plain printable ASCII: one pass without early exit (which the compiler
+    // vectorises) finds that, and the value goes out whole.
+    let plain_ascii = !bytes.iter().fold(false, |stop, &b| {
+        stop | (b < 0x20) | (b == b'"') | (b == b'\\') | (b >= 0x7f)
+    });
+    if plain_ascii {
+        put(s);
+        return;
+    }
     let mut plain = 0;
     let mut i = 0;
     while i < bytes.len() {
