@@ -9,22 +9,27 @@
 //!   sent upstream in `traceparent` (unless the provider's `trace_context` is off), ended with
 //!   the answer's usage, cost and ending.
 //!
-//! Both end exactly once: with the answer's end, else when their last handle is dropped (the
-//! SDK's span ends itself then). With tracing off ([`Tracing`] absent) none of this runs and a
-//! client's own `traceparent` passes upstream untouched.
+//! Both end exactly once: with the answer's end, else when their last handle is dropped. The
+//! spans are our own values ([`span`]), not the SDK's: no `Context`, no boxed tracer on the
+//! request path. With tracing off ([`Tracing`] absent) none of this runs and a client's own
+//! `traceparent` passes upstream untouched.
+
+pub mod proto;
+pub mod span;
 
 use std::borrow::Cow;
+use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
-use opentelemetry::global::BoxedTracer;
+use opentelemetry::Context;
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
 use opentelemetry::trace::{
-    Span as _, SpanContext, SpanKind, Status, TraceContextExt, TraceId, Tracer,
+    SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId, TraceState,
 };
-use opentelemetry::{Context, KeyValue, Value};
 
+use self::span::{Span, Tracer};
 use crate::providers::{Provider, WireFormat};
 
 /// Longest message content put on a span (`OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`).
@@ -33,32 +38,32 @@ pub const MAX_CONTENT_BYTES: usize = 16 * 1024;
 /// The header that tells a client its request's trace id.
 pub const TRACE_ID_HEADER: HeaderName = HeaderName::from_static("nm-trace-id");
 
-/// The dataplane's tracer and propagator. Cheap to clone.
+/// The dataplane's tracer and propagation. Cheap to clone.
 #[derive(Clone)]
 pub struct Tracing {
     inner: Arc<Inner>,
 }
 
 struct Inner {
-    tracer: BoxedTracer,
-    /// Reads a client's context (every format `OTEL_PROPAGATORS` names).
-    propagator: Box<dyn TextMapPropagator + Send + Sync>,
-    /// Whether upstream calls get `traceparent`/`tracestate` (written here, see [`traceparent`]).
+    tracer: Tracer,
+    /// Whether W3C trace context is read from clients and written upstream (`OTEL_PROPAGATORS`
+    /// names `tracecontext`).
     trace_context: bool,
-    /// The other formats written upstream (baggage), when named.
-    other: Option<Box<dyn TextMapPropagator + Send + Sync>>,
+    /// W3C baggage, read from clients and written upstream, when `OTEL_PROPAGATORS` names it.
+    baggage: Option<Box<dyn TextMapPropagator + Send + Sync>>,
     capture_content: bool,
 }
 
-/// The most attributes a SERVER span gets (`server_attributes`, then `attribute` or `signal`,
-/// `respond`, and `error.type` once).
-const SERVER_ATTRIBUTES: usize = 12;
-/// The most attributes a CLIENT span gets (`client_attributes`, `answered`, `end`).
-const CLIENT_ATTRIBUTES: usize = 24;
+/// The room made for a SERVER span's encoded attributes (`server_attributes`, then
+/// `attribute` or `signal`, `respond`, and `error.type`: about 300 bytes) and a CLIENT span's
+/// (`client_attributes`, `answered`, `end`: about 600 bytes without content).
+const SERVER_ATTRIBUTE_BYTES: usize = 384;
+const CLIENT_ATTRIBUTE_BYTES: usize = 768;
 
-/// The headers of W3C trace context.
+/// The headers of W3C trace context and baggage.
 const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
+const BAGGAGE: HeaderName = HeaderName::from_static("baggage");
 
 impl std::fmt::Debug for Tracing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -71,27 +76,27 @@ impl std::fmt::Debug for Tracing {
 /// A request's exported spans, carried in its extensions and then by its answer's body.
 #[derive(Clone, Debug)]
 pub struct RequestTrace {
-    pub server: Context,
-    pub client: Option<Context>,
+    pub server: Span,
+    pub client: Option<Span>,
+    /// The client's baggage, when it sent some and it is propagated.
+    baggage: Option<Context>,
     tracing: Tracing,
 }
 
 impl Tracing {
-    /// `propagator` reads inbound context; upstream calls get W3C trace context when
-    /// `trace_context`, and what `other` writes.
+    /// Upstream calls get W3C trace context when `trace_context` (and clients' is continued),
+    /// and the client's baggage through `baggage`.
     pub fn new(
-        tracer: BoxedTracer,
-        propagator: Box<dyn TextMapPropagator + Send + Sync>,
+        tracer: Tracer,
         trace_context: bool,
-        other: Option<Box<dyn TextMapPropagator + Send + Sync>>,
+        baggage: Option<Box<dyn TextMapPropagator + Send + Sync>>,
         capture_content: bool,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 tracer,
-                propagator,
                 trace_context,
-                other,
+                baggage,
                 capture_content,
             }),
         }
@@ -112,58 +117,114 @@ impl Tracing {
         path: &str,
         request_id: &str,
     ) -> RequestTrace {
-        let parent = self.inner.propagator.extract(&HeaderExtractor(headers));
-        let tracer = &self.inner.tracer;
+        let inner = &self.inner;
+        let parent = if inner.trace_context {
+            extract(headers)
+        } else {
+            None
+        };
+        let baggage = match &inner.baggage {
+            Some(b) if headers.contains_key(BAGGAGE) => {
+                Some(b.extract_with_context(&Context::new(), &HeaderExtractor(headers)))
+            }
+            _ => None,
+        };
         // The sampler decides first (ours read neither name nor attributes): a span that is
-        // not recorded costs no name and no attribute. The empty list handed to the SDK
-        // becomes the span's own, room made once for every attribute it will get.
-        let mut span = tracer
-            .span_builder("")
-            .with_kind(SpanKind::Server)
-            .with_attributes(Vec::with_capacity(SERVER_ATTRIBUTES))
-            .start_with_context(tracer, &parent);
-        if span.is_recording() {
-            span.update_name(server_name(method, route));
-            span.set_attributes(server_attributes(method, route, path, request_id));
-        }
+        // not recorded costs no name and no attribute.
+        let span = inner
+            .tracer
+            .start(parent.as_ref(), SpanKind::Server, SERVER_ATTRIBUTE_BYTES);
+        span.update(|s| {
+            s.name(server_name(method, route));
+            server_attributes(s, method, route, path, request_id);
+        });
         RequestTrace {
-            server: parent.with_span(span),
+            server: span,
             client: None,
+            baggage,
             tracing: self.clone(),
         }
     }
 }
 
+/// The client's W3C trace context, read as the SDK's `TraceContextPropagator` reads it: version
+/// (two hex digits, not `ff`; version 00 has exactly four parts), lower-case trace and span ids
+/// and flags (only `sampled` kept), an invalid `tracestate` read as empty; None unless the ids
+/// are valid.
+pub fn extract(headers: &HeaderMap) -> Option<SpanContext> {
+    let value = headers
+        .get(TRACEPARENT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .trim();
+    let mut parts = value.split_terminator('-');
+    let (Some(version), Some(trace), Some(span), Some(flags)) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return None;
+    };
+    let version = u8::from_str_radix(version, 16).ok()?;
+    if version > 254 || version == 0 && parts.next().is_some() {
+        return None;
+    }
+    let lower = |s: &str| !s.chars().any(|c| c.is_ascii_uppercase());
+    if !lower(trace) {
+        return None;
+    }
+    let trace_id = TraceId::from_hex(trace).ok()?;
+    if !lower(span) {
+        return None;
+    }
+    let span_id = SpanId::from_hex(span).ok()?;
+    if !lower(flags) {
+        return None;
+    }
+    let flags = TraceFlags::new(u8::from_str_radix(flags, 16).ok()?) & TraceFlags::SAMPLED;
+    let state = headers
+        .get(TRACESTATE)
+        .and_then(|v| v.to_str().ok())
+        .map_or_else(TraceState::default, |s| {
+            TraceState::from_str(s).unwrap_or_default()
+        });
+    let cx = SpanContext::new(trace_id, span_id, flags, true, state);
+    cx.is_valid().then_some(cx)
+}
+
+/// `a b` (the spans' names), without the formatting machinery.
+fn joined(a: &str, b: &str) -> String {
+    let mut s = String::with_capacity(a.len() + 1 + b.len());
+    s.push_str(a);
+    s.push(' ');
+    s.push_str(b);
+    s
+}
+
 /// `{method} {route}`, or the method alone for an unknown path.
-fn server_name(method: &Method, route: Option<&'static str>) -> String {
+fn server_name(method: &Method, route: Option<&'static str>) -> Cow<'static, str> {
     let known = known_method(method);
     match route {
-        Some(r) => format!("{known} {r}"),
-        None => known.to_owned(),
+        Some(r) => Cow::Owned(joined(known, r)),
+        None => Cow::Borrowed(known),
     }
 }
 
 fn server_attributes(
+    span: &mut span::Open,
     method: &Method,
     route: Option<&'static str>,
     path: &str,
     request_id: &str,
-) -> Vec<KeyValue> {
+) {
     let known = known_method(method);
-    let mut attributes = Vec::with_capacity(6);
-    attributes.push(KeyValue::new("http.request.method", known));
+    span.str("http.request.method", known);
     if known == "_OTHER" {
-        attributes.push(KeyValue::new(
-            "http.request.method_original",
-            method.as_str().to_owned(),
-        ));
+        span.str("http.request.method_original", method.as_str());
     }
     if let Some(r) = route {
-        attributes.push(KeyValue::new("http.route", r));
+        span.str("http.route", r);
     }
-    attributes.push(KeyValue::new("url.path", path.to_owned()));
-    attributes.push(KeyValue::new("nm.request_id", request_id.to_owned()));
-    attributes
+    span.str("url.path", path);
+    span.str("nm.request_id", request_id);
 }
 
 /// `http.request.method`: the standard methods, else `_OTHER` (the semantic conventions'
@@ -218,17 +279,19 @@ pub struct End<'a> {
 
 impl RequestTrace {
     pub fn trace_id(&self) -> TraceId {
-        self.server.span().span_context().trace_id()
+        self.server.context().trace_id()
     }
 
     /// The context of the span a log line or an upstream call belongs to.
-    pub fn span_context(&self) -> SpanContext {
-        self.client
-            .as_ref()
-            .unwrap_or(&self.server)
-            .span()
-            .span_context()
-            .clone()
+    pub fn span_context(&self) -> &SpanContext {
+        self.client.as_ref().unwrap_or(&self.server).context()
+    }
+
+    /// The SERVER span's context as an OpenTelemetry [`Context`], for what runs under the
+    /// request off its path (a signal's write in the controlplane continues its trace).
+    pub fn context(&self) -> Context {
+        let base = self.baggage.clone().unwrap_or_default();
+        base.with_remote_span_context(self.server.context().clone())
     }
 
     /// What the request record keeps of its trace: the span the record's batch links to (the
@@ -254,7 +317,7 @@ impl RequestTrace {
 
     /// Whether the spans are exported (sampled).
     pub fn is_sampled(&self) -> bool {
-        self.server.span().span_context().is_sampled()
+        self.server.context().is_sampled()
     }
 
     /// Whether prompts and answers go on the spans.
@@ -264,131 +327,106 @@ impl RequestTrace {
 
     /// Attributes known once the request is attributed.
     pub fn attribute(&self, agent: Option<&str>, env: Option<&str>) {
-        let span = self.server.span();
-        if !span.is_recording() {
-            return;
-        }
-        if let Some(a) = agent {
-            span.set_attribute(KeyValue::new("nm.agent", a.to_owned()));
-        }
-        if let Some(e) = env {
-            span.set_attribute(KeyValue::new("nm.env", e.to_owned()));
-        }
+        self.server.update(|span| {
+            if let Some(a) = agent {
+                span.str("nm.agent", a);
+            }
+            if let Some(e) = env {
+                span.str("nm.env", e);
+            }
+        });
     }
 
     /// Attributes of a `POST /v1/signal`.
     pub fn signal(&self, action: &'static str, agent: Option<&str>) {
-        let span = self.server.span();
-        if !span.is_recording() {
-            return;
-        }
-        span.set_attribute(KeyValue::new("nm.signal.action", action));
-        if let Some(a) = agent {
-            span.set_attribute(KeyValue::new("nm.agent", a.to_owned()));
-        }
+        self.server.update(|span| {
+            span.str("nm.signal.action", action);
+            if let Some(a) = agent {
+                span.str("nm.agent", a);
+            }
+        });
     }
 
     /// Links the SERVER span to other traces' spans (a signal's to its session's requests).
     pub fn link(&self, spans: &[nm_types::record::TraceRef]) {
-        let span = self.server.span();
-        for t in spans {
-            span.add_link(
-                SpanContext::new(
-                    TraceId::from_bytes(t.trace_id),
-                    opentelemetry::trace::SpanId::from_bytes(t.span_id),
-                    opentelemetry::trace::TraceFlags::SAMPLED,
-                    true,
-                    opentelemetry::trace::TraceState::default(),
-                ),
-                Vec::new(),
-            );
-        }
+        self.server.update(|span| {
+            for t in spans {
+                span.link(
+                    SpanContext::new(
+                        TraceId::from_bytes(t.trace_id),
+                        SpanId::from_bytes(t.span_id),
+                        TraceFlags::SAMPLED,
+                        true,
+                        TraceState::default(),
+                    ),
+                    Vec::new(),
+                );
+            }
+        });
     }
 
     /// Sets the SERVER span's outcome from the answer's status; an error class for a 5xx
     /// (`error_type` when the gateway made the error, else the status code).
     pub fn respond(&self, status: u16, error_type: Option<&'static str>) {
-        let span = self.server.span();
-        if !span.is_recording() {
-            return;
-        }
-        span.set_attribute(KeyValue::new(
-            "http.response.status_code",
-            i64::from(status),
-        ));
-        if status >= 500 {
-            let error_type: Cow<'static, str> = match error_type {
-                Some(e) => Cow::Borrowed(e),
-                None => Cow::Owned(status.to_string()),
-            };
-            span.set_attribute(KeyValue::new("error.type", error_type));
-            span.set_status(Status::error(""));
-        }
+        self.server.update(|span| {
+            span.int("http.response.status_code", i64::from(status));
+            if status >= 500 {
+                match error_type {
+                    Some(e) => span.str("error.type", e),
+                    None => span.str("error.type", &status.to_string()),
+                }
+                span.status(Status::error(""));
+            }
+        });
     }
 
     /// Marks the SERVER span with the gateway's error code (its 5xx status is set with the
     /// answer).
     pub fn gateway_error(&self, code: &'static str, status: u16) {
         if status >= 500 {
-            self.server
-                .span()
-                .set_attribute(KeyValue::new("error.type", code));
+            self.server.update(|span| span.str("error.type", code));
         }
     }
 
     /// Opens the CLIENT span of the upstream call.
     pub fn call(&mut self, call: &Call<'_>) {
-        let tracer = &self.tracing.inner.tracer;
-        let mut span = tracer
-            .span_builder("")
-            .with_kind(SpanKind::Client)
-            .with_attributes(Vec::with_capacity(CLIENT_ATTRIBUTES))
-            .start_with_context(tracer, &self.server);
-        if span.is_recording() {
-            let (name, attributes) = self.client_attributes(call);
-            span.update_name(name);
-            span.set_attributes(attributes);
-        }
-        self.client = Some(self.server.with_span(span));
+        let span = self.tracing.inner.tracer.start(
+            Some(self.server.context()),
+            SpanKind::Client,
+            CLIENT_ATTRIBUTE_BYTES,
+        );
+        span.update(|span| self.client_attributes(span, call));
+        self.client = Some(span);
     }
 
     /// The CLIENT span's name and first attributes.
-    fn client_attributes(&self, call: &Call<'_>) -> (String, Vec<KeyValue>) {
+    fn client_attributes(&self, span: &mut span::Open, call: &Call<'_>) {
         let operation = operation_name(call.provider.format, call.native_path);
-        let name = match (operation, call.model) {
-            (Some(op), Some(model)) => format!("{op} {model}"),
-            (Some(op), None) => op.to_owned(),
-            (None, _) => known_method(call.method).to_owned(),
+        let name: Cow<'static, str> = match (operation, call.model) {
+            (Some(op), Some(model)) => Cow::Owned(joined(op, model)),
+            (Some(op), None) => Cow::Borrowed(op),
+            (None, _) => Cow::Borrowed(known_method(call.method)),
         };
+        span.name(name);
         let provider = call.provider;
-        let mut attributes = Vec::with_capacity(10);
         if let Some(op) = operation {
-            attributes.push(KeyValue::new("gen_ai.operation.name", op));
+            span.str("gen_ai.operation.name", op);
         }
-        attributes.push(KeyValue::new(
-            "gen_ai.provider.name",
-            Value::String(provider.system.clone().into()),
-        ));
+        span.str("gen_ai.provider.name", &provider.system);
         if let Some(m) = call.model {
-            attributes.push(KeyValue::new("gen_ai.request.model", m.to_owned()));
+            span.str("gen_ai.request.model", m);
         }
         if let Some(t) = call.max_tokens {
-            attributes.push(KeyValue::new(
+            span.int(
                 "gen_ai.request.max_tokens",
                 i64::try_from(t).unwrap_or(i64::MAX),
-            ));
+            );
         }
         if let Some(s) = call.session {
-            attributes.push(KeyValue::new("gen_ai.conversation.id", s.to_owned()));
+            span.str("gen_ai.conversation.id", s);
         }
-        attributes.push(KeyValue::new(
-            "http.request.method",
-            known_method(call.method),
-        ));
-        attributes.push(KeyValue::new(
-            "server.address",
-            provider.authority.host().to_owned(),
-        ));
+        span.str("http.request.method", known_method(call.method));
+        span.str("server.address", provider.authority.host());
         let port = provider.authority.port_u16().unwrap_or(
             if provider.scheme == http::uri::Scheme::HTTPS {
                 443
@@ -396,22 +434,20 @@ impl RequestTrace {
                 80
             },
         );
-        attributes.push(KeyValue::new("server.port", i64::from(port)));
+        span.int("server.port", i64::from(port));
         if self.tracing.inner.capture_content {
-            attributes.push(KeyValue::new("gen_ai.input.messages", capped(call.body)));
+            span.str("gen_ai.input.messages", &capped(call.body));
         }
-        (name, attributes)
     }
 
     /// Writes the CLIENT span's context into the upstream request, in place of the client's own
     /// (the formats `OTEL_PROPAGATORS` names; with none, the client's headers pass untouched).
     pub fn inject(&self, headers: &mut HeaderMap) {
-        let Some(cx) = &self.client else {
+        let Some(client) = &self.client else {
             return;
         };
         let inner = &self.tracing.inner;
-        let span = cx.span();
-        let sc = span.span_context();
+        let sc = client.context();
         if inner.trace_context && sc.is_valid() {
             if let Ok(v) = HeaderValue::from_bytes(&traceparent(sc)) {
                 headers.insert(TRACEPARENT, v);
@@ -427,43 +463,40 @@ impl RequestTrace {
                 }
             }
         }
-        if let Some(other) = &inner.other {
-            other.inject_context(cx, &mut HeaderInjector(headers));
+        if let (Some(propagator), Some(cx)) = (&inner.baggage, &self.baggage) {
+            propagator.inject_context(cx, &mut HeaderInjector(headers));
         }
     }
 
     /// Ends the CLIENT span of a call that got no answer (refused, timed out, unreachable).
     pub fn call_failed(&mut self, error_type: &'static str) {
-        if let Some(cx) = self.client.take() {
-            let span = cx.span();
-            span.set_attribute(KeyValue::new("error.type", error_type));
-            span.set_status(Status::error(""));
+        if let Some(span) = self.client.take() {
+            span.update(|span| {
+                span.str("error.type", error_type);
+                span.status(Status::error(""));
+            });
             span.end();
         }
     }
 
     /// The answer's head arrived.
     pub fn answered(&self, status: u16, streamed: bool) {
-        if let Some(cx) = &self.client {
-            let span = cx.span();
-            if span.is_recording() {
-                span.set_attribute(KeyValue::new(
-                    "http.response.status_code",
-                    i64::from(status),
-                ));
-                span.set_attribute(KeyValue::new("gen_ai.request.stream", streamed));
-            }
+        if let Some(span) = &self.client {
+            span.update(|span| {
+                span.int("http.response.status_code", i64::from(status));
+                span.bool("gen_ai.request.stream", streamed);
+            });
         }
     }
 
     /// Ends both spans at the answer's end, with what the answer reported.
     pub fn end(self, end: &End<'_>) {
-        if !self.server.span().is_recording() {
+        if !self.server.is_recording() {
             // Nothing to say on spans that are not recorded; ending them is all.
-            if let Some(cx) = &self.client {
-                cx.span().end_with_timestamp(end.at);
+            if let Some(span) = &self.client {
+                span.end_at(end.at);
             }
-            self.server.span().end_with_timestamp(end.at);
+            self.server.end_at(end.at);
             return;
         }
         let error_type = match end.outcome {
@@ -472,80 +505,67 @@ impl RequestTrace {
             Outcome::UpstreamAborted => Some(Cow::Borrowed("upstream_aborted")),
             Outcome::ClientDisconnected => Some(Cow::Borrowed("client_disconnected")),
         };
-        if let Some(cx) = &self.client {
-            let span = cx.span();
-            let u = end.usage;
-            let mut attributes = Vec::with_capacity(12);
-            if let Some(m) = &u.model {
-                attributes.push(KeyValue::new("gen_ai.response.model", m.clone()));
-            }
-            if let Some(id) = &u.response_id {
-                attributes.push(KeyValue::new("gen_ai.response.id", id.clone()));
-            }
-            if let Some(r) = &u.finish_reason {
-                attributes.push(KeyValue::new(
-                    "gen_ai.response.finish_reasons",
-                    Value::Array(vec![opentelemetry::StringValue::from(r.clone())].into()),
-                ));
-            }
-            let count = |key: &'static str, n: Option<u64>, out: &mut Vec<KeyValue>| {
-                if let Some(n) = n {
-                    out.push(KeyValue::new(key, i64::try_from(n).unwrap_or(i64::MAX)));
-                }
-            };
-            count("gen_ai.usage.input_tokens", u.input_tokens, &mut attributes);
-            count(
-                "gen_ai.usage.output_tokens",
-                u.output_tokens,
-                &mut attributes,
-            );
-            count(
-                "gen_ai.usage.cache_read.input_tokens",
-                u.cached_input_tokens,
-                &mut attributes,
-            );
-            count(
-                "gen_ai.usage.cache_creation.input_tokens",
-                u.cache_write_tokens,
-                &mut attributes,
-            );
-            count(
-                "gen_ai.usage.reasoning.output_tokens",
-                u.reasoning_tokens,
-                &mut attributes,
-            );
-            if let Some(c) = end.cost_micros {
-                attributes.push(KeyValue::new("nm.cost.usd", c as f64 / 1e6));
-            }
-            if end.streamed
-                && let Some(t) = end.time_to_first_chunk
-            {
-                attributes.push(KeyValue::new(
-                    "gen_ai.response.time_to_first_chunk",
-                    t.as_secs_f64(),
-                ));
-            }
-            if let Some(e) = &error_type {
-                attributes.push(KeyValue::new("error.type", e.clone()));
-            }
-            if let Some(output) = end.output {
-                attributes.push(KeyValue::new("gen_ai.output.messages", capped(output)));
-            }
-            span.set_attributes(attributes);
-            if error_type.is_some() {
-                span.set_status(Status::error(""));
-            }
-            span.end_with_timestamp(end.at);
+        if let Some(client) = &self.client {
+            client.update(|span| client_end(span, end, error_type.as_ref()));
+            client.end_at(end.at);
         }
-        let server = self.server.span();
         if end.outcome != Outcome::Complete {
             // The answer the client saw was cut short: an error whatever its status said.
-            if let Some(e) = error_type {
-                server.set_attribute(KeyValue::new("error.type", e));
-            }
-            server.set_status(Status::error(""));
+            self.server.update(|span| {
+                if let Some(e) = &error_type {
+                    span.str("error.type", e);
+                }
+                span.status(Status::error(""));
+            });
         }
-        server.end_with_timestamp(end.at);
+        self.server.end_at(end.at);
+    }
+}
+
+/// The CLIENT span's last attributes: the answer's usage, cost and ending.
+fn client_end(span: &mut span::Open, end: &End<'_>, error_type: Option<&Cow<'static, str>>) {
+    let u = end.usage;
+    if let Some(m) = &u.model {
+        span.str("gen_ai.response.model", m);
+    }
+    if let Some(id) = &u.response_id {
+        span.str("gen_ai.response.id", id);
+    }
+    if let Some(r) = &u.finish_reason {
+        span.strs("gen_ai.response.finish_reasons", &[r.as_str()]);
+    }
+    let mut count = |key: &'static str, n: Option<u64>| {
+        if let Some(n) = n {
+            span.int(key, i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    };
+    count("gen_ai.usage.input_tokens", u.input_tokens);
+    count("gen_ai.usage.output_tokens", u.output_tokens);
+    count(
+        "gen_ai.usage.cache_read.input_tokens",
+        u.cached_input_tokens,
+    );
+    count(
+        "gen_ai.usage.cache_creation.input_tokens",
+        u.cache_write_tokens,
+    );
+    count("gen_ai.usage.reasoning.output_tokens", u.reasoning_tokens);
+    if let Some(c) = end.cost_micros {
+        span.float("nm.cost.usd", c as f64 / 1e6);
+    }
+    if end.streamed
+        && let Some(t) = end.time_to_first_chunk
+    {
+        span.float("gen_ai.response.time_to_first_chunk", t.as_secs_f64());
+    }
+    if let Some(e) = error_type {
+        span.str("error.type", e);
+    }
+    if let Some(output) = end.output {
+        span.str("gen_ai.output.messages", &capped(output));
+    }
+    if error_type.is_some() {
+        span.status(Status::error(""));
     }
 }
 

@@ -274,7 +274,7 @@ pub async fn handle(
     let submitted = match &trace {
         Some(t) => {
             // The controlplane's spans continue this request's trace.
-            submitted.with_context(t.server.clone()).await
+            submitted.with_context(t.context()).await
         }
         None => submitted.await,
     };

@@ -1,63 +1,51 @@
-//! The span processor: ended spans go into a bounded queue on the request path (never waiting:
-//! a full queue drops the span and counts it), and one thread of its own exports them in
-//! batches. The thread runs its own single-threaded Tokio runtime, which both OTLP transports
+//! The export of spans: ended spans go into a bounded queue on the request path
+//! ([`SpanQueue`], never waiting: a full queue drops the span and counts it), and one thread of
+//! its own exports them in batches. The thread runs its own single-threaded Tokio runtime, which both OTLP transports
 //! need (tonic's channel, hyper's HTTP client), so a slow, dead or hanging collector only ever
 //! delays that thread.
 //!
 //! Like the SDK's batch processor, the request path does not wake the thread for each span: a
 //! span only joins the queue; the thread wakes on its schedule, when a batch is full, or to
-//! flush and shut down. Unlike it, drops are counted where the operator sees them
+//! shut down. Unlike it, drops are counted where the operator sees them
 //! (`nm_otel_spans_dropped_total`, reasons `queue_full` and `export_failed`), and a batch is
 //! encoded straight into OTLP protobuf ([`super::otlp`]) in a buffer the thread reuses, then sent
 //! ([`super::transport`]).
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use nm_dataplane::otel::span::{Backlog, SpanData, SpanQueue};
 use nm_types::throttle::Throttle;
-use opentelemetry::Context;
-use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
-use opentelemetry_sdk::trace::{Span, SpanData, SpanProcessor};
 
 use super::otlp::Encoder;
 use super::transport::Sender;
 use super::wire::BuildError;
 
-/// Counts spans that were not exported, by reason.
-pub type DropCounter = Arc<dyn Fn(&'static str, u64) + Send + Sync>;
+pub use nm_dataplane::otel::span::DropCounter;
 
 /// What the export thread is asked to do besides its schedule.
 enum Control {
     /// A batch's worth is queued.
     Batch,
-    Resource(Resource),
-    Flush(mpsc::Sender<()>),
     Shutdown(mpsc::Sender<()>),
 }
 
-pub struct Batching {
-    spans: SyncSender<SpanData>,
+/// The export thread, to shut down; spans reach it through the [`SpanQueue`] [`start`] returns
+/// with it.
+pub struct Exporter {
     control: SyncSender<Control>,
-    queued: Arc<AtomicUsize>,
-    batch_asked: Arc<AtomicBool>,
-    batch: usize,
-    drops: DropCounter,
-    thread: Mutex<Option<JoinHandle<()>>>,
-    /// Longest wait for a flush or the shutdown (the export timeout and a margin).
+    thread: JoinHandle<()>,
+    /// Longest wait for the shutdown (the export timeout and a margin).
     patience: Duration,
 }
 
-impl std::fmt::Debug for Batching {
+impl std::fmt::Debug for Exporter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Batching")
-            .field("queued", &self.queued.load(Ordering::Relaxed))
-            .field("batch", &self.batch)
-            .finish_non_exhaustive()
+        f.debug_struct("Exporter").finish_non_exhaustive()
     }
 }
 
@@ -69,101 +57,81 @@ pub struct Schedule {
     pub timeout: Duration,
 }
 
-impl Batching {
-    /// Starts the export thread; `make` builds the sender on it, inside its runtime.
-    pub fn start<F>(schedule: Schedule, make: F, drops: DropCounter) -> std::io::Result<Self>
-    where
-        F: FnOnce() -> Result<Sender, BuildError> + Send + 'static,
-    {
-        let (spans, span_rx) = mpsc::sync_channel(schedule.queue);
-        // Control messages are few; a small buffer keeps `Batch` from ever waiting.
-        let (control, control_rx) = mpsc::sync_channel(16);
-        let queued = Arc::new(AtomicUsize::new(0));
-        let batch_asked = Arc::new(AtomicBool::new(false));
-        let worker = Worker {
-            spans: span_rx,
-            control: control_rx,
-            queued: queued.clone(),
-            batch_asked: batch_asked.clone(),
-            batch: schedule.batch,
-            delay: schedule.delay,
-            timeout: schedule.timeout,
-            drops: drops.clone(),
-            failing: false,
-            pending: Vec::new(),
-            encoder: Encoder::default(),
-            buffer: Vec::new(),
-        };
-        let thread = std::thread::Builder::new()
-            .name("nm-otel-export".to_owned())
-            .spawn(move || worker.run(make))?;
-        Ok(Self {
-            spans,
-            control,
-            queued,
-            batch_asked,
-            batch: schedule.batch,
-            drops,
-            thread: Mutex::new(Some(thread)),
-            patience: schedule.timeout + Duration::from_secs(1),
-        })
-    }
+/// The export thread gave no answer in time, or is gone.
+#[derive(Debug, thiserror::Error)]
+#[error("the OpenTelemetry export thread did not answer within {0:?}")]
+pub struct NoAnswer(Duration);
 
-    /// Sends a control message and waits (bounded) for its answer.
-    fn ask(&self, make: impl FnOnce(mpsc::Sender<()>) -> Control) -> OTelSdkResult {
-        let (tx, rx) = mpsc::channel();
-        self.control
-            .send(make(tx))
-            .map_err(|_| OTelSdkError::AlreadyShutdown)?;
-        rx.recv_timeout(self.patience)
-            .map_err(|_| OTelSdkError::Timeout(self.patience))
-    }
+/// Starts the export thread, which encodes with `encoder` and sends with what `make` builds on
+/// it, inside its runtime; returns the queue spans are ended into, and the thread's handle.
+pub fn start<F>(
+    schedule: Schedule,
+    encoder: Encoder,
+    make: F,
+    drops: DropCounter,
+) -> std::io::Result<(SpanQueue, Exporter)>
+where
+    F: FnOnce() -> Result<Sender, BuildError> + Send + 'static,
+{
+    let (spans, span_rx) = mpsc::sync_channel(schedule.queue);
+    // Control messages are few; a small buffer keeps `Batch` from ever waiting.
+    let (control, control_rx) = mpsc::sync_channel(16);
+    let backlog = Arc::new(Backlog::default());
+    let worker = Worker {
+        spans: span_rx,
+        control: control_rx,
+        backlog: backlog.clone(),
+        batch: schedule.batch,
+        delay: schedule.delay,
+        timeout: schedule.timeout,
+        drops: drops.clone(),
+        failing: false,
+        pending: Vec::new(),
+        encoder,
+        buffer: Vec::new(),
+    };
+    let thread = std::thread::Builder::new()
+        .name("nm-otel-export".to_owned())
+        .spawn(move || worker.run(make))?;
+    let wake = control.clone();
+    let queue = SpanQueue {
+        spans,
+        backlog,
+        batch: schedule.batch,
+        wake: Box::new(move || {
+            let _ = wake.try_send(Control::Batch);
+        }),
+        drops,
+    };
+    let exporter = Exporter {
+        control,
+        thread,
+        patience: schedule.timeout + Duration::from_secs(1),
+    };
+    Ok((queue, exporter))
 }
 
-impl SpanProcessor for Batching {
-    fn on_start(&self, _span: &mut Span, _cx: &Context) {}
-
-    fn on_end(&self, span: SpanData) {
-        if !span.span_context.is_sampled() {
-            return;
-        }
-        match self.spans.try_send(span) {
-            Ok(()) => {
-                let queued = self.queued.fetch_add(1, Ordering::Relaxed) + 1;
-                if queued >= self.batch && !self.batch_asked.swap(true, Ordering::Relaxed) {
-                    let _ = self.control.try_send(Control::Batch);
-                }
-            }
-            Err(TrySendError::Full(_)) => (self.drops)("queue_full", 1),
-            Err(TrySendError::Disconnected(_)) => {}
-        }
-    }
-
-    fn force_flush(&self) -> OTelSdkResult {
-        self.ask(Control::Flush)
-    }
-
-    fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
-        let answered = self.ask(Control::Shutdown);
-        let thread = self.thread.lock().ok().and_then(|mut t| t.take());
-        if answered.is_ok()
-            && let Some(t) = thread
-        {
-            let _ = t.join();
+impl Exporter {
+    /// Exports what is queued and stops the thread; blocks until done (or the export timeout).
+    pub fn shutdown(self) -> Result<(), NoAnswer> {
+        let (tx, rx) = mpsc::channel();
+        let answered = match self.control.send(Control::Shutdown(tx)) {
+            Ok(()) => rx
+                .recv_timeout(self.patience)
+                .map_err(|_| NoAnswer(self.patience)),
+            Err(_) => Err(NoAnswer(Duration::ZERO)),
+        };
+        if answered.is_ok() {
+            let _ = self.thread.join();
         }
         answered
-    }
-
-    fn set_resource(&mut self, resource: &Resource) {
-        let _ = self.control.send(Control::Resource(resource.clone()));
     }
 }
 
 struct Worker {
     spans: Receiver<SpanData>,
     control: Receiver<Control>,
-    queued: Arc<AtomicUsize>,
-    batch_asked: Arc<AtomicBool>,
+    backlog: Arc<Backlog>,
     batch: usize,
     delay: Duration,
     timeout: Duration,
@@ -210,13 +178,8 @@ impl Worker {
             let wait = next.saturating_duration_since(Instant::now());
             match self.control.recv_timeout(wait) {
                 Ok(Control::Batch) => {
-                    self.batch_asked.store(false, Ordering::Relaxed);
+                    self.backlog.batch_asked.store(false, Ordering::Relaxed);
                     self.export_queued(&runtime, exporter.as_ref());
-                }
-                Ok(Control::Resource(r)) => self.encoder.set_resource(&r),
-                Ok(Control::Flush(done)) => {
-                    self.export_queued(&runtime, exporter.as_ref());
-                    let _ = done.send(());
                 }
                 Ok(Control::Shutdown(done)) => {
                     self.export_queued(&runtime, exporter.as_ref());
@@ -248,7 +211,7 @@ impl Worker {
             if n == 0 {
                 return;
             }
-            self.queued.fetch_sub(n, Ordering::Relaxed);
+            self.backlog.queued.fetch_sub(n, Ordering::Relaxed);
             let full = n == self.batch;
             let exported = match exporter {
                 Some(e) => {

@@ -1,14 +1,18 @@
-//! OpenTelemetry: the SDK and the OTLP exporter, set up from [`settings`] for one process shape.
+//! OpenTelemetry: the tracer and the OTLP exporter, set up from [`settings`] for one process
+//! shape.
 //!
 //! Nothing here is global: each started shape ([`crate::app`]) builds its own [`Telemetry`]
 //! (so tests can run several in one process, each with its own `service.name`), hands its
-//! tracer to the halves, and shuts it down last, flushing what is queued.
+//! tracer to the halves, and shuts it down last, exporting what is queued.
 //!
-//! Spans are made by the OpenTelemetry SDK (sampling, ids, limits, context) and leave through
-//! [`export::Batching`], a bounded queue and an export thread of its own: the request path never
-//! waits on the collector, and what cannot be queued or exported is counted
-//! (`nm_otel_spans_dropped_total`). The thread encodes each batch straight into OTLP protobuf
-//! ([`otlp`]) and sends it over gRPC ([`grpc`]) or HTTP ([`http`]) ([`transport`]).
+//! Spans are the gateway's own values (`nm_dataplane::otel::span`: ids, sampling, limits as the
+//! OpenTelemetry SDK had them): the request path makes them directly, everything else (the
+//! controlplane's database spans, the link's) through the OpenTelemetry API (`BoxedTracer`,
+//! `Context`) over the same tracer. Ended spans leave through a bounded queue and an export
+//! thread of its own ([`export`]): the request path never waits on the collector, and what
+//! cannot be queued or exported is counted (`nm_otel_spans_dropped_total`). The thread encodes
+//! each batch straight into OTLP protobuf ([`otlp`]) and sends it over gRPC ([`grpc`]) or HTTP
+//! ([`http`]) ([`transport`]). The SDK is left with the resource and the propagators.
 
 pub mod export;
 pub mod grpc;
@@ -22,23 +26,25 @@ pub mod wire;
 use opentelemetry::InstrumentationScope;
 use opentelemetry::KeyValue;
 use opentelemetry::global::BoxedTracer;
-use opentelemetry::propagation::{TextMapCompositePropagator, TextMapPropagator};
-use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::propagation::{BaggagePropagator, TraceContextPropagator};
-use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
+use opentelemetry_sdk::propagation::BaggagePropagator;
 
-use self::export::{Batching, DropCounter, Schedule};
+use nm_dataplane::otel::span::{self, Tracer};
+
+use self::export::{DropCounter, Exporter, Schedule};
+use self::otlp::Encoder;
 use self::settings::{Export, Root};
 use self::transport::Sender;
 
 /// The instrumentation scope of every span the gateway makes.
 pub const SCOPE: &str = "nm-gateway";
 
-/// A process shape's tracer provider.
+/// A process shape's tracer and export thread.
 #[derive(Debug)]
 pub struct Telemetry {
-    provider: SdkTracerProvider,
+    tracer: Tracer,
+    exporter: Exporter,
     export: Export,
 }
 
@@ -52,16 +58,6 @@ impl Telemetry {
     ) -> std::io::Result<Self> {
         let config = export.clone();
         let make = move || Sender::new(&config);
-        let processor = Batching::start(
-            Schedule {
-                queue: export.queue,
-                batch: export.batch,
-                delay: export.schedule_delay,
-                timeout: export.timeout,
-            },
-            make,
-            drops,
-        )?;
         let service = export
             .service_name
             .clone()
@@ -79,47 +75,42 @@ impl Telemetry {
             .with_service_name(service)
             .with_attribute(KeyValue::new("service.version", crate::VERSION))
             .build();
-        let provider = SdkTracerProvider::builder()
-            .with_span_processor(processor)
-            .with_sampler(sampler(export.sampler))
-            .with_resource(resource)
-            .build();
-        tracing::info!(endpoint = %export.endpoint, protocol = ?export.protocol, "exporting traces over OTLP");
-        Ok(Self {
-            provider,
-            export: export.clone(),
-        })
-    }
-
-    /// A tracer for the gateway's spans.
-    pub fn tracer(&self) -> BoxedTracer {
         let scope = InstrumentationScope::builder(SCOPE)
             .with_version(crate::VERSION)
             .with_schema_url("https://opentelemetry.io/schemas/1.37.0")
             .build();
-        BoxedTracer::new(Box::new(self.provider.tracer_with_scope(scope)))
+        let (queue, exporter) = export::start(
+            Schedule {
+                queue: export.queue,
+                batch: export.batch,
+                delay: export.schedule_delay,
+                timeout: export.timeout,
+            },
+            Encoder::new(&resource, &scope),
+            make,
+            drops,
+        )?;
+        tracing::info!(endpoint = %export.endpoint, protocol = ?export.protocol, "exporting traces over OTLP");
+        Ok(Self {
+            tracer: Tracer::new(sampler(export.sampler), queue),
+            exporter,
+            export: export.clone(),
+        })
     }
 
-    /// The propagators `OTEL_PROPAGATORS` names (W3C trace context and baggage by default).
-    pub fn propagator(&self) -> Box<dyn TextMapPropagator + Send + Sync> {
-        let mut parts: Vec<Box<dyn TextMapPropagator + Send + Sync>> = Vec::new();
-        if self.export.propagators.tracecontext {
-            parts.push(Box::new(TraceContextPropagator::new()));
-        }
-        if self.export.propagators.baggage {
-            parts.push(Box::new(BaggagePropagator::new()));
-        }
-        Box::new(TextMapCompositePropagator::new(parts))
+    /// The tracer, through the OpenTelemetry API (for the spans made off the request path).
+    pub fn tracer(&self) -> BoxedTracer {
+        BoxedTracer::new(Box::new(self.tracer.clone()))
     }
 
-    /// The dataplane's handle.
+    /// The dataplane's handle: the tracer, and the propagation `OTEL_PROPAGATORS` names (W3C
+    /// trace context and baggage by default).
     pub fn dataplane(&self) -> nm_dataplane::otel::Tracing {
         let p = self.export.propagators;
         let baggage: Option<Box<dyn TextMapPropagator + Send + Sync>> =
             p.baggage.then(|| Box::new(BaggagePropagator::new()) as _);
         nm_dataplane::otel::Tracing::new(
-            self.tracer(),
-            self.propagator(),
+            self.tracer.clone(),
             p.tracecontext,
             baggage,
             self.export.capture_content,
@@ -131,27 +122,31 @@ impl Telemetry {
         link::LinkTracing::new(self.tracer())
     }
 
-    /// Exports what is queued and stops the export thread. The SDK's shutdown blocks, so it
-    /// runs off the runtime's threads.
+    /// Exports what is queued and stops the export thread. That blocks, so it runs off the
+    /// runtime's threads.
     pub async fn shutdown(self) {
-        let provider = self.provider;
-        let done = tokio::task::spawn_blocking(move || provider.shutdown()).await;
+        let exporter = self.exporter;
+        let done = tokio::task::spawn_blocking(move || exporter.shutdown()).await;
         if let Ok(Err(e)) = done {
             tracing::warn!(error = %e, "OpenTelemetry shutdown did not finish cleanly");
         }
     }
 }
 
-fn sampler(s: settings::Sampler) -> Sampler {
+fn sampler(s: settings::Sampler) -> span::Sampler {
     let root = |r: Root| match r {
-        Root::AlwaysOn => Sampler::AlwaysOn,
-        Root::AlwaysOff => Sampler::AlwaysOff,
-        Root::Ratio(r) => Sampler::TraceIdRatioBased(r),
+        Root::AlwaysOn => span::Root::AlwaysOn,
+        Root::AlwaysOff => span::Root::AlwaysOff,
+        Root::Ratio(r) => span::Root::Ratio(r),
     };
     match s {
-        settings::Sampler::AlwaysOn => Sampler::AlwaysOn,
-        settings::Sampler::AlwaysOff => Sampler::AlwaysOff,
-        settings::Sampler::Ratio(r) => Sampler::TraceIdRatioBased(r),
-        settings::Sampler::ParentBased(r) => Sampler::ParentBased(Box::new(root(r))),
+        settings::Sampler::AlwaysOn => span::Sampler::AlwaysOn,
+        settings::Sampler::AlwaysOff => span::Sampler::AlwaysOff,
+        settings::Sampler::Ratio(r) => span::Sampler::Ratio(r),
+        settings::Sampler::ParentBased(r) => span::Sampler::ParentBased(root(r)),
     }
 }
+
+#[cfg(test)]
+#[path = "tracer_tests.rs"]
+mod tracer_tests;

@@ -163,8 +163,7 @@ where
             // A body of the gateway's own is already complete: the span ends with this answer.
             // A proxied body holds the span until its last byte.
             if matches!(resp.body(), GatewayBody::Full { .. }) {
-                use opentelemetry::trace::TraceContextExt;
-                trace.server.span().end();
+                trace.server.end();
             }
         }
         Poll::Ready(out)
