@@ -93,7 +93,7 @@ impl AccessLog {
     }
 
     /// Writes a line of a request's own (the caller checked the filter).
-    pub(crate) fn write_shape(&self, shape: &Shape<'_>) {
+    pub(crate) fn write_shape<S: Fields, E: Fields>(&self, shape: &Shape<'_, S, E>) {
         let Some(lines) = &self.lines else {
             return;
         };
@@ -135,22 +135,22 @@ pub enum Val<'a> {
 
 /// The fields of a line, its span's or its own, handed to `f` in order.
 pub(crate) trait Fields {
-    fn each<'a>(&'a self, f: &mut dyn FnMut(&'static str, Val<'a>));
+    fn each<'a>(&'a self, f: &mut impl FnMut(&'static str, Val<'a>));
 }
 
 /// A line in the `request` span, laid out as `tracing`'s formatters lay out an event in a span.
-pub(crate) struct Shape<'a> {
+pub(crate) struct Shape<'a, S, E> {
     pub level: tracing::Level,
     /// Ours, written as they are (no escaping).
     pub target: &'static str,
     pub message: &'static str,
     /// The `request` span's fields.
-    pub span: &'a dyn Fields,
+    pub span: &'a S,
     /// The line's own fields, after its message.
-    pub event: &'a dyn Fields,
+    pub event: &'a E,
 }
 
-impl Shape<'_> {
+impl<S: Fields, E: Fields> Shape<'_, S, E> {
     /// Writes the line at `now` into `out`, newline included.
     pub(crate) fn write(&self, out: &mut Vec<u8>, format: LogFormat, now: SystemTime) {
         match format {
@@ -168,7 +168,7 @@ struct AccessSpan<'a> {
 }
 
 impl Fields for AccessSpan<'_> {
-    fn each<'a>(&'a self, f: &mut dyn FnMut(&'static str, Val<'a>)) {
+    fn each<'a>(&'a self, f: &mut impl FnMut(&'static str, Val<'a>)) {
         let r = self.line.record;
         f("nm.request_id", Val::Str(&r.request_id));
         if let Some((trace, span)) = &self.hex.0 {
@@ -210,7 +210,7 @@ impl Fields for AccessSpan<'_> {
 
 /// The access line's own fields, after its message.
 impl Fields for AccessLine<'_> {
-    fn each<'a>(&'a self, f: &mut dyn FnMut(&'static str, Val<'a>)) {
+    fn each<'a>(&'a self, f: &mut impl FnMut(&'static str, Val<'a>)) {
         let r = self.record;
         f("http.response.status_code", Val::Num(r.status.into()));
         f("latency_ms", Val::Num(r.latency_ms));
@@ -221,7 +221,7 @@ impl Fields for AccessLine<'_> {
 
 /// `2026-11-28T20:31:28.123456Z  INFO request{nm.request_id="…" …}: nm_dataplane::event:
 /// request completed http.response.status_code=200 latency_ms=3 bytes=314 ending=Complete`
-fn text(out: &mut Vec<u8>, line: &Shape<'_>, now: SystemTime) {
+fn text<S: Fields, E: Fields>(out: &mut Vec<u8>, line: &Shape<'_, S, E>, now: SystemTime) {
     timestamp(out, now);
     out.push(b' ');
     // The level right-aligned in five columns, as the text formatter pads it.
@@ -277,7 +277,7 @@ fn text_field(out: &mut Vec<u8>, name: &str, v: Val<'_>) {
 /// `{"timestamp":"…","level":"INFO","message":"request completed",<fields>,"target":"…",
 /// "span":{<span fields>,"name":"request"}}`, the layout of the JSON formatter with the event
 /// flattened and the current span.
-fn json(out: &mut Vec<u8>, line: &Shape<'_>, now: SystemTime) {
+fn json<S: Fields, E: Fields>(out: &mut Vec<u8>, line: &Shape<'_, S, E>, now: SystemTime) {
     out.extend_from_slice(b"{\"timestamp\":\"");
     timestamp(out, now);
     out.extend_from_slice(b"\",\"level\":\"");

@@ -117,7 +117,7 @@ struct Span<'a> {
 }
 
 impl Fields for Span<'_> {
-    fn each<'a>(&'a self, f: &mut dyn FnMut(&'static str, Val<'a>)) {
+    fn each<'a>(&'a self, f: &mut impl FnMut(&'static str, Val<'a>)) {
         let (i, k) = (self.inner, self.known);
         f("nm.request_id", Val::Str(&i.request_id));
         if let Some((trace, span)) = &self.hex {
@@ -151,7 +151,7 @@ impl Fields for Span<'_> {
 struct Own<'f, 'a>(&'f LineFields<'a>);
 
 impl Fields for Own<'_, '_> {
-    fn each<'a>(&'a self, f: &mut dyn FnMut(&'static str, Val<'a>)) {
+    fn each<'a>(&'a self, f: &mut impl FnMut(&'static str, Val<'a>)) {
         for (name, v) in self.0 {
             f(name, *v);
         }
