@@ -13,6 +13,8 @@
 //! - from the requests: the model and provider (kept only when every request of the session used
 //!   the same one), env, end user, known cost, slowest time to first byte, number of requests.
 //!   A session with exactly one request is that request's outcome: the signals tie to it.
+//!   A "session" here is an outcome *unit* ([`super::rollup`]): a session, or an answer that
+//!   signals name (`request_id`), which has exactly that request's model.
 //!
 //! Grouping every signal and request of a large agent by session is too slow (one agent with a
 //! million of each: ~10 s), so the statements read that table mostly from `session_rollups`

@@ -709,3 +709,59 @@ async fn sqlite_groups_rollup_rows_in_index_order() {
         assert_eq!(rollup_reads.len(), 1, "{plan:#?}");
     }
 }
+
+// === m0008: signals that name an answer ===
+
+/// A database of the schema before m0008 (its signals name sessions only) moves over: every
+/// signal keeps its session and names no answer, the rollup is the one a database of the new
+/// schema keeps for the same rows, and the analytics answer as from the raw rows.
+async fn m0008_moves_an_existing_database_over(before_url: &str, kept_url: &str) {
+    let steps = traffic_with(11, 200, false);
+    let db = Database::connect(before_url).await.unwrap();
+    // m0001 ..= m0007: the schema every database had before signals could name an answer.
+    Migrator::up(&db, Some(7)).await.unwrap();
+    insert_rows(&db, &steps, true).await;
+    db.close().await.unwrap();
+    let migrated = Store::connect(before_url).await.unwrap();
+    let kept = Store::connect(kept_url).await.unwrap();
+    insert_rows(kept.conn(), &steps, true).await;
+    let row = migrated
+        .conn()
+        .query_one_raw(
+            Sql::new(
+                migrated.backend(),
+                "SELECT COUNT(*) AS n FROM signals WHERE request_id IS NOT NULL",
+            )
+            .build(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(crate::sql::count(&row, "n").unwrap(), 0);
+    let (want, got) = (rollup_rows(&kept).await, rollup_rows(&migrated).await);
+    assert!(want.len() > 50, "{} rollup rows", want.len());
+    assert_eq!(got, want);
+    assert!(assert_rollup_matches_raw(&migrated).await > 50);
+    migrated.close().await.unwrap();
+    kept.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn m0008_moves_an_existing_database_over_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    m0008_moves_an_existing_database_over(&sqlite_url(&dir, "before"), &sqlite_url(&dir, "kept"))
+        .await;
+}
+
+#[tokio::test]
+async fn m0008_moves_an_existing_database_over_postgres() {
+    let Some(before) = postgres_url().await else {
+        return;
+    };
+    let Some(kept) = postgres_url().await else {
+        return;
+    };
+    m0008_moves_an_existing_database_over(&before, &kept).await;
+    drop_postgres(&before).await;
+    drop_postgres(&kept).await;
+}
