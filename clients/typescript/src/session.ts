@@ -13,8 +13,9 @@
  * A signal sent from a session (`s.accepted()`, ...) names, besides the session, the last answer
  * the session's wired clients received (its `NM-Request-Id`, as `request_id`), so the gateway
  * counts it for that answer's model alone; unless that answer was a gateway-made error
- * (`NM-Error`), or there was none yet (or its id is not of the gateway's form). `{ requestId: "<id>" }` names another answer of the
- * session; `{ requestId: null }` names the session only.
+ * (`NM-Error`), or there was none yet (or its id is not of the gateway's form).
+ * `{ requestId: "<id>" }` names another answer of the session; `{ requestId: null }` names the
+ * session only.
  */
 
 import { AsyncLocalStorage } from "node:async_hooks";
@@ -113,18 +114,8 @@ export class Session {
     return this.state.gateway.signal(this.id, action, {
       ...rest,
       agent: this.agent,
-      requestId: this.answer(requestId),
+      requestId: answerOf(this.state, requestId),
     });
-  }
-
-  /** The request id a signal names: the one given, or the last answer's (`null`: none). */
-  private answer(requestId: string | null | undefined): string | undefined {
-    if (requestId === null) return undefined;
-    if (requestId !== undefined) return requestId;
-    // The default never makes a signal fail: an id not of the gateway's form (something else
-    // answered) names no answer, and the signal names the session only.
-    const last = this.state.requestId;
-    return this.state.errorCode === undefined && isRequestId(last) ? last : undefined;
   }
 
   /** The user used the output without changes. */
@@ -187,6 +178,16 @@ export class Session {
   toJSON(): { id: string; user: string | undefined } {
     return { id: this.id, user: this.user };
   }
+}
+
+/** The request id a session's signal names: the one given, or the last answer's (`null`: none). */
+function answerOf(state: SessionState, requestId: string | null | undefined): string | undefined {
+  if (requestId === null) return undefined;
+  if (requestId !== undefined) return requestId;
+  // The default never makes a signal fail: an id not of the gateway's form (something else
+  // answered) names no answer, and the signal names the session only.
+  const last = state.requestId;
+  return state.errorCode === undefined && isRequestId(last) ? last : undefined;
 }
 
 /** The session in force here (this async context), if any. */

@@ -394,9 +394,12 @@ export class SignalQueue {
         this.sent++;
       } catch (e) {
         this.failed++;
-        process.emitWarning(`signal ${sig.action} for ${sig.requestId ?? sig.sessionId} not stored: ${(e as Error).message}`, {
-          code: "NM_GATEWAY_SIGNAL_FAILED",
-        });
+        process.emitWarning(
+          `signal ${sig.action} for ${sig.requestId ?? sig.sessionId} not stored: ${(e as Error).message}`,
+          {
+            code: "NM_GATEWAY_SIGNAL_FAILED",
+          },
+        );
       } finally {
         this.inFlight--;
       }

@@ -10,7 +10,14 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { after, before, describe, it } from "node:test";
 
 import { ApiError, GoogleGenAI } from "@google/genai";
-import { errorCode, Gateway, InvalidSignal, type RetryInfo, requestId, SignalError } from "@nm-gateway/client";
+import {
+  errorCode,
+  Gateway,
+  InvalidSignal,
+  type RetryInfo,
+  requestId,
+  SignalError,
+} from "@nm-gateway/client";
 import { anthropic } from "@nm-gateway/client/anthropic";
 import { genai } from "@nm-gateway/client/genai";
 import { openai } from "@nm-gateway/client/openai";
@@ -196,7 +203,9 @@ describe("the real gateway", () => {
       .catch((e: unknown) => e);
     assert.ok(err instanceof SignalError);
     assert.deepEqual([err.code, err.status, err.retryable], ["session_mismatch", 409, false]);
-    const bad = await gw.signal(undefined, "accepted", { requestId: second.toUpperCase() }).catch((e: unknown) => e);
+    const bad = await gw
+      .signal(undefined, "accepted", { requestId: second.toUpperCase() })
+      .catch((e: unknown) => e);
     assert.ok(bad instanceof InvalidSignal && bad.code === "invalid_field");
     const none = await gw.signal(undefined, "accepted").catch((e: unknown) => e);
     assert.ok(none instanceof InvalidSignal && none.code === "missing_field");
@@ -204,8 +213,13 @@ describe("the real gateway", () => {
     await signalsOf(real, agent, 4);
     type Rate = { model: string | null; sessions: number; successes: number };
     const rates = await eventually("outcomes by model", async () => {
-      const rows = (await real.cli("agents", "outcomes", agent, "--by", "model")) as { rows?: Rate[] } | Rate[];
-      const list = (Array.isArray(rows) ? rows : (rows.rows ?? [])).map((r) => [r.model, r.sessions, r.successes]);
+      const rows = (await real.cli("agents", "outcomes", agent, "--by", "model")) as
+        { rows?: Rate[] } | Rate[];
+      const list = (Array.isArray(rows) ? rows : (rows.rows ?? [])).map((r) => [
+        r.model,
+        r.sessions,
+        r.successes,
+      ]);
       list.sort((x, y) => String(x[0]).localeCompare(String(y[0])));
       return list.length === 3 ? list : undefined;
     });
