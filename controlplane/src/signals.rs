@@ -753,6 +753,77 @@ mod tests {
     use super::*;
     use crate::records::{Records, RequestRecord};
 
+    const R: &str = "01890a5d-ac96-774b-bcce-b302099a8057";
+
+    fn named(session: Option<&str>, hint: Option<&str>) -> Signal {
+        Signal {
+            id: "s".to_owned(),
+            received_at_ms: 1,
+            session_id: session.and_then(|s| s.parse().ok()),
+            request_id: R.parse().ok(),
+            action: Action::Accepted,
+            edit_distance: None,
+            custom_label: None,
+            key_id: "key_1".into(),
+            idempotency_key: None,
+            agent_hint: hint.map(str::to_owned),
+        }
+    }
+
+    /// Where `place` puts `s`: (session, answer known, agent), or the refusal.
+    fn placed(
+        s: Signal,
+        answers: &HashMap<String, Answer>,
+    ) -> Result<(Option<String>, bool, Option<String>)> {
+        let sessions = HashMap::new();
+        place(&s, answers, &sessions)
+            .map(|p| (p.session.map(str::to_owned), p.answer.is_some(), p.agent))
+    }
+
+    /// The request's record decides a signal that names it: its session (a different one named
+    /// with it is refused), its agent; an unknown request leaves the signal as sent.
+    #[test]
+    fn the_request_record_places_a_signal_that_names_it() {
+        let own = |s: &str| Some(s.to_owned());
+        let none = HashMap::new();
+        assert_eq!(
+            placed(named(None, Some("hint")), &none).ok(),
+            Some((None, false, own("hint")))
+        );
+        assert_eq!(
+            placed(named(Some("sess_x"), None), &none).ok(),
+            Some((own("sess_x"), false, None))
+        );
+
+        let known = HashMap::from([(
+            R.to_owned(),
+            Answer {
+                session_id: own("sess_a"),
+                agent: own("bot"),
+                env: None,
+                user_id: None,
+            },
+        )]);
+        for given in [None, Some("sess_a")] {
+            assert_eq!(
+                placed(named(given, Some("hint")), &known).ok(),
+                Some((own("sess_a"), true, own("bot"))),
+                "{given:?}"
+            );
+        }
+        assert!(matches!(
+            placed(named(Some("sess_b"), None), &known),
+            Err(Error::SessionMismatch(_))
+        ));
+
+        // A request made without a session belongs to none: the session named is kept.
+        let sessionless = HashMap::from([(R.to_owned(), Answer::default())]);
+        assert_eq!(
+            placed(named(Some("sess_b"), Some("hint")), &sessionless).ok(),
+            Some((own("sess_b"), true, own("hint")))
+        );
+    }
+
     /// Signal groups (read sessions, then write) and record batches (write sessions) racing on
     /// one SQLite file must never fail with "database is locked".
     #[tokio::test]
