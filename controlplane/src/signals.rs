@@ -535,6 +535,9 @@ fn place<'a>(
 /// (a signal refused for naming a request of another session is not written).
 async fn write_group(store: &Store, group: &[Pending]) -> Result<(WriteTxn, Vec<Result<Stored>>)> {
     let txn = store.begin_write().await?;
+    if group.iter().any(|p| p.signal.request_id.is_some()) {
+        answers_lock(&txn, true).await?;
+    }
     let answers = known_answers(
         &txn,
         group
@@ -684,6 +687,34 @@ fn to_row(
         env: Set(env),
         user_id: Set(user_id),
     }
+}
+
+/// An arbitrary constant: the key of the PostgreSQL advisory lock of [`answers_lock`].
+const ANSWERS_LOCK: i64 = 0x6e6d_5f61_6e73;
+
+/// Orders a signal group that names answers and a records batch on PostgreSQL (SQLite runs one
+/// writer at a time): under READ COMMITTED, a signal group that finds no record for its request
+/// and a batch that brings that record, running at once, would each miss the other, leaving the
+/// signal waiting for ever. A group naming answers takes this lock exclusively (`exclusive`)
+/// before it reads the records; every batch takes it shared (batches never wait for each
+/// other) before anything else, and looks for the signals naming its requests under it. Both
+/// take it first, before any row lock: one lock order.
+pub(crate) async fn answers_lock<C: ConnectionTrait>(db: &C, exclusive: bool) -> Result<()> {
+    if db.get_database_backend() != sea_orm::DatabaseBackend::Postgres {
+        return Ok(());
+    }
+    let sql = if exclusive {
+        "SELECT 1 AS locked FROM (SELECT pg_advisory_xact_lock($1)) AS l"
+    } else {
+        "SELECT 1 AS locked FROM (SELECT pg_advisory_xact_lock_shared($1)) AS l"
+    };
+    db.query_one_raw(sea_orm::Statement::from_sql_and_values(
+        sea_orm::DatabaseBackend::Postgres,
+        sql,
+        [ANSWERS_LOCK.into()],
+    ))
+    .await?;
+    Ok(())
 }
 
 /// The records of the requests the group's signals name, where stored.

@@ -73,6 +73,8 @@ impl Records {
         }
         let db = crate::otel::db_span(self.store.system(), "INSERT", "request_records");
         let txn = self.store.begin_write().await?;
+        // Before any row lock: ordered against signal groups that name answers (PostgreSQL).
+        crate::signals::answers_lock(&txn, false).await?;
         let new_ids = insert_new(&txn, &self.insert_sql, &valid)
             .await
             .inspect_err(|_| db.failed("insert_failed"))?;
