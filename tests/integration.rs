@@ -4,6 +4,7 @@
 mod common;
 
 mod analytics;
+mod answer_signals;
 mod budgets;
 mod docs;
 mod errors;

@@ -110,7 +110,8 @@ fn signal(id: &str, key_id: &str, received_at_ms: i64) -> Signal {
     Signal {
         id: id.to_owned(),
         received_at_ms,
-        session_id: "sess_rules".parse().unwrap_or_else(|e| panic!("{e}")),
+        session_id: "sess_rules".parse().ok(),
+        request_id: None,
         action: Action::Accepted,
         edit_distance: None,
         custom_label: None,

@@ -13,6 +13,10 @@ pub enum Error {
     /// The caller sent a value that breaks a rule; the message names the field and the rule.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// A signal named a session and a request the database knows under another session (the
+    /// message names both rules, never the values).
+    #[error("session mismatch: {0}")]
+    SessionMismatch(String),
     /// The named thing does not exist.
     #[error("not found: {0}")]
     NotFound(String),

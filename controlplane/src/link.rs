@@ -115,9 +115,14 @@ impl Controlplane {
         }
         let session = signal.session_id.clone();
         let stored = self.signals.record_within(signal, commit_within).await?;
+        // A signal naming only an answer links to no session's spans.
+        let session_spans = match &session {
+            Some(session) => self.session_spans(session.as_str()).await,
+            None => Vec::new(),
+        };
         Ok(SignalOutcome {
             stored,
-            session_spans: self.session_spans(session.as_str()).await,
+            session_spans,
         })
     }
 

@@ -111,7 +111,8 @@ async fn signals_and_ingest_at_once_never_deadlock_on_postgres() {
                     let s = Signal {
                         id: format!("s{t}-{i}"),
                         received_at_ms: 1_700_000_000_000 + i as i64,
-                        session_id: session_at(t + 4, i, i).parse().unwrap(),
+                        session_id: session_at(t + 4, i, i).parse().ok(),
+                        request_id: None,
                         action: Action::Accepted,
                         edit_distance: None,
                         custom_label: None,

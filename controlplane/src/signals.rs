@@ -24,13 +24,18 @@
 //! sorted by key, tables in the order of the records ingest), so conflicts are rare to begin with.
 //! A failure is logged at most once a second (with a count), never once per signal.
 //!
-//! **Attribution.** A signal names only its session. When the session is already known (a
-//! proxied request carried `NM-Session`), the signal is stored with the session's agent, env and
-//! user. Otherwise it is stored with the `NM-Agent` hint (or none) and re-attributed by
-//! [`crate::records`] when the session's first request arrives. Counts are then plain indexed
+//! **Attribution.** A signal names its session, one answer (`request_id`, an `NM-Request-Id`), or
+//! both. A signal naming an answer whose record is stored takes that request's session, agent,
+//! env and user, and counts in the analytics for that request alone
+//! ([`crate::analytics::rollup`]'s units); naming another session with it is refused
+//! ([`Error::SessionMismatch`]: the request's record is the truth, decided here where it is
+//! read, in the signal's own transaction). Otherwise a signal of a known session (a proxied
+//! request carried `NM-Session`) is stored with the session's agent, env and user. Otherwise it
+//! is stored with the `NM-Agent` hint (or none) and re-attributed by [`crate::records`] when the
+//! session's first request, or the named request, arrives. Counts are then plain indexed
 //! aggregates over `signals.agent`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -45,7 +50,7 @@ use sea_orm::{
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
 
-use crate::analytics::rollup::{SignalFacts, add_signals};
+use crate::analytics::rollup::{SignalFacts, Unit, add_signals, rebuild_unit};
 use crate::error::{Error, Result};
 use crate::sql::{Sql, chunks_of, count};
 use crate::store::entity::{session, signal};
@@ -425,7 +430,7 @@ async fn write_loop(store: Store, mut rx: mpsc::Receiver<Pending>) {
                 Ok(results) => {
                     debug!(signals = group.len(), "signal group committed");
                     for (p, stored) in group.into_iter().zip(results) {
-                        let _ = p.done.send(Ok(stored));
+                        let _ = p.done.send(stored);
                     }
                     break;
                 }
@@ -468,18 +473,93 @@ fn keep_wanted(group: Vec<Pending>) -> Vec<Pending> {
     keep
 }
 
-/// Writes a group in a transaction and returns it uncommitted, with what each signal will be.
-async fn write_group(store: &Store, group: &[Pending]) -> Result<(WriteTxn, Vec<Stored>)> {
+/// What a signal that names an answer learns from that request's record, when it is stored.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Answer {
+    session_id: Option<String>,
+    agent: Option<String>,
+    env: Option<String>,
+    user_id: Option<String>,
+}
+
+/// How one signal of a group is stored: its session (given, or learnt from its request's
+/// record), whether its answer's record is known, its agent; or why it is refused.
+#[derive(Debug)]
+struct Placed<'a> {
+    session: Option<&'a str>,
+    answer: Option<&'a Answer>,
+    agent: Option<String>,
+}
+
+/// What the request's record says against what the signal says: the record's session wins;
+/// a signal naming another session than its request's is refused (409 `session_mismatch`).
+fn place<'a>(
+    s: &'a Signal,
+    answers: &'a HashMap<String, Answer>,
+    sessions: &HashMap<String, session::Model>,
+) -> Result<Placed<'a>> {
+    let given = s.session_id.as_ref().map(|id| id.as_str());
+    let answer = s.request_id.as_ref().and_then(|r| answers.get(r.as_str()));
+    let Some(answer) = answer else {
+        // About a session, or about an answer whose record has not arrived yet (the records
+        // ingest attributes it then).
+        let known = given.and_then(|id| sessions.get(id));
+        let agent = if s.request_id.is_some() {
+            s.agent_hint.clone()
+        } else {
+            agent_of(s, known)
+        };
+        return Ok(Placed {
+            session: given,
+            answer: None,
+            agent,
+        });
+    };
+    if let (Some(given), Some(own)) = (given, answer.session_id.as_deref())
+        && given != own
+    {
+        return Err(Error::SessionMismatch(
+            "request_id names a request made in another session than session_id; send the \
+             answer's own session, or request_id alone"
+                .to_owned(),
+        ));
+    }
+    Ok(Placed {
+        session: answer.session_id.as_deref().or(given),
+        answer: Some(answer),
+        agent: answer.agent.clone().or_else(|| s.agent_hint.clone()),
+    })
+}
+
+/// Writes a group in a transaction and returns it uncommitted, with what each signal will be
+/// (a signal refused for naming a request of another session is not written).
+async fn write_group(store: &Store, group: &[Pending]) -> Result<(WriteTxn, Vec<Result<Stored>>)> {
     let txn = store.begin_write().await?;
-    let sessions = known_sessions(&txn, group.iter().map(|p| p.signal.session_id.as_str())).await?;
-    let agents: Vec<Option<String>> = group
+    if group.iter().any(|p| p.signal.request_id.is_some()) {
+        answers_lock(&txn, true).await?;
+    }
+    let answers = known_answers(
+        &txn,
+        group
+            .iter()
+            .filter_map(|p| p.signal.request_id.as_ref().map(|r| r.as_str())),
+    )
+    .await?;
+    // Every session the group touches: given, or its answers' (their rollups are rebuilt).
+    let session_ids: HashSet<&str> = group
         .iter()
-        .map(|p| agent_of(&p.signal, sessions.get(p.signal.session_id.as_str())))
+        .filter_map(|p| p.signal.session_id.as_ref().map(|id| id.as_str()))
+        .chain(answers.values().filter_map(|a| a.session_id.as_deref()))
+        .collect();
+    let sessions = known_sessions(&txn, session_ids.into_iter()).await?;
+    let placed: Vec<Result<Placed<'_>>> = group
+        .iter()
+        .map(|p| place(&p.signal, &answers, &sessions))
         .collect();
     let rows: Vec<signal::ActiveModel> = group
         .iter()
-        .zip(&agents)
-        .map(|(p, agent)| to_row(&p.signal, sessions.get(p.signal.session_id.as_str()), agent))
+        .zip(&placed)
+        .filter_map(|(p, placed)| Some(to_row(&p.signal, placed.as_ref().ok()?, &sessions)))
         .collect();
     // Multi-row inserts. ON CONFLICT without a target skips a row that breaks any unique index
     // (an idempotent replay); RETURNING names the rows that were new.
@@ -494,31 +574,63 @@ async fn write_group(store: &Store, group: &[Pending]) -> Result<(WriteTxn, Vec<
             new_ids.extend(ids);
         }
     }
-    // The new signals of known agents join their sessions' rollups (each id once).
+    // The new signals of known agents join their units' rollups (each id once): a session's,
+    // or, for a signal naming an answer, that answer's. A signal naming an answer whose record
+    // is known moves that request out of its session's unit into its own: both units are
+    // rebuilt from the rows (once each, after the inserts).
     let mut added: HashSet<&str> = HashSet::with_capacity(new_ids.len());
-    let facts: Vec<SignalFacts<'_>> = group
-        .iter()
-        .zip(&agents)
-        .filter(|(p, _)| new_ids.contains(&p.signal.id) && added.insert(&p.signal.id))
-        .filter_map(|(p, agent)| {
-            Some(SignalFacts {
-                agent: agent.as_deref()?,
-                session_id: p.signal.session_id.as_str(),
-                received_at_ms: p.signal.received_at_ms,
-                action: p.signal.action,
-                edit_distance: edit_distance(&p.signal),
-            })
-        })
-        .collect();
+    let mut facts: Vec<SignalFacts<'_>> = Vec::new();
+    let mut rebuild: BTreeSet<(Option<&str>, bool, &str)> = BTreeSet::new();
+    for (p, placed) in group.iter().zip(&placed) {
+        let Ok(placed) = placed else { continue };
+        if !new_ids.contains(&p.signal.id) || !added.insert(&p.signal.id) {
+            continue;
+        }
+        match (&p.signal.request_id, placed.answer) {
+            (Some(request), Some(answer)) => {
+                let agent = placed.agent.as_deref();
+                rebuild.insert((agent, true, request.as_str()));
+                if let (Some(session), Some(agent)) = (&answer.session_id, &answer.agent) {
+                    rebuild.insert((Some(agent.as_str()), false, session.as_str()));
+                }
+            }
+            (request, _) => {
+                let (Some(agent), Some(unit)) = (
+                    placed.agent.as_deref(),
+                    request.as_ref().map(|r| r.as_str()).or(placed.session),
+                ) else {
+                    continue;
+                };
+                facts.push(SignalFacts {
+                    agent,
+                    session_id: unit,
+                    received_at_ms: p.signal.received_at_ms,
+                    action: p.signal.action,
+                    edit_distance: edit_distance(&p.signal),
+                });
+            }
+        }
+    }
     add_signals(&txn, &facts).await?;
+    for (agent, is_request, id) in rebuild {
+        let unit = if is_request {
+            Unit::Request(id)
+        } else {
+            Unit::Session(id)
+        };
+        rebuild_unit(&txn, unit, agent).await?;
+    }
     let results = group
         .iter()
-        .map(|p| {
-            if new_ids.contains(&p.signal.id) {
-                Stored::New
-            } else {
-                Stored::Duplicate
-            }
+        .zip(placed)
+        .map(|(p, placed)| {
+            placed.map(|_| {
+                if new_ids.contains(&p.signal.id) {
+                    Stored::New
+                } else {
+                    Stored::Duplicate
+                }
+            })
         })
         .collect();
     Ok((txn, results))
@@ -538,28 +650,109 @@ fn edit_distance(s: &Signal) -> Option<i64> {
         .map(|d| i64::try_from(d).unwrap_or(i64::MAX))
 }
 
-/// The row for a signal: with its session's agent, env and user when the session is known,
-/// else with its `NM-Agent` hint (`agent`, from [`agent_of`]).
+/// The row for a signal: with its answer's agent, env and user when it names a request whose
+/// record is known, else with its session's when the session is known, else with its
+/// `NM-Agent` hint (`placed.agent`). Its session is empty while a signal that named only an
+/// answer waits for that answer's record.
 fn to_row(
     s: &Signal,
-    known: Option<&session::Model>,
-    agent: &Option<String>,
+    placed: &Placed<'_>,
+    sessions: &HashMap<String, session::Model>,
 ) -> signal::ActiveModel {
+    let (attributed, env, user_id) = match (placed.answer, &s.request_id) {
+        (Some(a), _) => (true, a.env.clone(), a.user_id.clone()),
+        (None, Some(_)) => (false, None, None),
+        (None, None) => {
+            let known = placed.session.and_then(|id| sessions.get(id));
+            (
+                known.and_then(|k| k.agent.as_ref()).is_some(),
+                known.and_then(|k| k.env.clone()),
+                known.and_then(|k| k.user_id.clone()),
+            )
+        }
+    };
     signal::ActiveModel {
         id: Set(s.id.clone()),
         received_at_ms: Set(s.received_at_ms),
-        session_id: Set(s.session_id.as_str().to_owned()),
+        session_id: Set(placed.session.unwrap_or_default().to_owned()),
+        request_id: Set(s.request_id.as_ref().map(|r| r.as_str().to_owned())),
         action: Set(s.action.as_str().to_owned()),
         edit_distance: Set(edit_distance(s)),
         custom_label: Set(s.custom_label.clone()),
         key_id: Set(s.key_id.to_string()),
         idempotency_key: Set(s.idempotency_key.clone()),
         agent_hint: Set(s.agent_hint.clone()),
-        attributed_by_session: Set(known.and_then(|k| k.agent.as_ref()).is_some()),
-        agent: Set(agent.clone()),
-        env: Set(known.and_then(|k| k.env.clone())),
-        user_id: Set(known.and_then(|k| k.user_id.clone())),
+        attributed_by_session: Set(attributed),
+        agent: Set(placed.agent.clone()),
+        env: Set(env),
+        user_id: Set(user_id),
     }
+}
+
+/// An arbitrary constant: the key of the PostgreSQL advisory lock of [`answers_lock`].
+const ANSWERS_LOCK: i64 = 0x6e6d_5f61_6e73;
+
+/// Orders a signal group that names answers and a records batch on PostgreSQL (SQLite runs one
+/// writer at a time): under READ COMMITTED, a signal group that finds no record for its request
+/// and a batch that brings that record, running at once, would each miss the other, leaving the
+/// signal waiting for ever. A group naming answers takes this lock exclusively (`exclusive`)
+/// before it reads the records; every batch takes it shared (batches never wait for each
+/// other) before anything else, and looks for the signals naming its requests under it. Both
+/// take it first, before any row lock: one lock order.
+pub(crate) async fn answers_lock<C: ConnectionTrait>(db: &C, exclusive: bool) -> Result<()> {
+    if db.get_database_backend() != sea_orm::DatabaseBackend::Postgres {
+        return Ok(());
+    }
+    let sql = if exclusive {
+        "SELECT 1 AS locked FROM (SELECT pg_advisory_xact_lock($1)) AS l"
+    } else {
+        "SELECT 1 AS locked FROM (SELECT pg_advisory_xact_lock_shared($1)) AS l"
+    };
+    db.query_one_raw(sea_orm::Statement::from_sql_and_values(
+        sea_orm::DatabaseBackend::Postgres,
+        sql,
+        [ANSWERS_LOCK.into()],
+    ))
+    .await?;
+    Ok(())
+}
+
+/// The records of the requests the group's signals name, where stored.
+async fn known_answers<'a>(
+    txn: &WriteTxn,
+    ids: impl Iterator<Item = &'a str>,
+) -> Result<HashMap<String, Answer>> {
+    let ids: Vec<String> = ids
+        .collect::<HashSet<&str>>()
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    let mut out = HashMap::with_capacity(ids.len());
+    for chunk in chunks_of(&ids) {
+        let mut sql = Sql::new(
+            txn.get_database_backend(),
+            "SELECT request_id, session_id, agent, env, user_id FROM requests WHERE request_id IN (",
+        );
+        for (i, id) in chunk.iter().enumerate() {
+            if i > 0 {
+                sql.push(", ");
+            }
+            sql.bind(id.clone());
+        }
+        sql.push(")");
+        for row in txn.query_all_raw(sql.build()).await? {
+            out.insert(
+                row.try_get::<String>("", "request_id")?,
+                Answer {
+                    session_id: row.try_get("", "session_id")?,
+                    agent: row.try_get("", "agent")?,
+                    env: row.try_get("", "env")?,
+                    user_id: row.try_get("", "user_id")?,
+                },
+            );
+        }
+    }
+    Ok(out)
 }
 
 /// The group's sessions that are known. On PostgreSQL their rows are share-locked in id order
@@ -590,6 +783,77 @@ async fn known_sessions<'a>(
 mod tests {
     use super::*;
     use crate::records::{Records, RequestRecord};
+
+    const R: &str = "01890a5d-ac96-774b-bcce-b302099a8057";
+
+    fn named(session: Option<&str>, hint: Option<&str>) -> Signal {
+        Signal {
+            id: "s".to_owned(),
+            received_at_ms: 1,
+            session_id: session.and_then(|s| s.parse().ok()),
+            request_id: R.parse().ok(),
+            action: Action::Accepted,
+            edit_distance: None,
+            custom_label: None,
+            key_id: "key_1".into(),
+            idempotency_key: None,
+            agent_hint: hint.map(str::to_owned),
+        }
+    }
+
+    /// Where `place` puts `s`: (session, answer known, agent), or the refusal.
+    fn placed(
+        s: Signal,
+        answers: &HashMap<String, Answer>,
+    ) -> Result<(Option<String>, bool, Option<String>)> {
+        let sessions = HashMap::new();
+        place(&s, answers, &sessions)
+            .map(|p| (p.session.map(str::to_owned), p.answer.is_some(), p.agent))
+    }
+
+    /// The request's record decides a signal that names it: its session (a different one named
+    /// with it is refused), its agent; an unknown request leaves the signal as sent.
+    #[test]
+    fn the_request_record_places_a_signal_that_names_it() {
+        let own = |s: &str| Some(s.to_owned());
+        let none = HashMap::new();
+        assert_eq!(
+            placed(named(None, Some("hint")), &none).ok(),
+            Some((None, false, own("hint")))
+        );
+        assert_eq!(
+            placed(named(Some("sess_x"), None), &none).ok(),
+            Some((own("sess_x"), false, None))
+        );
+
+        let known = HashMap::from([(
+            R.to_owned(),
+            Answer {
+                session_id: own("sess_a"),
+                agent: own("bot"),
+                env: None,
+                user_id: None,
+            },
+        )]);
+        for given in [None, Some("sess_a")] {
+            assert_eq!(
+                placed(named(given, Some("hint")), &known).ok(),
+                Some((own("sess_a"), true, own("bot"))),
+                "{given:?}"
+            );
+        }
+        assert!(matches!(
+            placed(named(Some("sess_b"), None), &known),
+            Err(Error::SessionMismatch(_))
+        ));
+
+        // A request made without a session belongs to none: the session named is kept.
+        let sessionless = HashMap::from([(R.to_owned(), Answer::default())]);
+        assert_eq!(
+            placed(named(Some("sess_b"), Some("hint")), &sessionless).ok(),
+            Some((own("sess_b"), true, own("hint")))
+        );
+    }
 
     /// Signal groups (read sessions, then write) and record batches (write sessions) racing on
     /// one SQLite file must never fail with "database is locked".
@@ -632,7 +896,8 @@ mod tests {
                     let s = Signal {
                         id: format!("s{t}-{i}"),
                         received_at_ms: 1,
-                        session_id: format!("sess_{}", i % 4).parse().unwrap(),
+                        session_id: format!("sess_{}", i % 4).parse().ok(),
+                        request_id: None,
                         action: Action::Accepted,
                         edit_distance: None,
                         custom_label: None,

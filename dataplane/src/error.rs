@@ -48,6 +48,10 @@ pub enum ProxyError {
     ClientTimeout(String),
     #[error("{message}")]
     InvalidSignal { code: &'static str, message: String },
+    /// A signal's `request_id` names a request known under another session than its
+    /// `session_id`.
+    #[error("{0}")]
+    SessionMismatch(String),
     #[error("unsupported media type: send Content-Type: application/json")]
     UnsupportedMediaType,
     #[error("temporarily unavailable, nothing was stored; retry later: {0}")]
@@ -112,6 +116,7 @@ impl ProxyError {
             RequestBody(_) => (StatusCode::BAD_REQUEST, "invalid_body", Side::Client),
             ClientTimeout(_) => (StatusCode::REQUEST_TIMEOUT, "request_timeout", Side::Client),
             InvalidSignal { code, .. } => (StatusCode::BAD_REQUEST, code, Side::Client),
+            SessionMismatch(_) => (StatusCode::CONFLICT, "session_mismatch", Side::Client),
             UnsupportedMediaType => (
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "unsupported_media_type",

@@ -6,6 +6,12 @@
 //! reached or its database fails, the answer is 503 `unavailable` with `Retry-After`, and nothing
 //! was stored.
 //!
+//! A signal names a session (`session_id`), an answer (`request_id`, the answer's
+//! `NM-Request-Id`: the signal then counts for that request alone), or both; one is required
+//! (`missing_field`). A `request_id` must be the gateway's own form (a lowercase UUIDv7), else
+//! `invalid_field`. Whether a request id belongs to the session named with it is decided by the
+//! controlplane, which holds the records: 409 `session_mismatch`.
+//!
 //! Decisions where the contract is silent: unknown fields are refused (`invalid_field`), so a
 //! typo such as `edit_distnace` cannot silently drop data; duplicate fields are refused too;
 //! `edit_distance` may accompany any action but must always be a non-negative integer;
@@ -20,7 +26,8 @@ use std::time::SystemTime;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, header};
 use nm_types::signal::{
-    MAX_CUSTOM_LABEL_BYTES, MAX_EDIT_DISTANCE, MAX_IDEMPOTENCY_KEY_LEN, Signal,
+    MAX_CUSTOM_LABEL_BYTES, MAX_EDIT_DISTANCE, MAX_IDEMPOTENCY_KEY_LEN, REQUEST_ID_RULE, RequestId,
+    Signal,
 };
 use nm_types::{Action, SessionId, parse_agent};
 use serde::de::{Deserializer, MapAccess, Visitor};
@@ -38,7 +45,13 @@ use opentelemetry::context::FutureExt as _;
 /// Largest signal body.
 pub const MAX_SIGNAL_BYTES: usize = 64 * 1024;
 
-const FIELDS: [&str; 4] = ["session_id", "action", "edit_distance", "custom_label"];
+const FIELDS: [&str; 5] = [
+    "session_id",
+    "request_id",
+    "action",
+    "edit_distance",
+    "custom_label",
+];
 
 /// What the gateway knows of a signal before its body is read: the request's id (the signal's
 /// id), time, key and headers.
@@ -87,17 +100,35 @@ pub fn parse_body(body: &[u8], head: Head) -> Result<Signal, Invalid> {
             .filter(|v| v.get() != "null")
     };
 
-    let session_id =
-        get("session_id").ok_or_else(|| invalid("missing_field", "session_id is required"))?;
-    let session_id = serde_json::from_str::<String>(session_id.get())
-        .ok()
-        .and_then(|s| s.parse::<SessionId>().ok())
-        .ok_or_else(|| {
-            invalid(
-                "invalid_session_id",
-                nm_types::ParseError::SessionId.to_string(),
-            )
-        })?;
+    let session_id = match get("session_id") {
+        None => None,
+        Some(raw) => Some(
+            serde_json::from_str::<String>(raw.get())
+                .ok()
+                .and_then(|s| s.parse::<SessionId>().ok())
+                .ok_or_else(|| {
+                    invalid(
+                        "invalid_session_id",
+                        nm_types::ParseError::SessionId.to_string(),
+                    )
+                })?,
+        ),
+    };
+    let request_id = match get("request_id") {
+        None => None,
+        Some(raw) => Some(
+            serde_json::from_str::<String>(raw.get())
+                .ok()
+                .and_then(|s| s.parse::<RequestId>().ok())
+                .ok_or_else(|| invalid("invalid_field", REQUEST_ID_RULE))?,
+        ),
+    };
+    if session_id.is_none() && request_id.is_none() {
+        return Err(invalid(
+            "missing_field",
+            "session_id or request_id is required (the answer's NM-Request-Id names one answer)",
+        ));
+    }
 
     let action = get("action").ok_or_else(|| invalid("missing_field", "action is required"))?;
     let action = serde_json::from_str::<String>(action.get())
@@ -149,6 +180,7 @@ pub fn parse_body(body: &[u8], head: Head) -> Result<Signal, Invalid> {
         id,
         received_at_ms,
         session_id,
+        request_id,
         action,
         edit_distance,
         custom_label,
@@ -265,7 +297,9 @@ pub async fn handle(
         agent_hint,
     };
     let signal = parse_body(&body, head).map_err(bad)?;
-    know(&|k| k.session = Some(signal.session_id.as_str().to_owned()));
+    if let Some(session) = &signal.session_id {
+        know(&|k| k.session = Some(session.as_str().to_owned()));
+    }
     let action = signal.action;
     if let Some(t) = &trace {
         t.signal(action.as_str(), signal.agent_hint.as_deref());
@@ -287,6 +321,7 @@ pub async fn handle(
         Err(SubmitError::Unavailable(why)) => return Err(ProxyError::Unavailable(why)),
         Err(SubmitError::Unconfirmed(why)) => return Err(ProxyError::Unconfirmed(why)),
         Err(SubmitError::Rejected(why)) => return Err(bad(invalid("invalid_field", why))),
+        Err(SubmitError::SessionMismatch(why)) => return Err(ProxyError::SessionMismatch(why)),
     }
     know(&|k| k.status = Some(200));
     if let Some(log) = &log
@@ -382,6 +417,31 @@ mod tests {
             ("[1]", "invalid_json"),
             ("\"x\"", "invalid_json"),
             (r#"{"action":"accepted"}"#, "missing_field"),
+            (
+                r#"{"session_id":null,"request_id":null,"action":"accepted"}"#,
+                "missing_field",
+            ),
+            (
+                r#"{"request_id":"01890a5d-ac96-774b-bcce-b302099a8057"}"#,
+                "missing_field",
+            ),
+            (
+                r#"{"request_id":"req_1","action":"accepted"}"#,
+                "invalid_field",
+            ),
+            (
+                r#"{"request_id":"01890A5D-AC96-774B-BCCE-B302099A8057","action":"accepted"}"#,
+                "invalid_field",
+            ),
+            (r#"{"request_id":7,"action":"accepted"}"#, "invalid_field"),
+            (
+                r#"{"request_id":["01890a5d-ac96-774b-bcce-b302099a8057"],"action":"accepted"}"#,
+                "invalid_field",
+            ),
+            (
+                r#"{"session_id":"bad","request_id":"01890a5d-ac96-774b-bcce-b302099a8057","action":"accepted"}"#,
+                "invalid_session_id",
+            ),
             (r#"{"session_id":"sess_1"}"#, "missing_field"),
             (
                 r#"{"session_id":null,"action":"accepted"}"#,
@@ -452,6 +512,33 @@ mod tests {
     }
 
     #[test]
+    fn a_signal_may_name_an_answer() {
+        let id = "01890a5d-ac96-774b-bcce-b302099a8057";
+        for body in [
+            format!(r#"{{"request_id":"{id}","action":"accepted"}}"#),
+            format!(r#"{{"session_id":null,"request_id":"{id}","action":"accepted"}}"#),
+            format!(r#"{{"session_id":"sess_1","request_id":"{id}","action":"accepted"}}"#),
+        ] {
+            let s = parse_body(body.as_bytes(), head()).unwrap_or_else(|e| panic!("{e:?}"));
+            assert_eq!(s.request_id.as_ref().map(RequestId::as_str), Some(id));
+            assert_eq!(s.check(), Ok(()));
+        }
+        let s = parse_body(
+            format!(r#"{{"session_id":"sess_1","request_id":"{id}","action":"sent"}}"#).as_bytes(),
+            head(),
+        );
+        assert_eq!(
+            s.ok()
+                .and_then(|s| s.session_id)
+                .map(|s| s.as_str().to_owned()),
+            Some("sess_1".to_owned())
+        );
+        // The message says what is expected, never echoes the value.
+        let got = parse_body(br#"{"request_id":"<script>","action":"accepted"}"#, head());
+        assert!(got.is_err_and(|e| e.message == REQUEST_ID_RULE && !e.message.contains("script")));
+    }
+
+    #[test]
     fn custom_label_is_kept_as_sent() {
         let body =
             r#"{"custom_label": {"b":1, "a":[true, "ü"]} ,"session_id":"sess_1","action":"sent"}"#;
@@ -489,17 +576,25 @@ mod tests {
         #[test]
         fn structured_bodies(
             sid in "(sess_[a-z0-9]{1,5}|[a-z]{1,5}|)",
+            rid in proptest::option::of("(01890a5d-ac96-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}|[0-9a-fA-F-]{36}|x)"),
             action in "(accepted|edited|sent|nope)",
             ed in proptest::option::of(-5i64..5),
         ) {
             let mut body = format!(r#"{{"session_id":"{sid}","action":"{action}""#);
+            if let Some(r) = &rid {
+                body.push_str(&format!(r#","request_id":"{r}""#));
+            }
             if let Some(d) = ed {
                 body.push_str(&format!(r#","edit_distance":{d}"#));
             }
             body.push('}');
             let got = parse_body(body.as_bytes(), head());
-            let valid = sid.starts_with("sess_") && action != "nope" && ed.is_none_or(|d| d >= 0) && (action != "edited" || ed.is_some());
+            let rid_ok = rid.as_deref().is_none_or(RequestId::is_valid);
+            let valid = sid.starts_with("sess_") && rid_ok && action != "nope" && ed.is_none_or(|d| d >= 0) && (action != "edited" || ed.is_some());
             prop_assert_eq!(got.is_ok(), valid, "{}", body);
+            if let (Ok(s), Some(r)) = (&got, &rid) {
+                prop_assert_eq!(s.request_id.as_ref().map(RequestId::as_str), Some(r.as_str()));
+            }
         }
     }
 }

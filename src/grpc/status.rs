@@ -3,10 +3,23 @@
 use nm_controlplane::Error;
 use nm_types::throttle::Throttle;
 use tonic::Status;
+use tonic::metadata::MetadataValue;
+
+/// Metadata naming the contract code of a refusal the gRPC code alone does not tell
+/// (`session_mismatch`), read back by the link's client.
+pub const ERROR_CODE_METADATA: &str = "nm-error";
 
 pub fn to_status(e: Error) -> Status {
     match e {
         Error::InvalidArgument(m) => Status::invalid_argument(m),
+        Error::SessionMismatch(m) => {
+            let mut s = Status::failed_precondition(m);
+            s.metadata_mut().insert(
+                ERROR_CODE_METADATA,
+                MetadataValue::from_static("session_mismatch"),
+            );
+            s
+        }
         Error::NotFound(m) => Status::not_found(m),
         Error::Database(db) => unavailable(&db),
         Error::Sqlite(db) => unavailable(&db),

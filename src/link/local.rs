@@ -49,6 +49,7 @@ fn link_error(e: nm_controlplane::Error) -> LinkError {
     static LOGGED: Throttle = Throttle::new(std::time::Duration::from_secs(1));
     match e {
         nm_controlplane::Error::InvalidArgument(m) => LinkError::Rejected(m),
+        nm_controlplane::Error::SessionMismatch(m) => LinkError::SessionMismatch(m),
         other => {
             if let Some(suppressed) = LOGGED.allow() {
                 tracing::warn!(error = %other, suppressed, "controlplane could not store it");

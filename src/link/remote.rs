@@ -74,6 +74,13 @@ fn link_error(status: tonic::Status) -> LinkError {
 /// when no connection could be made; otherwise (a connection lost mid-call, a reset stream) the
 /// signal may have been stored.
 fn signal_error(status: tonic::Status) -> LinkError {
+    if status
+        .metadata()
+        .get(crate::grpc::status::ERROR_CODE_METADATA)
+        .is_some_and(|v| v.as_bytes() == b"session_mismatch")
+    {
+        return LinkError::SessionMismatch(status.message().to_owned());
+    }
     let never_sent =
         status.code() == tonic::Code::Unavailable && status.message().contains("connect");
     if status.metadata().contains_key(NOT_STORED_METADATA)

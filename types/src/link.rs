@@ -18,7 +18,7 @@ use prost_types::Timestamp;
 
 use crate::budget::{BudgetRule, Feed, Period, Spend};
 use crate::record::{RequestRecord, TraceRef};
-use crate::signal::Signal;
+use crate::signal::{RequestId, Signal};
 use crate::{Action, Env, KeyVerifiers, SessionId, Usage, UsageStatus, VerifiedKey};
 
 /// Code generated from `proto/nm/link/v1/link.proto`: the messages only (the root adds the
@@ -183,7 +183,11 @@ pub fn decode_batch(
 /// Signal -> wire.
 pub fn signal_to_pb(s: Signal) -> pb::Signal {
     pb::Signal {
-        session_id: s.session_id.as_str().to_owned(),
+        session_id: s
+            .session_id
+            .map(|id| id.as_str().to_owned())
+            .unwrap_or_default(),
+        answer_request_id: s.request_id.map(|id| id.as_str().to_owned()),
         action: s.action.as_str().to_owned(),
         edit_distance: s.edit_distance,
         custom_label_json: s.custom_label,
@@ -195,18 +199,28 @@ pub fn signal_to_pb(s: Signal) -> pb::Signal {
     }
 }
 
-/// Wire -> signal: the session id and the action are parsed here (the rule they break is the
-/// error); every other rule is [`Signal::check`]'s. Without a time, the signal was received now.
+/// Wire -> signal: the session id, the request id and the action are parsed here (the rule
+/// they break is the error; an empty session id is none); every other rule is
+/// [`Signal::check`]'s. Without a time, the signal was received now.
 pub fn signal_from_pb(s: pb::Signal) -> Result<Signal, String> {
-    let session_id = s
-        .session_id
-        .parse::<SessionId>()
-        .map_err(|_| BAD_SESSION_ID.to_owned())?;
+    let session_id = match s.session_id.as_str() {
+        "" => None,
+        id => Some(
+            id.parse::<SessionId>()
+                .map_err(|_| BAD_SESSION_ID.to_owned())?,
+        ),
+    };
+    let request_id = s
+        .answer_request_id
+        .map(|id| id.parse::<RequestId>())
+        .transpose()
+        .map_err(str::to_owned)?;
     let action = s.action.parse::<Action>().map_err(|e| e.to_string())?;
     Ok(Signal {
         id: s.request_id,
         received_at_ms: s.received_at.as_ref().map_or_else(now_ms, timestamp_to_ms),
         session_id,
+        request_id,
         action,
         edit_distance: s.edit_distance,
         custom_label: s.custom_label_json,
@@ -392,7 +406,8 @@ mod tests {
         let signal = Signal {
             id: "req_1".to_owned(),
             received_at_ms: 1_700_000_000_123,
-            session_id: "sess_1".parse().unwrap(),
+            session_id: "sess_1".parse().ok(),
+            request_id: "01890a5d-ac96-774b-bcce-b302099a8057".parse().ok(),
             action: Action::Edited,
             edit_distance: Some(3),
             custom_label: Some("{\"a\":1}".to_owned()),
@@ -400,12 +415,32 @@ mod tests {
             idempotency_key: Some("idem".to_owned()),
             agent_hint: Some("agent".to_owned()),
         };
-        assert_eq!(signal_from_pb(signal_to_pb(signal.clone())), Ok(signal));
+        assert_eq!(
+            signal_from_pb(signal_to_pb(signal.clone())),
+            Ok(signal.clone())
+        );
         let bad = pb::Signal {
             session_id: "nope".to_owned(),
             action: "accepted".to_owned(),
             ..Default::default()
         };
         assert_eq!(signal_from_pb(bad), Err(BAD_SESSION_ID.to_owned()));
+        let by_request = Signal {
+            session_id: None,
+            ..signal.clone()
+        };
+        assert_eq!(
+            signal_from_pb(signal_to_pb(by_request.clone())),
+            Ok(by_request)
+        );
+        let bad = pb::Signal {
+            answer_request_id: Some("01890A5D-AC96-774B-BCCE-B302099A8057".to_owned()),
+            action: "accepted".to_owned(),
+            ..Default::default()
+        };
+        assert_eq!(
+            signal_from_pb(bad),
+            Err(crate::signal::REQUEST_ID_RULE.to_owned())
+        );
     }
 }

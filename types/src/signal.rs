@@ -4,9 +4,13 @@
 //! declared once: the dataplane refuses a body over them with a contract code, the controlplane
 //! re-checks every signal with [`Signal::check`] whatever adapter brought it.
 //!
-//! The session id is parsed where the signal enters (the HTTP body, a link message): a
-//! [`SessionId`] here is valid by construction.
+//! A signal names a session, an answer (the `NM-Request-Id` of a proxied request: it then counts
+//! for that request alone) or both; at least one. Both ids are parsed where the signal enters
+//! (the HTTP body, a link message): a [`SessionId`] or [`RequestId`] here is valid by
+//! construction.
 
+use std::fmt;
+use std::str::FromStr;
 use std::sync::Arc;
 
 use crate::record::TIME_RANGE_MS;
@@ -23,6 +27,52 @@ pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
 /// Largest `edit_distance` (characters).
 pub const MAX_EDIT_DISTANCE: u64 = 1_000_000_000;
 
+/// What a `request_id` must look like: the gateway's own `NM-Request-Id` values only.
+pub const REQUEST_ID_RULE: &str = "request_id must be an NM-Request-Id value: a UUIDv7 in \
+     lowercase hyphenated form (36 characters, e.g. 01890a5d-ac96-774b-bcce-b302099a8057)";
+
+/// The id of a proxied request (its `NM-Request-Id`): a UUIDv7 the gateway made, in canonical
+/// form (lowercase hex, hyphens at 8, 13, 18 and 23, version 7, RFC 9562 variant). Anything else
+/// is refused: a signal naming it could only name nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(String);
+
+impl RequestId {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether `s` is a request id in the form the gateway writes it.
+    pub fn is_valid(s: &str) -> bool {
+        let b = s.as_bytes();
+        b.len() == 36
+            && b.iter().enumerate().all(|(i, c)| match i {
+                8 | 13 | 18 | 23 => *c == b'-',
+                _ => c.is_ascii_digit() || (b'a'..=b'f').contains(c),
+            })
+            && b[14] == b'7'
+            && matches!(b[19], b'8' | b'9' | b'a' | b'b')
+    }
+}
+
+impl FromStr for RequestId {
+    type Err = &'static str;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if Self::is_valid(s) {
+            Ok(Self(s.to_owned()))
+        } else {
+            Err(REQUEST_ID_RULE)
+        }
+    }
+}
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// What an end user did with an output, as the dataplane received it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Signal {
@@ -30,7 +80,11 @@ pub struct Signal {
     pub id: String,
     /// When the dataplane received it (Unix milliseconds).
     pub received_at_ms: i64,
-    pub session_id: SessionId,
+    /// The session, when the client named it (else learnt from the request's record).
+    pub session_id: Option<SessionId>,
+    /// The answer the signal is about, when the client named it: the signal then counts for
+    /// that request's model, provider and env alone.
+    pub request_id: Option<RequestId>,
     pub action: Action,
     pub edit_distance: Option<u64>,
     /// `custom_label` as the exact JSON text the client sent.
@@ -46,6 +100,9 @@ impl Signal {
     /// The rule this signal breaks, if any (the message names the field, never the value).
     pub fn check(&self) -> Result<(), &'static str> {
         let s = self;
+        if s.session_id.is_none() && s.request_id.is_none() {
+            return Err("session_id or request_id is required");
+        }
         if s.id.is_empty() || s.id.len() > MAX_SIGNAL_ID_LEN {
             return Err("signal id must be 1 to 64 characters");
         }
@@ -92,7 +149,8 @@ mod tests {
         Signal {
             id: "req_1".to_owned(),
             received_at_ms: 1_700_000_000_000,
-            session_id: "sess_1".parse().unwrap_or_else(|e| panic!("{e}")),
+            session_id: "sess_1".parse().ok(),
+            request_id: None,
             action: Action::Accepted,
             edit_distance: None,
             custom_label: None,
@@ -116,7 +174,14 @@ mod tests {
             ..signal()
         };
         assert_eq!(at_caps.check(), Ok(()));
-        let broken: [(Signal, &str); 10] = [
+        let broken: [(Signal, &str); 11] = [
+            (
+                Signal {
+                    session_id: None,
+                    ..signal()
+                },
+                "session_id or request_id",
+            ),
             (
                 Signal {
                     id: "i".repeat(MAX_SIGNAL_ID_LEN + 1),
@@ -191,6 +256,58 @@ mod tests {
         for (s, rule) in broken {
             let got = s.check();
             assert!(got.is_err_and(|m| m.starts_with(rule)), "{rule}: {got:?}");
+        }
+        let by_request = Signal {
+            session_id: None,
+            request_id: "01890a5d-ac96-774b-bcce-b302099a8057".parse().ok(),
+            ..signal()
+        };
+        assert_eq!(by_request.check(), Ok(()));
+    }
+
+    #[test]
+    fn request_ids_are_the_gateways_own() {
+        let made = uuid::Uuid::now_v7().hyphenated().to_string();
+        assert!(RequestId::is_valid(&made), "{made}");
+        assert!(RequestId::is_valid("01890a5d-ac96-774b-bcce-b302099a8057"));
+        for bad in [
+            "",
+            "req_1",
+            "01890A5D-AC96-774B-BCCE-B302099A8057",
+            "01890a5d-ac96-474b-bcce-b302099a8057",
+            "01890a5d-ac96-774b-0cce-b302099a8057",
+            "01890a5dac96774bbcceb302099a8057",
+            "{01890a5d-ac96-774b-bcce-b302099a8057}",
+            "01890a5d-ac96-774b-bcce-b302099a8057 ",
+            "01890a5d-ac96-774b-bcce-b302099a805g",
+            "01890a5d_ac96-774b-bcce-b302099a8057",
+            "01890a5d-ac96-774b-bcce-b302099a80570",
+            "0189\u{e9}5d-ac96-774b-bcce-b302099a805",
+        ] {
+            assert_eq!(bad.parse::<RequestId>(), Err(REQUEST_ID_RULE), "{bad:?}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever passes is exactly a canonical UUIDv7 (uuid's parser agrees, and writes it
+        /// back the same), so a stored request id is always one the gateway could have made.
+        #[test]
+        fn what_passes_is_a_canonical_uuid_v7(s in "[0-9a-fA-F-]{30,40}|.{0,40}") {
+            if let Ok(id) = s.parse::<RequestId>() {
+                let u = uuid::Uuid::parse_str(id.as_str());
+                proptest::prop_assert!(u.is_ok());
+                let u = u.unwrap_or_default();
+                proptest::prop_assert_eq!(u.get_version_num(), 7);
+                proptest::prop_assert_eq!(u.hyphenated().to_string(), s);
+            }
+        }
+
+        #[test]
+        fn every_uuid_v7_passes(bytes in proptest::array::uniform16(proptest::num::u8::ANY)) {
+            let u = uuid::Builder::from_random_bytes(bytes)
+                .with_version(uuid::Version::SortRand)
+                .into_uuid();
+            proptest::prop_assert!(RequestId::is_valid(&u.hyphenated().to_string()));
         }
     }
 }

@@ -124,7 +124,29 @@ def test_session_check_agrees_with_the_gateway_grammar(text: str) -> None:
     [
         ({"session_id": "abc", "action": "accepted"}, "invalid_session_id"),
         ({"session_id": 42, "action": "accepted"}, "invalid_session_id"),
-        ({"session_id": None, "action": "accepted"}, "invalid_session_id"),
+        ({"session_id": None, "action": "accepted"}, "missing_field"),
+        ({"session_id": None, "action": "accepted", "request_id": None}, "missing_field"),
+        ({"session_id": None, "action": "accepted", "request_id": "req_1"}, "invalid_field"),
+        (
+            {
+                "session_id": "sess_1",
+                "action": "accepted",
+                "request_id": "01890A5D-AC96-774B-BCCE-B302099A8057",
+            },
+            "invalid_field",
+        ),
+        (
+            {
+                "session_id": "sess_1",
+                "action": "accepted",
+                "request_id": "01890a5d-ac96-474b-bcce-b302099a8057",
+            },
+            "invalid_field",
+        ),
+        (
+            {"session_id": "bad", "action": "accepted", "request_id": "01890a5d-ac96-774b-bcce-b302099a8057"},
+            "invalid_session_id",
+        ),
         ({"session_id": "sess_1", "action": "liked"}, "invalid_action"),
         ({"session_id": "sess_1", "action": "Accepted"}, "invalid_action"),
         ({"session_id": "sess_1", "action": "edited"}, "edit_distance_required"),
@@ -167,6 +189,34 @@ def test_valid_signal_bodies() -> None:
     build_signal("sess_1", "sent", custom_label="x" * 1022, idempotency_key="k" * 255)
     keys = {build_signal("sess_1", "sent").idempotency_key for _ in range(100)}
     assert len(keys) == 100
+
+
+def test_a_signal_may_name_an_answer() -> None:
+    rid = "01890a5d-ac96-774b-bcce-b302099a8057"
+    s = build_signal(None, "accepted", request_id=rid)
+    assert json.loads(s.body) == {"request_id": rid, "action": "accepted"}
+    assert (s.session_id, s.request_id, s.about) == (None, rid, rid)
+    both = build_signal("sess_1", "accepted", request_id=rid)
+    assert json.loads(both.body) == {"session_id": "sess_1", "request_id": rid, "action": "accepted"}
+
+
+def test_a_sessions_signal_names_its_last_answer_by_default(gw: Gateway) -> None:
+    from nm_gateway import LAST_ANSWER
+    from nm_gateway._session import Session, _State
+
+    rid = "01890a5d-ac96-774b-bcce-b302099a8057"
+    state = _State(gw, "sess_1", None, None)
+    s = Session(state)
+    assert s._answer(LAST_ANSWER) is None, "no answer yet: the session only"
+    state.record(rid, None, None)
+    assert s._answer(LAST_ANSWER) == rid
+    assert s._answer(None) is None
+    other = "01890a5d-ac96-774b-bcce-b302099a8058"
+    assert s._answer(other) == other
+    state.record(rid, None, "budget_exceeded")
+    assert s._answer(LAST_ANSWER) is None, "a gateway-made error is no answer"
+    state.record("req-1", None, None)
+    assert s._answer(LAST_ANSWER) is None, "an id not of the gateway's form names nothing"
 
 
 def test_edited_takes_a_distance_or_two_texts(gw: Gateway) -> None:

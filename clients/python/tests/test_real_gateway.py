@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 import tempfile
 import threading
 import time
@@ -22,7 +23,7 @@ from mistralai.client import errors as mistral_errors
 from mock_provider import MockProvider
 from sdk_calls import ALL_CALLS, EXPECTED_TEXT
 
-from nm_gateway import Gateway, SignalError, error_code, request_id
+from nm_gateway import Gateway, InvalidSignal, SignalError, error_code, request_id
 
 
 def unique(prefix: str) -> str:
@@ -193,6 +194,65 @@ async def test_async_signals_are_counted(real: RealGateway) -> None:
         await asyncio.gather(s.accepted(), s.thumbs_up(), s.edited(original="abc", final="abd"))
     got = signals_of(real, agent, 3)
     assert got["by_action"]["edited"] == 1
+
+
+def test_session_signals_name_the_last_answer(real: RealGateway) -> None:
+    """A session's signals carry the last answer's NM-Request-Id (`request_id`) by default; an
+    explicit one, or None (the session only), overrides it; the gateway refuses an answer of
+    another session with 409 session_mismatch, and counts each signal for its answer."""
+    agent = unique("py-answer")
+    gw = Gateway(url=real.url, key=real.admin_key, agent=agent)
+    client = gw.openai()
+    with gw.session() as s:
+        client.chat.completions.create(model="gpt-4o-mini", messages=[])
+        first = s.last_request_id
+        client.chat.completions.create(model="gpt-4o-mini", messages=[])
+        second = s.last_request_id
+        assert first and second and first != second
+        rows_for(real, agent, 2)  # both records are in: the answers are known
+        s.accepted()
+        s.thumbs_up(request_id=first)
+        s.sent(request_id=None)
+        s.edited(original="abc", final="abd", request_id=first)
+    gw.signal(None, "thumbs_down", request_id=second)
+    with pytest.raises(SignalError) as e:
+        gw.signal("sess_" + uuid.uuid4().hex, "accepted", request_id=second)
+    assert (e.value.code, e.value.status, e.value.retryable) == ("session_mismatch", 409, False)
+    with pytest.raises(InvalidSignal) as bad:
+        gw.signal(None, "accepted", request_id=second.upper())
+    assert bad.value.code == "invalid_field"
+    with pytest.raises(InvalidSignal) as none:
+        gw.signal(None, "accepted")
+    assert none.value.code == "missing_field"
+    signals_of(real, agent, 5)
+    with sqlite3.connect(f"{real.tmpdir}/nm.db") as db:
+        stored = db.execute(
+            "SELECT action, request_id, session_id FROM signals WHERE agent = ? ORDER BY received_at_ms, id",
+            (agent,),
+        ).fetchall()
+    assert [(a, r) for a, r, _ in stored] == [
+        ("accepted", second),
+        ("thumbs_up", first),
+        ("sent", None),
+        ("edited", first),
+        ("thumbs_down", second),
+    ]
+    assert {sess for _, _, sess in stored} == {s.id}, "the answer's session is learnt"
+
+
+async def test_async_session_signals_name_the_last_answer(real: RealGateway) -> None:
+    agent = unique("py-async-answer")
+    gw = Gateway(url=real.url, key=real.admin_key, agent=agent)
+    async with gw.session() as s:
+        await gw.async_openai().chat.completions.create(model="gpt-4o-mini", messages=[])
+        await s.accepted()
+        await s.regenerated(request_id=None)
+    signals_of(real, agent, 2)
+    with sqlite3.connect(f"{real.tmpdir}/nm.db") as db:
+        stored = db.execute(
+            "SELECT action, request_id FROM signals WHERE agent = ? ORDER BY received_at_ms, id", (agent,)
+        ).fetchall()
+    assert stored == [("accepted", s.last_request_id), ("regenerated", None)]
 
 
 def test_server_side_refusals_surface_with_their_code(real: RealGateway) -> None:

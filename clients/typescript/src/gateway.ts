@@ -270,11 +270,13 @@ export class Gateway implements SignalSink {
   // === signals ===
 
   /**
-   * Records a signal for any session: checked here (`InvalidSignal`), sent with an
-   * `Idempotency-Key` (drawn unless given), retried on 503/429/connection errors; rejects
-   * with `SignalError` when not stored. In background mode: checked and queued only.
+   * Records a signal for any session, or for one answer (`{ requestId }`: the answer's
+   * `NM-Request-Id`; `sessionId` may then be undefined): checked here (`InvalidSignal`), sent
+   * with an `Idempotency-Key` (drawn unless given), retried on 503/429/connection errors;
+   * rejects with `SignalError` when not stored (code `session_mismatch` when the answer belongs
+   * to another session). In background mode: checked and queued only.
    */
-  async signal(sessionId: string, action: Action, opts: SignalOptions = {}): Promise<void> {
+  async signal(sessionId: string | undefined, action: Action, opts: SignalOptions = {}): Promise<void> {
     const sig = buildSignal(sessionId, action, {
       ...opts,
       agent: checkAgent(opts.agent, "agent") ?? this.agent,

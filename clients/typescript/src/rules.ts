@@ -40,6 +40,15 @@ export const MAX_CUSTOM_LABEL_BYTES = 1024;
 const SESSION_RE = /^sess_[A-Za-z0-9_-]{1,128}$/;
 const PRINTABLE_RE = /^[\x20-\x7e]+$/;
 
+/** An answer's `NM-Request-Id`: a UUIDv7 in lowercase hyphenated form, as the gateway writes it. */
+const REQUEST_ID_RE = /^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/;
+export const REQUEST_ID_RULE =
+  "request_id must be an NM-Request-Id value: a UUIDv7 in lowercase hyphenated form (36 characters, e.g. 01890a5d-ac96-774b-bcce-b302099a8057)";
+
+export function isRequestId(value: unknown): value is string {
+  return typeof value === "string" && REQUEST_ID_RE.test(value);
+}
+
 export const SESSION_RULE =
   "a session id is sess_<id>, where <id> is 1 to 128 characters of A-Z, a-z, 0-9, '_' or '-'";
 

@@ -9,19 +9,26 @@
  *
  * The wired fetch reads the store on every request and writes the answer's `NM-Request-Id`,
  * `NM-Trace-Id` and `NM-Error` into the session that was current for it.
+ *
+ * A signal sent from a session (`s.accepted()`, ...) names, besides the session, the last answer
+ * the session's wired clients received (its `NM-Request-Id`, as `request_id`), so the gateway
+ * counts it for that answer's model alone; unless that answer was a gateway-made error
+ * (`NM-Error`), or there was none yet (or its id is not of the gateway's form).
+ * `{ requestId: "<id>" }` names another answer of the session; `{ requestId: null }` names the
+ * session only.
  */
 
 import { AsyncLocalStorage } from "node:async_hooks";
 
 import { editDistance as computeEditDistance } from "./editDistance.js";
 import { InvalidSignal } from "./errors.js";
-import type { Action } from "./rules.js";
+import { type Action, isRequestId } from "./rules.js";
 import type { SignalOptions } from "./signals.js";
 
 /** What a session needs from its gateway. */
 export interface SignalSink {
   readonly agent: string | undefined;
-  signal(sessionId: string, action: Action, opts?: SignalOptions): Promise<void>;
+  signal(sessionId: string | undefined, action: Action, opts?: SignalOptions): Promise<void>;
 }
 
 export class SessionState {
@@ -50,6 +57,11 @@ export interface SessionSignalOptions {
   customLabel?: unknown;
   /** 1-255 visible ASCII characters; drawn at random when absent. */
   idempotencyKey?: string | undefined;
+  /**
+   * The answer the signal is about (an `NM-Request-Id`). Absent: the session's last answer
+   * (`lastRequestId`, unless that answer was a gateway error); `null`: the session only.
+   */
+  requestId?: string | null | undefined;
 }
 
 /** `edited(...)`: the distance, or the two texts to compute it from. */
@@ -98,7 +110,12 @@ export class Session {
     action: Action,
     opts: SessionSignalOptions & { editDistance?: number | undefined } = {},
   ): Promise<void> {
-    return this.state.gateway.signal(this.id, action, { ...opts, agent: this.agent });
+    const { requestId, ...rest } = opts;
+    return this.state.gateway.signal(this.id, action, {
+      ...rest,
+      agent: this.agent,
+      requestId: answerOf(this.state, requestId),
+    });
   }
 
   /** The user used the output without changes. */
@@ -129,6 +146,7 @@ export class Session {
     return this.signal("edited", {
       customLabel: o.customLabel,
       idempotencyKey: o.idempotencyKey,
+      requestId: o.requestId,
       editDistance: distance,
     });
   }
@@ -160,6 +178,16 @@ export class Session {
   toJSON(): { id: string; user: string | undefined } {
     return { id: this.id, user: this.user };
   }
+}
+
+/** The request id a session's signal names: the one given, or the last answer's (`null`: none). */
+function answerOf(state: SessionState, requestId: string | null | undefined): string | undefined {
+  if (requestId === null) return undefined;
+  if (requestId !== undefined) return requestId;
+  // The default never makes a signal fail: an id not of the gateway's form (something else
+  // answered) names no answer, and the signal names the session only.
+  const last = state.requestId;
+  return state.errorCode === undefined && isRequestId(last) ? last : undefined;
 }
 
 /** The session in force here (this async context), if any. */

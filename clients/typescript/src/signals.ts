@@ -30,8 +30,10 @@ import {
   isAction,
   isSessionId,
   MAX_CUSTOM_LABEL_BYTES,
+  isRequestId,
   MAX_IDEMPOTENCY_KEY_LEN,
   printable,
+  REQUEST_ID_RULE,
   SESSION_RULE,
 } from "./rules.js";
 
@@ -52,11 +54,19 @@ export interface SignalOptions {
   idempotencyKey?: string | undefined;
   /** `NM-Agent` of the signal request (defaults to the gateway's agent). */
   agent?: string | undefined;
+  /**
+   * The answer the signal is about: its `NM-Request-Id`. The gateway then counts the signal for
+   * that answer's model alone; the session may then be left out.
+   */
+  requestId?: string | undefined;
 }
 
 /** A checked signal, ready to send (and resend unchanged). */
 export interface Signal {
-  readonly sessionId: string;
+  /** The session named, or undefined when the signal names only an answer. */
+  readonly sessionId: string | undefined;
+  /** The answer named (its `NM-Request-Id`), if any. */
+  readonly requestId: string | undefined;
   readonly action: Action;
   readonly body: string;
   readonly idempotencyKey: string;
@@ -72,9 +82,21 @@ export interface SignalStats {
 }
 
 export function buildSignal(sessionId: unknown, action: unknown, opts: SignalOptions = {}): Signal {
-  if (!isSessionId(sessionId)) {
+  const requestId: unknown = opts.requestId;
+  if ((sessionId === undefined || sessionId === null) && (requestId === undefined || requestId === null)) {
+    throw new InvalidSignal(
+      "missing_field",
+      "a signal names a session (sessionId) or an answer (requestId), or both",
+    );
+  }
+  if (sessionId !== undefined && sessionId !== null && !isSessionId(sessionId)) {
     throw new InvalidSignal("invalid_session_id", `${SESSION_RULE}; got ${JSON.stringify(sessionId)}`);
   }
+  if (requestId !== undefined && requestId !== null && !isRequestId(requestId)) {
+    throw new InvalidSignal("invalid_field", `${REQUEST_ID_RULE}; got ${JSON.stringify(requestId)}`);
+  }
+  const session = isSessionId(sessionId) ? sessionId : undefined;
+  const answer = isRequestId(requestId) ? requestId : undefined;
   if (!isAction(action)) {
     throw new InvalidSignal(
       "invalid_action",
@@ -98,7 +120,10 @@ export function buildSignal(sessionId: unknown, action: unknown, opts: SignalOpt
       `editDistance is required when action is ${action}: pass { editDistance }, or { original, final } to have it computed`,
     );
   }
-  const body: Record<string, unknown> = { session_id: sessionId, action };
+  const body: Record<string, unknown> = {};
+  if (session !== undefined) body.session_id = session;
+  if (answer !== undefined) body.request_id = answer;
+  body.action = action;
   if (editDistance !== undefined && editDistance !== null) body.edit_distance = editDistance;
   if (customLabel !== undefined && customLabel !== null) {
     let label: string | undefined;
@@ -131,7 +156,14 @@ export function buildSignal(sessionId: unknown, action: unknown, opts: SignalOpt
       `idempotencyKey must be 1 to ${MAX_IDEMPOTENCY_KEY_LEN} visible ASCII characters, without surrounding spaces; got ${JSON.stringify(key)}`,
     );
   }
-  return { sessionId, action, body: JSON.stringify(body), idempotencyKey: key, agent: opts.agent };
+  return {
+    sessionId: session,
+    requestId: answer,
+    action,
+    body: JSON.stringify(body),
+    idempotencyKey: key,
+    agent: opts.agent,
+  };
 }
 
 /** Values JSON.stringify would silently turn into null or drop are refused instead. */
@@ -362,9 +394,12 @@ export class SignalQueue {
         this.sent++;
       } catch (e) {
         this.failed++;
-        process.emitWarning(`signal ${sig.action} for ${sig.sessionId} not stored: ${(e as Error).message}`, {
-          code: "NM_GATEWAY_SIGNAL_FAILED",
-        });
+        process.emitWarning(
+          `signal ${sig.action} for ${sig.requestId ?? sig.sessionId} not stored: ${(e as Error).message}`,
+          {
+            code: "NM_GATEWAY_SIGNAL_FAILED",
+          },
+        );
       } finally {
         this.inFlight--;
       }

@@ -128,6 +128,11 @@ describe("signal checks", () => {
   const cases: Array<[string, unknown, object, string]> = [
     ["abc", "accepted", {}, "invalid_session_id"],
     [42 as unknown as string, "accepted", {}, "invalid_session_id"],
+    [undefined as unknown as string, "accepted", {}, "missing_field"],
+    [undefined as unknown as string, "accepted", { requestId: "req_1" }, "invalid_field"],
+    ["sess_1", "accepted", { requestId: "01890A5D-AC96-774B-BCCE-B302099A8057" }, "invalid_field"],
+    ["sess_1", "accepted", { requestId: "01890a5d-ac96-474b-bcce-b302099a8057" }, "invalid_field"],
+    ["bad", "accepted", { requestId: "01890a5d-ac96-774b-bcce-b302099a8057" }, "invalid_session_id"],
     ["sess_1", "liked", {}, "invalid_action"],
     ["sess_1", "Accepted", {}, "invalid_action"],
     ["sess_1", "edited", {}, "edit_distance_required"],

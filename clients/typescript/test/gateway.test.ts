@@ -10,7 +10,14 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { after, before, describe, it } from "node:test";
 
 import { ApiError, GoogleGenAI } from "@google/genai";
-import { errorCode, Gateway, type RetryInfo, requestId, SignalError } from "@nm-gateway/client";
+import {
+  errorCode,
+  Gateway,
+  InvalidSignal,
+  type RetryInfo,
+  requestId,
+  SignalError,
+} from "@nm-gateway/client";
 import { anthropic } from "@nm-gateway/client/anthropic";
 import { genai } from "@nm-gateway/client/genai";
 import { openai } from "@nm-gateway/client/openai";
@@ -173,6 +180,55 @@ describe("the real gateway", () => {
       published: 1,
       sent: 1,
     });
+  });
+
+  test("a session's signals name its last answer; an explicit requestId or null overrides", async () => {
+    const agent = unique("ts-answer");
+    const gw = new Gateway({ url: real.url, key: real.adminKey, agent, environ: {} });
+    const client = openai(gw);
+    const [sid, first, second] = await gw.session(async (s) => {
+      await client.chat.completions.create({ model: "model-a", messages: [] });
+      const a = s.lastRequestId;
+      await client.chat.completions.create({ model: "model-b", messages: [] });
+      const b = s.lastRequestId;
+      await s.accepted(); // the last answer: model-b
+      await s.thumbsDown({ requestId: a }); // an earlier one: model-a
+      await s.sent({ requestId: null }); // the session only (two models: none)
+      return [s.id, a, b] as const;
+    });
+    assert.ok(first && second && first !== second);
+    await rowsFor(real, agent, 2);
+    const err = await gw
+      .signal("sess_" + randomUUID().replace(/-/g, ""), "accepted", { requestId: second })
+      .catch((e: unknown) => e);
+    assert.ok(err instanceof SignalError);
+    assert.deepEqual([err.code, err.status, err.retryable], ["session_mismatch", 409, false]);
+    const bad = await gw
+      .signal(undefined, "accepted", { requestId: second.toUpperCase() })
+      .catch((e: unknown) => e);
+    assert.ok(bad instanceof InvalidSignal && bad.code === "invalid_field");
+    const none = await gw.signal(undefined, "accepted").catch((e: unknown) => e);
+    assert.ok(none instanceof InvalidSignal && none.code === "missing_field");
+    await gw.signal(undefined, "published", { requestId: second });
+    await signalsOf(real, agent, 4);
+    type Rate = { model: string | null; sessions: number; successes: number };
+    const rates = await eventually("outcomes by model", async () => {
+      const rows = (await real.cli("agents", "outcomes", agent, "--by", "model")) as
+        { rows?: Rate[] } | Rate[];
+      const list = (Array.isArray(rows) ? rows : (rows.rows ?? [])).map((r) => [
+        r.model,
+        r.sessions,
+        r.successes,
+      ]);
+      list.sort((x, y) => String(x[0]).localeCompare(String(y[0])));
+      return list.length === 3 ? list : undefined;
+    });
+    assert.deepEqual(rates, [
+      ["model-a", 1, 0],
+      ["model-b", 1, 1],
+      [null, 1, 1],
+    ]);
+    assert.ok(sid.startsWith("sess_"));
   });
 
   test("a refusal surfaces with its code", async () => {

@@ -13,6 +13,8 @@
 //! - from the requests: the model and provider (kept only when every request of the session used
 //!   the same one), env, end user, known cost, slowest time to first byte, number of requests.
 //!   A session with exactly one request is that request's outcome: the signals tie to it.
+//!   A "session" here is an outcome *unit* ([`super::rollup`]): a session, or an answer that
+//!   signals name (`request_id`), which has exactly that request's model.
 //!
 //! Grouping every signal and request of a large agent by session is too slow (one agent with a
 //! million of each: ~10 s), so the statements read that table mostly from `session_rollups`
@@ -360,27 +362,50 @@ fn push_edge_sessions(sql: &mut Sql, agent: &str, since: i64, until: i64) {
         .bind(since)
         .push(" OR first_request_ms < ")
         .bind(request_since)
-        .push(&format!(
-            ")), u AS ({} WHERE t.session_id = e.session_id AND t.agent || '' = ",
-            rollup::signal_rows("t.session_id AS session_id", "e CROSS JOIN signals AS t")
+        .push(")), u AS (");
+    // A unit's rows (`rollup::Unit`): a session's signals that name no answer and its requests
+    // no signal names; or an answer's signals and its request. Four lookups by id, each an
+    // index's equality, rather than one `OR` the planners may not split.
+    let keys = "e.session_id AS session_id";
+    let signal_parts = [
+        "t.request_id IS NULL AND t.session_id = e.session_id",
+        "t.request_id = e.session_id",
+    ];
+    for (i, unit) in signal_parts.into_iter().enumerate() {
+        if i > 0 {
+            sql.push(" UNION ALL ");
+        }
+        sql.push(&format!(
+            "{} WHERE {unit} AND t.agent || '' = ",
+            rollup::signal_rows(keys, "e CROSS JOIN signals AS t")
         ))
         .bind(agent.to_owned())
         .push(" AND t.received_at_ms + 0 >= ")
         .bind(since)
         .push(" AND t.received_at_ms + 0 < ")
-        .bind(until)
-        .push(&format!(
-            " UNION ALL {} WHERE t.session_id = e.session_id AND t.agent || '' = ",
-            rollup::request_rows("t.session_id AS session_id", "e CROSS JOIN requests AS t")
+        .bind(until);
+    }
+    let request_parts = [
+        format!(
+            "t.session_id = e.session_id AND NOT {}",
+            rollup::named("t.")
+        ),
+        format!("t.request_id = e.session_id AND {}", rollup::named("t.")),
+    ];
+    for unit in request_parts {
+        sql.push(&format!(
+            " UNION ALL {} WHERE {unit} AND t.agent || '' = ",
+            rollup::request_rows(keys, "e CROSS JOIN requests AS t")
         ))
         .bind(agent.to_owned())
         .push(" AND t.started_at_ms + 0 >= ")
         .bind(request_since)
         .push(" AND t.started_at_ms + 0 < ")
-        .bind(until)
-        .push(&format!(
-            "), s AS MATERIALIZED (SELECT {SESSION_FROM_ROWS} FROM u GROUP BY session_id) "
-        ));
+        .bind(until);
+    }
+    sql.push(&format!(
+        "), s AS MATERIALIZED (SELECT {SESSION_FROM_ROWS} FROM u GROUP BY session_id) "
+    ));
 }
 
 /// Runs one analytics statement. On PostgreSQL it runs in a read transaction with JIT off (the

@@ -13,6 +13,16 @@
 //! has a known cost, exactly like `SUM`), the slowest time to first byte and the first and last
 //! request's time; and the session's last activity (`last_active_ms`).
 //!
+//! **Outcome units.** A row's `session_id` names its *unit*: a session, or one answer. A signal
+//! that names an answer (`signals.request_id`) counts for that request alone: its unit is the
+//! request id (a UUIDv7, never of the `sess_` form), and the request's own record moves from its
+//! session's unit to that unit, so the unit has exactly that request's model, provider, env and
+//! cost (each request in one unit: costs are never counted twice). A session's unit keeps its
+//! signals that name no answer and its requests no signal names. [`SIGNAL_UNIT`] and
+//! [`request_unit`] say it in SQL; the raw-row statements (the window's edges, the rebuilds, the
+//! tests' reference) group by them. When a signal naming a known request arrives, or the record
+//! of a request some signal named, the rows of both units are rebuilt ([`rebuild_unit`]).
+//!
 //! Only rows stored for the first time are added: duplicates of records (a resent batch) and of
 //! signals (a retried `Idempotency-Key`) are skipped by their inserts and never reach here. Rows
 //! without an agent (or a request without a session) are not in it; when signals that arrived
@@ -30,13 +40,69 @@
 
 use sea_orm::{ConnectionTrait, DatabaseBackend, Statement, Value};
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use super::outcome::{HEAVY_EDIT_CHARS, class_case, is_heavy_edit, is_success};
 use crate::error::Result;
 use crate::records::RequestRecord;
 use crate::sql::{Sql, chunks_of, insert_values, push_value_rows};
 use nm_types::Action;
+
+/// A signal's unit over `signals`: the answer it names, else its session.
+pub(crate) const SIGNAL_UNIT: &str = "COALESCE(request_id, session_id)";
+
+/// Whether some signal names the request of `requests` alias `t` (`t.`).
+pub(crate) fn named(t: &str) -> String {
+    format!("EXISTS (SELECT 1 FROM signals AS n WHERE n.request_id = {t}request_id)")
+}
+
+/// A request's unit over `requests` alias `t` (`t.`): itself when a signal names it, else its
+/// session.
+pub(crate) fn request_unit(t: &str) -> String {
+    format!(
+        "CASE WHEN {} THEN {t}request_id ELSE {t}session_id END",
+        named(t)
+    )
+}
+
+/// An outcome unit of the rollup: a session, or one answer named by signals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unit<'a> {
+    Session(&'a str),
+    Request(&'a str),
+}
+
+impl Unit<'_> {
+    fn id(&self) -> &str {
+        match self {
+            Unit::Session(id) | Unit::Request(id) => id,
+        }
+    }
+
+    /// Appends the condition that a row of `signals` belongs to the unit.
+    fn push_signals(&self, sql: &mut Sql) {
+        match self {
+            Unit::Session(id) => sql
+                .push("request_id IS NULL AND session_id = ")
+                .bind((*id).to_owned()),
+            Unit::Request(id) => sql.push("request_id = ").bind((*id).to_owned()),
+        };
+    }
+
+    /// Appends the condition that a row of `requests` belongs to the unit.
+    fn push_requests(&self, sql: &mut Sql) {
+        match self {
+            Unit::Session(id) => sql
+                .push("session_id = ")
+                .bind((*id).to_owned())
+                .push(&format!(" AND NOT {}", named("requests."))),
+            Unit::Request(id) => sql
+                .push("request_id = ")
+                .bind((*id).to_owned())
+                .push(&format!(" AND {}", named("requests."))),
+        };
+    }
+}
 
 /// Time-to-first-byte bands (upper bounds, ms) for the latency analysis; the last band is open.
 /// Defined here because each row stores its band (the `ttfb_band` column, [`DERIVED`]): a change
@@ -261,6 +327,7 @@ fn requests_sql(backend: DatabaseBackend, rows: usize) -> String {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SignalFacts<'a> {
     pub agent: &'a str,
+    /// The signal's unit: the request id it names, else its session id.
     pub session_id: &'a str,
     pub received_at_ms: i64,
     pub action: Action,
@@ -358,25 +425,43 @@ pub(crate) async fn add_requests<C: ConnectionTrait>(
     db: &C,
     records: &[&RequestRecord],
 ) -> Result<()> {
-    let mut rows: Vec<&RequestRecord> = records
+    add_requests_named(db, records, &HashSet::new()).await
+}
+
+/// [`add_requests`], where the records of `named` (request ids some signal names) go to their
+/// own unit instead of their session's (with or without a session).
+pub(crate) async fn add_requests_named<C: ConnectionTrait>(
+    db: &C,
+    records: &[&RequestRecord],
+    named: &HashSet<String>,
+) -> Result<()> {
+    let unit = |r: &RequestRecord| -> Option<String> {
+        if named.contains(&r.request_id) {
+            Some(r.request_id.clone())
+        } else {
+            r.session_id.as_ref().map(|s| s.as_str().to_owned())
+        }
+    };
+    let mut rows: Vec<(&RequestRecord, String)> = records
         .iter()
         .copied()
-        .filter(|r| r.agent.is_some() && r.session_id.is_some())
+        .filter(|r| r.agent.is_some())
+        .filter_map(|r| Some((r, unit(r)?)))
         .collect();
     if rows.is_empty() {
         return Ok(());
     }
     // Row locks in key order (see `requests_sql`): chunks follow the sorted rows.
-    rows.sort_by(|a, b| (&a.agent, &a.session_id).cmp(&(&b.agent, &b.session_id)));
+    rows.sort_by(|a, b| (&a.0.agent, &a.1).cmp(&(&b.0.agent, &b.1)));
     let backend = db.get_database_backend();
     let count = |v: Option<u64>| Value::BigInt(v.map(|v| i64::try_from(v).unwrap_or(i64::MAX)));
     for chunk in chunks_of(&rows) {
         let size = chunk.len();
         let mut values = Vec::with_capacity(size * REQUEST_VALUES.len());
-        for r in chunk {
+        for (r, unit) in chunk {
             values.extend([
                 Value::String(r.agent.clone()),
-                Value::String(r.session_id.as_ref().map(|s| s.as_str().to_owned())),
+                Value::String(Some(unit.clone())),
                 Value::BigInt(Some(r.started_at_ms)),
                 Value::String(r.usage.model.clone()),
                 Value::String(r.model.clone()),
@@ -397,47 +482,61 @@ pub(crate) async fn add_requests<C: ConnectionTrait>(
     Ok(())
 }
 
-/// Rebuilds the rows of `session_id` for `agent` and for every agent its signals were stored
-/// with before they were re-attributed (their `agent_hint`), from the raw rows. Called when the
-/// records ingest re-attributes signals: a maximum cannot be taken back, so the rows are
-/// recomputed rather than adjusted.
+/// Rebuilds the rows of `session_id`'s unit for `agent` and for every agent its signals were
+/// stored with before they were re-attributed (their `agent_hint`), from the raw rows. Called
+/// when the records ingest re-attributes signals: a maximum cannot be taken back, so the rows
+/// are recomputed rather than adjusted.
 pub(crate) async fn rebuild_session<C: ConnectionTrait>(
     db: &C,
     session_id: &str,
     agent: &str,
 ) -> Result<()> {
+    rebuild_unit(db, Unit::Session(session_id), Some(agent)).await
+}
+
+/// Rebuilds the rows of `unit` for `agent` (when known) and for the `agent_hint` of every signal
+/// of the unit, from the raw rows: the unit's signals (by [`SIGNAL_UNIT`]) and requests (by
+/// [`request_unit`]).
+pub(crate) async fn rebuild_unit<C: ConnectionTrait>(
+    db: &C,
+    unit: Unit<'_>,
+    agent: Option<&str>,
+) -> Result<()> {
     let backend = db.get_database_backend();
+    let id = unit.id().to_owned();
     let agents = |sql: &mut Sql| {
-        sql.push(" IN (SELECT agent_hint FROM signals WHERE session_id = ")
-            .bind(session_id.to_owned())
-            .push(" AND agent_hint IS NOT NULL UNION SELECT ")
-            .bind(agent.to_owned())
-            .push(")");
+        sql.push(" IN (SELECT agent_hint FROM signals WHERE ");
+        unit.push_signals(sql);
+        sql.push(" AND agent_hint IS NOT NULL");
+        if let Some(agent) = agent {
+            sql.push(" UNION SELECT ").bind(agent.to_owned());
+        }
+        sql.push(")");
     };
     let mut delete = Sql::new(backend, "DELETE FROM session_rollups WHERE session_id = ");
-    delete.bind(session_id.to_owned()).push(" AND agent");
+    delete.bind(id.clone()).push(" AND agent");
     agents(&mut delete);
     db.execute_raw(delete.build()).await?;
 
     let mut insert = Sql::new(backend, "");
-    insert
-        .push(&format!(
-            "INSERT INTO session_rollups (agent, session_id, {}) SELECT agent, session_id, \
-             {} FROM ({} WHERE session_id = ",
-            all_columns(),
-            aggregates(),
-            signal_rows("agent, session_id", "signals")
-        ))
-        .bind(session_id.to_owned())
-        .push(" AND agent");
+    insert.push(&format!(
+        "INSERT INTO session_rollups (agent, session_id, {}) SELECT agent, session_id, \
+         {} FROM ({} WHERE ",
+        all_columns(),
+        aggregates(),
+        signal_rows(&format!("agent, {SIGNAL_UNIT} AS session_id"), "signals")
+    ));
+    unit.push_signals(&mut insert);
+    insert.push(" AND agent");
     agents(&mut insert);
-    insert
-        .push(&format!(
-            " UNION ALL {} WHERE session_id = ",
-            request_rows("agent, session_id", "requests")
-        ))
-        .bind(session_id.to_owned())
-        .push(" AND agent");
+    insert.push(" UNION ALL ");
+    insert.push(&request_rows(
+        &format!("agent, {} AS session_id", request_unit("requests.")),
+        "requests",
+    ));
+    insert.push(" WHERE ");
+    unit.push_requests(&mut insert);
+    insert.push(" AND agent");
     agents(&mut insert);
     insert.push(") AS u GROUP BY agent, session_id");
     db.execute_raw(insert.build()).await?;

@@ -2,8 +2,9 @@
 //! analytics ran before `session_rollups`, kept here as the reference), on SQLite and
 //! PostgreSQL: on seeded random traffic ingested through the real paths in shuffled order, with
 //! resent record batches (whole and partial), retried signals, signals that arrive before their
-//! session and are re-attributed, sessions straddling every window edge, unknown costs and
-//! sessions mixing models, providers and agents. And a database filled before the migration gets
+//! session and are re-attributed, signals that name one answer (before and after its record,
+//! with and without their session, or an answer that never arrives), sessions straddling every
+//! window edge, unknown costs and sessions mixing models, providers and agents. And a database filled before the migration gets
 //! the same rollup as one kept by the ingest.
 //!
 //! The PostgreSQL variants run when `NM_TEST_POSTGRES_URL` names a server (each in a fresh
@@ -18,7 +19,7 @@ use super::query::{
     outcome_rates_from,
 };
 use super::report::Window;
-use super::rollup::{self, SignalFacts};
+use super::rollup::{self, SignalFacts, request_unit};
 use super::synthetic::Rng;
 use crate::records::{RequestRecord, Usage};
 use crate::sql::Sql;
@@ -32,16 +33,18 @@ const DAY: i64 = 24 * HOUR;
 const T0: i64 = 1_800_000_000_000;
 use crate::scratch::{ScratchPg, drop_test_db};
 
-/// The per-session table as the analytics computed it before the rollup: every signal of the
-/// agent in the window and every request from a day before it, grouped by session.
+/// The per-unit table as the analytics computed it before the rollup: every signal of the
+/// agent in the window and every request from a day before it, grouped by unit (a session, or
+/// an answer some signal names: `rollup::Unit`).
 fn raw_sessions(sql: &mut Sql, agent: &str, since: i64, until: i64) {
     sql.push(&format!(
-        "WITH u AS (SELECT session_id, 1 AS is_sig, received_at_ms * 4 + {} AS sig_key, \
+        "WITH u AS (SELECT {} AS session_id, 1 AS is_sig, received_at_ms * 4 + {} AS sig_key, \
          CASE WHEN action = '{}' THEN 1 ELSE 0 END AS regen, \
          CASE WHEN action = '{}' AND edit_distance >= {HEAVY_EDIT_CHARS} THEN 1 ELSE 0 END AS heavy, \
          CAST(NULL AS TEXT) AS model, CAST(NULL AS TEXT) AS provider, CAST(NULL AS TEXT) AS env, \
          CAST(NULL AS TEXT) AS user_id, CAST(NULL AS BIGINT) AS cost, CAST(NULL AS BIGINT) AS ttfb \
          FROM signals WHERE agent = ",
+        rollup::SIGNAL_UNIT,
         class_case(),
         Action::Regenerated,
         Action::Edited,
@@ -51,17 +54,19 @@ fn raw_sessions(sql: &mut Sql, agent: &str, since: i64, until: i64) {
     .bind(since)
     .push(" AND received_at_ms < ")
     .bind(until)
-    .push(
-        " UNION ALL SELECT session_id, 0, NULL, 0, 0, COALESCE(answered_model, model), provider, \
-         env, user_id, cost_micros, ttfb_ms FROM requests WHERE agent = ",
-    )
+    .push(&format!(
+        " UNION ALL SELECT {} AS session_id, 0, NULL, 0, 0, COALESCE(answered_model, model), \
+         provider, env, user_id, cost_micros, ttfb_ms FROM requests WHERE agent = ",
+        request_unit("requests.")
+    ))
     .bind(agent.to_owned())
     .push(" AND started_at_ms >= ")
     .bind(since - REQUEST_LOOKBACK_MS)
     .push(" AND started_at_ms < ")
     .bind(until)
+    .push(&format!(" AND {} IS NOT NULL", request_unit("requests.")))
     .push(
-        " AND session_id IS NOT NULL), \
+        "), \
          s AS MATERIALIZED (SELECT MAX(sig_key) % 4 AS cls, MAX(sig_key) / 4 AS last_ms, \
          CAST(SUM(regen) AS BIGINT) AS regens, CAST(SUM(heavy) AS BIGINT) AS heavy, \
          CAST(SUM(is_sig) AS BIGINT) AS signals, \
@@ -111,9 +116,20 @@ fn shuffle<T>(rng: &mut Rng, items: &mut [T]) {
     }
 }
 
+/// The request id of request `k` of session `n`: of the gateway's form (a UUIDv7).
+fn request_id(n: usize, k: u64) -> String {
+    format!("{n:08x}-{k:04x}-7000-8000-000000000000")
+}
+
 /// Seeded traffic around [`T0`] (three days either side) of agents `a` and `b`, as a shuffled
-/// sequence of ingest steps with replays.
+/// sequence of ingest steps with replays; some signals name an answer.
 fn traffic(seed: u64, sessions: usize) -> Vec<Step> {
+    traffic_with(seed, sessions, true)
+}
+
+/// [`traffic`]; with `name_answers` false, every signal names only its session (the schema
+/// before m0008 has no place for a request id).
+fn traffic_with(seed: u64, sessions: usize, name_answers: bool) -> Vec<Step> {
     let mut rng = Rng::new(seed);
     let mut records = Vec::new();
     let mut signals = Vec::new();
@@ -129,7 +145,8 @@ fn traffic(seed: u64, sessions: usize) -> Vec<Step> {
         } as i64;
         // Sessions mostly keep one model; some mix.
         let session_model = *pick(&mut rng, &models);
-        for k in 0..rng.below(4) {
+        let requests = rng.below(4);
+        for k in 0..requests {
             let at = start + rng.below(span as u64 + 1) as i64;
             let model = if rng.chance(0.8) {
                 session_model
@@ -137,7 +154,7 @@ fn traffic(seed: u64, sessions: usize) -> Vec<Step> {
                 *pick(&mut rng, &models)
             };
             records.push(RequestRecord {
-                request_id: format!("r{n}-{k}"),
+                request_id: request_id(n, k),
                 started_at_ms: at,
                 key_id: "key_1".into(),
                 provider: (*pick(&mut rng, &["openai", "anthropic"])).into(),
@@ -179,10 +196,22 @@ fn traffic(seed: u64, sessions: usize) -> Vec<Step> {
             } else {
                 None
             };
+            // A third of the signals name an answer: one of the session's (with or without the
+            // session), or now and then one that never arrives.
+            let named = name_answers && rng.chance(0.35);
+            let request = named.then(|| {
+                if requests > 0 && !rng.chance(0.1) {
+                    request_id(n, rng.below(requests))
+                } else {
+                    request_id(n, 99)
+                }
+            });
+            let with_session = !named || rng.chance(0.5);
             signals.push(Signal {
                 id: format!("s{n}-{k}"),
                 received_at_ms: at,
-                session_id: session_id.parse().unwrap(),
+                session_id: with_session.then(|| session_id.parse().unwrap()),
+                request_id: request.map(|r| r.parse().unwrap()),
                 action,
                 edit_distance,
                 custom_label: None,
@@ -409,6 +438,22 @@ async fn ingested_traffic_matches(url: &str, seed: u64) {
     );
     let sessions = assert_rollup_matches_raw(&store).await;
     assert!(sessions > 100, "{sessions} sessions compared");
+    // Answers named by signals are units of their own, with their request's model.
+    let row = store
+        .conn()
+        .query_one_raw(
+            Sql::new(
+                store.backend(),
+                "SELECT COUNT(*) AS n FROM session_rollups WHERE session_id NOT LIKE 'sess_%' \
+             AND signals > 0 AND requests = 1",
+            )
+            .build(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let answers = crate::sql::count(&row, "n").unwrap();
+    assert!(answers > 20, "{answers} answers with their own unit");
     store.close().await.unwrap();
 }
 
@@ -491,7 +536,7 @@ async fn insert_rows(db: &DatabaseConnection, steps: &[Step], keep_rollup: bool)
             .push(", ")
             .bind(s.received_at_ms)
             .push(", ")
-            .bind(s.session_id.as_str().to_owned())
+            .bind(s.session_id.as_ref().unwrap().as_str().to_owned())
             .push(", ")
             .bind(s.action.as_str())
             .push(", ")
@@ -510,7 +555,7 @@ async fn insert_rows(db: &DatabaseConnection, steps: &[Step], keep_rollup: bool)
             .filter_map(|s| {
                 Some(SignalFacts {
                     agent: s.agent_hint.as_deref()?,
-                    session_id: s.session_id.as_str(),
+                    session_id: s.session_id.as_ref()?.as_str(),
                     received_at_ms: s.received_at_ms,
                     action: s.action,
                     edit_distance: s.edit_distance.map(|d| d as i64),
@@ -563,7 +608,7 @@ async fn rollup_rows(store: &Store) -> Vec<String> {
 /// A database filled before m0006 gets, from the migration, the rollup the ingest would have
 /// kept, and answers exactly as from the raw rows.
 async fn backfill_matches(before_url: &str, kept_url: &str) {
-    let steps = traffic(9, 300);
+    let steps = traffic_with(9, 300, false);
     let db = Database::connect(before_url).await.unwrap();
     Migrator::up(&db, Some(5)).await.unwrap();
     insert_rows(&db, &steps, false).await;
@@ -663,4 +708,60 @@ async fn sqlite_groups_rollup_rows_in_index_order() {
             .collect();
         assert_eq!(rollup_reads.len(), 1, "{plan:#?}");
     }
+}
+
+// === m0008: signals that name an answer ===
+
+/// A database of the schema before m0008 (its signals name sessions only) moves over: every
+/// signal keeps its session and names no answer, the rollup is the one a database of the new
+/// schema keeps for the same rows, and the analytics answer as from the raw rows.
+async fn m0008_moves_an_existing_database_over(before_url: &str, kept_url: &str) {
+    let steps = traffic_with(11, 200, false);
+    let db = Database::connect(before_url).await.unwrap();
+    // m0001 ..= m0007: the schema every database had before signals could name an answer.
+    Migrator::up(&db, Some(7)).await.unwrap();
+    insert_rows(&db, &steps, true).await;
+    db.close().await.unwrap();
+    let migrated = Store::connect(before_url).await.unwrap();
+    let kept = Store::connect(kept_url).await.unwrap();
+    insert_rows(kept.conn(), &steps, true).await;
+    let row = migrated
+        .conn()
+        .query_one_raw(
+            Sql::new(
+                migrated.backend(),
+                "SELECT COUNT(*) AS n FROM signals WHERE request_id IS NOT NULL",
+            )
+            .build(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(crate::sql::count(&row, "n").unwrap(), 0);
+    let (want, got) = (rollup_rows(&kept).await, rollup_rows(&migrated).await);
+    assert!(want.len() > 50, "{} rollup rows", want.len());
+    assert_eq!(got, want);
+    assert!(assert_rollup_matches_raw(&migrated).await > 50);
+    migrated.close().await.unwrap();
+    kept.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn m0008_moves_an_existing_database_over_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    m0008_moves_an_existing_database_over(&sqlite_url(&dir, "before"), &sqlite_url(&dir, "kept"))
+        .await;
+}
+
+#[tokio::test]
+async fn m0008_moves_an_existing_database_over_postgres() {
+    let Some(before) = postgres_url().await else {
+        return;
+    };
+    let Some(kept) = postgres_url().await else {
+        return;
+    };
+    m0008_moves_an_existing_database_over(&before, &kept).await;
+    drop_postgres(&before).await;
+    drop_postgres(&kept).await;
 }

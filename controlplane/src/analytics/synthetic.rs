@@ -308,6 +308,7 @@ impl<'a> Generator<'a> {
                 id: Set(format!("{session_id}-s{k}")),
                 received_at_ms: Set(at + 20_000 + ttfb as i64),
                 session_id: Set(session_id.clone()),
+                request_id: Set(None),
                 action: Set(a.to_owned()),
                 edit_distance: Set(d),
                 custom_label: Set(None),

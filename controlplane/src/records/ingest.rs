@@ -1,6 +1,13 @@
 //! The flow of one batch of records: checked one by one, new rows written by the database's
 //! row writer, then folded into `sessions`, the analytics rollups and `user_spend`, signals that
-//! came before their session re-attributed, all in one transaction.
+//! came before their session or their request (a signal naming an answer) re-attributed, all
+//! in one transaction.
+//!
+//! A signal that named an answer before its record arrived takes, when it arrives, the
+//! request's agent, env, user and session. Had the signal named another session as well (a
+//! conflict the signal endpoint could not see yet: it answers 409 `session_mismatch` only while
+//! the record is known), the request wins: the signal was acknowledged and is kept, counted for
+//! that request, under the request's own session; the disagreement is logged (warn).
 
 use std::collections::{HashMap, HashSet};
 
@@ -66,6 +73,8 @@ impl Records {
         }
         let db = crate::otel::db_span(self.store.system(), "INSERT", "request_records");
         let txn = self.store.begin_write().await?;
+        // Before any row lock: ordered against signal groups that name answers (PostgreSQL).
+        crate::signals::answers_lock(&txn, false).await?;
         let new_ids = insert_new(&txn, &self.insert_sql, &valid)
             .await
             .inspect_err(|_| db.failed("insert_failed"))?;
@@ -81,7 +90,18 @@ impl Records {
         let mut sessions = sessions_of(&fresh);
         sessions.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         upsert_sessions(&txn, &sessions).await?;
-        rollup::add_requests(&txn, &fresh).await?;
+        // Requests some signal names (sent before their record) count in their own unit.
+        let named = named_requests(&txn, &fresh).await?;
+        rollup::add_requests_named(&txn, &fresh, &named).await?;
+        for record in fresh.iter().filter(|r| named.contains(&r.request_id)) {
+            attribute_request_signals(&txn, record).await?;
+            rollup::rebuild_unit(
+                &txn,
+                rollup::Unit::Request(&record.request_id),
+                record.agent.as_deref(),
+            )
+            .await?;
+        }
         // Signals rarely arrive before their session's first request: one probe for the batch
         // finds the sessions that have such signals, and only those are re-attributed.
         for session_id in awaiting_attribution(&txn, &sessions).await? {
@@ -209,7 +229,8 @@ async fn awaiting_attribution<C: ConnectionTrait>(
     for chunk in chunks_of(sessions) {
         let mut sql = Sql::new(
             backend,
-            "SELECT DISTINCT session_id FROM signals WHERE attributed_by_session = ",
+            "SELECT DISTINCT session_id FROM signals WHERE request_id IS NULL \
+             AND attributed_by_session = ",
         );
         sql.bind(false).push(" AND session_id IN (");
         for (i, (id, _)) in chunk.iter().enumerate() {
@@ -247,6 +268,7 @@ async fn attribute_signals<C: ConnectionTrait>(db: &C, session_id: &str) -> Resu
         .col_expr(signal::Column::Env, Expr::value(s.env.clone()))
         .col_expr(signal::Column::UserId, Expr::value(s.user_id.clone()))
         .filter(signal::Column::SessionId.eq(session_id))
+        .filter(signal::Column::RequestId.is_null())
         .filter(signal::Column::AttributedBySession.eq(false));
     if let Some(agent) = &s.agent {
         update = update
@@ -255,4 +277,79 @@ async fn attribute_signals<C: ConnectionTrait>(db: &C, session_id: &str) -> Resu
     }
     let changed = update.exec(db).await?.rows_affected;
     Ok(s.agent.filter(|_| changed > 0))
+}
+
+/// The request ids among `records` that some stored signal names (one probe per chunk; signals
+/// naming an answer before its record are rare).
+async fn named_requests<C: ConnectionTrait>(
+    db: &C,
+    records: &[&RequestRecord],
+) -> Result<HashSet<String>> {
+    let backend = db.get_database_backend();
+    let mut found = HashSet::new();
+    for chunk in chunks_of(records) {
+        let mut sql = Sql::new(
+            backend,
+            "SELECT DISTINCT request_id FROM signals WHERE request_id IN (",
+        );
+        for (i, r) in chunk.iter().enumerate() {
+            if i > 0 {
+                sql.push(", ");
+            }
+            sql.bind(r.request_id.clone());
+        }
+        sql.push(")");
+        for row in db.query_all_raw(sql.build()).await? {
+            found.insert(row.try_get::<String>("", "request_id")?);
+        }
+    }
+    Ok(found)
+}
+
+/// Gives the signals that named `record` before it arrived its agent (else they keep their
+/// hint), env, user and session (else they keep the one they named).
+async fn attribute_request_signals<C: ConnectionTrait>(
+    db: &C,
+    record: &RequestRecord,
+) -> Result<()> {
+    let own = record.session_id.as_ref().map(|s| s.as_str().to_owned());
+    if let Some(own) = &own {
+        let mut sql = Sql::new(
+            db.get_database_backend(),
+            "SELECT COUNT(*) AS n FROM signals WHERE request_id = ",
+        );
+        sql.bind(record.request_id.clone())
+            .push(" AND attributed_by_session = ")
+            .bind(false)
+            .push(" AND session_id <> '' AND session_id <> ")
+            .bind(own.clone());
+        let others = match db.query_one_raw(sql.build()).await? {
+            Some(row) => crate::sql::count(&row, "n")?,
+            None => 0,
+        };
+        if others > 0 {
+            warn!(
+                signals = others,
+                "signals named a request and another session than the request's; kept, counted \
+                 for the request under its own session"
+            );
+        }
+    }
+    let mut update = signal::Entity::update_many()
+        .col_expr(
+            signal::Column::Env,
+            Expr::value(record.env.map(|e| e.as_str().to_owned())),
+        )
+        .col_expr(signal::Column::UserId, Expr::value(record.user_id.clone()))
+        .col_expr(signal::Column::AttributedBySession, Expr::value(true))
+        .filter(signal::Column::RequestId.eq(record.request_id.as_str()))
+        .filter(signal::Column::AttributedBySession.eq(false));
+    if let Some(agent) = &record.agent {
+        update = update.col_expr(signal::Column::Agent, Expr::value(agent.clone()));
+    }
+    if let Some(own) = own {
+        update = update.col_expr(signal::Column::SessionId, Expr::value(own));
+    }
+    update.exec(db).await?;
+    Ok(())
 }

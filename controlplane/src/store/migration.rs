@@ -20,6 +20,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0005_analytics::Migration),
             Box::new(m0006_session_rollups::Migration),
             Box::new(m0007_trace_ids::Migration),
+            Box::new(m0008_signal_request_id::Migration),
             Box::new(m0101_write_probe::Migration),
         ]
     }
@@ -791,6 +792,46 @@ mod m0007_trace_ids {
                 .await?;
             m.get_connection()
                 .execute_unprepared("ALTER TABLE requests DROP COLUMN span_id")
+                .await?;
+            Ok(())
+        }
+    }
+}
+
+/// Signals that name one answer: `signals.request_id`, the `NM-Request-Id` of the request the
+/// signal is about (NULL: the signal is about its session, as every signal stored before).
+/// Indexed: the records ingest looks up the signals waiting for a batch's requests, and the
+/// analytics read a request's signals. Existing rows keep NULL, so an upgraded database answers
+/// exactly as before; its rollups need no change.
+mod m0008_signal_request_id {
+    use super::*;
+
+    pub struct Migration;
+
+    impl MigrationName for Migration {
+        fn name(&self) -> &str {
+            "m0008_signal_request_id"
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl MigrationTrait for Migration {
+        async fn up(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            let db = m.get_connection();
+            db.execute_unprepared("ALTER TABLE signals ADD COLUMN request_id TEXT")
+                .await?;
+            db.execute_unprepared(
+                "CREATE INDEX IF NOT EXISTS idx_signals_request ON signals (request_id)",
+            )
+            .await?;
+            Ok(())
+        }
+
+        async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            let db = m.get_connection();
+            db.execute_unprepared("DROP INDEX IF EXISTS idx_signals_request")
+                .await?;
+            db.execute_unprepared("ALTER TABLE signals DROP COLUMN request_id")
                 .await?;
             Ok(())
         }

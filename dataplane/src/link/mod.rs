@@ -69,6 +69,10 @@ pub enum LinkError {
     /// the controlplane gave no answer in time): its outcome is unknown.
     #[error("no answer from the controlplane: {0}")]
     Unconfirmed(String),
+    /// A signal named both a session and a request the controlplane knows under another
+    /// session: not stored, and sending it again cannot help.
+    #[error("refused by the controlplane: {0}")]
+    SessionMismatch(String),
 }
 
 /// What the controlplane did with a batch of records.
@@ -197,6 +201,9 @@ pub enum SubmitError {
     /// was lost), so it may have been stored.
     #[error("{0}")]
     Unconfirmed(String),
+    /// Not stored: the signal names a request the controlplane knows under another session.
+    #[error("{0}")]
+    SessionMismatch(String),
 }
 
 /// Resolves once the signal is committed, with the exported spans of its session's latest

@@ -51,6 +51,7 @@ impl SignalSink for PortSignals {
                 ))),
                 Ok(Ok(spans)) => Ok(spans),
                 Ok(Err(LinkError::Rejected(why))) => Err(SubmitError::Rejected(why)),
+                Ok(Err(LinkError::SessionMismatch(why))) => Err(SubmitError::SessionMismatch(why)),
                 Ok(Err(LinkError::Unconfirmed(e))) => {
                     debug!(error = %e, "signal outcome unknown");
                     Err(SubmitError::Unconfirmed(

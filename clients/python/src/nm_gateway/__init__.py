@@ -21,7 +21,7 @@ from ._errors import (
 )
 from ._gateway import PROVIDER_KEY_PLACEHOLDER, Gateway
 from ._rules import ACTIONS, ENVS, new_session_id
-from ._session import AsyncSession, Session, SessionScope, current_session
+from ._session import LAST_ANSWER, AsyncSession, LastAnswer, Session, SessionScope, current_session
 from ._signals import SignalStats
 
 __version__ = "0.1.0"
@@ -29,11 +29,13 @@ __version__ = "0.1.0"
 __all__ = [
     "ACTIONS",
     "ENVS",
+    "LAST_ANSWER",
     "PROVIDER_KEY_PLACEHOLDER",
     "AsyncSession",
     "ConfigError",
     "Gateway",
     "InvalidSignal",
+    "LastAnswer",
     "NMGatewayError",
     "Session",
     "SessionScope",

@@ -254,17 +254,20 @@ class Gateway:
 
     def signal(
         self,
-        session_id: str,
+        session_id: Optional[str],
         action: str,
         *,
         edit_distance: Optional[int] = None,
         custom_label: Any = None,
         idempotency_key: Optional[str] = None,
         agent: Optional[str] = None,
+        request_id: Optional[str] = None,
     ) -> None:
-        """Records a signal for any session: checked here (`InvalidSignal`), sent with an
-        `Idempotency-Key` (drawn unless given), retried on 503/429/connection errors; raises
-        `SignalError` when not stored. In background mode: checked and queued only."""
+        """Records a signal for any session, or for one answer (`request_id`: the answer's
+        `NM-Request-Id`; then `session_id` may be None): checked here (`InvalidSignal`), sent with
+        an `Idempotency-Key` (drawn unless given), retried on 503/429/connection errors; raises
+        `SignalError` when not stored (code `session_mismatch` when the answer belongs to another
+        session). In background mode: checked and queued only."""
         sig = build_signal(
             session_id,
             action,
@@ -272,6 +275,7 @@ class Gateway:
             custom_label=custom_label,
             idempotency_key=idempotency_key,
             agent=check_agent(agent, "agent") or self.agent,
+            request_id=request_id,
         )
         if self._queue is not None:
             self._queue.put(sig)
@@ -280,13 +284,14 @@ class Gateway:
 
     async def asignal(
         self,
-        session_id: str,
+        session_id: Optional[str],
         action: str,
         *,
         edit_distance: Optional[int] = None,
         custom_label: Any = None,
         idempotency_key: Optional[str] = None,
         agent: Optional[str] = None,
+        request_id: Optional[str] = None,
     ) -> None:
         """`signal` for asyncio code."""
         sig = build_signal(
@@ -296,6 +301,7 @@ class Gateway:
             custom_label=custom_label,
             idempotency_key=idempotency_key,
             agent=check_agent(agent, "agent") or self.agent,
+            request_id=request_id,
         )
         if self._queue is not None:
             self._queue.put(sig)

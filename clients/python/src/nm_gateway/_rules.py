@@ -41,6 +41,19 @@ _SESSION_RE = re.compile(rf"sess_[A-Za-z0-9_-]{{1,{MAX_SESSION_ID_LEN}}}")
 # Header values the gateway reads must be visible ASCII (space allowed inside).
 _PRINTABLE_RE = re.compile(r"[\x20-\x7e]+")
 
+# A request id (an answer's NM-Request-Id): a UUIDv7 in lowercase hyphenated form, as the gateway
+# writes it and as its signal endpoint requires it.
+_REQUEST_ID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
+REQUEST_ID_RULE = (
+    "request_id must be an NM-Request-Id value: a UUIDv7 in lowercase hyphenated form "
+    "(36 characters, e.g. 01890a5d-ac96-774b-bcce-b302099a8057)"
+)
+
+
+def is_request_id(value: object) -> bool:
+    return isinstance(value, str) and _REQUEST_ID_RE.fullmatch(value) is not None
+
+
 SESSION_RULE = "a session id is sess_<id>, where <id> is 1 to 128 characters of A-Z, a-z, 0-9, '_' or '-'"
 
 

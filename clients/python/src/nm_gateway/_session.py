@@ -14,6 +14,13 @@ under it and nothing else:
 The wired clients' request hook reads the variable on every request (retries included), and
 their response hook writes the answer's `NM-Request-Id` / `NM-Trace-Id` into the session that
 was current for that request.
+
+A signal sent from a session (`s.accepted()`, ...) names, besides the session, the last answer
+the session's wired clients received (its `NM-Request-Id`, as `request_id`), so the gateway
+counts it for that answer's model alone; unless that answer was a gateway-made error
+(`NM-Error`), or there was none yet (or its id is not of the gateway's form).
+`request_id="<id>"` names another answer of the session; `request_id=None` names the session
+only.
 """
 
 from __future__ import annotations
@@ -22,17 +29,35 @@ import contextvars
 import functools
 import threading
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Callable, Optional, Type, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Optional, Type, TypeVar, Union
 
 from ._edit import edit_distance as _edit_distance
 from ._errors import InvalidSignal
+from ._rules import is_request_id
 
 if TYPE_CHECKING:
     from ._gateway import Gateway
 
 T = TypeVar("T")
 
-__all__ = ["AsyncSession", "Session", "SessionScope", "current_session"]
+__all__ = ["LAST_ANSWER", "AsyncSession", "LastAnswer", "Session", "SessionScope", "current_session"]
+
+
+class LastAnswer:
+    """The type of `LAST_ANSWER`: a signal's default `request_id`, the session's last answer."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "LAST_ANSWER"
+
+
+#: The default `request_id` of a session's signals: the last answer the session's wired clients
+#: received (none when there was none, or when it was a gateway-made error).
+LAST_ANSWER = LastAnswer()
+
+#: What a session's signal methods take as `request_id`.
+RequestIdArg = Union[str, None, LastAnswer]
 
 
 class _State:
@@ -128,6 +153,15 @@ class _Handle:
         """`NM-Error` of that answer: the gateway's own error code, None on success."""
         return self._state.last()[2]
 
+    def _answer(self, request_id: RequestIdArg) -> Optional[str]:
+        """The request id a signal names: `request_id` as given, or the last answer's."""
+        if not isinstance(request_id, LastAnswer):
+            return request_id
+        last, _, error = self._state.last()
+        # The default never makes a signal fail: an id not of the gateway's form (something
+        # else answered) names no answer, and the signal names the session only.
+        return last if error is None and is_request_id(last) else None
+
     def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Calls `fn(*args, **kwargs)` with this session current, in the calling thread.
 
@@ -164,8 +198,10 @@ class Session(_Handle):
         edit_distance: Optional[int] = None,
         custom_label: Any = None,
         idempotency_key: Optional[str] = None,
+        request_id: RequestIdArg = LAST_ANSWER,
     ) -> None:
-        """Records what the end user did with this session's output (any of the 8 actions)."""
+        """Records what the end user did with this session's output (any of the 8 actions):
+        by default with the last answer's request id (`request_id=None`: the session only)."""
         self._state.gateway.signal(
             self.id,
             action,
@@ -173,11 +209,20 @@ class Session(_Handle):
             custom_label=custom_label,
             idempotency_key=idempotency_key,
             agent=self.agent,
+            request_id=self._answer(request_id),
         )
 
-    def accepted(self, *, custom_label: Any = None, idempotency_key: Optional[str] = None) -> None:
+    def accepted(
+        self,
+        *,
+        custom_label: Any = None,
+        idempotency_key: Optional[str] = None,
+        request_id: RequestIdArg = LAST_ANSWER,
+    ) -> None:
         """The user used the output without changes."""
-        self.signal("accepted", custom_label=custom_label, idempotency_key=idempotency_key)
+        self.signal(
+            "accepted", custom_label=custom_label, idempotency_key=idempotency_key, request_id=request_id
+        )
 
     def edited(
         self,
@@ -187,6 +232,7 @@ class Session(_Handle):
         final: Optional[str] = None,
         custom_label: Any = None,
         idempotency_key: Optional[str] = None,
+        request_id: RequestIdArg = LAST_ANSWER,
     ) -> None:
         """The user edited the output: pass `edit_distance`, or `original` and `final` (the
         library counts the characters changed)."""
@@ -195,31 +241,78 @@ class Session(_Handle):
             edit_distance=_edited_distance(edit_distance, original, final),
             custom_label=custom_label,
             idempotency_key=idempotency_key,
+            request_id=request_id,
         )
 
-    def regenerated(self, *, custom_label: Any = None, idempotency_key: Optional[str] = None) -> None:
+    def regenerated(
+        self,
+        *,
+        custom_label: Any = None,
+        idempotency_key: Optional[str] = None,
+        request_id: RequestIdArg = LAST_ANSWER,
+    ) -> None:
         """The user asked for another answer."""
-        self.signal("regenerated", custom_label=custom_label, idempotency_key=idempotency_key)
+        self.signal(
+            "regenerated", custom_label=custom_label, idempotency_key=idempotency_key, request_id=request_id
+        )
 
-    def abandoned(self, *, custom_label: Any = None, idempotency_key: Optional[str] = None) -> None:
+    def abandoned(
+        self,
+        *,
+        custom_label: Any = None,
+        idempotency_key: Optional[str] = None,
+        request_id: RequestIdArg = LAST_ANSWER,
+    ) -> None:
         """The user left without using the output."""
-        self.signal("abandoned", custom_label=custom_label, idempotency_key=idempotency_key)
+        self.signal(
+            "abandoned", custom_label=custom_label, idempotency_key=idempotency_key, request_id=request_id
+        )
 
-    def thumbs_up(self, *, custom_label: Any = None, idempotency_key: Optional[str] = None) -> None:
+    def thumbs_up(
+        self,
+        *,
+        custom_label: Any = None,
+        idempotency_key: Optional[str] = None,
+        request_id: RequestIdArg = LAST_ANSWER,
+    ) -> None:
         """Explicit positive feedback."""
-        self.signal("thumbs_up", custom_label=custom_label, idempotency_key=idempotency_key)
+        self.signal(
+            "thumbs_up", custom_label=custom_label, idempotency_key=idempotency_key, request_id=request_id
+        )
 
-    def thumbs_down(self, *, custom_label: Any = None, idempotency_key: Optional[str] = None) -> None:
+    def thumbs_down(
+        self,
+        *,
+        custom_label: Any = None,
+        idempotency_key: Optional[str] = None,
+        request_id: RequestIdArg = LAST_ANSWER,
+    ) -> None:
         """Explicit negative feedback."""
-        self.signal("thumbs_down", custom_label=custom_label, idempotency_key=idempotency_key)
+        self.signal(
+            "thumbs_down", custom_label=custom_label, idempotency_key=idempotency_key, request_id=request_id
+        )
 
-    def published(self, *, custom_label: Any = None, idempotency_key: Optional[str] = None) -> None:
+    def published(
+        self,
+        *,
+        custom_label: Any = None,
+        idempotency_key: Optional[str] = None,
+        request_id: RequestIdArg = LAST_ANSWER,
+    ) -> None:
         """The user published the output."""
-        self.signal("published", custom_label=custom_label, idempotency_key=idempotency_key)
+        self.signal(
+            "published", custom_label=custom_label, idempotency_key=idempotency_key, request_id=request_id
+        )
 
-    def sent(self, *, custom_label: Any = None, idempotency_key: Optional[str] = None) -> None:
+    def sent(
+        self,
+        *,
+        custom_label: Any = None,
+        idempotency_key: Optional[str] = None,
+        request_id: RequestIdArg = LAST_ANSWER,
+    ) -> None:
         """The user sent the output."""
-        self.signal("sent", custom_label=custom_label, idempotency_key=idempotency_key)
+        self.signal("sent", custom_label=custom_label, idempotency_key=idempotency_key, request_id=request_id)
 
 
 class AsyncSession(_Handle):
@@ -234,8 +327,10 @@ class AsyncSession(_Handle):
         edit_distance: Optional[int] = None,
         custom_label: Any = None,
         idempotency_key: Optional[str] = None,
+        request_id: RequestIdArg = LAST_ANSWER,
     ) -> None:
-        """Records what the end user did with this session's output (any of the 8 actions)."""
+        """Records what the end user did with this session's output (any of the 8 actions):
+        by default with the last answer's request id (`request_id=None`: the session only)."""
         await self._state.gateway.asignal(
             self.id,
             action,
@@ -243,11 +338,20 @@ class AsyncSession(_Handle):
             custom_label=custom_label,
             idempotency_key=idempotency_key,
             agent=self.agent,
+            request_id=self._answer(request_id),
         )
 
-    async def accepted(self, *, custom_label: Any = None, idempotency_key: Optional[str] = None) -> None:
+    async def accepted(
+        self,
+        *,
+        custom_label: Any = None,
+        idempotency_key: Optional[str] = None,
+        request_id: RequestIdArg = LAST_ANSWER,
+    ) -> None:
         """The user used the output without changes."""
-        await self.signal("accepted", custom_label=custom_label, idempotency_key=idempotency_key)
+        await self.signal(
+            "accepted", custom_label=custom_label, idempotency_key=idempotency_key, request_id=request_id
+        )
 
     async def edited(
         self,
@@ -257,6 +361,7 @@ class AsyncSession(_Handle):
         final: Optional[str] = None,
         custom_label: Any = None,
         idempotency_key: Optional[str] = None,
+        request_id: RequestIdArg = LAST_ANSWER,
     ) -> None:
         """The user edited the output: pass `edit_distance`, or `original` and `final`."""
         await self.signal(
@@ -264,31 +369,80 @@ class AsyncSession(_Handle):
             edit_distance=_edited_distance(edit_distance, original, final),
             custom_label=custom_label,
             idempotency_key=idempotency_key,
+            request_id=request_id,
         )
 
-    async def regenerated(self, *, custom_label: Any = None, idempotency_key: Optional[str] = None) -> None:
+    async def regenerated(
+        self,
+        *,
+        custom_label: Any = None,
+        idempotency_key: Optional[str] = None,
+        request_id: RequestIdArg = LAST_ANSWER,
+    ) -> None:
         """The user asked for another answer."""
-        await self.signal("regenerated", custom_label=custom_label, idempotency_key=idempotency_key)
+        await self.signal(
+            "regenerated", custom_label=custom_label, idempotency_key=idempotency_key, request_id=request_id
+        )
 
-    async def abandoned(self, *, custom_label: Any = None, idempotency_key: Optional[str] = None) -> None:
+    async def abandoned(
+        self,
+        *,
+        custom_label: Any = None,
+        idempotency_key: Optional[str] = None,
+        request_id: RequestIdArg = LAST_ANSWER,
+    ) -> None:
         """The user left without using the output."""
-        await self.signal("abandoned", custom_label=custom_label, idempotency_key=idempotency_key)
+        await self.signal(
+            "abandoned", custom_label=custom_label, idempotency_key=idempotency_key, request_id=request_id
+        )
 
-    async def thumbs_up(self, *, custom_label: Any = None, idempotency_key: Optional[str] = None) -> None:
+    async def thumbs_up(
+        self,
+        *,
+        custom_label: Any = None,
+        idempotency_key: Optional[str] = None,
+        request_id: RequestIdArg = LAST_ANSWER,
+    ) -> None:
         """Explicit positive feedback."""
-        await self.signal("thumbs_up", custom_label=custom_label, idempotency_key=idempotency_key)
+        await self.signal(
+            "thumbs_up", custom_label=custom_label, idempotency_key=idempotency_key, request_id=request_id
+        )
 
-    async def thumbs_down(self, *, custom_label: Any = None, idempotency_key: Optional[str] = None) -> None:
+    async def thumbs_down(
+        self,
+        *,
+        custom_label: Any = None,
+        idempotency_key: Optional[str] = None,
+        request_id: RequestIdArg = LAST_ANSWER,
+    ) -> None:
         """Explicit negative feedback."""
-        await self.signal("thumbs_down", custom_label=custom_label, idempotency_key=idempotency_key)
+        await self.signal(
+            "thumbs_down", custom_label=custom_label, idempotency_key=idempotency_key, request_id=request_id
+        )
 
-    async def published(self, *, custom_label: Any = None, idempotency_key: Optional[str] = None) -> None:
+    async def published(
+        self,
+        *,
+        custom_label: Any = None,
+        idempotency_key: Optional[str] = None,
+        request_id: RequestIdArg = LAST_ANSWER,
+    ) -> None:
         """The user published the output."""
-        await self.signal("published", custom_label=custom_label, idempotency_key=idempotency_key)
+        await self.signal(
+            "published", custom_label=custom_label, idempotency_key=idempotency_key, request_id=request_id
+        )
 
-    async def sent(self, *, custom_label: Any = None, idempotency_key: Optional[str] = None) -> None:
+    async def sent(
+        self,
+        *,
+        custom_label: Any = None,
+        idempotency_key: Optional[str] = None,
+        request_id: RequestIdArg = LAST_ANSWER,
+    ) -> None:
         """The user sent the output."""
-        await self.signal("sent", custom_label=custom_label, idempotency_key=idempotency_key)
+        await self.signal(
+            "sent", custom_label=custom_label, idempotency_key=idempotency_key, request_id=request_id
+        )
 
 
 class SessionScope:

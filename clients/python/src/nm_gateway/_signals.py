@@ -52,7 +52,9 @@ from ._rules import (
     MAX_CUSTOM_LABEL_BYTES,
     MAX_EDIT_DISTANCE,
     MAX_IDEMPOTENCY_KEY_LEN,
+    REQUEST_ID_RULE,
     SESSION_RULE,
+    is_request_id,
     is_session_id,
     printable,
 )
@@ -78,11 +80,19 @@ LOSS_REPORT = (
 class Signal:
     """A checked signal, ready to send (and to resend unchanged)."""
 
-    session_id: str
+    #: The session named, or None when the signal names only an answer.
+    session_id: Optional[str]
     action: str
     body: bytes
     idempotency_key: str
     agent: Optional[str]
+    #: The answer named (its NM-Request-Id), if any.
+    request_id: Optional[str] = None
+
+    @property
+    def about(self) -> str:
+        """What the signal is about, for log lines."""
+        return self.request_id or self.session_id or "?"
 
 
 @dataclass(frozen=True)
@@ -103,11 +113,20 @@ def build_signal(
     custom_label: object = None,
     idempotency_key: object = None,
     agent: Optional[str] = None,
+    request_id: object = None,
 ) -> Signal:
-    """Checks a signal by the endpoint's rules; raises `InvalidSignal` on the first broken one."""
-    if not is_session_id(session_id):
+    """Checks a signal by the endpoint's rules; raises `InvalidSignal` on the first broken one.
+    It names a session, an answer (`request_id`: that answer's `NM-Request-Id`), or both."""
+    if session_id is None and request_id is None:
+        raise InvalidSignal(
+            "missing_field", "a signal names a session (session_id) or an answer (request_id), or both"
+        )
+    if session_id is not None and not is_session_id(session_id):
         raise InvalidSignal("invalid_session_id", f"{SESSION_RULE}; got {session_id!r}")
-    assert isinstance(session_id, str)
+    if request_id is not None and not is_request_id(request_id):
+        raise InvalidSignal("invalid_field", f"{REQUEST_ID_RULE}; got {request_id!r}")
+    assert session_id is None or isinstance(session_id, str)
+    assert request_id is None or isinstance(request_id, str)
     if not isinstance(action, str) or action not in ACTIONS:
         raise InvalidSignal("invalid_action", f"action must be one of {', '.join(ACTIONS)}; got {action!r}")
     if edit_distance is not None and (
@@ -125,7 +144,12 @@ def build_signal(
             f"edit_distance is required when action is {action}: pass edit_distance=N, "
             "or original=... and final=... to have it computed",
         )
-    body: Dict[str, Any] = {"session_id": session_id, "action": action}
+    body: Dict[str, Any] = {}
+    if session_id is not None:
+        body["session_id"] = session_id
+    if request_id is not None:
+        body["request_id"] = request_id
+    body["action"] = action
     if edit_distance is not None:
         body["edit_distance"] = edit_distance
     if custom_label is not None:
@@ -158,6 +182,7 @@ def build_signal(
         body=data.encode("utf-8"),
         idempotency_key=idempotency_key,
         agent=agent,
+        request_id=request_id,
     )
 
 
@@ -262,7 +287,7 @@ class Sender:
         log.info(
             "signal %s for %s not stored (%s%s), retry %d in %.2fs (retries until %.0fs after the first)",
             sig.action,
-            sig.session_id,
+            sig.about,
             out.code,
             f" {out.status}" if out.status else "",
             attempt + 1,
@@ -385,9 +410,9 @@ class SignalQueue:
                 self._sender.send(sig)
                 ok = True
             except SignalError as e:
-                log.warning("signal %s for %s not stored: %s", sig.action, sig.session_id, e)
+                log.warning("signal %s for %s not stored: %s", sig.action, sig.about, e)
             except Exception:  # a bug must not kill the sender thread
-                log.exception("signal %s for %s: unexpected error", sig.action, sig.session_id)
+                log.exception("signal %s for %s: unexpected error", sig.action, sig.about)
             with self._lock:
                 self._pending -= 1
                 if ok:

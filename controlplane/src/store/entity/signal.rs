@@ -1,6 +1,10 @@
-//! `signals`: what end users did with outputs. `agent`, `env` and `user_id` are copied from the
-//! session when it is known (`attributed_by_session`), else `agent` holds the `NM-Agent` hint;
-//! the records ingest re-attributes once the session's requests arrive.
+//! `signals`: what end users did with outputs. A signal names its session, or one answer
+//! (`request_id`), or both. `agent`, `env` and `user_id` are copied from the session when it is
+//! known, or for a signal naming an answer from that request's record (`attributed_by_session`:
+//! attributed, by its session or its request), else `agent` holds the `NM-Agent` hint; the
+//! records ingest re-attributes once the session's (or the request's) record arrives.
+//! `session_id` is empty while a signal that named only an answer waits for that answer's
+//! record (which gives it its session, if it had one).
 
 use sea_orm::entity::prelude::*;
 
@@ -11,6 +15,7 @@ pub struct Model {
     pub id: String,
     pub received_at_ms: i64,
     pub session_id: String,
+    pub request_id: Option<String>,
     pub action: String,
     pub edit_distance: Option<i64>,
     pub custom_label: Option<String>,
