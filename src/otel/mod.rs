@@ -30,11 +30,11 @@ use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::propagation::BaggagePropagator;
 
-use nm_dataplane::otel::span::{self, Tracer};
+use nm_dataplane::otel::span::Tracer;
 
 use self::export::{DropCounter, Exporter, Schedule};
 use self::otlp::Encoder;
-use self::settings::{Export, Root};
+use self::settings::Export;
 use self::transport::Sender;
 
 /// The instrumentation scope of every span the gateway makes.
@@ -92,7 +92,7 @@ impl Telemetry {
         )?;
         tracing::info!(endpoint = %export.endpoint, protocol = ?export.protocol, "exporting traces over OTLP");
         Ok(Self {
-            tracer: Tracer::new(sampler(export.sampler), queue),
+            tracer: Tracer::new(export.sampler, queue),
             exporter,
             export: export.clone(),
         })
@@ -130,20 +130,6 @@ impl Telemetry {
         if let Ok(Err(e)) = done {
             tracing::warn!(error = %e, "OpenTelemetry shutdown did not finish cleanly");
         }
-    }
-}
-
-fn sampler(s: settings::Sampler) -> span::Sampler {
-    let root = |r: Root| match r {
-        Root::AlwaysOn => span::Root::AlwaysOn,
-        Root::AlwaysOff => span::Root::AlwaysOff,
-        Root::Ratio(r) => span::Root::Ratio(r),
-    };
-    match s {
-        settings::Sampler::AlwaysOn => span::Sampler::AlwaysOn,
-        settings::Sampler::AlwaysOff => span::Sampler::AlwaysOff,
-        settings::Sampler::Ratio(r) => span::Sampler::Ratio(r),
-        settings::Sampler::ParentBased(r) => span::Sampler::ParentBased(root(r)),
     }
 }
 

@@ -259,22 +259,9 @@ pub enum Protocol {
     HttpProtobuf,
 }
 
-/// `OTEL_TRACES_SAMPLER`: the specification's samplers that need no remote service.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Sampler {
-    AlwaysOn,
-    AlwaysOff,
-    Ratio(f64),
-    ParentBased(Root),
-}
-
-/// The root sampler of a parent-based one.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Root {
-    AlwaysOn,
-    AlwaysOff,
-    Ratio(f64),
-}
+/// `OTEL_TRACES_SAMPLER`: the specification's samplers that need no remote service; the
+/// dataplane's tracer applies them ([`nm_dataplane::otel::span`]).
+pub use nm_dataplane::otel::span::{Root, Sampler};
 
 /// `OTEL_PROPAGATORS`: which context formats are read from requests and written to upstreams.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
