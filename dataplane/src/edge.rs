@@ -61,13 +61,6 @@ pub fn request_log(extensions: &Extensions) -> Option<crate::log::RequestLog> {
     extensions.get::<RequestStart>().map(|s| s.log.clone())
 }
 
-/// The request's exported spans, when tracing is on.
-pub fn take_trace(extensions: &mut Extensions) -> Option<crate::otel::RequestTrace> {
-    extensions
-        .get_mut::<RequestStart>()
-        .and_then(|s| s.trace.take())
-}
-
 /// What the trace layer opened for the request; outside the full stack, a `request` span and
 /// the route of the request's path.
 pub fn take_start<B>(req: &mut http::Request<B>) -> RequestStart {

@@ -38,7 +38,6 @@ use crate::edge;
 use crate::error::ProxyError;
 use crate::link::SubmitError;
 use crate::log::Val;
-use crate::log::request::Known;
 use crate::state::State;
 use opentelemetry::context::FutureExt as _;
 
@@ -71,6 +70,20 @@ pub struct Invalid {
     pub message: String,
 }
 
+/// An id field given as a JSON string (absent or null: None), or `bad` when it is not one.
+fn optional_id<T: std::str::FromStr>(
+    raw: Option<&RawValue>,
+    bad: impl FnOnce() -> Invalid,
+) -> Result<Option<T>, Invalid> {
+    raw.map(|raw| {
+        serde_json::from_str::<String>(raw.get())
+            .ok()
+            .and_then(|s| s.parse::<T>().ok())
+            .ok_or_else(bad)
+    })
+    .transpose()
+}
+
 fn invalid(code: &'static str, message: impl Into<String>) -> Invalid {
     Invalid {
         code,
@@ -100,29 +113,15 @@ pub fn parse_body(body: &[u8], head: Head) -> Result<Signal, Invalid> {
             .filter(|v| v.get() != "null")
     };
 
-    let session_id = match get("session_id") {
-        None => None,
-        Some(raw) => Some(
-            serde_json::from_str::<String>(raw.get())
-                .ok()
-                .and_then(|s| s.parse::<SessionId>().ok())
-                .ok_or_else(|| {
-                    invalid(
-                        "invalid_session_id",
-                        nm_types::ParseError::SessionId.to_string(),
-                    )
-                })?,
-        ),
-    };
-    let request_id = match get("request_id") {
-        None => None,
-        Some(raw) => Some(
-            serde_json::from_str::<String>(raw.get())
-                .ok()
-                .and_then(|s| s.parse::<RequestId>().ok())
-                .ok_or_else(|| invalid("invalid_field", REQUEST_ID_RULE))?,
-        ),
-    };
+    let session_id = optional_id::<SessionId>(get("session_id"), || {
+        invalid(
+            "invalid_session_id",
+            nm_types::ParseError::SessionId.to_string(),
+        )
+    })?;
+    let request_id = optional_id::<RequestId>(get("request_id"), || {
+        invalid("invalid_field", REQUEST_ID_RULE)
+    })?;
     if session_id.is_none() && request_id.is_none() {
         return Err(invalid(
             "missing_field",
@@ -248,7 +247,8 @@ pub async fn handle(
     mut req: Request<RequestBody>,
 ) -> Result<Response<GatewayBody>, ProxyError> {
     let received_at = SystemTime::now();
-    let log = edge::request_log(req.extensions());
+    let start = edge::take_start(&mut req);
+    let (log, trace) = (start.log, start.trace);
     if req.method() != Method::POST {
         return Err(ProxyError::MethodNotAllowed(req.method().clone()));
     }
@@ -257,14 +257,8 @@ pub async fn handle(
         message: i.message,
     };
     let principal = edge::take_principal(req.extensions_mut())?;
-    let know = |learn: &dyn Fn(&mut Known)| {
-        if let Some(log) = &log {
-            log.know(learn);
-        }
-    };
-    know(&|k| k.key_id = Some(principal.key_id.clone()));
+    log.know(|k| k.key_id = Some(principal.key_id.clone()));
     let id = edge::take_request_id(req.extensions_mut());
-    let trace = edge::take_trace(req.extensions_mut());
     let agent_hint = match header_str(req.headers(), "nm-agent")? {
         None => None,
         Some(a) => Some(
@@ -298,7 +292,7 @@ pub async fn handle(
     };
     let signal = parse_body(&body, head).map_err(bad)?;
     if let Some(session) = &signal.session_id {
-        know(&|k| k.session = Some(session.as_str().to_owned()));
+        log.know(|k| k.session = Some(session.as_str().to_owned()));
     }
     let action = signal.action;
     if let Some(t) = &trace {
@@ -323,10 +317,8 @@ pub async fn handle(
         Err(SubmitError::Rejected(why)) => return Err(bad(invalid("invalid_field", why))),
         Err(SubmitError::SessionMismatch(why)) => return Err(ProxyError::SessionMismatch(why)),
     }
-    know(&|k| k.status = Some(200));
-    if let Some(log) = &log
-        && tracing::enabled!(tracing::Level::DEBUG)
-    {
+    log.know(|k| k.status = Some(200));
+    if tracing::enabled!(tracing::Level::DEBUG) {
         let fields = [("action", Val::Bare(action.as_str()))];
         log.line(
             &state.access_log,

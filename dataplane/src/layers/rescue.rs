@@ -157,15 +157,13 @@ where
                 return;
             };
             request.know(|k| k.status = Some(status.as_u16()));
-            let fields = [("nm.error", Val::Str(code)), ("error", Val::Show(&err))];
-            match suppressed {
-                Some(n) => {
-                    let mut all = fields.to_vec();
-                    all.push(("suppressed", Val::Num(n)));
-                    request.line(out, level, TARGET, message, &all);
-                }
-                None => request.line(out, level, TARGET, message, &fields),
-            }
+            let fields = [
+                ("nm.error", Val::Str(code)),
+                ("error", Val::Show(&err)),
+                ("suppressed", Val::Num(suppressed.unwrap_or_default())),
+            ];
+            let own = if suppressed.is_some() { 3 } else { 2 };
+            request.line(out, level, TARGET, message, &fields[..own]);
         };
         match side {
             Side::Client if tracing::enabled!(Level::DEBUG) => {

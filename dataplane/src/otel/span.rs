@@ -343,11 +343,10 @@ impl Open {
 
     pub fn link(&mut self, context: SpanContext, mut attributes: Vec<KeyValue>) {
         if self.data.links.len() < MAX_LINKS {
-            let dropped = attributes.len().saturating_sub(MAX_ATTRIBUTES_PER_ITEM);
-            attributes.truncate(MAX_ATTRIBUTES_PER_ITEM);
+            let dropped = cap(&mut attributes, MAX_ATTRIBUTES_PER_ITEM);
             self.data
                 .links
-                .push(Link::new(context, attributes, dropped as u32));
+                .push(Link::new(context, attributes, dropped));
         } else {
             self.data.dropped_links += 1;
         }
@@ -355,11 +354,10 @@ impl Open {
 
     fn event(&mut self, name: Cow<'static, str>, at: SystemTime, mut attributes: Vec<KeyValue>) {
         if self.data.events.len() < MAX_EVENTS {
-            let dropped = attributes.len().saturating_sub(MAX_ATTRIBUTES_PER_ITEM);
-            attributes.truncate(MAX_ATTRIBUTES_PER_ITEM);
+            let dropped = cap(&mut attributes, MAX_ATTRIBUTES_PER_ITEM);
             self.data
                 .events
-                .push(Event::new(name, at, attributes, dropped as u32));
+                .push(Event::new(name, at, attributes, dropped));
         } else {
             self.data.dropped_events += 1;
         }
@@ -493,32 +491,28 @@ impl opentelemetry::trace::Tracer for Tracer {
                 open.set(kv);
             }
             let mut links = links.unwrap_or_default();
-            open.data.dropped_links = links.len().saturating_sub(MAX_LINKS) as u32;
-            links.truncate(MAX_LINKS);
+            open.data.dropped_links = cap(&mut links, MAX_LINKS);
             for link in &mut links {
-                let dropped = link
-                    .attributes
-                    .len()
-                    .saturating_sub(MAX_ATTRIBUTES_PER_ITEM);
-                link.attributes.truncate(MAX_ATTRIBUTES_PER_ITEM);
-                link.dropped_attributes_count = dropped as u32;
+                link.dropped_attributes_count = cap(&mut link.attributes, MAX_ATTRIBUTES_PER_ITEM);
             }
             open.data.links = links;
             let mut events = events.unwrap_or_default();
-            open.data.dropped_events = events.len().saturating_sub(MAX_EVENTS) as u32;
-            events.truncate(MAX_EVENTS);
+            open.data.dropped_events = cap(&mut events, MAX_EVENTS);
             for event in &mut events {
-                let dropped = event
-                    .attributes
-                    .len()
-                    .saturating_sub(MAX_ATTRIBUTES_PER_ITEM);
-                event.attributes.truncate(MAX_ATTRIBUTES_PER_ITEM);
-                event.dropped_attributes_count = dropped as u32;
+                event.dropped_attributes_count =
+                    cap(&mut event.attributes, MAX_ATTRIBUTES_PER_ITEM);
             }
             open.data.events = events;
         }
         ApiSpan { context, open }
     }
+}
+
+/// Keeps the first `max` items; returns how many were dropped (the OTLP `dropped_*` counts).
+fn cap<T>(items: &mut Vec<T>, max: usize) -> u32 {
+    let dropped = items.len().saturating_sub(max);
+    items.truncate(max);
+    u32::try_from(dropped).unwrap_or(u32::MAX)
 }
 
 impl opentelemetry::trace::Span for ApiSpan {
