@@ -17,7 +17,7 @@ use prost::Message;
 use prost_types::Timestamp;
 
 use crate::budget::{BudgetRule, Feed, Period, Spend};
-use crate::record::{RequestRecord, TraceRef};
+use crate::record::{Inferred, RequestRecord, TraceRef};
 use crate::signal::{RequestId, Signal};
 use crate::{Action, Env, KeyVerifiers, SessionId, Usage, UsageStatus, VerifiedKey};
 
@@ -95,6 +95,15 @@ pub fn record_to_pb(r: &RequestRecord) -> pb::RequestRecord {
         budget_micros: r.budget_micros,
         trace_id: r.trace.map(|t| t.trace_hex()),
         span_id: r.trace.map(|t| t.span_hex()),
+        inferred: r
+            .inferred
+            .iter()
+            .map(|i| pb::InferredSignal {
+                rule: i.rule.name().to_owned(),
+                answer_request_id: i.answer.as_str().to_owned(),
+                edit_distance: i.edit_distance,
+            })
+            .collect(),
     }
 }
 
@@ -127,6 +136,17 @@ pub fn record_from_pb(r: pb::RequestRecord) -> Result<RequestRecord, &'static st
             )?),
             _ => return Err("trace_id and span_id come together"),
         };
+    let inferred = r
+        .inferred
+        .into_iter()
+        .map(|i| {
+            Ok(Inferred {
+                rule: i.rule.parse()?,
+                answer: i.answer_request_id.parse()?,
+                edit_distance: i.edit_distance,
+            })
+        })
+        .collect::<Result<_, &'static str>>()?;
     Ok(RequestRecord {
         request_id: r.request_id,
         started_at_ms: r.started_at.as_ref().map_or(0, timestamp_to_ms),
@@ -160,6 +180,7 @@ pub fn record_from_pb(r: pb::RequestRecord) -> Result<RequestRecord, &'static st
         cost_micros: r.cost_micros,
         budget_micros: r.budget_micros,
         trace,
+        inferred,
     })
 }
 
@@ -394,6 +415,18 @@ mod tests {
             path: "/v1/chat/completions".to_owned(),
             session_id: "sess_1".parse().ok(),
             env: Some(Env::Staging),
+            inferred: vec![
+                Inferred {
+                    rule: crate::signal::Rule::Reask,
+                    answer: "01890a5d-ac96-774b-bcce-b302099a8057".parse().unwrap(),
+                    edit_distance: None,
+                },
+                Inferred {
+                    rule: crate::signal::Rule::HistoryEdit,
+                    answer: "01890a5d-ac96-774b-bcce-b302099a8058".parse().unwrap(),
+                    edit_distance: Some(12),
+                },
+            ],
             ..RequestRecord::default()
         };
         let got = decode_batch(&encode_batch(std::slice::from_ref(&record))).unwrap();

@@ -16,6 +16,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
+use crate::signal::{MAX_EDIT_DISTANCE, RequestId, Rule};
 use crate::{Env, SessionId, Usage, UsageStatus, parse_agent, parse_user};
 
 /// Longest request id (a UUIDv7 is 36).
@@ -40,6 +41,8 @@ pub const MAX_RESPONSE_BYTES: u64 = 1 << 50;
 /// tighter window around the controlplane's clock would refuse spooled records of a dataplane
 /// whose clock was wrong, for no gain: a time only places a record in reports.
 pub const TIME_RANGE_MS: std::ops::Range<i64> = 0..4_102_444_800_000;
+/// Most implicit signals one record may carry (one per rule).
+pub const MAX_INFERRED: usize = Rule::ALL.len();
 
 /// One proxied request.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -84,6 +87,21 @@ pub struct RequestRecord {
     /// and sampled: the batch that ships the record links to it, and the controlplane keeps the
     /// trace id.
     pub trace: Option<TraceRef>,
+    /// Implicit signals this request revealed (usually none): each judges one answer, this
+    /// request's own (`client_disconnect`) or an earlier one of its session. Stored as signals
+    /// with `source = implicit` when the record is stored, once, like the record.
+    pub inferred: Vec<Inferred>,
+}
+
+/// An implicit signal: what a rule inferred about one answer, carried by the record of the
+/// request that revealed it. Its time, key, session and agent are that record's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inferred {
+    pub rule: Rule,
+    /// The answer judged (its `NM-Request-Id`).
+    pub answer: RequestId,
+    /// Characters changed between the answer and what came back (`history_edit` only).
+    pub edit_distance: Option<u64>,
 }
 
 /// A span of an OpenTelemetry trace: the W3C trace id and span id.
@@ -254,6 +272,20 @@ impl RequestRecord {
         {
             return Err("cost_micros and budget_micros must be at most 10^12");
         }
+        if r.inferred.len() > MAX_INFERRED {
+            return Err("a record carries at most one inferred signal per rule");
+        }
+        for (i, s) in r.inferred.iter().enumerate() {
+            if r.inferred[..i].iter().any(|o| o.rule == s.rule) {
+                return Err("a record carries at most one inferred signal per rule");
+            }
+            if (s.rule == Rule::HistoryEdit) != s.edit_distance.is_some() {
+                return Err("edit_distance comes with history_edit, and only with it");
+            }
+            if s.edit_distance.is_some_and(|d| d > MAX_EDIT_DISTANCE) {
+                return Err("edit_distance must be at most 10^9");
+            }
+        }
         Ok(())
     }
 }
@@ -318,6 +350,14 @@ mod tests {
         }
     }
 
+    fn inferred(rule: Rule, edit_distance: Option<u64>) -> Inferred {
+        Inferred {
+            rule,
+            answer: "01890a5d-ac96-774b-bcce-b302099a8057".parse().unwrap(),
+            edit_distance,
+        }
+    }
+
     #[test]
     fn every_cap_is_checked_and_its_limit_accepted() {
         assert_eq!(record().check(), Ok(()));
@@ -330,6 +370,10 @@ mod tests {
                 input_tokens: Some(MAX_TOKENS),
                 ..Usage::default()
             },
+            inferred: Rule::ALL
+                .into_iter()
+                .map(|r| inferred(r, (r == Rule::HistoryEdit).then_some(MAX_EDIT_DISTANCE)))
+                .collect(),
             ..record()
         };
         assert_eq!(at_limits.check(), Ok(()));
@@ -469,6 +513,34 @@ mod tests {
                     ..record()
                 },
                 "error_code",
+            ),
+            (
+                RequestRecord {
+                    inferred: vec![inferred(Rule::Reask, None), inferred(Rule::Reask, None)],
+                    ..record()
+                },
+                "one inferred signal per rule",
+            ),
+            (
+                RequestRecord {
+                    inferred: vec![inferred(Rule::HistoryEdit, None)],
+                    ..record()
+                },
+                "edit_distance comes with history_edit",
+            ),
+            (
+                RequestRecord {
+                    inferred: vec![inferred(Rule::Continued, Some(1))],
+                    ..record()
+                },
+                "edit_distance comes with history_edit",
+            ),
+            (
+                RequestRecord {
+                    inferred: vec![inferred(Rule::HistoryEdit, Some(MAX_EDIT_DISTANCE + 1))],
+                    ..record()
+                },
+                "edit_distance must be at most",
             ),
         ];
         for (r, field) in broken {

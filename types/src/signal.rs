@@ -73,6 +73,69 @@ impl fmt::Display for RequestId {
     }
 }
 
+/// A rule by which the gateway infers a signal from what it saw itself (an *implicit* signal,
+/// stored with `source = implicit` and the rule's name; what an application sends is
+/// *explicit*). The dataplane applies the rules; the signal rides with the record of the request
+/// that revealed it ([`crate::record::Inferred`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Rule {
+    /// The client left before a streamed answer ended: that answer was `abandoned`.
+    ClientDisconnect,
+    /// The session asked the same conversation again: the earlier answer was `regenerated`.
+    Reask,
+    /// The session's next request carried the answer back changed: `edited`, with the distance.
+    HistoryEdit,
+    /// The session's next request carried the answer back unchanged: a neutral event, counted
+    /// as `accepted` only where the operator says so.
+    Continued,
+}
+
+impl Rule {
+    pub const ALL: [Rule; 4] = [
+        Rule::ClientDisconnect,
+        Rule::Reask,
+        Rule::HistoryEdit,
+        Rule::Continued,
+    ];
+
+    /// The rule's name, as stored, shown and configured.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Rule::ClientDisconnect => "client_disconnect",
+            Rule::Reask => "reask",
+            Rule::HistoryEdit => "history_edit",
+            Rule::Continued => "continued",
+        }
+    }
+
+    /// The action a signal of this rule records.
+    pub const fn action(self) -> Action {
+        match self {
+            Rule::ClientDisconnect => Action::Abandoned,
+            Rule::Reask => Action::Regenerated,
+            Rule::HistoryEdit => Action::Edited,
+            Rule::Continued => Action::Accepted,
+        }
+    }
+}
+
+impl FromStr for Rule {
+    type Err = &'static str;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Rule::ALL
+            .into_iter()
+            .find(|r| r.name() == s)
+            .ok_or("rule must be client_disconnect, reask, history_edit or continued")
+    }
+}
+
+impl fmt::Display for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// What an end user did with an output, as the dataplane received it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Signal {
