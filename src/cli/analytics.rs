@@ -361,6 +361,16 @@ pub fn print_analytics(out: &mut impl Write, a: &AgentAnalytics) -> std::io::Res
         time_ms(Some(a.window.since_ms)),
         time_ms(Some(a.window.until_ms))
     )?;
+    writeln!(
+        out,
+        "signals counted: {}{}",
+        a.evidence.label(),
+        if a.evidence.continued {
+            " (continued counts as a success)"
+        } else {
+            ""
+        }
+    )?;
     if let Some(s) = &a.summary {
         writeln!(
             out,
@@ -416,7 +426,12 @@ pub fn print_analytics(out: &mut impl Write, a: &AgentAnalytics) -> std::io::Res
     for (i, r) in a.recommendations.iter().enumerate() {
         writeln!(out, "{}. [{}] {}", i + 1, r.kind.as_str(), r.message)?;
         for e in &r.evidence {
-            writeln!(out, "   evidence: {}", evidence_line(e))?;
+            writeln!(
+                out,
+                "   evidence ({}): {}",
+                a.evidence.label(),
+                evidence_line(e)
+            )?;
         }
         if !r.figures.is_empty() {
             let figs: Vec<String> = r

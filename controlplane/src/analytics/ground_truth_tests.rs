@@ -462,6 +462,7 @@ async fn intervals_are_carried_within_a_stretch_only() {
             Earlier {
                 sequences: BTreeMap::new(),
                 origin_ms: Some(origin),
+                evidence: super::Evidence::EXPLICIT,
             },
         )
         .await

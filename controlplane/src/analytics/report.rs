@@ -356,4 +356,8 @@ pub struct AgentAnalytics {
     pub costs: Vec<OutcomeCost>,
     /// Empty when the evidence supports none.
     pub recommendations: Vec<Recommendation>,
+    /// Which signals the figures and recommendations count (the agent's setting when they
+    /// were computed; explicit only in answers stored before there was a choice).
+    #[serde(default)]
+    pub evidence: super::Evidence,
 }

@@ -8,15 +8,28 @@
 //! conflict the signal endpoint could not see yet: it answers 409 `session_mismatch` only while
 //! the record is known), the request wins: the signal was acknowledged and is kept, counted for
 //! that request, under the request's own session; the disagreement is logged (warn).
+//!
+//! Each new record's implicit signals (`RequestRecord::inferred`, what the dataplane's rules
+//! saw) become `signals` rows with `source = implicit` and their rule, in the same transaction:
+//! id `<the record's request id>:<rule>` (so a resent batch, whose record is skipped, stores
+//! them once; a record carries at most one signal per rule), the rule's action and edit
+//! distance, `request_id` the answer judged, and the record's time, key, session, agent, env
+//! and user. They join the rollup's implicit columns in the unit of the answer they judge
+//! ([`rollup::add_implicit`]): whether the answer's record came before or comes after them
+//! does not matter, their session and agent are the carrying record's.
 
 use std::collections::{HashMap, HashSet};
 
+use nm_types::signal::Rule;
 use sea_orm::sea_query::Expr;
-use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, Statement, Value};
+use sea_orm::sea_query::OnConflict;
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, Set, Statement, TryInsertResult, Value,
+};
 use tracing::warn;
 
 use super::{InsertSql, RequestRecord, insert_new};
-use crate::analytics::rollup;
+use crate::analytics::rollup::{self, ImplicitFacts};
 use crate::budgets::{Budgets, SpendItem, add_to_rollup};
 use crate::error::Result;
 use crate::sql::{Sql, chunks_of, insert_values};
@@ -102,6 +115,7 @@ impl Records {
             )
             .await?;
         }
+        store_inferred(&txn, &fresh).await?;
         // Signals rarely arrive before their session's first request: one probe for the batch
         // finds the sessions that have such signals, and only those are re-attributed.
         for session_id in awaiting_attribution(&txn, &sessions).await? {
@@ -279,24 +293,30 @@ async fn attribute_signals<C: ConnectionTrait>(db: &C, session_id: &str) -> Resu
     Ok(s.agent.filter(|_| changed > 0))
 }
 
-/// The request ids among `records` that some stored signal names (one probe per chunk; signals
-/// naming an answer before its record are rare).
+/// The request ids among `records` that some stored explicit signal names (one probe per
+/// chunk; signals naming an answer before its record are rare).
 async fn named_requests<C: ConnectionTrait>(
     db: &C,
     records: &[&RequestRecord],
 ) -> Result<HashSet<String>> {
+    let ids: Vec<&str> = records.iter().map(|r| r.request_id.as_str()).collect();
+    explicitly_named(db, &ids).await
+}
+
+/// The request ids among `ids` that some stored explicit signal names.
+async fn explicitly_named<C: ConnectionTrait>(db: &C, ids: &[&str]) -> Result<HashSet<String>> {
     let backend = db.get_database_backend();
     let mut found = HashSet::new();
-    for chunk in chunks_of(records) {
+    for chunk in chunks_of(ids) {
         let mut sql = Sql::new(
             backend,
-            "SELECT DISTINCT request_id FROM signals WHERE request_id IN (",
+            "SELECT DISTINCT request_id FROM signals WHERE source = 'explicit' AND request_id IN (",
         );
         for (i, r) in chunk.iter().enumerate() {
             if i > 0 {
                 sql.push(", ");
             }
-            sql.bind(r.request_id.clone());
+            sql.bind((*r).to_owned());
         }
         sql.push(")");
         for row in db.query_all_raw(sql.build()).await? {
@@ -316,7 +336,7 @@ async fn attribute_request_signals<C: ConnectionTrait>(
     if let Some(own) = &own {
         let mut sql = Sql::new(
             db.get_database_backend(),
-            "SELECT COUNT(*) AS n FROM signals WHERE request_id = ",
+            "SELECT COUNT(*) AS n FROM signals WHERE source = 'explicit' AND request_id = ",
         );
         sql.bind(record.request_id.clone())
             .push(" AND attributed_by_session = ")
@@ -343,6 +363,7 @@ async fn attribute_request_signals<C: ConnectionTrait>(
         .col_expr(signal::Column::UserId, Expr::value(record.user_id.clone()))
         .col_expr(signal::Column::AttributedBySession, Expr::value(true))
         .filter(signal::Column::RequestId.eq(record.request_id.as_str()))
+        .filter(signal::Column::Source.eq(EXPLICIT))
         .filter(signal::Column::AttributedBySession.eq(false));
     if let Some(agent) = &record.agent {
         update = update.col_expr(signal::Column::Agent, Expr::value(agent.clone()));
@@ -352,4 +373,98 @@ async fn attribute_request_signals<C: ConnectionTrait>(
     }
     update.exec(db).await?;
     Ok(())
+}
+
+/// `signals.source` of a signal an application sent.
+pub(crate) const EXPLICIT: &str = "explicit";
+/// `signals.source` of a signal a rule inferred.
+pub(crate) const IMPLICIT: &str = "implicit";
+
+/// The id of the implicit signal of `rule` that the record of `request_id` carries.
+pub(crate) fn implicit_id(request_id: &str, rule: Rule) -> String {
+    format!("{request_id}:{}", rule.name())
+}
+
+/// Stores the implicit signals the new `records` carry and adds them to their units' rollups.
+async fn store_inferred<C: ConnectionTrait>(db: &C, records: &[&RequestRecord]) -> Result<()> {
+    let mut rows = Vec::new();
+    for r in records {
+        for inf in &r.inferred {
+            rows.push(signal::ActiveModel {
+                id: Set(implicit_id(&r.request_id, inf.rule)),
+                received_at_ms: Set(r.started_at_ms),
+                session_id: Set(r
+                    .session_id
+                    .as_ref()
+                    .map(|s| s.as_str().to_owned())
+                    .unwrap_or_default()),
+                request_id: Set(Some(inf.answer.as_str().to_owned())),
+                action: Set(inf.rule.action().as_str().to_owned()),
+                edit_distance: Set(inf
+                    .edit_distance
+                    .map(|d| i64::try_from(d).unwrap_or(i64::MAX))),
+                custom_label: Set(None),
+                key_id: Set(r.key_id.to_string()),
+                idempotency_key: Set(None),
+                agent_hint: Set(None),
+                agent: Set(r.agent.clone()),
+                env: Set(r.env.map(|e| e.as_str().to_owned())),
+                user_id: Set(r.user_id.clone()),
+                // Placed by the record that carries it: never re-attributed.
+                attributed_by_session: Set(true),
+                source: Set(IMPLICIT.to_owned()),
+                rule: Set(Some(inf.rule.name().to_owned())),
+            });
+        }
+    }
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let mut new_ids: HashSet<String> = HashSet::with_capacity(rows.len());
+    for chunk in chunks_of(&rows) {
+        let inserted = signal::Entity::insert_many(chunk.iter().cloned())
+            .on_conflict(OnConflict::new().do_nothing().to_owned())
+            .try_insert()
+            .exec_with_returning_keys(db)
+            .await?;
+        if let TryInsertResult::Inserted(ids) = inserted {
+            new_ids.extend(ids);
+        }
+    }
+    let answers: Vec<&str> = records
+        .iter()
+        .flat_map(|r| r.inferred.iter().map(|i| i.answer.as_str()))
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect();
+    let named = explicitly_named(db, &answers).await?;
+    let mut facts = Vec::new();
+    for r in records {
+        let Some(agent) = r.agent.as_deref() else {
+            continue;
+        };
+        for inf in &r.inferred {
+            if !new_ids.contains(&implicit_id(&r.request_id, inf.rule)) {
+                continue;
+            }
+            let unit = if named.contains(inf.answer.as_str()) {
+                inf.answer.as_str()
+            } else {
+                match &r.session_id {
+                    Some(s) => s.as_str(),
+                    None => continue,
+                }
+            };
+            facts.push(ImplicitFacts {
+                agent,
+                unit,
+                received_at_ms: r.started_at_ms,
+                rule: inf.rule,
+                edit_distance: inf
+                    .edit_distance
+                    .map(|d| i64::try_from(d).unwrap_or(i64::MAX)),
+            });
+        }
+    }
+    rollup::add_implicit(db, &facts).await
 }

@@ -5,6 +5,10 @@
 //! records ingest re-attributes once the session's (or the request's) record arrives.
 //! `session_id` is empty while a signal that named only an answer waits for that answer's
 //! record (which gives it its session, if it had one).
+//!
+//! An implicit signal (`source = implicit`, with its `rule`) is written by the records ingest
+//! from the record that revealed it: its id is `<that request id>:<rule>`, its time, key,
+//! session, agent, env and user are that record's, its `request_id` the answer judged.
 
 use sea_orm::entity::prelude::*;
 
@@ -26,6 +30,10 @@ pub struct Model {
     pub env: Option<String>,
     pub user_id: Option<String>,
     pub attributed_by_session: bool,
+    /// `explicit` (sent to `/v1/signal`) or `implicit` (inferred by a dataplane rule).
+    pub source: String,
+    /// The rule of an implicit signal (`nm_types::signal::Rule::name`); NULL for explicit ones.
+    pub rule: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
