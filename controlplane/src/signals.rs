@@ -707,7 +707,7 @@ fn to_row(
         agent: Set(placed.agent.clone()),
         env: Set(env),
         user_id: Set(user_id),
-        source: Set(crate::records::EXPLICIT.to_owned()),
+        source: Set(signal::EXPLICIT.to_owned()),
         rule: Set(None),
     }
 }

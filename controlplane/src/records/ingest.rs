@@ -34,6 +34,7 @@ use crate::budgets::{Budgets, SpendItem, add_to_rollup};
 use crate::error::Result;
 use crate::sql::{Sql, chunks_of, insert_values};
 use crate::store::Store;
+use crate::store::entity::signal::{EXPLICIT, IMPLICIT};
 use crate::store::entity::{session, signal};
 
 /// What [`Records::ingest`] did with a batch.
@@ -375,13 +376,8 @@ async fn attribute_request_signals<C: ConnectionTrait>(
     Ok(())
 }
 
-/// `signals.source` of a signal an application sent.
-pub(crate) const EXPLICIT: &str = "explicit";
-/// `signals.source` of a signal a rule inferred.
-pub(crate) const IMPLICIT: &str = "implicit";
-
 /// The id of the implicit signal of `rule` that the record of `request_id` carries.
-pub(crate) fn implicit_id(request_id: &str, rule: Rule) -> String {
+fn implicit_id(request_id: &str, rule: Rule) -> String {
     format!("{request_id}:{}", rule.name())
 }
 

@@ -24,7 +24,6 @@ use sea_orm::{ConnectionTrait, DatabaseBackend};
 use crate::error::Result;
 use crate::store::WriteTxn;
 
-pub(crate) use ingest::EXPLICIT;
 pub use ingest::{IngestOutcome, Records};
 pub use nm_types::record::RequestRecord;
 pub use nm_types::{Usage, UsageStatus};

@@ -847,8 +847,9 @@ mod m0008_signal_request_id {
 /// latest key (time · 4 + class), regenerations, heavy edits and first time of the signals
 /// that are outcomes, and number and latest key of `continued` ones (an outcome only where the
 /// operator says so). `agent_settings` holds per-agent choices (which evidence counts). The
-/// index serves the per-agent counts by source and rule and the progress counts by evidence
-/// (a list of an agent's or a session's signals pages over the indexes of m0002).
+/// indexes serve the per-agent counts by source and rule, the progress counts by evidence and
+/// the rollup's test of whether an explicit signal names a request (a list of an agent's or a
+/// session's signals pages over the indexes of m0002).
 mod m0009_signal_source {
     use super::*;
 
@@ -862,11 +863,17 @@ mod m0009_signal_source {
 
     /// The statements, the same SQL on SQLite and PostgreSQL (SQLite adds one column per
     /// `ALTER TABLE`).
-    const UP: [&str; 11] = [
+    const UP: [&str; 13] = [
         "ALTER TABLE signals ADD COLUMN source TEXT NOT NULL DEFAULT 'explicit'",
         "ALTER TABLE signals ADD COLUMN rule TEXT",
+        // An agent's signals of one source: the progress counts (first, last, how many) seek
+        // and range over it; the counts by source, rule and action read it alone.
         "CREATE INDEX IF NOT EXISTS idx_signals_agent_source \
-         ON signals (agent, source, rule, received_at_ms)",
+         ON signals (agent, source, received_at_ms, rule, action)",
+        // Whether an explicit signal names a request (every unit test of the rollup and the
+        // analytics), from the index alone; it replaces m0008's index on `request_id`.
+        "CREATE INDEX IF NOT EXISTS idx_signals_request_source ON signals (request_id, source)",
+        "DROP INDEX IF EXISTS idx_signals_request",
         "ALTER TABLE session_rollups ADD COLUMN isignals BIGINT NOT NULL DEFAULT 0",
         "ALTER TABLE session_rollups ADD COLUMN isig_key BIGINT",
         "ALTER TABLE session_rollups ADD COLUMN iregens BIGINT NOT NULL DEFAULT 0",
@@ -894,6 +901,8 @@ mod m0009_signal_source {
             for sql in [
                 "DROP TABLE IF EXISTS agent_settings",
                 "DROP INDEX IF EXISTS idx_signals_agent_source",
+                "DROP INDEX IF EXISTS idx_signals_request_source",
+                "CREATE INDEX IF NOT EXISTS idx_signals_request ON signals (request_id)",
             ] {
                 db.execute_unprepared(sql).await?;
             }

@@ -12,6 +12,11 @@
 
 use sea_orm::entity::prelude::*;
 
+/// `source` of a signal an application sent.
+pub const EXPLICIT: &str = "explicit";
+/// `source` of a signal a rule inferred.
+pub const IMPLICIT: &str = "implicit";
+
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
 #[sea_orm(table_name = "signals")]
 pub struct Model {
