@@ -22,10 +22,7 @@ use std::collections::{HashMap, HashSet};
 
 use nm_types::signal::Rule;
 use sea_orm::sea_query::Expr;
-use sea_orm::sea_query::OnConflict;
-use sea_orm::{
-    ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, Set, Statement, TryInsertResult, Value,
-};
+use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, Statement, Value};
 use tracing::warn;
 
 use super::{InsertSql, RequestRecord, insert_new};
@@ -381,50 +378,73 @@ fn implicit_id(request_id: &str, rule: Rule) -> String {
     format!("{request_id}:{}", rule.name())
 }
 
-/// Stores the implicit signals the new `records` carry and adds them to their units' rollups.
+/// `signals` columns of an implicit signal, in the order [`store_inferred`] binds them (the
+/// others stay NULL: no label, no idempotency key, no hint).
+const IMPLICIT_COLUMNS: [&str; 13] = [
+    "id",
+    "received_at_ms",
+    "session_id",
+    "request_id",
+    "action",
+    "edit_distance",
+    "key_id",
+    "agent",
+    "env",
+    "user_id",
+    "attributed_by_session",
+    "source",
+    "rule",
+];
+
+/// Stores the implicit signals the new `records` carry (a few multi-row statements for the
+/// batch) and adds them to their units' rollups.
 async fn store_inferred<C: ConnectionTrait>(db: &C, records: &[&RequestRecord]) -> Result<()> {
-    let mut rows = Vec::new();
-    for r in records {
-        for inf in &r.inferred {
-            rows.push(signal::ActiveModel {
-                id: Set(implicit_id(&r.request_id, inf.rule)),
-                received_at_ms: Set(r.started_at_ms),
-                session_id: Set(r
-                    .session_id
-                    .as_ref()
-                    .map(|s| s.as_str().to_owned())
-                    .unwrap_or_default()),
-                request_id: Set(Some(inf.answer.as_str().to_owned())),
-                action: Set(inf.rule.action().as_str().to_owned()),
-                edit_distance: Set(inf
-                    .edit_distance
-                    .map(|d| i64::try_from(d).unwrap_or(i64::MAX))),
-                custom_label: Set(None),
-                key_id: Set(r.key_id.to_string()),
-                idempotency_key: Set(None),
-                agent_hint: Set(None),
-                agent: Set(r.agent.clone()),
-                env: Set(r.env.map(|e| e.as_str().to_owned())),
-                user_id: Set(r.user_id.clone()),
-                // Placed by the record that carries it: never re-attributed.
-                attributed_by_session: Set(true),
-                source: Set(IMPLICIT.to_owned()),
-                rule: Set(Some(inf.rule.name().to_owned())),
-            });
-        }
-    }
+    let rows: Vec<(&RequestRecord, &nm_types::record::Inferred)> = records
+        .iter()
+        .flat_map(|r| r.inferred.iter().map(move |i| (*r, i)))
+        .collect();
     if rows.is_empty() {
         return Ok(());
     }
+    let backend = db.get_database_backend();
+    // The carrying records are new, so their signals are too; `ON CONFLICT DO NOTHING`
+    // and `RETURNING` keep the rollup right whatever happens.
     let mut new_ids: HashSet<String> = HashSet::with_capacity(rows.len());
     for chunk in chunks_of(&rows) {
-        let inserted = signal::Entity::insert_many(chunk.iter().cloned())
-            .on_conflict(OnConflict::new().do_nothing().to_owned())
-            .try_insert()
-            .exec_with_returning_keys(db)
-            .await?;
-        if let TryInsertResult::Inserted(ids) = inserted {
-            new_ids.extend(ids);
+        let mut sql = insert_values(backend, "signals", &IMPLICIT_COLUMNS, chunk.len());
+        sql.push_str(" ON CONFLICT DO NOTHING RETURNING id");
+        let mut values = Vec::with_capacity(chunk.len() * IMPLICIT_COLUMNS.len());
+        for (r, inf) in chunk {
+            values.extend([
+                Value::String(Some(implicit_id(&r.request_id, inf.rule))),
+                Value::BigInt(Some(r.started_at_ms)),
+                Value::String(Some(
+                    r.session_id
+                        .as_ref()
+                        .map(|s| s.as_str().to_owned())
+                        .unwrap_or_default(),
+                )),
+                Value::String(Some(inf.answer.as_str().to_owned())),
+                Value::String(Some(inf.rule.action().as_str().to_owned())),
+                Value::BigInt(
+                    inf.edit_distance
+                        .map(|d| i64::try_from(d).unwrap_or(i64::MAX)),
+                ),
+                Value::String(Some(r.key_id.to_string())),
+                Value::String(r.agent.clone()),
+                Value::String(r.env.map(|e| e.as_str().to_owned())),
+                Value::String(r.user_id.clone()),
+                // Placed by the record that carries it: never re-attributed.
+                Value::Bool(Some(true)),
+                Value::String(Some(IMPLICIT.to_owned())),
+                Value::String(Some(inf.rule.name().to_owned())),
+            ]);
+        }
+        for row in db
+            .query_all_raw(Statement::from_sql_and_values(backend, sql, values))
+            .await?
+        {
+            new_ids.insert(row.try_get::<String>("", "id")?);
         }
     }
     let answers: Vec<&str> = records
