@@ -163,6 +163,15 @@ impl Evidence {
         })
     }
 
+    /// A name for each of the three settings (the key of the intervals each keeps).
+    pub fn key(self) -> &'static str {
+        match (self.implicit, self.continued) {
+            (false, _) => STORED_EXPLICIT,
+            (true, false) => STORED_IMPLICIT,
+            (true, true) => "explicit+implicit+continued",
+        }
+    }
+
     /// The condition on `signals` rows that keeps the signals this evidence counts.
     pub(crate) fn signal_filter(self) -> &'static str {
         match (self.implicit, self.continued) {

@@ -98,6 +98,11 @@ struct Stored {
     /// first signal then.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     origin_ms: Option<i64>,
+    /// The intervals of the other evidence settings the agent had ([`Evidence::key`]), kept
+    /// as they were when the setting changed: a setting that comes back resumes its own
+    /// sequences, so each setting is one family over the agent's life, whatever the switches.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    parked: BTreeMap<String, BTreeMap<String, Interval>>,
 }
 
 /// What a look carries from the stored answer: the intervals kept and the agent's origin.
@@ -108,6 +113,8 @@ struct Earlier {
     /// The evidence those intervals counted: intervals are carried only to a look that counts
     /// the same signals (a confidence sequence follows one stream of data).
     evidence: Evidence,
+    /// The intervals of the other settings ([`Stored::parked`]).
+    parked: BTreeMap<String, BTreeMap<String, Interval>>,
 }
 
 /// The start (Monday 00:00 UTC) of the calendar week holding `ms`.
@@ -250,10 +257,14 @@ impl Analytics {
         let evidence = evidence::load(self.store.conn(), &agent).await?.evidence;
         let progress = self.progress_of(&agent, now_ms, evidence).await?;
         let origin_ms = earlier.origin_ms.or(progress.first_signal_ms);
+        let mut parked = earlier.parked;
         let sequences = if earlier.evidence == evidence {
             earlier.sequences
         } else {
-            BTreeMap::new()
+            if !earlier.sequences.is_empty() {
+                parked.insert(earlier.evidence.key().to_owned(), earlier.sequences);
+            }
+            parked.remove(evidence.key()).unwrap_or_default()
         };
         let periods = periods_at(now_ms, origin_ms.unwrap_or(now_ms));
         let window = periods.window;
@@ -272,8 +283,9 @@ impl Analytics {
                     recommendations: Vec::new(),
                     evidence,
                 },
-                sequences: BTreeMap::new(),
+                sequences,
                 origin_ms,
+                parked,
             });
         }
         let aggregates = query::aggregates(&self.store, &agent, periods, evidence).await?;
@@ -296,6 +308,7 @@ impl Analytics {
             },
             sequences: run.into_met(),
             origin_ms,
+            parked,
         })
     }
 
@@ -317,6 +330,7 @@ impl Analytics {
                 sequences: s.sequences,
                 origin_ms: s.origin_ms,
                 evidence: s.report.evidence,
+                parked: s.parked,
             })
             .unwrap_or_default();
         let stored = self.compute_from(&agent, now_ms, earlier).await?;
@@ -400,6 +414,7 @@ impl Analytics {
             report: r.clone(),
             sequences: BTreeMap::new(),
             origin_ms: r.progress.first_signal_ms,
+            parked: BTreeMap::new(),
         })
         .await
     }
