@@ -382,6 +382,18 @@ pub fn print_analytics(out: &mut impl Write, a: &AgentAnalytics) -> std::io::Res
             pct(s.heavy_edit_rate())
         )?;
     }
+    if let Some(s) = a.implicit_summary.as_ref().filter(|s| s.sessions > 0) {
+        writeln!(
+            out,
+            "with implicit signals (not counted): {} sessions (success {}, abandoned {}, \
+             regenerated {}, heavy edit {})",
+            s.sessions,
+            pct(s.success_rate()),
+            pct(s.abandonment_rate()),
+            pct(s.regeneration_rate()),
+            pct(s.heavy_edit_rate())
+        )?;
+    }
     writeln!(out)?;
     writeln!(out, "outcome-weighted cost:")?;
     let rows: Vec<Vec<String>> = a

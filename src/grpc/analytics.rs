@@ -224,6 +224,7 @@ pub fn analytics_to_pb(a: &AgentAnalytics) -> pb::AgentAnalytics {
         recommendations: a.recommendations.iter().map(recommendation_to_pb).collect(),
         evidence: a.evidence.label().to_owned(),
         continued_counts: a.evidence.continued,
+        implicit_summary: a.implicit_summary.as_ref().map(row_to_pb),
     }
 }
 
@@ -385,5 +386,6 @@ pub fn analytics_from_pb(a: &pb::AgentAnalytics) -> AgentAnalytics {
                 .label(),
             continued: a.continued_counts,
         },
+        implicit_summary: a.implicit_summary.as_ref().map(row_from_pb),
     }
 }

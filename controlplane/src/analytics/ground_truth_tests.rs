@@ -544,6 +544,15 @@ async fn each_evidence_setting_keeps_its_own_intervals() {
         .unwrap()
         .unwrap();
     assert!(!explicit.sequences.is_empty());
+    // Implicit signals shown beside (here none: the same sessions).
+    assert_eq!(
+        explicit
+            .report
+            .implicit_summary
+            .as_ref()
+            .map(|s| s.sessions),
+        explicit.report.summary.as_ref().map(|s| s.sessions)
+    );
     let implicit = Evidence {
         implicit: true,
         continued: false,
@@ -553,6 +562,7 @@ async fn each_evidence_setting_keeps_its_own_intervals() {
         .unwrap();
     let r = analytics.recompute_at("win-0", NOW + 1).await.unwrap();
     assert_eq!(r.evidence, implicit);
+    assert_eq!(r.implicit_summary, None, "counted, not beside");
     let switched = analytics
         .stored_with_sequences("win-0")
         .await

@@ -282,6 +282,7 @@ impl Analytics {
                     costs: Vec::new(),
                     recommendations: Vec::new(),
                     evidence,
+                    implicit_summary: None,
                 },
                 sequences,
                 origin_ms,
@@ -289,6 +290,27 @@ impl Analytics {
             });
         }
         let aggregates = query::aggregates(&self.store, &agent, periods, evidence).await?;
+        // Implicit signals shown beside explicit ones: the same window counted with them (one
+        // total row; the rules never read it).
+        let implicit_summary = if evidence.implicit {
+            None
+        } else {
+            let beside = Evidence {
+                implicit: true,
+                continued: false,
+            };
+            let rows = query::outcome_rates(
+                &self.store,
+                &agent,
+                &[],
+                window.since_ms,
+                window.until_ms,
+                1,
+                beside,
+            )
+            .await?;
+            Some(rows.into_iter().next().unwrap_or_default())
+        };
         let mut run = carried(sequences, &periods, origin_ms.unwrap_or(now_ms));
         let mut recommendations = recommend::recommend(&aggregates, &periods, &mut run);
         example_traces(&self.store, &agent, window.since_ms, &mut recommendations).await?;
@@ -305,6 +327,7 @@ impl Analytics {
                 summary: Some(aggregates.total),
                 recommendations,
                 evidence,
+                implicit_summary,
             },
             sequences: run.into_met(),
             origin_ms,

@@ -360,4 +360,8 @@ pub struct AgentAnalytics {
     /// were computed; explicit only in answers stored before there was a choice).
     #[serde(default)]
     pub evidence: super::Evidence,
+    /// Under explicit evidence, shown beside: the window's outcomes had implicit signals counted
+    /// too (where a unit has no explicit one); `None` while collecting or when they count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub implicit_summary: Option<OutcomeRow>,
 }
