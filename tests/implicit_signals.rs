@@ -7,6 +7,10 @@
 //! agent's settings say so, an explicit signal always winning over implicit ones, with the
 //! agreement table of the units that have both; and only an admin key may change the settings.
 
+use std::collections::HashMap;
+
+use nm_gateway::cli::{self, AgentsCommand, FilterArgs, SignalsCommand};
+use nm_gateway::config::{self, FileSettings, Flags, Mode};
 use nm_gateway::grpc::pb::{
     self, agents_client::AgentsClient, analytics_client::AnalyticsClient, keys_client::KeysClient,
 };
@@ -319,6 +323,75 @@ async fn implicit_signals(db: Db, shape: Shape) {
         .err()
         .map(|s| s.code());
     assert_eq!(neither, Some(tonic::Code::InvalidArgument));
+
+    // The CLI: `agents show` prints the sources, the evidence and the agreement table;
+    // `signals list` the stored signals; `agents set` the settings.
+    let flags = Flags {
+        controlplane_url: Some(gw.grpc_url()),
+        admin_key: Some(ADMIN_KEY.to_owned()),
+        ..Flags::default()
+    };
+    let settings = config::resolve(
+        Mode::Client,
+        &flags,
+        &HashMap::new(),
+        FileSettings::default(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let mut out = Vec::new();
+    cli::agents(
+        &settings,
+        AgentsCommand::Show {
+            agent: Some("imp".to_owned()),
+            unattributed: false,
+            filter: FilterArgs::default(),
+            json: false,
+        },
+        &mut out,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    let text = String::from_utf8_lossy(&out).into_owned();
+    for want in [
+        "implicit  reask",
+        "evidence: explicit + implicit",
+        "agreement (units with both kinds",
+    ] {
+        assert!(text.contains(want), "{want:?} in {text}");
+    }
+    let mut out = Vec::new();
+    cli::signals(
+        &settings,
+        SignalsCommand::List {
+            agent: None,
+            session: Some("sess_i3".to_owned()),
+            source: None,
+            limit: 10,
+            json: true,
+        },
+        &mut out,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    let listed: serde_json::Value = serde_json::from_slice(&out).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(listed[0]["rule"], "history_edit", "{listed}");
+    assert_eq!(listed[0]["edit_distance"], 12, "{listed}");
+    let mut out = Vec::new();
+    cli::agents(
+        &settings,
+        AgentsCommand::Set {
+            agent: "imp".to_owned(),
+            evidence: "explicit".to_owned(),
+            continued_counts: false,
+            json: true,
+        },
+        &mut out,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    let set: serde_json::Value = serde_json::from_slice(&out).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(set["evidence"], "explicit", "{set}");
+    assert_eq!(by_model(&gw, "imp").await, [(Some("m-b".to_owned()), 1, 1)]);
 
     if let Some(stop) = stop {
         let _ = stop.send(true);
