@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use nm_gateway::cli::{AgentsCommand, BudgetsCommand, KeysCommand, UsageArgs, UsageError};
+use nm_gateway::cli::{
+    AgentsCommand, BudgetsCommand, KeysCommand, SignalsCommand, UsageArgs, UsageError,
+};
 use nm_gateway::config::{self, Flags, Mode};
 use nm_gateway::{app, telemetry};
 
@@ -59,6 +61,13 @@ enum Command {
         client: ClientArgs,
         #[command(subcommand)]
         command: AgentsCommand,
+    },
+    /// Stored signals (explicit and implicit) of an agent or a session (needs NM_ADMIN_KEY).
+    Signals {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(subcommand)]
+        command: SignalsCommand,
     },
     /// Manage service API keys (needs NM_ADMIN_KEY).
     Keys {
@@ -172,6 +181,11 @@ async fn run(cli: Cli) -> ExitCode {
             client_flags(client),
             Some(AdminCommand::Agents(command)),
         ),
+        Command::Signals { client, command } => (
+            Mode::Client,
+            client_flags(client),
+            Some(AdminCommand::Signals(command)),
+        ),
         Command::Budgets { client, command } => (
             Mode::Client,
             client_flags(client),
@@ -227,6 +241,7 @@ async fn run(cli: Cli) -> ExitCode {
             AdminCommand::Keys(c) => nm_gateway::cli::keys(&settings, c, &mut stdout).await,
             AdminCommand::Agents(c) => nm_gateway::cli::agents(&settings, c, &mut stdout).await,
             AdminCommand::Budgets(c) => nm_gateway::cli::budgets(&settings, c, &mut stdout).await,
+            AdminCommand::Signals(c) => nm_gateway::cli::signals(&settings, c, &mut stdout).await,
             AdminCommand::Usage(a) => nm_gateway::cli::usage(&settings, a, &mut stdout).await,
         };
         return match done {
@@ -267,6 +282,7 @@ enum AdminCommand {
     Keys(KeysCommand),
     Agents(AgentsCommand),
     Budgets(BudgetsCommand),
+    Signals(SignalsCommand),
     Usage(UsageArgs),
 }
 

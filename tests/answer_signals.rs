@@ -111,7 +111,9 @@ async fn by_model(gw: &TestGateway, agent: &str) -> Vec<(Option<String>, u64, u6
 
 /// The port of `gw`'s shape: in `serve`, the in-process adapter over the gateway's database;
 /// split, the gRPC adapter to its controlplane, with the link secret.
-async fn port(gw: &TestGateway) -> (Arc<dyn Port>, Option<tokio::sync::watch::Sender<bool>>) {
+pub(crate) async fn port(
+    gw: &TestGateway,
+) -> (Arc<dyn Port>, Option<tokio::sync::watch::Sender<bool>>) {
     if gw.shape.is_split() {
         let grpc =
             Grpc::new(gw.grpc_channel().await, LINK_SECRET).unwrap_or_else(|e| panic!("{e}"));
@@ -129,7 +131,7 @@ async fn port(gw: &TestGateway) -> (Arc<dyn Port>, Option<tokio::sync::watch::Se
 }
 
 /// A live service key's id, made through the admin API (a record must name one).
-async fn live_key(gw: &TestGateway) -> String {
+pub(crate) async fn live_key(gw: &TestGateway) -> String {
     KeysClient::new(gw.grpc_channel().await)
         .create_key(admin(pb::CreateKeyRequest {
             name: "records".to_owned(),

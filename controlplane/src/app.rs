@@ -14,6 +14,7 @@ pub struct Controlplane {
     pub signals: Signals,
     pub budgets: Budgets,
     pub usage: UsageReports,
+    pub agents: crate::Agents,
     /// Becomes `true` when the process shuts down; long-lived streams end then.
     shutdown: watch::Receiver<bool>,
 }
@@ -38,6 +39,7 @@ impl Controlplane {
         let signals = Signals::start(store.clone());
         Ok(Self {
             usage: UsageReports::new(store.clone()),
+            agents: crate::Agents::new(store.clone()),
             store,
             keys,
             records,

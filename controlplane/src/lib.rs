@@ -8,6 +8,8 @@
 //! mapping [`Error`] to a gRPC status in one place.
 
 #[forbid(unsafe_code)]
+pub mod agents;
+#[forbid(unsafe_code)]
 pub mod analytics;
 #[forbid(unsafe_code)]
 mod app;
@@ -39,6 +41,7 @@ pub mod store;
 #[forbid(unsafe_code)]
 pub mod usage;
 
+pub use agents::Agents;
 pub use app::Controlplane;
 pub use budgets::Budgets;
 pub use error::Error;

@@ -367,7 +367,7 @@ impl Signals {
     }
 }
 
-fn push_range(
+pub(crate) fn push_range(
     sql: &mut Sql,
     time_col: &str,
     env: Option<Env>,
@@ -545,11 +545,21 @@ async fn write_group(store: &Store, group: &[Pending]) -> Result<(WriteTxn, Vec<
             .filter_map(|p| p.signal.request_id.as_ref().map(|r| r.as_str())),
     )
     .await?;
+    // Answers that implicit signals judge: the first explicit signal naming one moves those
+    // implicit signals from their session's unit to the answer's (both rebuilt).
+    let judged = judged_answers(
+        &txn,
+        group
+            .iter()
+            .filter_map(|p| p.signal.request_id.as_ref().map(|r| r.as_str())),
+    )
+    .await?;
     // Every session the group touches: given, or its answers' (their rollups are rebuilt).
     let session_ids: HashSet<&str> = group
         .iter()
         .filter_map(|p| p.signal.session_id.as_ref().map(|id| id.as_str()))
         .chain(answers.values().filter_map(|a| a.session_id.as_deref()))
+        .chain(judged.values().flatten().map(|(_, s)| s.as_str()))
         .collect();
     let sessions = known_sessions(&txn, session_ids.into_iter()).await?;
     let placed: Vec<Result<Placed<'_>>> = group
@@ -587,10 +597,21 @@ async fn write_group(store: &Store, group: &[Pending]) -> Result<(WriteTxn, Vec<
             continue;
         }
         match (&p.signal.request_id, placed.answer) {
-            (Some(request), Some(answer)) => {
+            (Some(request), answer)
+                if answer.is_some() || judged.contains_key(request.as_str()) =>
+            {
                 let agent = placed.agent.as_deref();
                 rebuild.insert((agent, true, request.as_str()));
-                if let (Some(session), Some(agent)) = (&answer.session_id, &answer.agent) {
+                if let Some(Answer {
+                    session_id: Some(session),
+                    agent: Some(agent),
+                    ..
+                }) = answer
+                {
+                    rebuild.insert((Some(agent.as_str()), false, session.as_str()));
+                }
+                for (agent, session) in judged.get(request.as_str()).into_iter().flatten() {
+                    rebuild.insert((Some(agent.as_str()), true, request.as_str()));
                     rebuild.insert((Some(agent.as_str()), false, session.as_str()));
                 }
             }
@@ -686,6 +707,8 @@ fn to_row(
         agent: Set(placed.agent.clone()),
         env: Set(env),
         user_id: Set(user_id),
+        source: Set(signal::EXPLICIT.to_owned()),
+        rule: Set(None),
     }
 }
 
@@ -750,6 +773,41 @@ async fn known_answers<'a>(
                     user_id: row.try_get("", "user_id")?,
                 },
             );
+        }
+    }
+    Ok(out)
+}
+
+/// For each of `ids` (answers) that implicit signals judge: the (agent, session) of those
+/// signals.
+async fn judged_answers<'a>(
+    txn: &WriteTxn,
+    ids: impl Iterator<Item = &'a str>,
+) -> Result<HashMap<String, Vec<(String, String)>>> {
+    let ids: Vec<String> = ids
+        .collect::<HashSet<&str>>()
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    let mut out: HashMap<String, Vec<(String, String)>> = HashMap::new();
+    for chunk in chunks_of(&ids) {
+        let mut sql = Sql::new(
+            txn.get_database_backend(),
+            "SELECT DISTINCT request_id, agent, session_id FROM signals \
+             WHERE source = 'implicit' AND agent IS NOT NULL AND session_id <> '' \
+             AND request_id IN (",
+        );
+        for (i, id) in chunk.iter().enumerate() {
+            if i > 0 {
+                sql.push(", ");
+            }
+            sql.bind(id.clone());
+        }
+        sql.push(")");
+        for row in txn.query_all_raw(sql.build()).await? {
+            out.entry(row.try_get::<String>("", "request_id")?)
+                .or_default()
+                .push((row.try_get("", "agent")?, row.try_get("", "session_id")?));
         }
     }
     Ok(out)

@@ -361,10 +361,32 @@ pub fn print_analytics(out: &mut impl Write, a: &AgentAnalytics) -> std::io::Res
         time_ms(Some(a.window.since_ms)),
         time_ms(Some(a.window.until_ms))
     )?;
+    writeln!(
+        out,
+        "signals counted: {}{}",
+        a.evidence.label(),
+        if a.evidence.continued {
+            " (continued counts as a success)"
+        } else {
+            ""
+        }
+    )?;
     if let Some(s) = &a.summary {
         writeln!(
             out,
             "sessions: {} (success {}, abandoned {}, regenerated {}, heavy edit {})",
+            s.sessions,
+            pct(s.success_rate()),
+            pct(s.abandonment_rate()),
+            pct(s.regeneration_rate()),
+            pct(s.heavy_edit_rate())
+        )?;
+    }
+    if let Some(s) = a.implicit_summary.as_ref().filter(|s| s.sessions > 0) {
+        writeln!(
+            out,
+            "with implicit signals (not counted): {} sessions (success {}, abandoned {}, \
+             regenerated {}, heavy edit {})",
             s.sessions,
             pct(s.success_rate()),
             pct(s.abandonment_rate()),
@@ -416,7 +438,12 @@ pub fn print_analytics(out: &mut impl Write, a: &AgentAnalytics) -> std::io::Res
     for (i, r) in a.recommendations.iter().enumerate() {
         writeln!(out, "{}. [{}] {}", i + 1, r.kind.as_str(), r.message)?;
         for e in &r.evidence {
-            writeln!(out, "   evidence: {}", evidence_line(e))?;
+            writeln!(
+                out,
+                "   evidence ({}): {}",
+                a.evidence.label(),
+                evidence_line(e)
+            )?;
         }
         if !r.figures.is_empty() {
             let figs: Vec<String> = r

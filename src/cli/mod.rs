@@ -3,11 +3,13 @@
 
 mod analytics;
 mod budgets;
+mod signals;
 mod usage;
 
 pub use analytics::{OutcomesArgs, RecommendArgs, RecomputeArgs, print_analytics};
 
 pub use budgets::{BudgetsCommand, budgets};
+pub use signals::{SignalsCommand, signals};
 pub use usage::{UsageArgs, usage};
 
 use std::io::Write;
@@ -82,6 +84,21 @@ pub enum AgentsCommand {
     Recompute(RecomputeArgs),
     /// One agent's session outcome rates grouped by model, provider, env, week or user.
     Outcomes(OutcomesArgs),
+    /// Set an agent's settings: which signals its analytics count.
+    Set {
+        /// The agent name (`NM-Agent`).
+        agent: String,
+        /// `explicit` (the default: signals the application sent) or `explicit+implicit` (also
+        /// the gateway's implicit signals, where a session or answer has no explicit one).
+        #[arg(long)]
+        evidence: String,
+        /// With `explicit+implicit`: count the rule `continued` (an answer carried back
+        /// unchanged) as a success.
+        #[arg(long)]
+        continued_counts: bool,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Filters shared by the agents commands.
@@ -201,6 +218,49 @@ pub async fn agents(
     let cp = &settings.controlplane_url;
     match cmd {
         AgentsCommand::Recommend(_) | AgentsCommand::Recompute(_) | AgentsCommand::Outcomes(_) => {}
+        AgentsCommand::Set {
+            agent,
+            evidence,
+            continued_counts,
+            json,
+        } => {
+            let evidence = evidence.trim().to_owned();
+            if evidence != "explicit" && evidence != "explicit+implicit" {
+                return Err(
+                    UsageError("--evidence: use explicit or explicit+implicit".to_owned()).into(),
+                );
+            }
+            if continued_counts && evidence == "explicit" {
+                return Err(UsageError(
+                    "--continued-counts needs --evidence explicit+implicit".to_owned(),
+                )
+                .into());
+            }
+            let s = client
+                .set_agent_settings(pb::SetAgentSettingsRequest {
+                    agent,
+                    evidence,
+                    continued_counts,
+                })
+                .await
+                .with_context(|| format!("controlplane {cp}"))?
+                .into_inner();
+            if json {
+                writeln!(out, "{}", settings_json(&s))?;
+            } else {
+                writeln!(
+                    out,
+                    "agent {}: evidence {}{}",
+                    s.agent,
+                    s.evidence,
+                    if s.continued_counts {
+                        ", continued counts as a success"
+                    } else {
+                        ""
+                    }
+                )?;
+            }
+        }
         AgentsCommand::List { filter, json } => {
             let req = pb::ListAgentsRequest {
                 env: filter.env()?,
@@ -291,6 +351,20 @@ pub async fn agents(
                     "recommendations_unlocked": s.recommendations_unlocked,
                     "progress": s.progress,
                 });
+                v["by_source"] = json!(s.by_source.iter().map(source_json).collect::<Vec<_>>());
+                v["agreement"] = json!(
+                    s.agreement
+                        .iter()
+                        .map(|c| json!({
+                            "explicit": c.explicit_outcome,
+                            "implicit": c.implicit_outcome,
+                            "units": c.units,
+                        }))
+                        .collect::<Vec<_>>()
+                );
+                if let Some(settings) = &s.settings {
+                    v["settings"] = settings_json(settings);
+                }
                 if let Some(a) = &analytics {
                     let p = &a.progress;
                     v["threshold"] = json!(p.threshold);
@@ -310,6 +384,7 @@ pub async fn agents(
                     .map(|(k, v)| vec![(*k).to_owned(), v.to_string()])
                     .collect();
                 write_table(out, &["ACTION", "COUNT"], &rows)?;
+                print_sources(out, &s)?;
                 match &analytics {
                     Some(a) if a.status == nm_controlplane::analytics::Status::Collecting => {
                         analytics::print_progress(out, &a.progress)?;
@@ -335,6 +410,93 @@ pub async fn agents(
                 }
             }
         }
+    }
+    Ok(())
+}
+
+/// An agent's settings as JSON.
+fn settings_json(s: &pb::AgentSettings) -> serde_json::Value {
+    json!({
+        "agent": s.agent,
+        "evidence": s.evidence,
+        "continued_counts": s.continued_counts,
+        "updated_at_ms": s.updated_at.as_ref().map(convert::timestamp_to_ms),
+    })
+}
+
+/// One source's (and rule's) counts as JSON.
+fn source_json(c: &pb::SourceCounts) -> serde_json::Value {
+    let by = c.by_action.unwrap_or_default();
+    let by_action: serde_json::Map<String, serde_json::Value> = Action::ALL
+        .into_iter()
+        .map(|a| (a.as_str().to_owned(), json!(action_count(&by, a))))
+        .filter(|(_, n)| n != &json!(0))
+        .collect();
+    json!({"source": c.source, "rule": c.rule, "total": c.total, "by_action": by_action})
+}
+
+/// `agents show`'s lines on sources: counts by source and rule, the evidence the analytics
+/// count, and the agreement table where both kinds exist.
+fn print_sources(out: &mut impl Write, s: &pb::AgentSignals) -> std::io::Result<()> {
+    let rows: Vec<Vec<String>> = s
+        .by_source
+        .iter()
+        .map(|c| {
+            let by = c.by_action.unwrap_or_default();
+            let actions: Vec<String> = Action::ALL
+                .into_iter()
+                .filter(|a| action_count(&by, *a) > 0)
+                .map(|a| format!("{} {}", a.as_str(), action_count(&by, a)))
+                .collect();
+            vec![
+                c.source.clone(),
+                c.rule.clone().unwrap_or_else(|| "-".to_owned()),
+                c.total.to_string(),
+                actions.join(", "),
+            ]
+        })
+        .collect();
+    if !rows.is_empty() {
+        write_table(out, &["SOURCE", "RULE", "COUNT", "ACTIONS"], &rows)?;
+    }
+    if let Some(settings) = &s.settings {
+        let counted = if settings.evidence == "explicit" {
+            "explicit (implicit shown beside, not counted)".to_owned()
+        } else if settings.continued_counts {
+            "explicit + implicit (continued counts as a success)".to_owned()
+        } else {
+            "explicit + implicit".to_owned()
+        };
+        writeln!(out, "evidence: {counted}")?;
+    }
+    if !s.agreement.is_empty() {
+        writeln!(
+            out,
+            "agreement (units with both kinds: explicit outcome vs implicit outcome):"
+        )?;
+        let implicit: Vec<&str> = ["success", "failure", "abandoned", "continued"]
+            .into_iter()
+            .filter(|o| s.agreement.iter().any(|c| c.implicit_outcome == *o))
+            .collect();
+        let mut header = vec!["EXPLICIT \\ IMPLICIT".to_owned()];
+        header.extend(implicit.iter().map(|o| o.to_uppercase()));
+        let rows: Vec<Vec<String>> = ["success", "failure", "abandoned"]
+            .into_iter()
+            .filter(|o| s.agreement.iter().any(|c| c.explicit_outcome == *o))
+            .map(|e| {
+                let mut row = vec![e.to_owned()];
+                row.extend(implicit.iter().map(|i| {
+                    s.agreement
+                        .iter()
+                        .find(|c| c.explicit_outcome == e && c.implicit_outcome == *i)
+                        .map_or(0, |c| c.units)
+                        .to_string()
+                }));
+                row
+            })
+            .collect();
+        let header: Vec<&str> = header.iter().map(String::as_str).collect();
+        write_table(out, &header, &rows)?;
     }
     Ok(())
 }

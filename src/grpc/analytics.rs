@@ -7,7 +7,7 @@ use nm_controlplane::analytics::report::{
     Progress, Recommendation, Status as AnalyticsStatus, Window,
 };
 use nm_controlplane::analytics::stats::Interval;
-use nm_controlplane::analytics::{Analytics, Dimension};
+use nm_controlplane::analytics::{Analytics, Dimension, Evidence};
 use tonic::{Request, Response, Status};
 use tracing::info;
 
@@ -222,6 +222,9 @@ pub fn analytics_to_pb(a: &AgentAnalytics) -> pb::AgentAnalytics {
             })
             .collect(),
         recommendations: a.recommendations.iter().map(recommendation_to_pb).collect(),
+        evidence: a.evidence.label().to_owned(),
+        continued_counts: a.evidence.continued,
+        implicit_summary: a.implicit_summary.as_ref().map(row_to_pb),
     }
 }
 
@@ -374,5 +377,15 @@ pub fn analytics_from_pb(a: &pb::AgentAnalytics) -> AgentAnalytics {
             .iter()
             .filter_map(recommendation_from_pb)
             .collect(),
+        evidence: Evidence {
+            implicit: a.evidence
+                == Evidence {
+                    implicit: true,
+                    continued: false,
+                }
+                .label(),
+            continued: a.continued_counts,
+        },
+        implicit_summary: a.implicit_summary.as_ref().map(row_from_pb),
     }
 }

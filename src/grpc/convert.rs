@@ -30,6 +30,59 @@ pub fn action_counts(c: &nm_controlplane::signals::ActionCounts) -> pb::ActionCo
     }
 }
 
+/// Signal counts by source and rule.
+pub fn source_counts(c: &[nm_controlplane::agents::SourceCount]) -> Vec<pb::SourceCounts> {
+    c.iter()
+        .map(|c| pb::SourceCounts {
+            source: c.source.clone(),
+            rule: c.rule.map(|r| r.name().to_owned()),
+            total: c.total,
+            by_action: Some(action_counts(&c.by_action)),
+        })
+        .collect()
+}
+
+/// An agent's settings.
+pub fn agent_settings(
+    agent: &str,
+    s: &nm_controlplane::analytics::evidence::Setting,
+) -> pb::AgentSettings {
+    pb::AgentSettings {
+        agent: agent.to_owned(),
+        evidence: s.evidence.stored().to_owned(),
+        continued_counts: s.evidence.continued,
+        updated_at: s.updated_at_ms.map(ms_to_timestamp),
+    }
+}
+
+/// An agent's agreement table.
+pub fn agreement(cells: &[nm_controlplane::agents::AgreementCell]) -> Vec<pb::AgreementCell> {
+    cells
+        .iter()
+        .map(|c| pb::AgreementCell {
+            explicit_outcome: c.explicit.to_owned(),
+            implicit_outcome: c.implicit.to_owned(),
+            units: c.units,
+        })
+        .collect()
+}
+
+/// A stored signal.
+pub fn stored_signal(s: nm_controlplane::agents::StoredSignal) -> pb::StoredSignal {
+    pb::StoredSignal {
+        id: s.id,
+        source: s.source,
+        rule: s.rule,
+        request_id: s.request_id,
+        action: s.action,
+        edit_distance: s.edit_distance,
+        received_at: Some(ms_to_timestamp(s.received_at_ms)),
+        session_id: s.session_id,
+        agent: s.agent,
+        env: s.env,
+    }
+}
+
 /// A proto time range -> (since, until) in milliseconds.
 pub fn range_ms(r: Option<&pb::TimeRange>) -> (Option<i64>, Option<i64>) {
     r.map_or((None, None), |r| {

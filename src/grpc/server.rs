@@ -8,6 +8,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use nm_controlplane::agents::Scope;
+use nm_controlplane::analytics::Evidence;
 use nm_controlplane::signals::SignalFilter;
 use nm_controlplane::{Controlplane, Store, now_ms};
 use nm_types::Env;
@@ -283,7 +285,27 @@ impl Agents for AgentsService {
             .agent_counts(&filter)
             .await
             .map_err(to_status)?;
+        let by_source = self
+            .0
+            .agents
+            .source_counts(&filter)
+            .await
+            .map_err(to_status)?;
+        let (settings, agreement) = match &filter.agent {
+            Some(agent) => {
+                let s = self.0.agents.settings(agent).await.map_err(to_status)?;
+                let a = self.0.agents.agreement(agent).await.map_err(to_status)?;
+                (
+                    Some(convert::agent_settings(agent, &s)),
+                    convert::agreement(&a),
+                )
+            }
+            None => (None, Vec::new()),
+        };
         Ok(Response::new(pb::AgentSignals {
+            by_source: convert::source_counts(&by_source),
+            settings,
+            agreement,
             agent: c.agent.unwrap_or_default(),
             total: c.total,
             by_action: Some(convert::action_counts(&c.by_action)),
@@ -301,8 +323,15 @@ impl Agents for AgentsService {
         require_admin(&self.0.keys, &req)?;
         let id = req.into_inner().session_id;
         let d = self.0.signals.session(&id).await.map_err(to_status)?;
+        let by_source = self
+            .0
+            .agents
+            .session_source_counts(&id)
+            .await
+            .map_err(to_status)?;
         let s = d.session;
         Ok(Response::new(pb::SessionRecord {
+            by_source: convert::source_counts(&by_source),
             session_id: d.session_id,
             agent: s.as_ref().and_then(|s| s.agent.clone()),
             env: s.as_ref().and_then(|s| s.env.clone()),
@@ -316,6 +345,70 @@ impl Agents for AgentsService {
             last_seen: s.as_ref().map(|s| convert::ms_to_timestamp(s.last_seen_ms)),
             signals: d.signals.total(),
             by_action: Some(convert::action_counts(&d.signals)),
+        }))
+    }
+
+    async fn get_agent_settings(
+        &self,
+        req: Request<pb::GetAgentSettingsRequest>,
+    ) -> Result<Response<pb::AgentSettings>, Status> {
+        require_admin(&self.0.keys, &req)?;
+        let agent = req.into_inner().agent;
+        let s = self.0.agents.settings(&agent).await.map_err(to_status)?;
+        Ok(Response::new(convert::agent_settings(agent.trim(), &s)))
+    }
+
+    async fn set_agent_settings(
+        &self,
+        req: Request<pb::SetAgentSettingsRequest>,
+    ) -> Result<Response<pb::AgentSettings>, Status> {
+        let admin = require_admin(&self.0.keys, &req)?;
+        let r = req.into_inner();
+        let evidence = Evidence::parse(r.evidence.trim(), r.continued_counts).map_err(to_status)?;
+        let s = self
+            .0
+            .agents
+            .set_settings(&r.agent, evidence)
+            .await
+            .map_err(to_status)?;
+        tracing::info!(
+            by = %admin.id,
+            nm.agent = %r.agent.trim(),
+            evidence = evidence.stored(),
+            continued_counts = evidence.continued,
+            "agent settings changed"
+        );
+        Ok(Response::new(convert::agent_settings(r.agent.trim(), &s)))
+    }
+
+    async fn list_signals(
+        &self,
+        req: Request<pb::ListSignalsRequest>,
+    ) -> Result<Response<pb::ListSignalsResponse>, Status> {
+        require_admin(&self.0.keys, &req)?;
+        let r = req.into_inner();
+        let scope = match (r.agent.trim(), r.session_id.trim()) {
+            (agent, "") if !agent.is_empty() => Scope::Agent(agent.to_owned()),
+            ("", session) if !session.is_empty() => Scope::Session(session.to_owned()),
+            _ => {
+                return Err(Status::invalid_argument(
+                    "name exactly one of agent and session_id",
+                ));
+            }
+        };
+        let page = self
+            .0
+            .agents
+            .list_signals(&scope, r.source.as_deref(), r.page_size, &r.page_token)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(pb::ListSignalsResponse {
+            signals: page
+                .signals
+                .into_iter()
+                .map(convert::stored_signal)
+                .collect(),
+            next_page_token: page.next_page_token.unwrap_or_default(),
         }))
     }
 }

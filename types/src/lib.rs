@@ -367,3 +367,9 @@ impl Usage {
         self.input_tokens.is_some() || self.output_tokens.is_some()
     }
 }
+
+/// Times (Unix milliseconds) a record or signal may carry: from 1970 to the start of 2100. A
+/// tighter window around the controlplane's clock would refuse spooled records of a dataplane
+/// whose clock was wrong, for no gain: a time only places a record in reports. (Here, not in
+/// `record`, so that `record` and `signal`, which names it too, import one way only.)
+pub const TIME_RANGE_MS: std::ops::Range<i64> = 0..4_102_444_800_000;

@@ -37,10 +37,7 @@ pub const MAX_MICROS: u64 = 1_000_000_000_000;
 pub const MAX_DURATION_MS: u64 = 7 * 24 * 3_600_000;
 /// Most response bytes one request may report (1 PiB).
 pub const MAX_RESPONSE_BYTES: u64 = 1 << 50;
-/// Times (Unix milliseconds) a record or signal may carry: from 1970 to the start of 2100. A
-/// tighter window around the controlplane's clock would refuse spooled records of a dataplane
-/// whose clock was wrong, for no gain: a time only places a record in reports.
-pub const TIME_RANGE_MS: std::ops::Range<i64> = 0..4_102_444_800_000;
+pub use crate::TIME_RANGE_MS;
 /// Most implicit signals one record may carry (one per rule).
 pub const MAX_INFERRED: usize = Rule::ALL.len();
 

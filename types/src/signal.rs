@@ -13,8 +13,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use crate::record::TIME_RANGE_MS;
-use crate::{Action, SessionId, parse_agent};
+use crate::{Action, SessionId, TIME_RANGE_MS, parse_agent};
 
 /// Longest signal id (the `NM-Request-Id` of the signal request).
 pub const MAX_SIGNAL_ID_LEN: usize = 64;

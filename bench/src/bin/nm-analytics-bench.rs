@@ -29,6 +29,11 @@
 //! first correct `best_model` before and after the anytime-valid intervals, the price of each
 //! stretch's share of the 5%, and whole lives of agents (a year, looked at up to 12 times a
 //! day). `--agents` (default 4,000) per row; Markdown tables on stdout.
+//!
+//! `--implicit` simulates implicit evidence (issue 32): a population whose implicit behaviour
+//! (re-asks, abandons, answers carried on) follows its true satisfaction, explicit signals sent
+//! by a fifth of the sessions; how many sessions the right `best_model` needs counting explicit
+//! signals only, and explicit + implicit (`analytics::simulate::implicit_report`).
 
 use nm_bench::{DatabaseArgs, ScratchPg};
 use std::io::Write;
@@ -70,7 +75,10 @@ struct Cli {
     /// Measure the statistics (false claims at any look, power) instead of the queries.
     #[arg(long)]
     power: bool,
-    /// Simulated agents per row of the `--power` tables.
+    /// Simulate explicit-only against explicit + implicit evidence instead of the queries.
+    #[arg(long)]
+    implicit: bool,
+    /// Simulated agents per row of the `--power` and `--implicit` tables.
     #[arg(long, default_value_t = 4_000)]
     agents: u64,
 }
@@ -240,6 +248,18 @@ async fn main() -> anyhow::Result<()> {
         let started = Instant::now();
         let mut out = std::io::stdout().lock();
         simulate::report(cli.agents, cli.seed, &mut out)?;
+        writeln!(out)?;
+        writeln!(
+            out,
+            "(simulated in {:.0} s)",
+            started.elapsed().as_secs_f64()
+        )?;
+        return Ok(());
+    }
+    if cli.implicit {
+        let started = Instant::now();
+        let mut out = std::io::stdout().lock();
+        simulate::implicit_report(cli.agents, cli.seed, &mut out)?;
         writeln!(out)?;
         writeln!(
             out,

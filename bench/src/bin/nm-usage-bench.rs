@@ -135,6 +135,12 @@ struct Cli {
     /// Print the results as JSON.
     #[arg(long)]
     json: bool,
+    /// Records carry implicit signals, as the dataplane's rules infer them: each request after
+    /// a session's first says what came of the one before (continued 60 %, history_edit 20 %,
+    /// reask 10 %), a streamed answer is abandoned 5 % of the time (about 0.95 signals per
+    /// record).
+    #[arg(long)]
+    inferred: bool,
 }
 
 /// SplitMix64: small, fast, and the same sequence for a seed on every platform.
@@ -218,6 +224,8 @@ struct Session {
     gap_ms: i64,
     requests: u32,
     sent: u32,
+    /// The request id of the session's last request.
+    last: Option<String>,
 }
 
 /// The generated records, produced batch by batch in roughly chronological order.
@@ -230,6 +238,7 @@ struct Dataset {
     next_session: usize,
     active: Vec<usize>,
     produced: usize,
+    inferred: bool,
 }
 
 impl Dataset {
@@ -237,7 +246,7 @@ impl Dataset {
         (records / 20).clamp(1, MAX_SESSIONS)
     }
 
-    fn new(seed: u64, records: usize, now_ms: i64) -> Self {
+    fn new(seed: u64, records: usize, now_ms: i64, inferred: bool) -> Self {
         let mut rng = Rng(seed);
         let priced: Vec<usize> = (0..MODELS.len())
             .filter(|&i| MODELS[i].price.is_some())
@@ -295,6 +304,7 @@ impl Dataset {
                     gap_ms: gap.min(room).max(1),
                     requests,
                     sent: 0,
+                    last: None,
                 }
             })
             .collect();
@@ -311,6 +321,7 @@ impl Dataset {
             next_session: 0,
             active: Vec::with_capacity(CONCURRENT_SESSIONS),
             produced: 0,
+            inferred,
         }
     }
 
@@ -328,8 +339,10 @@ impl Dataset {
             }
             let slot = self.rng.below(self.active.len());
             let s = self.active[slot];
-            out.push(self.record(s));
+            let record = self.record(s);
             let session = &mut self.sessions[s];
+            session.last = Some(record.request_id.clone());
+            out.push(record);
             session.sent += 1;
             if session.sent == session.requests {
                 self.active.swap_remove(slot);
@@ -416,8 +429,48 @@ impl Dataset {
             Outcome::UpstreamError(..) | Outcome::GatewayError(..) => Some(0),
         });
         let output = usage.output_tokens.unwrap_or(0);
+        // A UUIDv7, as the dataplane makes them: the time, then the sequence and random bits.
+        let request_id = format!(
+            "{:08x}-{:04x}-7{:03x}-{:04x}-{:012x}",
+            (started_at_ms >> 16) as u32,
+            (started_at_ms & 0xffff) as u16,
+            (seq >> 16) & 0xfff,
+            0x8000 | (seq & 0x3fff),
+            rng.next_u64() >> 16
+        );
+        let mut inferred = Vec::new();
+        if self.inferred {
+            use nm_types::record::Inferred;
+            use nm_types::signal::Rule;
+            if let Some(answer) = session.last.as_deref().and_then(|a| a.parse().ok()) {
+                let rule = match rng.f64() {
+                    p if p < 0.6 => Some(Rule::Continued),
+                    p if p < 0.8 => Some(Rule::HistoryEdit),
+                    p if p < 0.9 => Some(Rule::Reask),
+                    _ => None,
+                };
+                if let Some(rule) = rule {
+                    inferred.push(Inferred {
+                        rule,
+                        answer,
+                        edit_distance: (rule == Rule::HistoryEdit)
+                            .then(|| rng.lognormal(80.0, 1.0) as u64),
+                    });
+                }
+            }
+            if streamed
+                && rng.chance(0.05)
+                && let Ok(answer) = request_id.parse()
+            {
+                inferred.push(Inferred {
+                    rule: Rule::ClientDisconnect,
+                    answer,
+                    edit_distance: None,
+                });
+            }
+        }
         RequestRecord {
-            request_id: format!("{started_at_ms:012x}{seq:08x}{:012x}", rng.next_u64() >> 16),
+            request_id,
             started_at_ms,
             key_id: format!("key_{:02}", session.agent % 6).into(),
             provider: model.provider.into(),
@@ -445,7 +498,7 @@ impl Dataset {
             cost_micros,
             budget_micros,
             trace: None,
-            inferred: Vec::new(),
+            inferred,
         }
     }
 }
@@ -649,7 +702,7 @@ async fn fill(
 ) -> anyhow::Result<(Duration, Duration)> {
     let budgets = Budgets::load(store.clone(), now_ms).await?;
     let records = Records::new(store.clone(), budgets);
-    let mut data = Dataset::new(cli.seed, cli.records, now_ms);
+    let mut data = Dataset::new(cli.seed, cli.records, now_ms, cli.inferred);
     let progress_every = (cli.records / 10).max(BATCH);
     let (started, mut ingesting, mut stored) = (Instant::now(), Duration::ZERO, 0usize);
     loop {

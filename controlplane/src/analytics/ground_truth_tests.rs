@@ -462,6 +462,8 @@ async fn intervals_are_carried_within_a_stretch_only() {
             Earlier {
                 sequences: BTreeMap::new(),
                 origin_ms: Some(origin),
+                evidence: super::Evidence::EXPLICIT,
+                parked: BTreeMap::new(),
             },
         )
         .await
@@ -524,4 +526,69 @@ async fn answers_stored_without_intervals_are_read() {
     assert!(!json.contains("sequences"));
     let again = analytics.recompute_at("old-0", NOW).await.unwrap();
     assert_eq!(messages(&again), messages(&r));
+}
+
+/// Each evidence setting keeps its own intervals: a look under another setting starts its own
+/// (the explicit ones parked, not met with implicit data), and the setting that comes back
+/// resumes its intervals where they were.
+#[tokio::test]
+async fn each_evidence_setting_keeps_its_own_intervals() {
+    use super::evidence::{self, Evidence};
+    let (_dir, store) = store().await;
+    let analytics = Analytics::new(store.clone());
+    add_batch(&store, "win", 1, (0.5, 0.7), 400, 1, NOW).await;
+    analytics.recompute_at("win-0", NOW).await.unwrap();
+    let explicit = analytics
+        .stored_with_sequences("win-0")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!explicit.sequences.is_empty());
+    // Implicit signals shown beside (here none: the same sessions).
+    assert_eq!(
+        explicit
+            .report
+            .implicit_summary
+            .as_ref()
+            .map(|s| s.sessions),
+        explicit.report.summary.as_ref().map(|s| s.sessions)
+    );
+    let implicit = Evidence {
+        implicit: true,
+        continued: false,
+    };
+    evidence::save(store.conn(), "win-0", implicit, NOW)
+        .await
+        .unwrap();
+    let r = analytics.recompute_at("win-0", NOW + 1).await.unwrap();
+    assert_eq!(r.evidence, implicit);
+    assert_eq!(r.implicit_summary, None, "counted, not beside");
+    let switched = analytics
+        .stored_with_sequences("win-0")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        switched.parked.get(Evidence::EXPLICIT.key()),
+        Some(&explicit.sequences)
+    );
+    evidence::save(store.conn(), "win-0", Evidence::EXPLICIT, NOW + 2)
+        .await
+        .unwrap();
+    analytics.recompute_at("win-0", NOW + 2).await.unwrap();
+    let back = analytics
+        .stored_with_sequences("win-0")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(back.parked.contains_key(implicit.key()));
+    for (key, i) in &explicit.sequences {
+        let Some(j) = back.sequences.get(key) else {
+            continue;
+        };
+        assert!(
+            j.lower >= i.lower - 1e-12 && j.upper <= i.upper + 1e-12,
+            "{key}: resumed, never wider"
+        );
+    }
 }

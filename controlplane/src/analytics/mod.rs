@@ -36,6 +36,7 @@
 //! intersections afresh (intersecting across different samples would freeze old evidence in
 //! place, when the window is there to follow change).
 
+pub mod evidence;
 pub mod outcome;
 pub mod query;
 pub mod recommend;
@@ -55,6 +56,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tracing::{Instrument, debug, info, warn};
 
+pub use evidence::Evidence;
 pub use query::Dimension;
 pub use report::{AgentAnalytics, Kind, OutcomeRow, Progress, Recommendation, Status, Window};
 use stats::{Intersections, Interval};
@@ -96,6 +98,11 @@ struct Stored {
     /// first signal then.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     origin_ms: Option<i64>,
+    /// The intervals of the other evidence settings the agent had ([`Evidence::key`]), kept
+    /// as they were when the setting changed: a setting that comes back resumes its own
+    /// sequences, so each setting is one family over the agent's life, whatever the switches.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    parked: BTreeMap<String, BTreeMap<String, Interval>>,
 }
 
 /// What a look carries from the stored answer: the intervals kept and the agent's origin.
@@ -103,6 +110,11 @@ struct Stored {
 struct Earlier {
     sequences: BTreeMap<String, Interval>,
     origin_ms: Option<i64>,
+    /// The evidence those intervals counted: intervals are carried only to a look that counts
+    /// the same signals (a confidence sequence follows one stream of data).
+    evidence: Evidence,
+    /// The intervals of the other settings ([`Stored::parked`]).
+    parked: BTreeMap<String, BTreeMap<String, Interval>>,
 }
 
 /// The start (Monday 00:00 UTC) of the calendar week holding `ms`.
@@ -186,7 +198,14 @@ impl Analytics {
     /// An agent's progress toward the threshold at `now_ms`: two indexed counts.
     #[tracing::instrument(skip_all, fields(nm.agent = %agent))]
     pub async fn progress(&self, agent: &str, now_ms: i64) -> Result<Progress> {
+        let evidence = evidence::load(self.store.conn(), agent).await?.evidence;
+        self.progress_of(agent, now_ms, evidence).await
+    }
+
+    /// [`Analytics::progress`], counting the signals of `evidence`.
+    async fn progress_of(&self, agent: &str, now_ms: i64, evidence: Evidence) -> Result<Progress> {
         let db = self.store.conn();
+        let filter = format!(" AND {}", evidence.signal_filter());
         // Four subqueries on the index `signals(agent, received_at_ms)`: the first and the last
         // are one seek each, the counts step through the index without evaluating anything per
         // entry (half the time of one pass computing all four).
@@ -195,12 +214,16 @@ impl Analytics {
             "SELECT (SELECT COUNT(*) FROM signals WHERE agent = ",
         );
         sql.bind(agent.to_owned())
+            .push(&filter)
             .push(") AS total, (SELECT MIN(received_at_ms) FROM signals WHERE agent = ")
             .bind(agent.to_owned())
+            .push(&filter)
             .push(") AS first, (SELECT MAX(received_at_ms) FROM signals WHERE agent = ")
             .bind(agent.to_owned())
+            .push(&filter)
             .push(") AS last, (SELECT COUNT(*) FROM signals WHERE agent = ")
             .bind(agent.to_owned())
+            .push(&filter)
             .push(" AND received_at_ms >= ")
             .bind(now_ms - RATE_WINDOW_DAYS * DAY_MS)
             .push(") AS recent");
@@ -231,8 +254,18 @@ impl Analytics {
     async fn compute_from(&self, agent: &str, now_ms: i64, earlier: Earlier) -> Result<Stored> {
         let agent = nm_types::parse_agent(agent)
             .map_err(|e| Error::InvalidArgument(format!("agent: {e}")))?;
-        let progress = self.progress(&agent, now_ms).await?;
+        let evidence = evidence::load(self.store.conn(), &agent).await?.evidence;
+        let progress = self.progress_of(&agent, now_ms, evidence).await?;
         let origin_ms = earlier.origin_ms.or(progress.first_signal_ms);
+        let mut parked = earlier.parked;
+        let sequences = if earlier.evidence == evidence {
+            earlier.sequences
+        } else {
+            if !earlier.sequences.is_empty() {
+                parked.insert(earlier.evidence.key().to_owned(), earlier.sequences);
+            }
+            parked.remove(evidence.key()).unwrap_or_default()
+        };
         let periods = periods_at(now_ms, origin_ms.unwrap_or(now_ms));
         let window = periods.window;
         let span = tracing::Span::current();
@@ -248,13 +281,37 @@ impl Analytics {
                     summary: None,
                     costs: Vec::new(),
                     recommendations: Vec::new(),
+                    evidence,
+                    implicit_summary: None,
                 },
-                sequences: BTreeMap::new(),
+                sequences,
                 origin_ms,
+                parked,
             });
         }
-        let aggregates = query::aggregates(&self.store, &agent, periods).await?;
-        let mut run = carried(earlier.sequences, &periods, origin_ms.unwrap_or(now_ms));
+        let aggregates = query::aggregates(&self.store, &agent, periods, evidence).await?;
+        // Implicit signals shown beside explicit ones: the same window counted with them (one
+        // total row; the rules never read it).
+        let implicit_summary = if evidence.implicit {
+            None
+        } else {
+            let beside = Evidence {
+                implicit: true,
+                continued: false,
+            };
+            let rows = query::outcome_rates(
+                &self.store,
+                &agent,
+                &[],
+                window.since_ms,
+                window.until_ms,
+                1,
+                beside,
+            )
+            .await?;
+            Some(rows.into_iter().next().unwrap_or_default())
+        };
+        let mut run = carried(sequences, &periods, origin_ms.unwrap_or(now_ms));
         let mut recommendations = recommend::recommend(&aggregates, &periods, &mut run);
         example_traces(&self.store, &agent, window.since_ms, &mut recommendations).await?;
         span.record("status", "ready");
@@ -269,9 +326,12 @@ impl Analytics {
                 window,
                 summary: Some(aggregates.total),
                 recommendations,
+                evidence,
+                implicit_summary,
             },
             sequences: run.into_met(),
             origin_ms,
+            parked,
         })
     }
 
@@ -292,6 +352,8 @@ impl Analytics {
             .map(|s| Earlier {
                 sequences: s.sequences,
                 origin_ms: s.origin_ms,
+                evidence: s.report.evidence,
+                parked: s.parked,
             })
             .unwrap_or_default();
         let stored = self.compute_from(&agent, now_ms, earlier).await?;
@@ -375,6 +437,7 @@ impl Analytics {
             report: r.clone(),
             sequences: BTreeMap::new(),
             origin_ms: r.progress.first_signal_ms,
+            parked: BTreeMap::new(),
         })
         .await
     }
@@ -429,7 +492,9 @@ impl Analytics {
                 "range: since must be before until".to_owned(),
             ));
         }
-        let rows = query::outcome_rates(&self.store, &agent, dims, since, until, limit).await?;
+        let evidence = evidence::load(self.store.conn(), &agent).await?.evidence;
+        let rows =
+            query::outcome_rates(&self.store, &agent, dims, since, until, limit, evidence).await?;
         Ok((
             Window {
                 since_ms: since,

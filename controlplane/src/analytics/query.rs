@@ -36,6 +36,7 @@ use std::collections::BTreeMap;
 
 use sea_orm::{ConnectionTrait, DatabaseBackend, QueryResult, Statement};
 
+use super::evidence::Evidence;
 use super::report::{OutcomeRow, Window};
 use super::rollup::{self, ttfb_band};
 use crate::error::Result;
@@ -182,7 +183,13 @@ struct Grouping<'a> {
 /// that pass `g.filter`, grouped by `g.by`. SQLite groups twice: first in the order of an index
 /// and by the sessions' measures ([`VECTOR`], sessions read in order fold into a few thousand
 /// groups without a sort), then by `g.by`. PostgreSQL hashes the rows once.
-fn push_grouped(sql: &mut Sql, select: &str, g: Grouping<'_>, agent: &str, since: i64, until: i64) {
+fn push_grouped(
+    sql: &mut Sql,
+    select: &str,
+    g: Grouping<'_>,
+    ev: Evidence,
+    (agent, since, until): (&str, i64, i64),
+) {
     let by = if g.by.is_empty() {
         String::new()
     } else {
@@ -190,18 +197,18 @@ fn push_grouped(sql: &mut Sql, select: &str, g: Grouping<'_>, agent: &str, since
     };
     if sql.backend() == DatabaseBackend::Sqlite {
         sql.push(&format!(
-            "SELECT {select}{} FROM (SELECT {}, {VECTOR} FROM session_rollups INDEXED BY {} \
-             WHERE ",
+            "SELECT {select}{} FROM (SELECT {}, {VECTOR} FROM {} WHERE ",
             vector_measures(),
             g.columns,
-            g.index
+            ev.rollup(&format!(" INDEXED BY {}", g.index))
         ));
         push_inside(sql, Scan::Grouped, agent, since, until);
         sql.push(&format!(" AND {} GROUP BY {}) AS v{by}", g.filter, g.order));
     } else {
         sql.push(&format!(
-            "SELECT {select}{} FROM session_rollups WHERE ",
-            rollup_measures(sql.backend(), g.signals_only)
+            "SELECT {select}{} FROM {} WHERE ",
+            rollup_measures(sql.backend(), g.signals_only),
+            ev.rollup("")
         ));
         push_inside(sql, Scan::Grouped, agent, since, until);
         sql.push(&format!(" AND {}{by}", g.filter));
@@ -269,36 +276,17 @@ const MEASURE_NAMES: [&str; 10] = [
     "all_cost",
 ];
 
-/// A session of `s` from its rows (signals and requests in the shape of
-/// [`rollup::signal_rows`]), grouped by session.
-const SESSION_FROM_ROWS: &str = "MAX(sig_key) % 4 AS cls, MAX(sig_key) / 4 AS last_ms, \
-     CAST(SUM(regen) AS BIGINT) AS regens, CAST(SUM(heavy) AS BIGINT) AS heavy, \
-     CAST(SUM(is_sig) AS BIGINT) AS signals, \
-     CASE WHEN MIN(model) = MAX(model) THEN MIN(model) END AS model, \
-     CASE WHEN MIN(provider) = MAX(provider) THEN MIN(provider) END AS provider, \
-     MAX(env) AS env, MAX(user_id) AS user_id, CAST(SUM(cost) AS BIGINT) AS cost, \
-     MAX(ttfb) AS ttfb, CAST(SUM(1 - is_sig) AS BIGINT) AS requests";
-
 /// Where the per-session table comes from.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Source {
     /// `session_rollups` for the sessions whole inside the window, and the rows of the few
-    /// that straddle an edge of it ([`push_edge_sessions`]).
-    Rollup,
+    /// that straddle an edge of it ([`push_edge_sessions`]), counting the signals of the
+    /// evidence.
+    Rollup(Evidence),
     /// Every session from its rows, in the CTE `s` the function appends (the tests' reference:
     /// the statement before the rollup).
     #[cfg(test)]
     Rows(PushSessions),
-}
-
-impl Source {
-    fn uses_rollup(self) -> bool {
-        match self {
-            Source::Rollup => true,
-            #[cfg(test)]
-            Source::Rows(_) => false,
-        }
-    }
 }
 
 /// Appends the CTEs ending in `s`, a per-session table of `agent` over `[since, until)`.
@@ -348,21 +336,24 @@ enum Scan {
 ///
 /// `s` keeps the sessions without a signal in the window too (`signals = 0`), for the cost per
 /// end user; outcome measures count only the sessions with signals.
-fn push_edge_sessions(sql: &mut Sql, agent: &str, since: i64, until: i64) {
+fn push_edge_sessions(sql: &mut Sql, ev: Evidence, agent: &str, since: i64, until: i64) {
     let request_since = since - REQUEST_LOOKBACK_MS;
     // `agent || ''` and `+ 0` keep SQLite off the agent and time indexes, so it looks the few
     // sessions up by id instead of scanning every row of the agent.
-    sql.push("WITH e AS MATERIALIZED (SELECT session_id FROM session_rollups WHERE agent = ")
-        .bind(agent.to_owned())
-        .push(" AND last_active_ms >= ")
-        .bind(request_since)
-        .push(" AND (last_active_ms >= ")
-        .bind(until)
-        .push(" OR first_signal_ms < ")
-        .bind(since)
-        .push(" OR first_request_ms < ")
-        .bind(request_since)
-        .push(")), u AS (");
+    sql.push(&format!(
+        "WITH e AS MATERIALIZED (SELECT session_id FROM {} WHERE agent = ",
+        ev.rollup("")
+    ))
+    .bind(agent.to_owned())
+    .push(" AND last_active_ms >= ")
+    .bind(request_since)
+    .push(" AND (last_active_ms >= ")
+    .bind(until)
+    .push(" OR first_signal_ms < ")
+    .bind(since)
+    .push(" OR first_request_ms < ")
+    .bind(request_since)
+    .push(")), u AS (");
     // A unit's rows (`rollup::Unit`): a session's signals that name no answer and its requests
     // no signal names; or an answer's signals and its request. Four lookups by id, each an
     // index's equality, rather than one `OR` the planners may not split.
@@ -371,19 +362,41 @@ fn push_edge_sessions(sql: &mut Sql, agent: &str, since: i64, until: i64) {
         "t.request_id IS NULL AND t.session_id = e.session_id",
         "t.request_id = e.session_id",
     ];
-    for (i, unit) in signal_parts.into_iter().enumerate() {
+    let explicit = rollup::signal_rows(keys, "e CROSS JOIN signals AS t");
+    let implicit = rollup::implicit_rows(keys, "e CROSS JOIN signals AS t");
+    // An implicit signal's unit (`rollup::implicit_unit`): its answer's when an explicit
+    // signal names it, else its session.
+    let implicit_parts = [
+        format!(
+            "t.{} AND t.request_id = e.session_id AND {}",
+            rollup::IMPLICIT,
+            rollup::named("t.")
+        ),
+        format!(
+            "t.{} AND t.session_id = e.session_id AND NOT {}",
+            rollup::IMPLICIT,
+            rollup::named("t.")
+        ),
+    ];
+    let parts = signal_parts
+        .iter()
+        .map(|unit| (&explicit, format!("t.{} AND {unit}", rollup::EXPLICIT)))
+        .chain(
+            implicit_parts
+                .into_iter()
+                .filter(|_| ev.implicit)
+                .map(|unit| (&implicit, unit)),
+        );
+    for (i, (rows, unit)) in parts.enumerate() {
         if i > 0 {
             sql.push(" UNION ALL ");
         }
-        sql.push(&format!(
-            "{} WHERE {unit} AND t.agent || '' = ",
-            rollup::signal_rows(keys, "e CROSS JOIN signals AS t")
-        ))
-        .bind(agent.to_owned())
-        .push(" AND t.received_at_ms + 0 >= ")
-        .bind(since)
-        .push(" AND t.received_at_ms + 0 < ")
-        .bind(until);
+        sql.push(&format!("{rows} WHERE {unit} AND t.agent || '' = "))
+            .bind(agent.to_owned())
+            .push(" AND t.received_at_ms + 0 >= ")
+            .bind(since)
+            .push(" AND t.received_at_ms + 0 < ")
+            .bind(until);
     }
     let request_parts = [
         format!(
@@ -404,7 +417,8 @@ fn push_edge_sessions(sql: &mut Sql, agent: &str, since: i64, until: i64) {
         .bind(until);
     }
     sql.push(&format!(
-        "), s AS MATERIALIZED (SELECT {SESSION_FROM_ROWS} FROM u GROUP BY session_id) "
+        "), s AS MATERIALIZED (SELECT {} FROM u GROUP BY session_id) ",
+        ev.session_from_rows()
     ));
 }
 
@@ -455,8 +469,13 @@ pub struct Periods {
 
 /// Runs the one recommendation statement for `agent` over `periods`.
 #[tracing::instrument(skip_all, fields(nm.agent = %agent))]
-pub async fn aggregates(store: &Store, agent: &str, periods: Periods) -> Result<Aggregates> {
-    aggregates_from(store, Source::Rollup, agent, periods).await
+pub async fn aggregates(
+    store: &Store,
+    agent: &str,
+    periods: Periods,
+    ev: Evidence,
+) -> Result<Aggregates> {
+    aggregates_from(store, Source::Rollup(ev), agent, periods).await
 }
 
 /// [`aggregates`] over the per-session table of `source`.
@@ -542,6 +561,13 @@ pub(crate) async fn aggregates_from(
 }
 
 /// The statement of [`aggregates_from`].
+#[cfg_attr(
+    not(test),
+    expect(
+        irrefutable_let_patterns,
+        reason = "the raw-row source exists in tests only"
+    )
+)]
 pub(crate) fn aggregates_statement(
     backend: DatabaseBackend,
     source: Source,
@@ -558,7 +584,7 @@ pub(crate) fn aggregates_statement(
     } = periods;
     let mut sql = Sql::new(backend, "");
     match source {
-        Source::Rollup => push_edge_sessions(&mut sql, agent, since, until),
+        Source::Rollup(ev) => push_edge_sessions(&mut sql, ev, agent, since, until),
         #[cfg(test)]
         Source::Rows(push) => push(&mut sql, agent, since, until),
     }
@@ -580,7 +606,7 @@ pub(crate) fn aggregates_statement(
         measures("cls"),
         measures("cls")
     ));
-    if source.uses_rollup() {
+    if let Source::Rollup(ev) = source {
         // The sessions inside the window, from their rollup rows, in four passes that read
         // sessions in the order of an index and never sort them (see m0006): the cube without
         // the trend period, the two trend periods (ranges of the last activity; a session's
@@ -603,9 +629,8 @@ pub(crate) fn aggregates_statement(
                 filter: "signals > 0",
                 signals_only: true,
             },
-            agent,
-            since,
-            until,
+            ev,
+            (agent, since, until),
         );
         let with_signals = rollup_measures(backend, true);
         for (name, from, to) in [
@@ -618,7 +643,8 @@ pub(crate) fn aggregates_statement(
             };
             sql.push(&format!(
                 " UNION ALL SELECT '{name}', NULL, NULL, NULL, NULL, NULL, {with_signals} \
-                 FROM session_rollups{indexed} WHERE "
+                 FROM {} WHERE ",
+                ev.rollup(&indexed)
             ));
             push_inside(&mut sql, Scan::Range, agent, since, until);
             sql.push(" AND signals > 0 AND last_active_ms >= ")
@@ -640,9 +666,8 @@ pub(crate) fn aggregates_statement(
                 filter: "user_id IS NOT NULL",
                 signals_only: false,
             },
-            agent,
-            since,
-            until,
+            ev,
+            (agent, since, until),
         );
     }
 
@@ -675,8 +700,9 @@ pub async fn outcome_rates(
     since: i64,
     until: i64,
     limit: u32,
+    ev: Evidence,
 ) -> Result<Vec<OutcomeRow>> {
-    outcome_rates_from(store, Source::Rollup, agent, dims, since, until, limit).await
+    outcome_rates_from(store, Source::Rollup(ev), agent, dims, since, until, limit).await
 }
 
 /// [`outcome_rates`] over the per-session table of `source`.
@@ -706,6 +732,13 @@ pub(crate) async fn outcome_rates_from(
 }
 
 /// The statement of [`outcome_rates_from`].
+#[cfg_attr(
+    not(test),
+    expect(
+        irrefutable_let_patterns,
+        reason = "the raw-row source exists in tests only"
+    )
+)]
 pub(crate) fn outcome_rates_statement(
     backend: DatabaseBackend,
     source: Source,
@@ -721,7 +754,7 @@ pub(crate) fn outcome_rates_statement(
     };
     let mut sql = Sql::new(backend, "");
     match source {
-        Source::Rollup => push_edge_sessions(&mut sql, agent, since, until),
+        Source::Rollup(ev) => push_edge_sessions(&mut sql, ev, agent, since, until),
         #[cfg(test)]
         Source::Rows(push) => push(&mut sql, agent, since, until),
     }
@@ -743,7 +776,7 @@ pub(crate) fn outcome_rates_statement(
         keys(Dimension::expr),
         measures("cls")
     ));
-    if source.uses_rollup() {
+    if let Source::Rollup(ev) = source {
         // On SQLite by the order of the end users' index when the groups are by end user, else
         // of the cube's.
         let (columns, order, index) = if dims.contains(&Dimension::User) {
@@ -784,9 +817,8 @@ pub(crate) fn outcome_rates_statement(
                 filter: "signals > 0",
                 signals_only: true,
             },
-            agent,
-            since,
-            until,
+            ev,
+            (agent, since, until),
         );
     }
 

@@ -356,4 +356,12 @@ pub struct AgentAnalytics {
     pub costs: Vec<OutcomeCost>,
     /// Empty when the evidence supports none.
     pub recommendations: Vec<Recommendation>,
+    /// Which signals the figures and recommendations count (the agent's setting when they
+    /// were computed; explicit only in answers stored before there was a choice).
+    #[serde(default)]
+    pub evidence: super::Evidence,
+    /// Under explicit evidence, shown beside: the window's outcomes had implicit signals counted
+    /// too (where a unit has no explicit one); `None` while collecting or when they count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub implicit_summary: Option<OutcomeRow>,
 }

@@ -37,6 +37,18 @@
 //! costs the signal writer less. The outcome class of a signal is baked into `sig_key`: a change of
 //! [`super::outcome::is_success`] or of the heavy-edit threshold needs a migration that rebuilds
 //! the table.
+//!
+//! **Implicit signals** (`signals.source = 'implicit'`, inferred by the dataplane's rules) never
+//! enter the explicit columns above and never decide a unit: units are those the *explicit*
+//! signals make ([`named`] looks at explicit signals only). They are folded into columns of
+//! their own beside them (`isignals`, `isig_key`, `iregens`, `iheavy`, `ifirst_ms`, and
+//! `icont`, `icont_key` for the rule `continued`), in the unit that holds the answer they judge:
+//! that answer's own unit when an explicit signal names it, else its session's. So the explicit
+//! analytics read exactly what they read before implicit signals existed, and the analytics
+//! that count implicit evidence ([`super::query`]'s `Evidence`) take a unit's explicit outcome
+//! when it has one and its implicit outcome only otherwise: explicit always wins. Implicit
+//! signals come with the record that revealed them (their agent is known then) and are added
+//! once, with that record ([`add_implicit`]); `last_active_ms` covers their times too.
 
 use sea_orm::{ConnectionTrait, DatabaseBackend, Statement, Value};
 
@@ -47,13 +59,24 @@ use crate::error::Result;
 use crate::records::RequestRecord;
 use crate::sql::{Sql, chunks_of, insert_values, push_value_rows};
 use nm_types::Action;
+use nm_types::signal::Rule;
 
 /// A signal's unit over `signals`: the answer it names, else its session.
 pub(crate) const SIGNAL_UNIT: &str = "COALESCE(request_id, session_id)";
 
-/// Whether some signal names the request of `requests` alias `t` (`t.`).
+/// Which rows of `signals` are explicit (sent by an application).
+pub(crate) const EXPLICIT: &str = "source = 'explicit'";
+
+/// Which rows of `signals` are implicit (inferred by a rule).
+pub(crate) const IMPLICIT: &str = "source = 'implicit'";
+
+/// Whether some explicit signal names the request of `requests` (or `signals`) alias `t`
+/// (`t.`): implicit signals never make a unit.
 pub(crate) fn named(t: &str) -> String {
-    format!("EXISTS (SELECT 1 FROM signals AS n WHERE n.request_id = {t}request_id)")
+    format!(
+        "EXISTS (SELECT 1 FROM signals AS n WHERE n.request_id = {t}request_id \
+         AND n.source = 'explicit')"
+    )
 }
 
 /// A request's unit over `requests` alias `t` (`t.`): itself when a signal names it, else its
@@ -79,13 +102,30 @@ impl Unit<'_> {
         }
     }
 
-    /// Appends the condition that a row of `signals` belongs to the unit.
+    /// Appends the condition that an explicit row of `signals` belongs to the unit.
     fn push_signals(&self, sql: &mut Sql) {
+        sql.push(EXPLICIT).push(" AND ");
         match self {
             Unit::Session(id) => sql
                 .push("request_id IS NULL AND session_id = ")
                 .bind((*id).to_owned()),
             Unit::Request(id) => sql.push("request_id = ").bind((*id).to_owned()),
+        };
+    }
+
+    /// Appends the condition that an implicit row of `signals` belongs to the unit: the unit
+    /// of the answer it judges ([`implicit_unit`]).
+    fn push_implicit(&self, sql: &mut Sql) {
+        sql.push(IMPLICIT).push(" AND ");
+        match self {
+            Unit::Session(id) => sql
+                .push("session_id = ")
+                .bind((*id).to_owned())
+                .push(&format!(" AND NOT {}", named("signals."))),
+            Unit::Request(id) => sql
+                .push("request_id = ")
+                .bind((*id).to_owned())
+                .push(&format!(" AND {}", named("signals."))),
         };
     }
 
@@ -121,8 +161,18 @@ pub(crate) fn ttfb_band(ttfb: &str, text: bool) -> String {
     band
 }
 
+/// An implicit signal's unit over `signals` alias `t` (`t.`): its answer's own when an
+/// explicit signal names that answer, else its session (the answer's: the rules judge answers
+/// of the session that revealed them).
+pub(crate) fn implicit_unit(t: &str) -> String {
+    format!(
+        "CASE WHEN {} THEN {t}request_id ELSE {t}session_id END",
+        named(t)
+    )
+}
+
 /// The rollup's columns after (agent, session_id), in the order [`AGGREGATES`] computes them.
-pub(crate) const COLUMNS: [&str; 17] = [
+pub(crate) const COLUMNS: [&str; 24] = [
     "signals",
     "sig_key",
     "regens",
@@ -140,15 +190,24 @@ pub(crate) const COLUMNS: [&str; 17] = [
     "first_request_ms",
     "last_request_ms",
     "last_active_ms",
+    "isignals",
+    "isig_key",
+    "iregens",
+    "iheavy",
+    "ifirst_ms",
+    "icont",
+    "icont_key",
 ];
 
 /// The rollup columns as aggregates over rows of the shape [`signal_rows`] and [`request_rows`]
 /// give, in [`COLUMNS`] order.
 const AGGREGATES: &str = "CAST(SUM(is_sig) AS BIGINT), MAX(sig_key), \
      CAST(SUM(regen) AS BIGINT), CAST(SUM(heavy) AS BIGINT), MIN(sig_ms), \
-     CAST(SUM(1 - is_sig) AS BIGINT), MIN(model), MAX(model), MIN(provider), MAX(provider), \
-     MAX(env), MAX(user_id), CAST(SUM(cost) AS BIGINT), MAX(ttfb), MIN(req_ms), MAX(req_ms), \
-     MAX(COALESCE(sig_ms, req_ms))";
+     CAST(SUM(1 - is_sig - is_isig - icont) AS BIGINT), MIN(model), MAX(model), MIN(provider), \
+     MAX(provider), MAX(env), MAX(user_id), CAST(SUM(cost) AS BIGINT), MAX(ttfb), MIN(req_ms), \
+     MAX(req_ms), MAX(COALESCE(sig_ms, req_ms, isig_ms)), CAST(SUM(is_isig) AS BIGINT), MAX(isig_key), \
+     CAST(SUM(iregen) AS BIGINT), CAST(SUM(iheavy) AS BIGINT), MIN(isig_ms), \
+     CAST(SUM(icont) AS BIGINT), MAX(icont_key)";
 
 /// Columns derived from others, stored so that indexes can order and cover them (SQLite
 /// reads a generated column from the table, never from an index): the outcome class, the TTFB
@@ -179,9 +238,10 @@ fn aggregates() -> String {
 fn merge(col: &str) -> String {
     let (r, x) = (format!("session_rollups.{col}"), format!("excluded.{col}"));
     match col {
-        "signals" | "regens" | "heavy" | "requests" => format!("{r} + {x}"),
+        "signals" | "regens" | "heavy" | "requests" | "isignals" | "iregens" | "iheavy"
+        | "icont" => format!("{r} + {x}"),
         "cost" => format!("COALESCE({r} + {x}, {r}, {x})"),
-        "first_signal_ms" | "model_min" | "provider_min" | "first_request_ms" => {
+        "first_signal_ms" | "model_min" | "provider_min" | "first_request_ms" | "ifirst_ms" => {
             format!("CASE WHEN {r} IS NULL OR {x} < {r} THEN {x} ELSE {r} END")
         }
         _ => format!("CASE WHEN {r} IS NULL OR {x} > {r} THEN {x} ELSE {r} END"),
@@ -200,10 +260,43 @@ pub(crate) fn signal_rows(keys: &str, source: &str) -> String {
          CASE WHEN action = '{}' AND edit_distance >= {HEAVY_EDIT_CHARS} THEN 1 ELSE 0 END AS heavy, \
          received_at_ms AS sig_ms, CAST(NULL AS TEXT) AS model, CAST(NULL AS TEXT) AS provider, \
          CAST(NULL AS TEXT) AS env, CAST(NULL AS TEXT) AS user_id, CAST(NULL AS BIGINT) AS cost, \
-         CAST(NULL AS BIGINT) AS ttfb, CAST(NULL AS BIGINT) AS req_ms FROM {source}",
+         CAST(NULL AS BIGINT) AS ttfb, CAST(NULL AS BIGINT) AS req_ms, {NO_IMPLICIT} \
+         FROM {source}",
         class_case(),
         Action::Regenerated,
         Action::Edited,
+    )
+}
+
+/// The implicit columns of a row that is not an implicit signal.
+const NO_IMPLICIT: &str = "0 AS is_isig, CAST(NULL AS BIGINT) AS isig_key, 0 AS iregen, \
+     0 AS iheavy, CAST(NULL AS BIGINT) AS isig_ms, 0 AS icont, CAST(NULL AS BIGINT) AS icont_key";
+
+/// `SELECT`s one row per implicit signal of `source` (columns as for [`signal_rows`], and
+/// `rule`) in the shape of [`signal_rows`]: its explicit columns empty, its own in `is_isig`,
+/// `isig_key`, `iregen`, `iheavy` (an outcome: every rule but `continued`) or `icont`,
+/// `icont_key` (`continued`), and `isig_ms` (its time). The statement may continue with a
+/// `WHERE`.
+pub(crate) fn implicit_rows(keys: &str, source: &str) -> String {
+    let cont = Rule::Continued.name();
+    format!(
+        "SELECT {keys}, 0 AS is_sig, CAST(NULL AS BIGINT) AS sig_key, 0 AS regen, 0 AS heavy, \
+         CAST(NULL AS BIGINT) AS sig_ms, CAST(NULL AS TEXT) AS model, \
+         CAST(NULL AS TEXT) AS provider, CAST(NULL AS TEXT) AS env, \
+         CAST(NULL AS TEXT) AS user_id, CAST(NULL AS BIGINT) AS cost, \
+         CAST(NULL AS BIGINT) AS ttfb, CAST(NULL AS BIGINT) AS req_ms, \
+         CASE WHEN rule = '{cont}' THEN 0 ELSE 1 END AS is_isig, \
+         CASE WHEN rule = '{cont}' THEN NULL ELSE received_at_ms * 4 + {} END AS isig_key, \
+         CASE WHEN action = '{}' AND rule <> '{cont}' THEN 1 ELSE 0 END AS iregen, \
+         CASE WHEN action = '{}' AND edit_distance >= {HEAVY_EDIT_CHARS} THEN 1 ELSE 0 END \
+         AS iheavy, received_at_ms AS isig_ms, \
+         CASE WHEN rule = '{cont}' THEN 1 ELSE 0 END AS icont, \
+         CASE WHEN rule = '{cont}' THEN received_at_ms * 4 + {} END AS icont_key \
+         FROM {source}",
+        class_case(),
+        Action::Regenerated,
+        Action::Edited,
+        class_case(),
     )
 }
 
@@ -214,8 +307,8 @@ pub(crate) fn request_rows(keys: &str, source: &str) -> String {
     format!(
         "SELECT {keys}, 0 AS is_sig, CAST(NULL AS BIGINT) AS sig_key, 0 AS regen, \
          0 AS heavy, CAST(NULL AS BIGINT) AS sig_ms, COALESCE(answered_model, model) AS model, \
-         provider, env, user_id, cost_micros AS cost, ttfb_ms AS ttfb, started_at_ms AS req_ms \
-         FROM {source}"
+         provider, env, user_id, cost_micros AS cost, ttfb_ms AS ttfb, started_at_ms AS req_ms, \
+         {NO_IMPLICIT} FROM {source}"
     )
 }
 
@@ -419,6 +512,110 @@ pub(crate) async fn add_signals<C: ConnectionTrait>(
     Ok(())
 }
 
+/// One new implicit signal, as the rollup sees it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ImplicitFacts<'a> {
+    pub agent: &'a str,
+    /// The unit of the answer it judges ([`implicit_unit`]).
+    pub unit: &'a str,
+    pub received_at_ms: i64,
+    pub rule: Rule,
+    pub edit_distance: Option<i64>,
+}
+
+/// A unit's new implicit signals folded: the rollup's implicit columns.
+#[derive(Debug, Clone, Copy, Default)]
+struct ImplicitSums {
+    signals: i64,
+    sig_key: Option<i64>,
+    regens: i64,
+    heavy: i64,
+    first_ms: i64,
+    last_ms: i64,
+    cont: i64,
+    cont_key: Option<i64>,
+}
+
+/// What implicit signals add to a unit's rollup, in the order [`add_implicit`] binds it.
+const IMPLICIT_COLUMNS: [&str; 14] = [
+    "agent",
+    "session_id",
+    "signals",
+    "regens",
+    "heavy",
+    "requests",
+    "last_active_ms",
+    "isignals",
+    "isig_key",
+    "iregens",
+    "iheavy",
+    "ifirst_ms",
+    "icont",
+    "icont_key",
+];
+
+/// Adds implicit signals stored for the first time to their units' rollups (rows in key
+/// order, like [`add_signals`]).
+pub(crate) async fn add_implicit<C: ConnectionTrait>(
+    db: &C,
+    signals: &[ImplicitFacts<'_>],
+) -> Result<()> {
+    let mut units: BTreeMap<(&str, &str), ImplicitSums> = BTreeMap::new();
+    for s in signals {
+        let action = s.rule.action();
+        let key = s.received_at_ms * 4 + class(action, s.edit_distance);
+        let distance = s.edit_distance.and_then(|d| u64::try_from(d).ok());
+        let x = units
+            .entry((s.agent, s.unit))
+            .or_insert_with(|| ImplicitSums {
+                first_ms: s.received_at_ms,
+                last_ms: s.received_at_ms,
+                ..ImplicitSums::default()
+            });
+        x.first_ms = x.first_ms.min(s.received_at_ms);
+        x.last_ms = x.last_ms.max(s.received_at_ms);
+        if s.rule == Rule::Continued {
+            x.cont += 1;
+            x.cont_key = x.cont_key.max(Some(key));
+        } else {
+            x.signals += 1;
+            x.sig_key = x.sig_key.max(Some(key));
+            x.regens += i64::from(action == Action::Regenerated);
+            x.heavy += i64::from(action == Action::Edited && is_heavy_edit(distance));
+        }
+    }
+    let backend = db.get_database_backend();
+    let rows: Vec<_> = units.into_iter().collect();
+    for chunk in chunks_of(&rows) {
+        let size = chunk.len();
+        let mut values = Vec::with_capacity(size * IMPLICIT_COLUMNS.len());
+        for ((agent, unit), x) in chunk {
+            values.extend([
+                Value::String(Some((*agent).to_owned())),
+                Value::String(Some((*unit).to_owned())),
+                Value::BigInt(Some(0)),
+                Value::BigInt(Some(0)),
+                Value::BigInt(Some(0)),
+                Value::BigInt(Some(0)),
+                Value::BigInt(Some(x.last_ms)),
+                Value::BigInt(Some(x.signals)),
+                Value::BigInt(x.sig_key),
+                Value::BigInt(Some(x.regens)),
+                Value::BigInt(Some(x.heavy)),
+                Value::BigInt(Some(x.first_ms)),
+                Value::BigInt(Some(x.cont)),
+                Value::BigInt(x.cont_key),
+            ]);
+        }
+        let mut sql = insert_values(backend, "session_rollups", &IMPLICIT_COLUMNS, size);
+        sql.push(' ');
+        sql.push_str(&on_conflict());
+        db.execute_raw(Statement::from_sql_and_values(backend, sql, values))
+            .await?;
+    }
+    Ok(())
+}
+
 /// Adds request records stored for the first time to their sessions' rollups; records without
 /// an agent or a session are skipped (at no cost beyond looking at them).
 pub(crate) async fn add_requests<C: ConnectionTrait>(
@@ -495,8 +692,8 @@ pub(crate) async fn rebuild_session<C: ConnectionTrait>(
 }
 
 /// Rebuilds the rows of `unit` for `agent` (when known) and for the `agent_hint` of every signal
-/// of the unit, from the raw rows: the unit's signals (by [`SIGNAL_UNIT`]) and requests (by
-/// [`request_unit`]).
+/// of the unit, from the raw rows: the unit's explicit signals (by [`SIGNAL_UNIT`]), implicit
+/// signals (by [`implicit_unit`]) and requests (by [`request_unit`]).
 pub(crate) async fn rebuild_unit<C: ConnectionTrait>(
     db: &C,
     unit: Unit<'_>,
@@ -527,6 +724,15 @@ pub(crate) async fn rebuild_unit<C: ConnectionTrait>(
         signal_rows(&format!("agent, {SIGNAL_UNIT} AS session_id"), "signals")
     ));
     unit.push_signals(&mut insert);
+    insert.push(" AND agent");
+    agents(&mut insert);
+    insert.push(" UNION ALL ");
+    insert.push(&implicit_rows(
+        &format!("agent, {} AS session_id", implicit_unit("signals.")),
+        "signals",
+    ));
+    insert.push(" WHERE ");
+    unit.push_implicit(&mut insert);
     insert.push(" AND agent");
     agents(&mut insert);
     insert.push(" UNION ALL ");

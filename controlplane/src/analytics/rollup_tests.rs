@@ -13,6 +13,7 @@
 use sea_orm::{ConnectionTrait, Database, DatabaseConnection, QueryResult};
 use sea_orm_migration::MigratorTrait;
 
+use super::evidence::Evidence;
 use super::outcome::{HEAVY_EDIT_CHARS, class_case};
 use super::query::{
     Aggregates, Dimension, Periods, REQUEST_LOOKBACK_MS, Source, aggregates_from,
@@ -43,7 +44,7 @@ fn raw_sessions(sql: &mut Sql, agent: &str, since: i64, until: i64) {
          CASE WHEN action = '{}' AND edit_distance >= {HEAVY_EDIT_CHARS} THEN 1 ELSE 0 END AS heavy, \
          CAST(NULL AS TEXT) AS model, CAST(NULL AS TEXT) AS provider, CAST(NULL AS TEXT) AS env, \
          CAST(NULL AS TEXT) AS user_id, CAST(NULL AS BIGINT) AS cost, CAST(NULL AS BIGINT) AS ttfb \
-         FROM signals WHERE agent = ",
+         FROM signals WHERE source = 'explicit' AND agent = ",
         rollup::SIGNAL_UNIT,
         class_case(),
         Action::Regenerated,
@@ -77,6 +78,72 @@ fn raw_sessions(sql: &mut Sql, agent: &str, since: i64, until: i64) {
          FROM u GROUP BY session_id) ",
     );
 }
+
+/// The per-unit table counting implicit evidence, from every row: the agent's explicit signals
+/// by their unit, its implicit signals by the unit of the answer they judge, its requests by
+/// theirs, folded by [`Evidence::session_from_rows`] (explicit wins).
+fn raw_sessions_with(sql: &mut Sql, ev: Evidence, agent: &str, since: i64, until: i64) {
+    let implicit_unit = rollup::implicit_unit("signals.");
+    sql.push(&format!(
+        "WITH u AS ({} WHERE source = 'explicit' AND agent = ",
+        rollup::signal_rows(&format!("{} AS session_id", rollup::SIGNAL_UNIT), "signals")
+    ))
+    .bind(agent.to_owned())
+    .push(" AND received_at_ms >= ")
+    .bind(since)
+    .push(" AND received_at_ms < ")
+    .bind(until)
+    .push(&format!(
+        " UNION ALL {} WHERE source = 'implicit' AND {implicit_unit} <> '' AND agent = ",
+        rollup::implicit_rows(&format!("{implicit_unit} AS session_id"), "signals")
+    ))
+    .bind(agent.to_owned())
+    .push(" AND received_at_ms >= ")
+    .bind(since)
+    .push(" AND received_at_ms < ")
+    .bind(until)
+    .push(&format!(
+        " UNION ALL {} WHERE agent = ",
+        rollup::request_rows(
+            &format!("{} AS session_id", request_unit("requests.")),
+            "requests"
+        )
+    ))
+    .bind(agent.to_owned())
+    .push(" AND started_at_ms >= ")
+    .bind(since - REQUEST_LOOKBACK_MS)
+    .push(" AND started_at_ms < ")
+    .bind(until)
+    .push(&format!(" AND {} IS NOT NULL", request_unit("requests.")))
+    .push(&format!(
+        "), s AS MATERIALIZED (SELECT {} FROM u GROUP BY session_id) ",
+        ev.session_from_rows()
+    ));
+}
+
+const IMPLICIT: Evidence = Evidence {
+    implicit: true,
+    continued: false,
+};
+const CONTINUED: Evidence = Evidence {
+    implicit: true,
+    continued: true,
+};
+
+fn raw_sessions_implicit(sql: &mut Sql, agent: &str, since: i64, until: i64) {
+    raw_sessions_with(sql, IMPLICIT, agent, since, until);
+}
+
+fn raw_sessions_continued(sql: &mut Sql, agent: &str, since: i64, until: i64) {
+    raw_sessions_with(sql, CONTINUED, agent, since, until);
+}
+
+/// Each evidence with its reference.
+const EVIDENCES: [(Evidence, super::query::PushSessions); 3] = [
+    (Evidence::EXPLICIT, raw_sessions),
+    (IMPLICIT, raw_sessions_implicit),
+    (CONTINUED, raw_sessions_continued),
+];
 
 // === databases ===
 
@@ -181,6 +248,11 @@ fn traffic_with(seed: u64, sessions: usize, name_answers: bool) -> Vec<Step> {
                     ..Usage::default()
                 },
                 cost_micros: rng.chance(0.7).then(|| rng.below(20_000)),
+                inferred: if name_answers {
+                    inferred(&mut rng, n, k)
+                } else {
+                    Vec::new()
+                },
                 ..RequestRecord::default()
             });
         }
@@ -274,6 +346,30 @@ fn traffic_with(seed: u64, sessions: usize, name_answers: bool) -> Vec<Step> {
     steps
 }
 
+/// What the rules might have inferred from request `k` of session `n`: about itself (the
+/// client left) or an earlier answer of the session (asked again, carried back edited or
+/// unchanged), now and then one whose record never arrives.
+fn inferred(rng: &mut Rng, n: usize, k: u64) -> Vec<nm_types::record::Inferred> {
+    use nm_types::signal::Rule;
+    let mut out = Vec::new();
+    for rule in Rule::ALL {
+        if !rng.chance(0.3) {
+            continue;
+        }
+        let answer = match rule {
+            Rule::ClientDisconnect => k,
+            _ if k == 0 || rng.chance(0.1) => 99,
+            _ => rng.below(k),
+        };
+        out.push(nm_types::record::Inferred {
+            rule,
+            answer: request_id(n, answer).parse().unwrap(),
+            edit_distance: (rule == Rule::HistoryEdit).then(|| rng.below(2 * HEAVY_EDIT_CHARS)),
+        });
+    }
+    out
+}
+
 /// Ingests `steps` through [`Records::ingest`] and [`Signals::record`].
 async fn ingest(store: &Store, steps: Vec<Step>) {
     let budgets = Budgets::load(store.clone(), T0).await.unwrap();
@@ -318,14 +414,15 @@ fn windows() -> Vec<(i64, i64)> {
 async fn assert_rollup_matches_raw(store: &Store) -> u64 {
     let mut sessions = 0;
     for agent in ["a", "b", "c"] {
-        for (since, until) in windows() {
+        for ((since, until), (ev, raw)) in windows()
+            .into_iter()
+            .flat_map(|w| EVIDENCES.into_iter().map(move |e| (w, e)))
+        {
             let recent = until - (until - since) / 3;
             let previous = recent - (until - since) / 3;
-            let got =
-                aggregates_with(store, Source::Rollup, agent, since, until, recent, previous).await;
-            let want = aggregates_with(
+            let got = aggregates_with(
                 store,
-                Source::Rows(raw_sessions),
+                Source::Rollup(ev),
                 agent,
                 since,
                 until,
@@ -333,7 +430,20 @@ async fn assert_rollup_matches_raw(store: &Store) -> u64 {
                 previous,
             )
             .await;
-            assert_eq!(got, want, "aggregates of {agent} over [{since}, {until})");
+            let want = aggregates_with(
+                store,
+                Source::Rows(raw),
+                agent,
+                since,
+                until,
+                recent,
+                previous,
+            )
+            .await;
+            assert_eq!(
+                got, want,
+                "aggregates of {agent} over [{since}, {until}) counting {ev:?}"
+            );
             sessions += got.total.sessions;
             for dims in [
                 &[][..],
@@ -343,23 +453,17 @@ async fn assert_rollup_matches_raw(store: &Store) -> u64 {
                 &[Dimension::User],
                 &[Dimension::Model, Dimension::Env, Dimension::Week],
             ] {
-                let got = outcome_rates_from(store, Source::Rollup, agent, dims, since, until, 0)
-                    .await
-                    .unwrap();
-                let want = outcome_rates_from(
-                    store,
-                    Source::Rows(raw_sessions),
-                    agent,
-                    dims,
-                    since,
-                    until,
-                    0,
-                )
-                .await
-                .unwrap();
+                let got =
+                    outcome_rates_from(store, Source::Rollup(ev), agent, dims, since, until, 0)
+                        .await
+                        .unwrap();
+                let want =
+                    outcome_rates_from(store, Source::Rows(raw), agent, dims, since, until, 0)
+                        .await
+                        .unwrap();
                 assert_eq!(
                     got, want,
-                    "rates of {agent} by {dims:?} over [{since}, {until})"
+                    "rates of {agent} by {dims:?} over [{since}, {until}) counting {ev:?}"
                 );
             }
         }
@@ -431,7 +535,17 @@ async fn straddling(store: &Store) -> u64 {
 
 async fn ingested_traffic_matches(url: &str, seed: u64) {
     let store = Store::connect(url).await.unwrap();
-    ingest(&store, traffic(seed, 400)).await;
+    let steps = traffic(seed, 400);
+    let mut carried = std::collections::HashMap::new();
+    for step in &steps {
+        if let Step::Records(batch) = step {
+            for r in batch {
+                carried.insert(r.request_id.clone(), r.inferred.len() as u64);
+            }
+        }
+    }
+    let expected_implicit: u64 = carried.values().sum();
+    ingest(&store, steps).await;
     assert!(
         straddling(&store).await > 0,
         "no session straddles a window edge"
@@ -454,6 +568,32 @@ async fn ingested_traffic_matches(url: &str, seed: u64) {
         .unwrap();
     let answers = crate::sql::count(&row, "n").unwrap();
     assert!(answers > 20, "{answers} answers with their own unit");
+    // Implicit signals: stored once each (resent batches included), in units beside explicit
+    // ones, some units with both kinds.
+    let count_of = |sql: &str| {
+        let store = store.clone();
+        let sql = sql.to_owned();
+        async move {
+            let row = store
+                .conn()
+                .query_one_raw(Sql::new(store.backend(), &sql).build())
+                .await
+                .unwrap()
+                .unwrap();
+            crate::sql::count(&row, "n").unwrap()
+        }
+    };
+    let implicit = count_of("SELECT COUNT(*) AS n FROM signals WHERE source = 'implicit'").await;
+    assert!(implicit > 100, "{implicit} implicit signals");
+    assert_eq!(
+        implicit, expected_implicit,
+        "implicit signals stored once each"
+    );
+    let both = count_of(
+        "SELECT COUNT(*) AS n FROM session_rollups WHERE signals > 0 AND isignals + icont > 0",
+    )
+    .await;
+    assert!(both > 10, "{both} units with both kinds");
     store.close().await.unwrap();
 }
 
@@ -672,14 +812,14 @@ async fn sqlite_groups_rollup_rows_in_index_order() {
     let backend = store.backend();
     let aggregates = plan(super::query::aggregates_statement(
         backend,
-        Source::Rollup,
+        Source::Rollup(Evidence::EXPLICIT),
         "a",
         periods(T0, T0 + DAY, T0 + HOUR, T0),
     ))
     .await;
     let rates = plan(super::query::outcome_rates_statement(
         backend,
-        Source::Rollup,
+        Source::Rollup(Evidence::EXPLICIT),
         "a",
         &[Dimension::Model, Dimension::Env, Dimension::Week],
         T0,
@@ -718,9 +858,10 @@ async fn sqlite_groups_rollup_rows_in_index_order() {
 async fn m0008_moves_an_existing_database_over(before_url: &str, kept_url: &str) {
     let steps = traffic_with(11, 200, false);
     let db = Database::connect(before_url).await.unwrap();
-    // m0001 ..= m0007: the schema every database had before signals could name an answer.
-    Migrator::up(&db, Some(7)).await.unwrap();
-    insert_rows(&db, &steps, true).await;
+    // An old schema, before signals could name an answer or had a source (its rollup is the
+    // one m0006 fills from the rows: the ingest of the time kept the same).
+    Migrator::up(&db, Some(5)).await.unwrap();
+    insert_rows(&db, &steps, false).await;
     db.close().await.unwrap();
     let migrated = Store::connect(before_url).await.unwrap();
     let kept = Store::connect(kept_url).await.unwrap();
@@ -731,6 +872,20 @@ async fn m0008_moves_an_existing_database_over(before_url: &str, kept_url: &str)
             Sql::new(
                 migrated.backend(),
                 "SELECT COUNT(*) AS n FROM signals WHERE request_id IS NOT NULL",
+            )
+            .build(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(crate::sql::count(&row, "n").unwrap(), 0);
+    // m0009: every signal stored before is explicit, without a rule.
+    let row = migrated
+        .conn()
+        .query_one_raw(
+            Sql::new(
+                migrated.backend(),
+                "SELECT COUNT(*) AS n FROM signals WHERE source <> 'explicit' OR rule IS NOT NULL",
             )
             .build(),
         )

@@ -320,6 +320,8 @@ impl<'a> Generator<'a> {
                 env: Set(env.map(|e| e.env.clone())),
                 user_id: Set(Some(user_id.clone())),
                 attributed_by_session: Set(true),
+                source: Set("explicit".to_owned()),
+                rule: Set(None),
             });
         }
         Some(Session { requests, signals })

@@ -8,19 +8,30 @@
 //! conflict the signal endpoint could not see yet: it answers 409 `session_mismatch` only while
 //! the record is known), the request wins: the signal was acknowledged and is kept, counted for
 //! that request, under the request's own session; the disagreement is logged (warn).
+//!
+//! Each new record's implicit signals (`RequestRecord::inferred`, what the dataplane's rules
+//! saw) become `signals` rows with `source = implicit` and their rule, in the same transaction:
+//! id `<the record's request id>:<rule>` (so a resent batch, whose record is skipped, stores
+//! them once; a record carries at most one signal per rule), the rule's action and edit
+//! distance, `request_id` the answer judged, and the record's time, key, session, agent, env
+//! and user. They join the rollup's implicit columns in the unit of the answer they judge
+//! ([`rollup::add_implicit`]): whether the answer's record came before or comes after them
+//! does not matter, their session and agent are the carrying record's.
 
 use std::collections::{HashMap, HashSet};
 
+use nm_types::signal::Rule;
 use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, Statement, Value};
 use tracing::warn;
 
 use super::{InsertSql, RequestRecord, insert_new};
-use crate::analytics::rollup;
+use crate::analytics::rollup::{self, ImplicitFacts};
 use crate::budgets::{Budgets, SpendItem, add_to_rollup};
 use crate::error::Result;
 use crate::sql::{Sql, chunks_of, insert_values};
 use crate::store::Store;
+use crate::store::entity::signal::{EXPLICIT, IMPLICIT};
 use crate::store::entity::{session, signal};
 
 /// What [`Records::ingest`] did with a batch.
@@ -102,6 +113,7 @@ impl Records {
             )
             .await?;
         }
+        store_inferred(&txn, &fresh).await?;
         // Signals rarely arrive before their session's first request: one probe for the batch
         // finds the sessions that have such signals, and only those are re-attributed.
         for session_id in awaiting_attribution(&txn, &sessions).await? {
@@ -279,24 +291,30 @@ async fn attribute_signals<C: ConnectionTrait>(db: &C, session_id: &str) -> Resu
     Ok(s.agent.filter(|_| changed > 0))
 }
 
-/// The request ids among `records` that some stored signal names (one probe per chunk; signals
-/// naming an answer before its record are rare).
+/// The request ids among `records` that some stored explicit signal names (one probe per
+/// chunk; signals naming an answer before its record are rare).
 async fn named_requests<C: ConnectionTrait>(
     db: &C,
     records: &[&RequestRecord],
 ) -> Result<HashSet<String>> {
+    let ids: Vec<&str> = records.iter().map(|r| r.request_id.as_str()).collect();
+    explicitly_named(db, &ids).await
+}
+
+/// The request ids among `ids` that some stored explicit signal names.
+async fn explicitly_named<C: ConnectionTrait>(db: &C, ids: &[&str]) -> Result<HashSet<String>> {
     let backend = db.get_database_backend();
     let mut found = HashSet::new();
-    for chunk in chunks_of(records) {
+    for chunk in chunks_of(ids) {
         let mut sql = Sql::new(
             backend,
-            "SELECT DISTINCT request_id FROM signals WHERE request_id IN (",
+            "SELECT DISTINCT request_id FROM signals WHERE source = 'explicit' AND request_id IN (",
         );
         for (i, r) in chunk.iter().enumerate() {
             if i > 0 {
                 sql.push(", ");
             }
-            sql.bind(r.request_id.clone());
+            sql.bind((*r).to_owned());
         }
         sql.push(")");
         for row in db.query_all_raw(sql.build()).await? {
@@ -316,7 +334,7 @@ async fn attribute_request_signals<C: ConnectionTrait>(
     if let Some(own) = &own {
         let mut sql = Sql::new(
             db.get_database_backend(),
-            "SELECT COUNT(*) AS n FROM signals WHERE request_id = ",
+            "SELECT COUNT(*) AS n FROM signals WHERE source = 'explicit' AND request_id = ",
         );
         sql.bind(record.request_id.clone())
             .push(" AND attributed_by_session = ")
@@ -343,6 +361,7 @@ async fn attribute_request_signals<C: ConnectionTrait>(
         .col_expr(signal::Column::UserId, Expr::value(record.user_id.clone()))
         .col_expr(signal::Column::AttributedBySession, Expr::value(true))
         .filter(signal::Column::RequestId.eq(record.request_id.as_str()))
+        .filter(signal::Column::Source.eq(EXPLICIT))
         .filter(signal::Column::AttributedBySession.eq(false));
     if let Some(agent) = &record.agent {
         update = update.col_expr(signal::Column::Agent, Expr::value(agent.clone()));
@@ -352,4 +371,116 @@ async fn attribute_request_signals<C: ConnectionTrait>(
     }
     update.exec(db).await?;
     Ok(())
+}
+
+/// The id of the implicit signal of `rule` that the record of `request_id` carries.
+fn implicit_id(request_id: &str, rule: Rule) -> String {
+    format!("{request_id}:{}", rule.name())
+}
+
+/// `signals` columns of an implicit signal, in the order [`store_inferred`] binds them (the
+/// others stay NULL: no label, no idempotency key, no hint).
+const IMPLICIT_COLUMNS: [&str; 13] = [
+    "id",
+    "received_at_ms",
+    "session_id",
+    "request_id",
+    "action",
+    "edit_distance",
+    "key_id",
+    "agent",
+    "env",
+    "user_id",
+    "attributed_by_session",
+    "source",
+    "rule",
+];
+
+/// Stores the implicit signals the new `records` carry (a few multi-row statements for the
+/// batch) and adds them to their units' rollups.
+async fn store_inferred<C: ConnectionTrait>(db: &C, records: &[&RequestRecord]) -> Result<()> {
+    let rows: Vec<(&RequestRecord, &nm_types::record::Inferred)> = records
+        .iter()
+        .flat_map(|r| r.inferred.iter().map(move |i| (*r, i)))
+        .collect();
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let backend = db.get_database_backend();
+    // The carrying records are new, so their signals are too; `ON CONFLICT DO NOTHING`
+    // and `RETURNING` keep the rollup right whatever happens.
+    let mut new_ids: HashSet<String> = HashSet::with_capacity(rows.len());
+    for chunk in chunks_of(&rows) {
+        let mut sql = insert_values(backend, "signals", &IMPLICIT_COLUMNS, chunk.len());
+        sql.push_str(" ON CONFLICT DO NOTHING RETURNING id");
+        let mut values = Vec::with_capacity(chunk.len() * IMPLICIT_COLUMNS.len());
+        for (r, inf) in chunk {
+            values.extend([
+                Value::String(Some(implicit_id(&r.request_id, inf.rule))),
+                Value::BigInt(Some(r.started_at_ms)),
+                Value::String(Some(
+                    r.session_id
+                        .as_ref()
+                        .map(|s| s.as_str().to_owned())
+                        .unwrap_or_default(),
+                )),
+                Value::String(Some(inf.answer.as_str().to_owned())),
+                Value::String(Some(inf.rule.action().as_str().to_owned())),
+                Value::BigInt(
+                    inf.edit_distance
+                        .map(|d| i64::try_from(d).unwrap_or(i64::MAX)),
+                ),
+                Value::String(Some(r.key_id.to_string())),
+                Value::String(r.agent.clone()),
+                Value::String(r.env.map(|e| e.as_str().to_owned())),
+                Value::String(r.user_id.clone()),
+                // Placed by the record that carries it: never re-attributed.
+                Value::Bool(Some(true)),
+                Value::String(Some(IMPLICIT.to_owned())),
+                Value::String(Some(inf.rule.name().to_owned())),
+            ]);
+        }
+        for row in db
+            .query_all_raw(Statement::from_sql_and_values(backend, sql, values))
+            .await?
+        {
+            new_ids.insert(row.try_get::<String>("", "id")?);
+        }
+    }
+    let answers: Vec<&str> = records
+        .iter()
+        .flat_map(|r| r.inferred.iter().map(|i| i.answer.as_str()))
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect();
+    let named = explicitly_named(db, &answers).await?;
+    let mut facts = Vec::new();
+    for r in records {
+        let Some(agent) = r.agent.as_deref() else {
+            continue;
+        };
+        for inf in &r.inferred {
+            if !new_ids.contains(&implicit_id(&r.request_id, inf.rule)) {
+                continue;
+            }
+            let unit = if named.contains(inf.answer.as_str()) {
+                inf.answer.as_str()
+            } else {
+                match &r.session_id {
+                    Some(s) => s.as_str(),
+                    None => continue,
+                }
+            };
+            facts.push(ImplicitFacts {
+                agent,
+                unit,
+                received_at_ms: r.started_at_ms,
+                rule: inf.rule,
+                edit_distance: inf
+                    .edit_distance
+                    .map(|d| i64::try_from(d).unwrap_or(i64::MAX)),
+            });
+        }
+    }
+    rollup::add_implicit(db, &facts).await
 }

@@ -21,6 +21,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0006_session_rollups::Migration),
             Box::new(m0007_trace_ids::Migration),
             Box::new(m0008_signal_request_id::Migration),
+            Box::new(m0009_signal_source::Migration),
             Box::new(m0101_write_probe::Migration),
         ]
     }
@@ -832,6 +833,94 @@ mod m0008_signal_request_id {
             db.execute_unprepared("DROP INDEX IF EXISTS idx_signals_request")
                 .await?;
             db.execute_unprepared("ALTER TABLE signals DROP COLUMN request_id")
+                .await?;
+            Ok(())
+        }
+    }
+}
+
+/// Implicit signals (issue 32): `signals.source` (`explicit`: sent to `/v1/signal`;
+/// `implicit`: inferred by a dataplane rule, carried by the record of the request that revealed
+/// it) and `signals.rule` (the rule's name; NULL for explicit ones). Every existing row is
+/// explicit. `session_rollups` gains the implicit signals' own aggregates beside the explicit
+/// ones (`analytics::rollup`), so the analytics can count them or not, per agent: number,
+/// latest key (time · 4 + class), regenerations, heavy edits and first time of the signals
+/// that are outcomes, and number and latest key of `continued` ones (an outcome only where the
+/// operator says so). `agent_settings` holds per-agent choices (which evidence counts). The
+/// indexes serve the per-agent counts by source and rule, the progress counts by evidence and
+/// the rollup's test of whether an explicit signal names a request (a list of an agent's or a
+/// session's signals pages over the indexes of m0002).
+mod m0009_signal_source {
+    use super::*;
+
+    pub struct Migration;
+
+    impl MigrationName for Migration {
+        fn name(&self) -> &str {
+            "m0009_signal_source"
+        }
+    }
+
+    /// The statements, the same SQL on SQLite and PostgreSQL (SQLite adds one column per
+    /// `ALTER TABLE`).
+    const UP: [&str; 13] = [
+        "ALTER TABLE signals ADD COLUMN source TEXT NOT NULL DEFAULT 'explicit'",
+        "ALTER TABLE signals ADD COLUMN rule TEXT",
+        // An agent's signals of one source: the progress counts (first, last, how many) seek
+        // and range over it; the counts by source, rule and action read it alone.
+        "CREATE INDEX IF NOT EXISTS idx_signals_agent_source \
+         ON signals (agent, source, received_at_ms, rule, action)",
+        // Whether an explicit signal names a request (every unit test of the rollup and the
+        // analytics), from the index alone; it replaces m0008's index on `request_id`.
+        "CREATE INDEX IF NOT EXISTS idx_signals_request_source ON signals (request_id, source)",
+        "DROP INDEX IF EXISTS idx_signals_request",
+        "ALTER TABLE session_rollups ADD COLUMN isignals BIGINT NOT NULL DEFAULT 0",
+        "ALTER TABLE session_rollups ADD COLUMN isig_key BIGINT",
+        "ALTER TABLE session_rollups ADD COLUMN iregens BIGINT NOT NULL DEFAULT 0",
+        "ALTER TABLE session_rollups ADD COLUMN iheavy BIGINT NOT NULL DEFAULT 0",
+        "ALTER TABLE session_rollups ADD COLUMN ifirst_ms BIGINT",
+        "ALTER TABLE session_rollups ADD COLUMN icont BIGINT NOT NULL DEFAULT 0",
+        "ALTER TABLE session_rollups ADD COLUMN icont_key BIGINT",
+        "CREATE TABLE IF NOT EXISTS agent_settings (agent TEXT NOT NULL PRIMARY KEY, \
+         evidence TEXT NOT NULL, continued_counts BOOLEAN NOT NULL, \
+         updated_at_ms BIGINT NOT NULL)",
+    ];
+
+    #[async_trait::async_trait]
+    impl MigrationTrait for Migration {
+        async fn up(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            let db = m.get_connection();
+            for sql in UP {
+                db.execute_unprepared(sql).await?;
+            }
+            Ok(())
+        }
+
+        async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            let db = m.get_connection();
+            for sql in [
+                "DROP TABLE IF EXISTS agent_settings",
+                "DROP INDEX IF EXISTS idx_signals_agent_source",
+                "DROP INDEX IF EXISTS idx_signals_request_source",
+                "CREATE INDEX IF NOT EXISTS idx_signals_request ON signals (request_id)",
+            ] {
+                db.execute_unprepared(sql).await?;
+            }
+            for col in [
+                "isignals",
+                "isig_key",
+                "iregens",
+                "iheavy",
+                "ifirst_ms",
+                "icont",
+                "icont_key",
+            ] {
+                db.execute_unprepared(&format!("ALTER TABLE session_rollups DROP COLUMN {col}"))
+                    .await?;
+            }
+            db.execute_unprepared("ALTER TABLE signals DROP COLUMN rule")
+                .await?;
+            db.execute_unprepared("ALTER TABLE signals DROP COLUMN source")
                 .await?;
             Ok(())
         }

@@ -5,8 +5,17 @@
 //! records ingest re-attributes once the session's (or the request's) record arrives.
 //! `session_id` is empty while a signal that named only an answer waits for that answer's
 //! record (which gives it its session, if it had one).
+//!
+//! An implicit signal (`source = implicit`, with its `rule`) is written by the records ingest
+//! from the record that revealed it: its id is `<that request id>:<rule>`, its time, key,
+//! session, agent, env and user are that record's, its `request_id` the answer judged.
 
 use sea_orm::entity::prelude::*;
+
+/// `source` of a signal an application sent.
+pub const EXPLICIT: &str = "explicit";
+/// `source` of a signal a rule inferred.
+pub const IMPLICIT: &str = "implicit";
 
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
 #[sea_orm(table_name = "signals")]
@@ -26,6 +35,10 @@ pub struct Model {
     pub env: Option<String>,
     pub user_id: Option<String>,
     pub attributed_by_session: bool,
+    /// `explicit` (sent to `/v1/signal`) or `implicit` (inferred by a dataplane rule).
+    pub source: String,
+    /// The rule of an implicit signal (`nm_types::signal::Rule::name`); NULL for explicit ones.
+    pub rule: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
