@@ -1,0 +1,148 @@
+//! The text of an answer, as the implicit `history_edit` and `continued` rules need it
+//! ([`crate::implicit`]): read from the same frames and by the same pass as the usage, only
+//! when a rule asks for it ([`super::Meter::with_text`]).
+//!
+//! "The text" is the concatenation of the answer's text parts, in order, of its first choice
+//! (candidate): OpenAI chat `message.content` (streamed: `delta.content`), the Responses API's
+//! `output_text` parts (streamed: `response.output_text.delta`), Anthropic's `text` blocks
+//! (streamed: `text_delta`), Gemini's `parts[].text` that are not thoughts. Reasoning, tool calls
+//! and thinking blocks are not text. [`text_of`] reads a request's history turn by the same
+//! definition, so what the gateway returned and what came back are compared alike.
+//!
+//! [`AnswerText`] never holds more than [`MAX_KEPT_CHARS`] characters: beyond, only the count of
+//! characters and a keyed hash of the whole text go on.
+
+use std::hash::{BuildHasher, Hasher};
+
+use serde::Deserialize;
+
+use super::de::Text;
+
+/// Characters of an answer kept for comparison (and compared at most on each side).
+pub const MAX_KEPT_CHARS: usize = 4096;
+
+/// The keyed hasher of texts: the process's secret keys ([`std::hash::RandomState`]: SipHash-1-3
+/// under keys drawn at random when the process starts).
+pub type TextKeys = std::hash::RandomState;
+
+/// An answer's text as it passes: its first [`MAX_KEPT_CHARS`] characters (when kept), its length
+/// in characters and a keyed hash of all of it.
+#[derive(Debug)]
+pub struct AnswerText {
+    kept: Option<String>,
+    chars: u64,
+    hash: std::hash::DefaultHasher,
+}
+
+/// What is left of an answer's text once it ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Digest {
+    /// The first [`MAX_KEPT_CHARS`] characters, when kept.
+    pub kept: Option<String>,
+    /// Its length in characters (Unicode scalar values).
+    pub chars: u64,
+    /// The keyed hash of the whole text.
+    pub hash: u64,
+}
+
+impl AnswerText {
+    /// `keep`: whether the first characters are kept (the `history_edit` rule), or only the
+    /// length and hash (`continued`).
+    pub fn new(keys: &TextKeys, keep: bool) -> Self {
+        Self {
+            kept: keep.then(String::new),
+            chars: 0,
+            hash: keys.build_hasher(),
+        }
+    }
+
+    /// Appends a piece of text.
+    pub fn push(&mut self, piece: &str) {
+        self.hash.write(piece.as_bytes());
+        let n = piece.chars().count() as u64;
+        if let Some(kept) = &mut self.kept {
+            let room = MAX_KEPT_CHARS.saturating_sub(self.chars as usize);
+            if room > 0 {
+                let end = piece
+                    .char_indices()
+                    .nth(room)
+                    .map_or(piece.len(), |(at, _)| at);
+                kept.push_str(&piece[..end]);
+            }
+        }
+        self.chars = self.chars.saturating_add(n);
+    }
+
+    /// Appends the text of a captured JSON value ([`text_of`]).
+    pub fn push_raw(&mut self, raw: &[u8]) {
+        each_text(raw, &mut |piece| self.push(piece));
+    }
+
+    pub fn finish(self) -> Digest {
+        Digest {
+            kept: self.kept,
+            chars: self.chars,
+            hash: self.hash.finish(),
+        }
+    }
+}
+
+/// The digest of a whole text, as [`AnswerText`] would make it.
+pub fn digest(keys: &TextKeys, text: &str, keep: bool) -> Digest {
+    let mut t = AnswerText::new(keys, keep);
+    t.push(text);
+    t.finish()
+}
+
+/// The text of a content value: a JSON string, or an array of parts whose text counts (`text`
+/// of a part typed `text` or `output_text`, or untyped and not a Gemini thought), concatenated.
+/// `null`, other values and malformed input have none.
+pub fn text_of(raw: &[u8]) -> String {
+    let mut out = String::new();
+    each_text(raw, &mut |piece| out.push_str(piece));
+    out
+}
+
+fn each_text(raw: &[u8], f: &mut impl FnMut(&str)) {
+    let raw = raw.trim_ascii_start();
+    match raw.first() {
+        Some(b'"') => {
+            if let Some(s) = super::text(raw) {
+                f(&s);
+            }
+        }
+        Some(b'[') => {
+            if let Ok(parts) = serde_json::from_slice::<Vec<Part<'_>>>(raw) {
+                for part in &parts {
+                    if let Some(text) = part.text() {
+                        f(text);
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// A part of a content array, any dialect's: `{"type": "text", "text": ..}` (OpenAI, Anthropic),
+/// `{"type": "output_text", "text": ..}` (Responses API), `{"text": .., "thought": bool}`
+/// (Gemini). Anything else reads as a part without text.
+#[derive(Deserialize, Default)]
+#[serde(default)]
+pub(super) struct Part<'a> {
+    #[serde(borrow, rename = "type")]
+    kind: Text<'a>,
+    #[serde(borrow)]
+    text: Text<'a>,
+    thought: Option<serde_json::Value>,
+}
+
+impl Part<'_> {
+    pub(super) fn text(&self) -> Option<&str> {
+        let typed_text = match self.kind.0.as_deref() {
+            None => self.thought != Some(serde_json::Value::Bool(true)),
+            Some(kind) => kind == "text" || kind == "output_text",
+        };
+        typed_text.then_some(self.text.0.as_deref()).flatten()
+    }
+}
