@@ -684,6 +684,55 @@ mod tests {
         assert_eq!(out, vec![Tag::Model]);
     }
 
+    const TURN: Select<Tag> = Select::keys(&[
+        ("model", Select::capture(Tag::Model)),
+        ("usage", Select::capture(Tag::Usage)),
+    ])
+    .ended(Tag::Number);
+    static TURNS: Select<Tag> = Select::keys(&[
+        ("list", Select::each(&TURN)),
+        ("either", Select::each_or_capture(Tag::Reason, &TURN)),
+    ]);
+
+    fn scan_turns(doc: &str) -> Vec<(Tag, String)> {
+        let mut scanner = Scanner::with_limit(&TURNS, doc.len());
+        let mut out = Vec::new();
+        scanner.feed(doc.as_bytes(), &mut |tag, value: &[u8]| {
+            out.push((tag, String::from_utf8_lossy(value).into_owned()));
+        });
+        out
+    }
+
+    #[test]
+    fn each_element_is_looked_into_and_its_end_told() {
+        let doc = r#"{"list":[{"model":"a","x":[{"usage":1}]},{},"s",{"usage":{"n":2}}],"either":"plain"}"#;
+        assert_eq!(
+            scan_turns(doc),
+            caps(&[
+                (Tag::Model, r#""a""#),
+                (Tag::Number, ""),
+                (Tag::Number, ""),
+                (Tag::Usage, r#"{"n":2}"#),
+                (Tag::Number, ""),
+                (Tag::Reason, r#""plain""#),
+            ])
+        );
+        let doc = r#"{"either":[{"model":"b"}]}"#;
+        assert_eq!(
+            scan_turns(doc),
+            caps(&[(Tag::Model, r#""b""#), (Tag::Number, "")])
+        );
+    }
+
+    #[test]
+    fn a_larger_limit_captures_large_values_in_place() {
+        let big = "y".repeat(MAX_CAPTURE * 2);
+        let doc = format!(r#"{{"list":[{{"model":"{big}"}}]}}"#);
+        let got = scan_turns(&doc);
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].1.len(), big.len() + 2);
+    }
+
     proptest! {
         #[test]
         fn garbage_is_harmless(bytes in proptest::collection::vec(any::<u8>(), 0..512), cut in any::<prop::sample::Index>()) {

@@ -146,3 +146,127 @@ impl Part<'_> {
         typed_text.then_some(self.text.0.as_deref()).flatten()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::providers::WireFormat;
+    use crate::usage::{Framing, Meter};
+
+    fn read(format: WireFormat, framing: Framing, bytes: &[u8], cut: usize) -> Digest {
+        let keys = TextKeys::new();
+        let mut meter = Meter::new(format, framing).with_text(AnswerText::new(&keys, true));
+        for piece in bytes.chunks(cut.max(1)) {
+            meter.feed(piece);
+        }
+        meter.finish_with_text().1.expect("text was read")
+    }
+
+    #[test]
+    fn the_text_of_real_answers() {
+        let chat = read(
+            WireFormat::Openai,
+            Framing::Json,
+            include_bytes!("fixtures/openai_chat.json"),
+            64,
+        );
+        assert!(
+            chat.kept
+                .as_deref()
+                .unwrap()
+                .starts_with("Voilà — the config")
+        );
+        assert!(chat.kept.as_deref().unwrap().ends_with("Ελληνικά."));
+        let anthropic = read(
+            WireFormat::Anthropic,
+            Framing::Json,
+            include_bytes!("fixtures/anthropic.json"),
+            7,
+        );
+        assert!(anthropic.kept.unwrap().starts_with("Here is the summary"));
+        let responses = read(
+            WireFormat::Openai,
+            Framing::Json,
+            include_bytes!("fixtures/openai_responses.json"),
+            5,
+        );
+        assert!(responses.kept.unwrap().starts_with("Sure! Here's the plan"));
+        // A function call is no text.
+        let gemini = read(
+            WireFormat::Gemini,
+            Framing::Json,
+            include_bytes!("fixtures/gemini.json"),
+            9,
+        );
+        assert_eq!(gemini.chars, 0);
+    }
+
+    #[test]
+    fn streamed_text_reads_the_same_however_the_frames_are_cut() {
+        for (format, bytes, start) in [
+            (
+                WireFormat::Openai,
+                &include_bytes!("fixtures/openai_chat_stream_usage.sse")[..],
+                "Sure",
+            ),
+            (
+                WireFormat::Anthropic,
+                include_bytes!("fixtures/anthropic_stream.sse"),
+                "",
+            ),
+            (
+                WireFormat::Gemini,
+                include_bytes!("fixtures/gemini_stream.sse"),
+                "**Rust** makes",
+            ),
+            (
+                WireFormat::Openai,
+                include_bytes!("fixtures/openai_responses_stream.sse"),
+                "",
+            ),
+        ] {
+            let whole = read(format, Framing::Sse, bytes, bytes.len());
+            assert!(whole.chars > 0, "{format:?}");
+            assert!(whole.kept.as_deref().unwrap().starts_with(start));
+            for cut in [1, 2, 3, 17, 100] {
+                let cut_read = read(format, Framing::Sse, bytes, cut);
+                // (Each read draws keys of its own: the hashes differ.)
+                assert_eq!(
+                    (cut_read.kept, cut_read.chars),
+                    (whole.kept.clone(), whole.chars),
+                    "{format:?} {cut}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn kept_characters_stop_at_the_cap_but_length_and_hash_go_on() {
+        let keys = TextKeys::new();
+        let long = "é".repeat(MAX_KEPT_CHARS + 10);
+        let d = digest(&keys, &long, true);
+        assert_eq!(
+            d.kept.as_deref().map(|k| k.chars().count()),
+            Some(MAX_KEPT_CHARS)
+        );
+        assert_eq!(d.chars, (MAX_KEPT_CHARS + 10) as u64);
+        let mut pieces = AnswerText::new(&keys, true);
+        for c in long.chars() {
+            pieces.push(&c.to_string());
+        }
+        assert_eq!(pieces.finish(), d);
+        assert_eq!(digest(&keys, &long, false).kept, None);
+    }
+
+    #[test]
+    fn content_values_of_every_shape() {
+        assert_eq!(text_of(br#""a\"b""#), "a\"b");
+        assert_eq!(
+            text_of(br#"[{"type":"text","text":"a"},{"type":"image_url"},{"type":"output_text","text":"b"},{"text":"c"},{"text":"t","thought":true},{"type":"thinking","text":"x"}]"#),
+            "abc"
+        );
+        assert_eq!(text_of(b"null"), "");
+        assert_eq!(text_of(b"[1,2]"), "");
+        assert_eq!(text_of(b"{\"text\":\"a\"}"), "");
+    }
+}
