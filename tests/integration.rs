@@ -9,6 +9,7 @@ mod budgets;
 mod docs;
 mod errors;
 mod faults;
+mod implicit;
 mod imports;
 mod keys;
 mod link;

@@ -162,13 +162,22 @@ impl Memory {
         let shard = &mut *guard;
         let stamp = shard.next_stamp;
         shard.next_stamp += 1;
-        let s = shard.sessions.entry(session).or_insert_with(|| Session {
-            touched: now,
-            stamp,
-            asked: VecDeque::new(),
-            last: None,
-        });
-        let before = s.bytes();
+        let (s, before) = match shard.sessions.entry(session) {
+            std::collections::hash_map::Entry::Occupied(e) => {
+                let s = e.into_mut();
+                let before = s.bytes();
+                (s, before)
+            }
+            std::collections::hash_map::Entry::Vacant(e) => (
+                e.insert(Session {
+                    touched: now,
+                    stamp,
+                    asked: VecDeque::new(),
+                    last: None,
+                }),
+                0,
+            ),
+        };
         if let Some(asked) = asked {
             if s.asked.len() >= MAX_ASKED {
                 s.asked.pop_front();

@@ -385,7 +385,16 @@ fn memory_stays_under_its_cap_and_counts_what_it_forgets() {
         .unwrap_or(0);
     let held = gw.implicit.memory().sessions() as u64;
     assert_eq!(evicted + held, 2000, "{text}");
-    assert!(text.contains("nm_implicit_memory_bytes "), "{text}");
+    let gauge: i64 = text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("nm_implicit_memory_bytes ")?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or(-1);
+    assert_eq!(gauge, gw.implicit.memory().bytes() as i64, "{text}");
     // The newest session is still there: a reask of it is seen.
     let (inferred, _) = gw.exchange("sess_1999", &first, Format::Chat, Framing::Json, "x");
     assert_eq!(rules_of(&inferred), [Rule::Reask]);
