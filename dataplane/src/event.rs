@@ -9,6 +9,7 @@
 //! | the exported spans ([`crate::otel`]) | the CLIENT span's answer and end, the SERVER span's outcome |
 //! | the metrics ([`crate::metrics`]) | GenAI operation, HTTP server duration, gateway overhead, budget refusals |
 //! | the access log ([`crate::log`]) | one `request completed` line, written from the record |
+//! | the implicit rules ([`crate::implicit`]) | `client_disconnect` on the record; what the answer leaves for the session's next request |
 //!
 //! A request ends one of three ways ([`Ending`]): its answer passed through to its end, it was
 //! cut short (the upstream broke off, the client went away), or the gateway answered it itself

@@ -3,7 +3,8 @@
 //!
 //! Steps, in order: resolve the provider from the prefix, check the native path, parse the
 //! attribution headers, read the body under the size limit (to learn the model and the answer's
-//! length cap; the original bytes are what is sent), check the end user's budget and reserve
+//! length cap, and with a session the conversation the implicit rules compare, in the same scan;
+//! the original bytes are what is sent), check the end user's budget and reserve
 //! the request's estimated cost, build the upstream request, send it, and wrap the upstream body
 //! so its frames are metered. Each step fills the request's event ([`crate::event`]); the event
 //! alone writes the record, the spans, the metrics, the log and the budget, when the request
