@@ -41,7 +41,7 @@ use nm_types::record::Inferred;
 use nm_types::signal::{RequestId, Rule};
 
 use crate::metrics::Metrics;
-use crate::usage::text::{Digest, MAX_KEPT_CHARS, TextKeys, text_of};
+use crate::usage::text::{AnswerText, Digest, MAX_KEPT_CHARS, TextKeys};
 use conversation::Summary;
 use memory::{Asked, Last, Memory};
 
@@ -96,8 +96,13 @@ impl Rules {
             _ => {}
         }
         let mut rules = Rules::NONE;
+        let mut named = false;
         for name in text.split(',').map(str::trim).filter(|n| !n.is_empty()) {
             rules = rules.with(parse_rule(name)?);
+            named = true;
+        }
+        if !named {
+            return Err("name rules separated by commas, or all, or off".to_owned());
         }
         Ok(rules)
     }
@@ -269,8 +274,10 @@ impl Implicit {
             && history.after == last.asked
             && let Some(raw) = body.get(history.content.clone())
         {
-            let back = text_of(raw);
-            if let Some(inferred) = judge(&self.keys, rules, &last, &back) {
+            // Read as the answer was: streamed into its digest, never copied whole.
+            let mut back = AnswerText::new(&self.keys, last.kept.is_some());
+            back.push_raw(raw);
+            if let Some(inferred) = judge(rules, &last, back.finish()) {
                 out.push(inferred);
             }
         }
@@ -331,9 +338,7 @@ impl Implicit {
 
 /// The previous answer `last` came back as `back`: unchanged (`continued`), or changed by some
 /// characters (`history_edit`), as far as the rules on can tell.
-fn judge(keys: &TextKeys, rules: Rules, last: &Last, back: &str) -> Option<Inferred> {
-    let keep = last.kept.is_some();
-    let came = crate::usage::text::digest(keys, back, keep);
+fn judge(rules: Rules, last: &Last, came: Digest) -> Option<Inferred> {
     if came.chars == last.chars && came.hash == last.hash {
         return rules.has(Rule::Continued).then(|| Inferred {
             rule: Rule::Continued,

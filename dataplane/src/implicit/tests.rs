@@ -338,6 +338,7 @@ fn rules_are_switched_off_per_agent() {
         Ok(Rules::NONE.with(Rule::Reask).with(Rule::Continued))
     );
     assert!(Rules::parse("reask,bogus").is_err());
+    assert!(Rules::parse(" , ").is_err());
 }
 
 #[test]

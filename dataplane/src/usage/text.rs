@@ -6,7 +6,7 @@
 //! (candidate): OpenAI chat `message.content` (streamed: `delta.content`), the Responses API's
 //! `output_text` parts (streamed: `response.output_text.delta`), Anthropic's `text` blocks
 //! (streamed: `text_delta`), Gemini's `parts[].text` that are not thoughts. Reasoning, tool calls
-//! and thinking blocks are not text. [`text_of`] reads a request's history turn by the same
+//! and thinking blocks are not text. [`AnswerText::push_raw`] reads a request's history turn by the same
 //! definition, so what the gateway returned and what came back are compared alike.
 //!
 //! [`AnswerText`] never holds more than [`MAX_KEPT_CHARS`] characters: beyond, only the count of
@@ -73,7 +73,9 @@ impl AnswerText {
         self.chars = self.chars.saturating_add(n);
     }
 
-    /// Appends the text of a captured JSON value ([`text_of`]).
+    /// Appends the text of a captured content value: a JSON string, or an array of parts whose
+    /// text counts (`text` of a part typed `text` or `output_text`, or untyped and not a Gemini
+    /// thought), in order. `null`, other values and malformed input have none.
     pub fn push_raw(&mut self, raw: &[u8]) {
         each_text(raw, &mut |piece| self.push(piece));
     }
@@ -85,22 +87,6 @@ impl AnswerText {
             hash: self.hash.finish(),
         }
     }
-}
-
-/// The digest of a whole text, as [`AnswerText`] would make it.
-pub fn digest(keys: &TextKeys, text: &str, keep: bool) -> Digest {
-    let mut t = AnswerText::new(keys, keep);
-    t.push(text);
-    t.finish()
-}
-
-/// The text of a content value: a JSON string, or an array of parts whose text counts (`text`
-/// of a part typed `text` or `output_text`, or untyped and not a Gemini thought), concatenated.
-/// `null`, other values and malformed input have none.
-pub fn text_of(raw: &[u8]) -> String {
-    let mut out = String::new();
-    each_text(raw, &mut |piece| out.push_str(piece));
-    out
 }
 
 fn each_text(raw: &[u8], f: &mut impl FnMut(&str)) {
@@ -150,6 +136,23 @@ impl Part<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The digest of a whole text, as [`AnswerText`] would make it.
+    fn digest(keys: &TextKeys, text: &str, keep: bool) -> Digest {
+        let mut t = AnswerText::new(keys, keep);
+        t.push(text);
+        t.finish()
+    }
+
+    /// The text of a content value: a JSON string, or an array of parts whose text counts (`text`
+    /// of a part typed `text` or `output_text`, or untyped and not a Gemini thought), concatenated.
+    /// `null`, other values and malformed input have none.
+    fn text_of(raw: &[u8]) -> String {
+        let mut out = String::new();
+        each_text(raw, &mut |piece| out.push_str(piece));
+        out
+    }
+
     use crate::providers::WireFormat;
     use crate::usage::{Framing, Meter};
 
