@@ -445,6 +445,7 @@ impl Dataset {
             cost_micros,
             budget_micros,
             trace: None,
+            inferred: Vec::new(),
         }
     }
 }
