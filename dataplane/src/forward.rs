@@ -394,6 +394,8 @@ mod tests {
                 api_key: None,
                 system: name.into(),
                 trace_context: true,
+                server_address: "x".into(),
+                server_port: 80,
             })
     }
 

@@ -426,15 +426,8 @@ impl RequestTrace {
             span.str("gen_ai.conversation.id", s);
         }
         span.str("http.request.method", known_method(call.method));
-        span.str("server.address", provider.authority.host());
-        let port = provider.authority.port_u16().unwrap_or(
-            if provider.scheme == http::uri::Scheme::HTTPS {
-                443
-            } else {
-                80
-            },
-        );
-        span.int("server.port", i64::from(port));
+        span.str("server.address", &provider.server_address);
+        span.int("server.port", i64::from(provider.server_port));
         if self.tracing.inner.capture_content {
             span.str("gen_ai.input.messages", &capped(call.body));
         }
@@ -592,14 +585,19 @@ fn hex_into(bytes: &[u8], out: &mut [u8]) {
 pub fn trace_hex(id: TraceId) -> String {
     let mut out = [0u8; 32];
     hex_into(&id.to_bytes(), &mut out);
-    String::from_utf8_lossy(&out).into_owned()
+    // Hex digits are ASCII: the check is one pass over 32 bytes, nothing is replaced.
+    std::str::from_utf8(&out)
+        .map(str::to_owned)
+        .unwrap_or_default()
 }
 
 /// A span id as 16 lower-case hex digits.
 pub fn span_hex(id: opentelemetry::trace::SpanId) -> String {
     let mut out = [0u8; 16];
     hex_into(&id.to_bytes(), &mut out);
-    String::from_utf8_lossy(&out).into_owned()
+    std::str::from_utf8(&out)
+        .map(str::to_owned)
+        .unwrap_or_default()
 }
 
 /// `gen_ai.operation.name` of a provider's native path, when it is a GenAI operation.

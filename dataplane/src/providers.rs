@@ -58,6 +58,10 @@ pub struct Provider {
     pub system: Arc<str>,
     /// Whether the upstream call carries the gateway's trace context (`traceparent`).
     pub trace_context: bool,
+    /// `server.address` and `server.port` of its calls' spans: the authority's host, and its
+    /// port or the scheme's (read once here, not on every traced call).
+    pub server_address: Arc<str>,
+    pub server_port: u16,
 }
 
 /// A provider's settings before validation (from built-ins, the config file or env).
@@ -240,6 +244,13 @@ fn validate(name: &str, spec: &ProviderSpec) -> Result<Provider, RegistryError> 
     if uri.query().is_some() || authority.as_str().contains('@') {
         return Err(bad_url());
     }
+    let server_address = Arc::from(authority.host());
+    let default_port = if scheme == http::uri::Scheme::HTTPS {
+        443
+    } else {
+        80
+    };
+    let server_port = authority.port_u16().unwrap_or(default_port);
     Ok(Provider {
         name: Arc::from(name),
         scheme,
@@ -250,6 +261,8 @@ fn validate(name: &str, spec: &ProviderSpec) -> Result<Provider, RegistryError> 
         api_key: spec.api_key.clone().filter(|k| !k.is_empty()),
         system: Arc::from(semconv_name(name)),
         trace_context: spec.trace_context,
+        server_address,
+        server_port,
     })
 }
 

@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 pub mod budget;
+pub mod experiment;
 #[cfg(feature = "link")]
 pub mod link;
 pub mod money;
