@@ -14,7 +14,11 @@
 # both binaries from DIR. Settings such as NM_LOG or NM_HOT_PATH_OFF pass through to the gateway.
 # KEEP=FILE keeps the callgrind profile (for callgrind_annotate). STREAM=1 asks for the streamed
 # answer (20 SSE content chunks + finish + usage + [DONE]) instead of the JSON one. TRACED=1
-# exports every request's spans (sampler always_on) to nm-bench's OTLP collector.
+# exports every request's spans (sampler always_on) to nm-bench's OTLP collector. SESSIONS=N
+# sends each request in one of N sessions (`NM-Session`), alternating per session between the
+# question and the question with the mock's answer brought back, so the implicit rules fire on
+# every request (a `reask`, then a `continued`); NM_IMPLICIT_RULES=off measures the same load
+# with the rules off.
 # Needs valgrind and wrk (Debian: apt-get install valgrind wrk). Prints the requests served, the
 # user-space instructions per request, and the costliest functions (inclusive).
 set -euo pipefail
@@ -33,17 +37,26 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; pkill -P $$ -x sleep 2>/dev/null || true; rm -rf "$dir"; }
 trap cleanup EXIT
 
+sessions=${SESSIONS:-0}
 cat > "$dir/req.lua" <<LUA
 wrk.method = "POST"
 wrk.body = '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hello to the benchmark."}],"max_tokens":64$stream}'
+-- The same question with the mock's answer brought back and a follow-up (SESSIONS=N).
+followup = '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hello to the benchmark."},{"role":"assistant","content":"Hello from the nm-bench mock upstream. This reply is canned."},{"role":"user","content":"Thanks."}],"max_tokens":64$stream}'
+question = wrk.body
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer sk-bench"
 wrk.headers["NM-Key"] = "$key"
 wrk.headers["NM-Agent"] = "bench"
+sessions = $sessions
 n = 0
 request = function()
   n = n + 1
   wrk.headers["NM-User"] = "bench-user-" .. (n % 100)
+  if sessions > 0 then
+    wrk.headers["NM-Session"] = "sess_bench" .. (n % sessions)
+    if math.floor(n / sessions) % 2 == 0 then wrk.body = question else wrk.body = followup end
+  end
   return wrk.format()
 end
 LUA

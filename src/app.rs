@@ -272,6 +272,7 @@ async fn dataplane(
         },
         upstream_idle_timeout: settings.upstream_idle_timeout,
         hot_path: settings.hot_path,
+        implicit: settings.implicit.clone(),
         tracing,
         metrics,
         access_log: crate::telemetry::access_log(),

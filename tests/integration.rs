@@ -10,6 +10,7 @@ mod docs;
 mod errors;
 mod faults;
 mod implicit_signals;
+mod implicit;
 mod imports;
 mod keys;
 mod link;

@@ -327,7 +327,8 @@ impl Finish {
             }
             _ => None,
         };
-        let usage = meter.map(Meter::finish).unwrap_or_default();
+        let (usage, text) = meter.map(Meter::finish_with_text).unwrap_or_default();
+        event.answer_text = text;
         event.end(self.ending, self.ended, usage, sinks.sinks(), wait)
     }
 }
@@ -521,6 +522,10 @@ mod tests {
             prices: Arc::new(PriceTable::builtin()),
             metrics: Metrics::default(),
             log: crate::log::AccessLog::off(),
+            implicit: Arc::new(crate::implicit::Implicit::new(
+                crate::implicit::Settings::default(),
+                Metrics::default(),
+            )),
         };
         let ended = started + Duration::from_millis(7);
         let finish = Finish {

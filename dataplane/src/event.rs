@@ -9,6 +9,7 @@
 //! | the exported spans ([`crate::otel`]) | the CLIENT span's answer and end, the SERVER span's outcome |
 //! | the metrics ([`crate::metrics`]) | GenAI operation, HTTP server duration, gateway overhead, budget refusals |
 //! | the access log ([`crate::log`]) | one `request completed` line, written from the record |
+//! | the implicit rules ([`crate::implicit`]) | `client_disconnect` on the record; what the answer leaves for the session's next request |
 //!
 //! A request ends one of three ways ([`Ending`]): its answer passed through to its end, it was
 //! cut short (the upstream broke off, the client went away), or the gateway answered it itself
@@ -28,6 +29,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::budget::Reservation;
+use crate::implicit::{Implicit, Pending};
 use crate::journal::Commit;
 use crate::log::{AccessLine, AccessLog, RequestLog};
 use crate::metrics::{Metrics, Operation};
@@ -87,6 +89,8 @@ pub struct Sinks<'a> {
     pub prices: &'a PriceTable,
     pub metrics: &'a Metrics,
     pub log: &'a AccessLog,
+    /// The implicit rules' memory: what the answer leaves for the session's next request.
+    pub implicit: &'a Implicit,
 }
 
 /// The same, owned: what an answer body carries to its end (handles cloned from the state).
@@ -96,6 +100,7 @@ pub struct SinkHandles {
     pub prices: Arc<PriceTable>,
     pub metrics: Metrics,
     pub log: AccessLog,
+    pub implicit: Arc<Implicit>,
 }
 
 impl SinkHandles {
@@ -105,6 +110,7 @@ impl SinkHandles {
             prices: &self.prices,
             metrics: &self.metrics,
             log: &self.log,
+            implicit: &self.implicit,
         }
     }
 }
@@ -137,6 +143,11 @@ pub struct RequestEvent {
     /// The answer's first bytes, when content is captured for its span
     /// (`OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`).
     pub captured: Option<Vec<u8>>,
+    /// The implicit rules on for the request and what they carry to its end
+    /// ([`crate::implicit`]); None when every rule is off.
+    pub implicit: Option<Pending>,
+    /// The answer's text as the implicit rules keep it, when they read it.
+    pub answer_text: Option<crate::usage::text::Digest>,
 }
 
 impl RequestEvent {
@@ -162,6 +173,8 @@ impl RequestEvent {
             bytes: 0,
             budget_refused: None,
             captured: None,
+            implicit: None,
+            answer_text: None,
         }
     }
 
@@ -177,6 +190,7 @@ impl RequestEvent {
         wait: bool,
     ) -> Option<Arc<Commit>> {
         self.complete_record(ending, ended, usage, sinks.prices);
+        self.implicit(ending, sinks.implicit, sinks.metrics);
         self.settle(ending);
         self.record_metrics(ending, ended, sinks.metrics);
         self.end_spans(ending, ended);
@@ -231,6 +245,40 @@ impl RequestEvent {
             Cost::Known { micros } => Some(micros),
             Cost::UnknownModel | Cost::UnknownUsage => None,
         };
+    }
+
+    /// The implicit rules at the answer's end: `client_disconnect` on this record, and what the
+    /// answer leaves for the session's next request.
+    fn implicit(&mut self, ending: Ending, implicit: &Implicit, metrics: &Metrics) {
+        let r = &mut self.record;
+        let Some(pending) = self.implicit.take() else {
+            return;
+        };
+        let delivered = (200..300).contains(&r.status)
+            && matches!(ending, Ending::Complete | Ending::ClientGone);
+        if ending == Ending::ClientGone
+            && delivered
+            && r.streamed
+            && pending.rules.has(nm_types::signal::Rule::ClientDisconnect)
+            && let Ok(answer) = r.request_id.parse()
+        {
+            r.inferred.push(nm_types::record::Inferred {
+                rule: nm_types::signal::Rule::ClientDisconnect,
+                answer,
+                edit_distance: None,
+            });
+        }
+        for inferred in &r.inferred {
+            metrics.implicit_inferred(inferred.rule);
+        }
+        implicit.remember(
+            &pending,
+            &r.request_id,
+            delivered,
+            ending == Ending::Complete,
+            self.answer_text.take(),
+            Instant::now(),
+        );
     }
 
     /// Settles the end user's budget hold, if the request took one.
@@ -432,11 +480,13 @@ mod tests {
         let prices = PriceTable::builtin();
         let ended = event.started + Duration::from_millis(9);
         let log = AccessLog::off();
+        let implicit = Implicit::new(crate::implicit::Settings::default(), metrics.clone());
         let sinks = Sinks {
             records: &records,
             prices: &prices,
             metrics: &metrics,
             log: &log,
+            implicit: &implicit,
         };
         assert!(event.end(ending, ended, usage, sinks, true).is_none());
         (queue.try_recv().expect("the record was sent"), metrics)

@@ -20,6 +20,7 @@ use hyper_util::rt::TokioExecutor;
 
 use crate::body::UpstreamBody;
 use crate::error::ProxyError;
+use crate::implicit::conversation::{Conversation, List, Part};
 use crate::pace::{PaceLimits, Paced};
 use crate::providers::{AuthStyle, Provider};
 use crate::usage::{Scanner, Select, text};
@@ -268,6 +269,8 @@ pub struct RequestFacts {
 enum Fact {
     Model,
     Cap(usize),
+    /// A piece of the conversation, for the implicit rules.
+    Turn(Part),
 }
 
 /// How many output-cap fields [`REQUEST`] ranks.
@@ -283,21 +286,77 @@ static REQUEST: Select<Fact> = Select::keys(&[
     ("generationConfig", GENERATION_CONFIG),
 ]);
 
+/// The fields of a turn the implicit rules hash ([`crate::implicit::conversation`]).
+const TURN: &[(&str, Select<Fact>)] = &[
+    ("role", Select::capture(Fact::Turn(Part::Role))),
+    ("type", Select::capture(Fact::Turn(Part::Kind))),
+    ("content", Select::capture(Fact::Turn(Part::Content))),
+    ("parts", Select::capture(Fact::Turn(Part::Content))),
+    ("tool_calls", Select::capture(Fact::Turn(Part::Field(0)))),
+    ("tool_call_id", Select::capture(Fact::Turn(Part::Field(1)))),
+    ("name", Select::capture(Fact::Turn(Part::Field(2)))),
+    ("function_call", Select::capture(Fact::Turn(Part::Field(3)))),
+    ("call_id", Select::capture(Fact::Turn(Part::Field(4)))),
+    ("arguments", Select::capture(Fact::Turn(Part::Field(5)))),
+    ("output", Select::capture(Fact::Turn(Part::Field(6)))),
+];
+const MESSAGE: Select<Fact> = Select::keys(TURN).ended(Fact::Turn(Part::End(List::Messages)));
+const CONTENT: Select<Fact> = Select::keys(TURN).ended(Fact::Turn(Part::End(List::Contents)));
+const ITEM: Select<Fact> = Select::keys(TURN).ended(Fact::Turn(Part::End(List::Input)));
+const SYSTEM: Select<Fact> = Select::capture(Fact::Turn(Part::System));
+/// [`REQUEST`] and the conversation: every wire format's list of turns and system prompt.
+static REQUEST_CONVERSATION: Select<Fact> = Select::keys(&[
+    ("model", Select::capture(Fact::Model)),
+    ("max_completion_tokens", Select::capture(Fact::Cap(0))),
+    ("max_tokens", Select::capture(Fact::Cap(1))),
+    ("max_output_tokens", Select::capture(Fact::Cap(2))),
+    ("generationConfig", GENERATION_CONFIG),
+    ("messages", Select::each(&MESSAGE)),
+    ("contents", Select::each(&CONTENT)),
+    (
+        "input",
+        Select::each_or_capture(Fact::Turn(Part::Input), &ITEM),
+    ),
+    ("system", SYSTEM),
+    ("systemInstruction", SYSTEM),
+    ("system_instruction", SYSTEM),
+    ("instructions", SYSTEM),
+]);
+
 /// Reads [`RequestFacts`] in one pass over the body's top-level fields, with the scanner that
 /// meters answers (values nobody asked for are crossed, not parsed). Only a body that opens as
 /// a JSON object is read: an upload (multipart, audio) is neither scanned through nor mined for
 /// JSON-like bytes. Values of an unexpected type are ignored (the provider will judge them),
 /// never an error.
 pub fn request_facts(body: &Bytes, native_path: &str) -> RequestFacts {
+    request_facts_with(body, native_path, None)
+}
+
+/// [`request_facts`], the same pass also handing the conversation's turns to `conversation`
+/// (the implicit rules), when given. The body's captures are slices of it, never copies.
+pub fn request_facts_with(
+    body: &Bytes,
+    native_path: &str,
+    mut conversation: Option<&mut Conversation<'_>>,
+) -> RequestFacts {
     let mut model = None;
     let mut caps = [None; CAPS];
     if body.trim_ascii_start().starts_with(b"{") {
-        Scanner::new(&REQUEST).feed(body, &mut |fact, raw| match fact {
+        let mut scanner = match conversation {
+            Some(_) => Scanner::with_limit(&REQUEST_CONVERSATION, body.len()),
+            None => Scanner::new(&REQUEST),
+        };
+        scanner.feed(body, &mut |fact, raw| match fact {
             Fact::Model => model = text(raw).map(std::borrow::Cow::into_owned),
             Fact::Cap(rank) => {
                 caps[rank] = std::str::from_utf8(raw)
                     .ok()
                     .and_then(|n| n.parse::<u64>().ok());
+            }
+            Fact::Turn(part) => {
+                if let Some(c) = conversation.as_deref_mut() {
+                    c.feed(part, raw);
+                }
             }
         });
     }

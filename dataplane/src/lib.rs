@@ -19,6 +19,7 @@ pub mod error;
 pub mod event;
 pub mod forward;
 pub mod hot_path;
+pub mod implicit;
 pub mod journal;
 pub mod keys;
 pub mod layers;
@@ -89,6 +90,8 @@ pub struct DataplaneConfig {
     pub metrics: metrics::Metrics,
     /// Where access lines go ([`log`]); [`log::AccessLog::off`] for none.
     pub access_log: log::AccessLog,
+    /// The implicit signals' rules, window and memory bounds.
+    pub implicit: implicit::Settings,
 }
 
 /// Answer length assumed for a budget reservation when a request sets no `max_tokens`.
@@ -117,6 +120,7 @@ impl Dataplane {
         let hot_path = config.hot_path;
         body::defer_completions(hot_path.deferred_completion);
         let (records, queue) = records::record_queue(config.record_queue_capacity, metrics.clone());
+        let metrics_for_implicit = metrics.clone();
         let state = stack::State {
             registry: Arc::new(config.registry),
             keys: KeySet::with_cache(config.key_verifier, hot_path.key_cache),
@@ -144,6 +148,10 @@ impl Dataplane {
             hot_path,
             tracing: config.tracing,
             access_log: config.access_log,
+            implicit: Arc::new(implicit::Implicit::new(
+                config.implicit,
+                metrics_for_implicit,
+            )),
         };
         Ok((
             Self {

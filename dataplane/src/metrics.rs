@@ -115,6 +115,11 @@ struct Reason {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RuleLabel {
+    rule: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LabelName {
     label: &'static str,
 }
@@ -334,6 +339,9 @@ struct Inner {
     spool_records: Gauge,
     spool_bytes: Gauge,
     budget_rules: Gauge,
+    implicit_signals: Family<RuleLabel, Counter>,
+    implicit_memory_bytes: Gauge,
+    implicit_memory_evicted: Family<Reason, Counter>,
     connections_closed: Family<Reason, Counter>,
     records_lost_in_crash: Counter,
     records_journal_replayed: Counter,
@@ -497,6 +505,24 @@ impl Default for Metrics {
             "Log lines (access lines and others) this process dropped: its log output's queue was full (a stalled or slow stderr), or writing to stderr failed",
             log_lines_dropped.clone(),
         );
+        let implicit_signals = Family::<RuleLabel, Counter>::default();
+        registry.register(
+            "implicit_signals",
+            "Implicit signals this dataplane inferred and put on request records, by rule (client_disconnect, reask, history_edit, continued)",
+            Declared(implicit_signals.clone()),
+        );
+        let implicit_memory_bytes = Gauge::default();
+        registry.register(
+            "implicit_memory_bytes",
+            "Bytes the implicit rules' memory holds (conversation hashes; the last answers' first characters while history_edit is on), as counted against NM_IMPLICIT_MEMORY_BYTES",
+            implicit_memory_bytes.clone(),
+        );
+        let implicit_memory_evicted = Family::<Reason, Counter>::default();
+        registry.register(
+            "implicit_memory_evicted",
+            "Sessions the implicit rules forgot, by reason (cap: the oldest, over NM_IMPLICIT_MEMORY_BYTES; expired: untouched for NM_IMPLICIT_MEMORY_SECS)",
+            Declared(implicit_memory_evicted.clone()),
+        );
         let label_overflow = Family::<LabelName, Counter>::default();
         registry.register(
             "metric_label_overflow",
@@ -578,6 +604,9 @@ impl Default for Metrics {
                 spool_records,
                 spool_bytes,
                 budget_rules,
+                implicit_signals,
+                implicit_memory_bytes,
+                implicit_memory_evicted,
             }),
         }
     }
@@ -589,6 +618,32 @@ impl Metrics {
             .records_dropped
             .get_or_create(&Reason { reason })
             .inc_by(n);
+    }
+
+    /// An implicit signal put on a record ([`crate::implicit`]).
+    pub fn implicit_inferred(&self, rule: nm_types::signal::Rule) {
+        self.inner
+            .implicit_signals
+            .get_or_create(&RuleLabel { rule: rule.name() })
+            .inc();
+    }
+
+    /// The implicit rules' memory changed a session's size from `before` to `after` bytes.
+    pub fn implicit_memory_changed(&self, before: usize, after: usize) {
+        let gauge = &self.inner.implicit_memory_bytes;
+        if after >= before {
+            gauge.inc_by(i64::try_from(after - before).unwrap_or(i64::MAX));
+        } else {
+            gauge.dec_by(i64::try_from(before - after).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// A session the implicit rules' memory forgot (`cap` or `expired`).
+    pub fn implicit_evicted(&self, reason: &'static str) {
+        self.inner
+            .implicit_memory_evicted
+            .get_or_create(&Reason { reason })
+            .inc();
     }
 
     pub fn records_dead_lettered(&self, n: u64) {

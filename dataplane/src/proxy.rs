@@ -3,7 +3,8 @@
 //!
 //! Steps, in order: resolve the provider from the prefix, check the native path, parse the
 //! attribution headers, read the body under the size limit (to learn the model and the answer's
-//! length cap; the original bytes are what is sent), check the end user's budget and reserve
+//! length cap, and with a session the conversation the implicit rules compare, in the same scan;
+//! the original bytes are what is sent), check the end user's budget and reserve
 //! the request's estimated cost, build the upstream request, send it, and wrap the upstream body
 //! so its frames are metered. Each step fills the request's event ([`crate::event`]); the event
 //! alone writes the record, the spans, the metrics, the log and the budget, when the request
@@ -23,7 +24,11 @@ use crate::budget::{Refusal, Reservation};
 use crate::edge;
 use crate::error::ProxyError;
 use crate::event::{Ending, RequestEvent};
-use crate::forward::{request_facts, strip_response_headers, upstream_headers, upstream_uri};
+use crate::forward::{
+    request_facts, request_facts_with, strip_response_headers, upstream_headers, upstream_uri,
+};
+use crate::implicit::conversation::Conversation;
+use crate::implicit::{Implicit, Pending};
 use crate::otel::{Call, RequestTrace};
 use crate::path::{check_native_path, split_prefix};
 use crate::providers::Provider;
@@ -92,7 +97,15 @@ fn answer(
     let (parts, upstream_body) = resp.into_parts();
     let framing = answer_framing(&parts.headers);
     event.record.streamed = framing == Some(Framing::Sse);
-    let meter = framing.and_then(|f| meter_for(&event.provider, &parts.headers, f));
+    let meter = framing
+        .and_then(|f| meter_for(&event.provider, &parts.headers, f))
+        .map(|m| match event.implicit.and_then(|p| p.wants_text()) {
+            Some(keep) => m.with_text(crate::usage::text::AnswerText::new(
+                state.implicit.keys(),
+                keep,
+            )),
+            None => m,
+        });
     // Time spent here up to the answer's head, less the wait on the provider.
     event.overhead = Some(event.started.elapsed().saturating_sub(upstream_wait));
     let body = ObservedBody::new(upstream_body, event, meter, state.sink_handles());
@@ -204,6 +217,7 @@ async fn forward(
         trace,
         reservation,
         budget_refused,
+        implicit,
         ..
     } = event;
     check_native_path(&record.path)?;
@@ -215,7 +229,26 @@ async fn forward(
 
     let (parts, body) = req.into_parts();
     let body = edge::read_body(&parts.headers, body, state.max_body_bytes).await?;
-    let facts = request_facts(&body, &record.path);
+    let rules = state.implicit.rules_for(record.agent.as_deref());
+    let facts = match &record.session_id {
+        Some(session) if Implicit::reads_conversation(rules, true) => {
+            let mut conversation = Conversation::new(state.implicit.keys(), &body);
+            let facts = request_facts_with(&body, &record.path, Some(&mut conversation));
+            *implicit = Some(state.implicit.infer(
+                rules,
+                state.implicit.session_key(&record.key_id, session.as_str()),
+                &conversation.finish(),
+                &body,
+                Instant::now(),
+                &mut record.inferred,
+            ));
+            facts
+        }
+        _ => {
+            *implicit = (!rules.is_empty()).then(|| Pending::without_session(rules));
+            request_facts(&body, &record.path)
+        }
+    };
     record.model = facts.model;
     if let Some(user) = &record.user_id {
         *reservation = check_budget(

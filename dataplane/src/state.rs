@@ -35,6 +35,8 @@ pub struct State {
     pub tracing: Option<crate::otel::Tracing>,
     /// One line per proxied request ([`crate::log`]).
     pub access_log: crate::log::AccessLog,
+    /// The implicit rules and their memory ([`crate::implicit`]).
+    pub implicit: Arc<crate::implicit::Implicit>,
 }
 
 impl State {
@@ -45,6 +47,7 @@ impl State {
             prices: &self.prices,
             metrics: &self.metrics,
             log: &self.access_log,
+            implicit: &self.implicit,
         }
     }
 
@@ -55,6 +58,7 @@ impl State {
             prices: self.prices.clone(),
             metrics: self.metrics.clone(),
             log: self.access_log.clone(),
+            implicit: self.implicit.clone(),
         }
     }
 }

@@ -19,17 +19,19 @@ pub enum Group {
     Providers,
     Budgets,
     Limits,
+    Signals,
     Tracing,
 }
 
 impl Group {
-    pub const ALL: [Group; 7] = [
+    pub const ALL: [Group; 8] = [
         Group::Server,
         Group::Link,
         Group::Storage,
         Group::Providers,
         Group::Budgets,
         Group::Limits,
+        Group::Signals,
         Group::Tracing,
     ];
 
@@ -42,6 +44,7 @@ impl Group {
             Group::Providers => "Providers and upstreams",
             Group::Budgets => "Keys and budgets",
             Group::Limits => "Limits",
+            Group::Signals => "Implicit signals",
             Group::Tracing => "Logs and tracing",
         }
     }

@@ -31,6 +31,7 @@ pub mod link;
 mod parse;
 pub mod providers;
 pub mod server;
+pub mod signals;
 pub mod storage;
 pub mod tracing;
 
@@ -179,6 +180,8 @@ pub struct Settings {
     pub hot_path: HotPath,
     /// OpenTelemetry export (`OTEL_*`), off unless an endpoint is set.
     pub otel: crate::otel::settings::OtelSettings,
+    /// The implicit signals' rules and their memory (dataplane).
+    pub implicit: nm_dataplane::implicit::Settings,
 }
 
 /// A secret setting: never printed by `Debug`.
@@ -245,6 +248,7 @@ pub fn all() -> impl Iterator<Item = &'static decl::Meta> {
         providers::TABLE,
         budgets::TABLE,
         limits::TABLE,
+        signals::TABLE,
         tracing::TABLE,
         crate::otel::settings::TABLE,
     ]
@@ -306,6 +310,13 @@ pub fn resolve(
     let upstream_idle_timeout = src.get(&providers::RESPONSE_IDLE_TIMEOUT)?;
     let record_queue = src.get(&storage::RECORD_QUEUE)?;
     let hot_path = src.opt(&server::HOT_PATH_OFF)?.unwrap_or_default();
+    let implicit = nm_dataplane::implicit::Settings {
+        rules: src.get(&signals::IMPLICIT_RULES)?,
+        off_by_agent: src.opt(&signals::IMPLICIT_RULES_OFF)?.unwrap_or_default(),
+        reask_window: src.get(&signals::IMPLICIT_REASK_WINDOW)?,
+        memory_bytes: src.get(&signals::IMPLICIT_MEMORY_BYTES)?,
+        memory_ttl: src.get(&signals::IMPLICIT_MEMORY_TTL)?,
+    };
     let spool_max_bytes = src.get(&storage::SPOOL_MAX_BYTES)?;
     let record_durability = src.get(&storage::RECORD_DURABILITY)?;
     let reserve_output_tokens = src.get(&budgets::RESERVE_OUTPUT_TOKENS)?;
@@ -393,6 +404,7 @@ pub fn resolve(
         prices,
         analytics_interval,
         hot_path,
+        implicit,
         otel: crate::otel::settings::resolve(env)?,
     })
 }

@@ -439,6 +439,23 @@ impl TestGateway {
         http
     }
 
+    /// Split shape: stops every dataplane, the added ones first (each drains and, with the
+    /// controlplane away, spools what it could not deliver); returns their spool directories,
+    /// the first dataplane's first, which stay.
+    pub async fn stop_dataplanes(&mut self) -> Vec<std::path::PathBuf> {
+        let mut dirs = vec![self.dp_settings.spool_dir.clone()];
+        dirs.extend(
+            (0..self.extra.len()).map(|i| self._dir.path().join(format!("spool-extra-{i}"))),
+        );
+        while let Some(r) = self.extra.pop() {
+            r.stop()
+                .await
+                .unwrap_or_else(|e| panic!("extra dataplane stop: {e:#}"));
+        }
+        self.stop_dataplane().await;
+        dirs
+    }
+
     /// Split shape: stops the dataplane (it drains and, with the controlplane away, spools what
     /// it could not deliver) and starts a new one with the same settings and spool directory.
     /// Returns once the new one is listening (not necessarily healthy).

@@ -14,6 +14,7 @@ use serde::Deserialize;
 
 use super::de::{Count, Text};
 use super::json_scan::Select;
+use super::text::AnswerText;
 use super::{Field, Usage, capture_common, set_count, set_text, sum_known};
 
 const MESSAGE: Select<Field> = Select::keys(&[
@@ -25,6 +26,21 @@ const MESSAGE: Select<Field> = Select::keys(&[
 
 /// What the JSON scanner captures from a non-streamed answer.
 pub(super) static SELECT: Select<Field> = Select::document(&MESSAGE);
+
+const MESSAGE_TEXT: Select<Field> = Select::keys(&[
+    ("id", Select::capture(Field::Id)),
+    ("model", Select::capture(Field::Model)),
+    ("stop_reason", Select::capture(Field::FinishReason)),
+    ("usage", Select::capture(Field::Usage)),
+    ("content", Select::capture(Field::Text)),
+]);
+/// The same, and the answer's `content` (its `text` blocks).
+pub(super) static SELECT_TEXT: Select<Field> = Select::document(&MESSAGE_TEXT);
+
+/// The event that streams text (`text_delta`, among other deltas).
+pub(super) fn is_text_event(event: &[u8]) -> bool {
+    event == b"content_block_delta"
+}
 
 /// Whether an SSE event can carry usage, model or stop reason.
 pub(super) fn wants(event: &[u8]) -> bool {
@@ -48,7 +64,23 @@ pub(super) struct Reader {
 
 impl Reader {
     /// One SSE event's data.
-    pub(super) fn event(&mut self, data: &[u8], usage: &mut Usage) {
+    pub(super) fn event(
+        &mut self,
+        name: &[u8],
+        data: &[u8],
+        usage: &mut Usage,
+        text: Option<&mut AnswerText>,
+    ) {
+        if is_text_event(name) {
+            if let Some(text) = text
+                && let Ok(event) = serde_json::from_slice::<BlockDelta<'_>>(data)
+                && event.delta.kind.0.as_deref() == Some("text_delta")
+                && let Some(piece) = event.delta.text.0.as_deref()
+            {
+                text.push(piece);
+            }
+            return;
+        }
         let Ok(event) = serde_json::from_slice::<Event<'_>>(data) else {
             return;
         };
@@ -109,6 +141,21 @@ struct Message<'a> {
     stop_reason: Text<'a>,
     #[serde(default)]
     usage: Option<WireUsage>,
+}
+
+/// `content_block_delta`: `{"delta": {"type": "text_delta", "text": ..}}`.
+#[derive(Deserialize)]
+struct BlockDelta<'a> {
+    #[serde(borrow)]
+    delta: TextDelta<'a>,
+}
+
+#[derive(Deserialize)]
+struct TextDelta<'a> {
+    #[serde(borrow, default, rename = "type")]
+    kind: Text<'a>,
+    #[serde(borrow, default)]
+    text: Text<'a>,
 }
 
 #[derive(Deserialize)]

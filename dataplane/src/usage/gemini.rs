@@ -12,6 +12,7 @@ use serde::Deserialize;
 
 use super::de::{Count, First, Text};
 use super::json_scan::Select;
+use super::text::{AnswerText, Part};
 use super::{Field, Usage, capture_common, set_count, set_text, sum_known};
 
 const CANDIDATE: Select<Field> =
@@ -26,6 +27,20 @@ const ANSWER: Select<Field> = Select::keys(&[
 /// What the JSON scanner captures from an answer or from each answer of a streamed array.
 pub(super) static SELECT: Select<Field> = Select::document(&ANSWER);
 
+const CONTENT_TEXT: Select<Field> = Select::keys(&[("parts", Select::capture(Field::Text))]);
+const CANDIDATE_TEXT: Select<Field> = Select::keys(&[
+    ("finishReason", Select::capture(Field::FinishReason)),
+    ("content", CONTENT_TEXT),
+]);
+const ANSWER_TEXT: Select<Field> = Select::keys(&[
+    ("responseId", Select::capture(Field::Id)),
+    ("modelVersion", Select::capture(Field::Model)),
+    ("usageMetadata", Select::capture(Field::Usage)),
+    ("candidates", Select::first(&CANDIDATE_TEXT)),
+]);
+/// The same, and the first candidate's `content.parts` (text that is no thought).
+pub(super) static SELECT_TEXT: Select<Field> = Select::document(&ANSWER_TEXT);
+
 /// Gemini's counts as reported, kept apart to be summed into [`Usage`].
 #[derive(Debug, Default)]
 pub(super) struct Reader {
@@ -37,10 +52,22 @@ pub(super) struct Reader {
 
 impl Reader {
     /// One SSE event's data: an answer.
-    pub(super) fn event(&mut self, data: &[u8], usage: &mut Usage) {
+    pub(super) fn event(&mut self, data: &[u8], usage: &mut Usage, text: Option<&mut AnswerText>) {
         let Ok(chunk) = serde_json::from_slice::<Chunk<'_>>(data) else {
             return;
         };
+        if let Some(text) = text
+            && let Ok(TextChunk {
+                candidates: First(Some(candidate)),
+            }) = serde_json::from_slice::<TextChunk<'_>>(data)
+            && candidate.index.0.unwrap_or(0) == 0
+        {
+            for part in candidate.content.iter().flat_map(|c| &c.parts) {
+                if let Some(piece) = part.text() {
+                    text.push(piece);
+                }
+            }
+        }
         set_text(&mut usage.model, chunk.model_version.0.as_deref());
         set_text(&mut usage.response_id, chunk.response_id.0.as_deref());
         if let Some(candidate) = chunk.candidates.0 {
@@ -104,6 +131,28 @@ struct Candidate<'a> {
     index: Count,
     #[serde(borrow, default)]
     finish_reason: Text<'a>,
+}
+
+/// A chunk's text, read apart (only when asked for) so that metering alone never builds the
+/// list of parts.
+#[derive(Deserialize)]
+struct TextChunk<'a> {
+    #[serde(borrow, default)]
+    candidates: First<TextCandidate<'a>>,
+}
+
+#[derive(Deserialize)]
+struct TextCandidate<'a> {
+    #[serde(default)]
+    index: Count,
+    #[serde(borrow, default)]
+    content: Option<TextContent<'a>>,
+}
+
+#[derive(Deserialize)]
+struct TextContent<'a> {
+    #[serde(borrow, default)]
+    parts: Vec<Part<'a>>,
 }
 
 #[derive(Deserialize, Default)]

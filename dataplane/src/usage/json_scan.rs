@@ -9,6 +9,11 @@
 //! captured raw, handed over as a slice of the frame when it lies whole within one (else copied
 //! across frames, up to [`MAX_CAPTURE`] bytes), for the caller to parse with serde.
 //!
+//! A selection may also ask to be told when an object it looked into closes (`ended`), so a
+//! caller reading an array of objects (a request's messages) knows where each one ends; and a
+//! request body, whole in one frame, may be scanned with a larger capture limit
+//! ([`Scanner::with_limit`]), its captures then being slices of the body, never copies.
+//!
 //! It does not validate: malformed input gives fewer captures, never an error or unbounded
 //! memory. Keys are compared as raw bytes, so a key spelled with escapes (`"\u0075sage"`) is not
 //! recognised; no provider writes keys that way.
@@ -28,8 +33,10 @@ pub(crate) struct Select<T: 'static> {
     capture: Option<T>,
     /// If it is an object, the members to look into.
     keys: &'static [(&'static str, Select<T>)],
-    /// If it is an array, the elements to look into.
+    /// If it is an array, the elements to look into (this wins over `capture` for an array).
     items: Option<Items<T>>,
+    /// Told (with an empty value) when an object looked into under this selection closes.
+    done: Option<T>,
 }
 
 #[derive(Debug)]
@@ -46,6 +53,7 @@ impl<T: Copy + 'static> Select<T> {
             capture: Some(tag),
             keys: &[],
             items: None,
+            done: None,
         }
     }
 
@@ -55,6 +63,7 @@ impl<T: Copy + 'static> Select<T> {
             capture: None,
             keys,
             items: None,
+            done: None,
         }
     }
 
@@ -67,6 +76,41 @@ impl<T: Copy + 'static> Select<T> {
                 index: Some(0),
                 select: element,
             }),
+            done: None,
+        }
+    }
+
+    /// Look into every element of an array.
+    pub(crate) const fn each(element: &'static Select<T>) -> Self {
+        Self {
+            capture: None,
+            keys: &[],
+            items: Some(Items {
+                index: None,
+                select: element,
+            }),
+            done: None,
+        }
+    }
+
+    /// Look into every element of an array; any other value (a string) is captured whole.
+    pub(crate) const fn each_or_capture(tag: T, element: &'static Select<T>) -> Self {
+        Self {
+            capture: Some(tag),
+            keys: &[],
+            items: Some(Items {
+                index: None,
+                select: element,
+            }),
+            done: None,
+        }
+    }
+
+    /// The same selection, telling `tag` when an object it looked into closes.
+    pub(crate) const fn ended(self, tag: T) -> Self {
+        Self {
+            done: Some(tag),
+            ..self
         }
     }
 
@@ -80,6 +124,7 @@ impl<T: Copy + 'static> Select<T> {
                 index: None,
                 select: object,
             }),
+            done: None,
         }
     }
 
@@ -110,6 +155,8 @@ pub(crate) struct Scanner<T: 'static> {
     captured: Vec<u8>,
     /// Full length of the capture from earlier frames.
     captured_len: usize,
+    /// Most bytes one captured value may hold; a bigger one is dropped.
+    limit: usize,
 }
 
 #[derive(Debug)]
@@ -163,6 +210,16 @@ impl<T: Copy + 'static> Scanner<T> {
             capture_from: 0,
             captured: Vec::new(),
             captured_len: 0,
+            limit: MAX_CAPTURE,
+        }
+    }
+
+    /// A scanner whose captures may hold up to `limit` bytes: for a document fed whole in one
+    /// frame (a request body), whose captures are handed over in place, never copied.
+    pub(crate) fn with_limit(root: &'static Select<T>, limit: usize) -> Self {
+        Self {
+            limit,
+            ..Self::new(root)
         }
     }
 
@@ -172,7 +229,7 @@ impl<T: Copy + 'static> Scanner<T> {
         let mut i = 0;
         while i < frame.len() {
             i = match self.mode {
-                Mode::Value => self.value(frame, i),
+                Mode::Value => self.value(frame, i, sink),
                 Mode::Skip(skip) => self.skip(frame, i, skip, sink),
                 Mode::KeyText { escaped } => self.key_text(frame, i, escaped),
                 Mode::Key => {
@@ -181,7 +238,7 @@ impl<T: Copy + 'static> Scanner<T> {
                             self.key_len = 0;
                             self.mode = Mode::KeyText { escaped: false };
                         }
-                        b'}' => self.close(),
+                        b'}' => self.close(sink),
                         _ => {} // whitespace, or a stray byte of malformed input
                     }
                     i + 1
@@ -189,7 +246,7 @@ impl<T: Copy + 'static> Scanner<T> {
                 Mode::Colon => {
                     match frame[i] {
                         b':' => self.mode = Mode::Value,
-                        b'}' => self.close(),
+                        b'}' => self.close(sink),
                         _ => {}
                     }
                     i + 1
@@ -197,7 +254,7 @@ impl<T: Copy + 'static> Scanner<T> {
                 Mode::After => {
                     match frame[i] {
                         b',' => self.next(),
-                        b'}' | b']' => self.close(),
+                        b'}' | b']' => self.close(sink),
                         _ => {}
                     }
                     i + 1
@@ -210,21 +267,22 @@ impl<T: Copy + 'static> Scanner<T> {
     }
 
     /// The first byte of a value (or whitespace before it) at `frame[i]`.
-    fn value(&mut self, frame: &[u8], i: usize) -> usize {
+    fn value(&mut self, frame: &[u8], i: usize, sink: &mut impl FnMut(T, &[u8])) -> usize {
         let b = frame[i];
         match b {
             // Whitespace; `,` and `:` here are malformed and dropped.
             b' ' | b'\t' | b'\n' | b'\r' | b',' | b':' => return i + 1,
             // `[]`, or malformed input.
             b'}' | b']' => {
-                self.close();
+                self.close(sink);
                 return i + 1;
             }
             _ => {}
         }
         let select = self.selected();
         if let Some(select) = select {
-            if let Some(tag) = select.capture {
+            let look_into_array = b == b'[' && select.items.is_some();
+            if let Some(tag) = select.capture.filter(|_| !look_into_array) {
                 self.capture = Some(tag);
                 self.capture_from = i;
                 self.captured.clear();
@@ -238,7 +296,7 @@ impl<T: Copy + 'static> Scanner<T> {
                 });
                 self.mode = Mode::Key;
                 return i + 1;
-            } else if b == b'[' && select.items.is_some() {
+            } else if look_into_array {
                 self.stack.push(Frame {
                     select,
                     object: false,
@@ -415,10 +473,16 @@ impl<T: Copy + 'static> Scanner<T> {
         }
     }
 
-    /// A closing bracket of a container being looked into.
-    fn close(&mut self) {
-        self.stack.pop();
+    /// A closing bracket of a container being looked into; tells its selection's `done`.
+    fn close(&mut self, sink: &mut impl FnMut(T, &[u8])) {
+        let done = self
+            .stack
+            .pop()
+            .and_then(|f| f.select.done.filter(|_| f.object));
         self.end_value();
+        if let Some(tag) = done {
+            sink(tag, &[]);
+        }
     }
 
     fn end_value(&mut self) {
@@ -433,7 +497,7 @@ impl<T: Copy + 'static> Scanner<T> {
     /// Keeps capture bytes across frames, dropping them once the capture is too big.
     fn keep(&mut self, bytes: &[u8]) {
         self.captured_len = self.captured_len.saturating_add(bytes.len());
-        if self.captured_len <= MAX_CAPTURE {
+        if self.captured_len <= self.limit {
             self.captured.extend_from_slice(bytes);
         } else {
             self.captured = Vec::new();
@@ -444,12 +508,12 @@ impl<T: Copy + 'static> Scanner<T> {
     fn captured(&mut self, tag: T, tail: &[u8], sink: &mut impl FnMut(T, &[u8])) {
         if self.captured_len == 0 {
             // Whole within this frame: handed over in place.
-            if tail.len() <= MAX_CAPTURE {
+            if tail.len() <= self.limit {
                 sink(tag, tail);
             }
         } else {
             self.keep(tail);
-            if self.captured_len <= MAX_CAPTURE {
+            if self.captured_len <= self.limit {
                 sink(tag, &self.captured);
             }
             self.captured.clear();
@@ -618,6 +682,55 @@ mod tests {
         scanner.feed(doc.as_bytes(), &mut |tag, _: &[u8]| out.push(tag));
         assert!(scanner.stack.len() <= 1);
         assert_eq!(out, vec![Tag::Model]);
+    }
+
+    const TURN: Select<Tag> = Select::keys(&[
+        ("model", Select::capture(Tag::Model)),
+        ("usage", Select::capture(Tag::Usage)),
+    ])
+    .ended(Tag::Number);
+    static TURNS: Select<Tag> = Select::keys(&[
+        ("list", Select::each(&TURN)),
+        ("either", Select::each_or_capture(Tag::Reason, &TURN)),
+    ]);
+
+    fn scan_turns(doc: &str) -> Vec<(Tag, String)> {
+        let mut scanner = Scanner::with_limit(&TURNS, doc.len());
+        let mut out = Vec::new();
+        scanner.feed(doc.as_bytes(), &mut |tag, value: &[u8]| {
+            out.push((tag, String::from_utf8_lossy(value).into_owned()));
+        });
+        out
+    }
+
+    #[test]
+    fn each_element_is_looked_into_and_its_end_told() {
+        let doc = r#"{"list":[{"model":"a","x":[{"usage":1}]},{},"s",{"usage":{"n":2}}],"either":"plain"}"#;
+        assert_eq!(
+            scan_turns(doc),
+            caps(&[
+                (Tag::Model, r#""a""#),
+                (Tag::Number, ""),
+                (Tag::Number, ""),
+                (Tag::Usage, r#"{"n":2}"#),
+                (Tag::Number, ""),
+                (Tag::Reason, r#""plain""#),
+            ])
+        );
+        let doc = r#"{"either":[{"model":"b"}]}"#;
+        assert_eq!(
+            scan_turns(doc),
+            caps(&[(Tag::Model, r#""b""#), (Tag::Number, "")])
+        );
+    }
+
+    #[test]
+    fn a_larger_limit_captures_large_values_in_place() {
+        let big = "y".repeat(MAX_CAPTURE * 2);
+        let doc = format!(r#"{{"list":[{{"model":"{big}"}}]}}"#);
+        let got = scan_turns(&doc);
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].1.len(), big.len() + 2);
     }
 
     proptest! {

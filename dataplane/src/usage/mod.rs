@@ -15,6 +15,11 @@
 //!   of interest (model, usage, finish reason) from a single answer or from Gemini's streamed
 //!   array of answers, and serde parses just those.
 //!
+//! With [`Meter::with_text`] (an implicit rule needs the answer's text, [`crate::implicit`]) the
+//! same pass also reads the answer's text parts (`text.rs`): the JSON selections grow by the
+//! content's path and the content-only SSE events are parsed too. Without it nothing of the
+//! text is read.
+//!
 //! Providers repeat themselves (usage on every Gemini chunk, cumulative Anthropic deltas, the
 //! model on every OpenAI chunk): a later value replaces an earlier one, field by field, and
 //! nothing is ever summed across events. Malformed input never fails a response: it yields less
@@ -28,6 +33,7 @@ mod openai;
 mod sse;
 #[cfg(test)]
 mod tests;
+pub mod text;
 
 pub(crate) use json_scan::{Scanner, Select};
 
@@ -43,6 +49,7 @@ pub enum Framing {
 }
 
 pub use nm_types::Usage;
+use text::{AnswerText, Digest};
 
 /// Reads usage from a response body frame by frame.
 #[derive(Debug)]
@@ -50,6 +57,8 @@ pub struct Meter {
     reader: Reader,
     decoder: Decoder,
     usage: Usage,
+    /// The answer's text, when a rule needs it.
+    text: Option<AnswerText>,
 }
 
 impl Meter {
@@ -68,7 +77,17 @@ impl Meter {
             reader,
             decoder,
             usage: Usage::default(),
+            text: None,
         }
+    }
+
+    /// The same meter, reading the answer's text into `text` as well.
+    pub fn with_text(mut self, text: AnswerText) -> Self {
+        if let Decoder::Json(_) = self.decoder {
+            self.decoder = Decoder::Json(Scanner::new(self.reader.select_text()));
+        }
+        self.text = Some(text);
+        self
     }
 
     /// Observes one data frame, in order.
@@ -77,12 +96,22 @@ impl Meter {
             reader,
             decoder,
             usage,
+            text,
         } = self;
         match decoder {
-            Decoder::Sse(splitter) => splitter.feed(frame, &mut Events { reader, usage }),
+            Decoder::Sse(splitter) => splitter.feed(
+                frame,
+                &mut Events {
+                    reader,
+                    usage,
+                    text: text.as_mut(),
+                },
+            ),
             Decoder::Json(scanner) => {
-                scanner.feed(frame, &mut |field, value| {
-                    reader.capture(field, value, usage)
+                scanner.feed(frame, &mut |field, value| match (field, text.as_mut()) {
+                    (Field::Text, Some(text)) => text.push_raw(value),
+                    (Field::Text, None) => {}
+                    _ => reader.capture(field, value, usage),
                 });
             }
         }
@@ -94,14 +123,20 @@ impl Meter {
     }
 
     /// The usage seen, once the body has ended (or was dropped).
-    pub fn finish(mut self) -> Usage {
+    pub fn finish(self) -> Usage {
+        self.finish_with_text().0
+    }
+
+    /// The usage seen and, when it was read, the answer's text.
+    pub fn finish_with_text(mut self) -> (Usage, Option<Digest>) {
         if let Decoder::Sse(splitter) = &mut self.decoder {
             splitter.finish(&mut Events {
                 reader: &mut self.reader,
                 usage: &mut self.usage,
+                text: self.text.as_mut(),
             });
         }
-        self.usage
+        (self.usage, self.text.map(AnswerText::finish))
     }
 }
 
@@ -126,6 +161,8 @@ enum Field {
     Status,
     /// The Responses API's `incomplete_details.reason`.
     IncompleteReason,
+    /// The answer's content (a string or an array of parts), read only by [`Meter::with_text`].
+    Text,
 }
 
 /// A dialect's reader and what it has learnt beyond [`Usage`].
@@ -145,19 +182,36 @@ impl Reader {
         }
     }
 
-    fn wants(&self, event: &[u8]) -> bool {
+    /// The selection of a JSON answer's usage and text.
+    fn select_text(&self) -> &'static Select<Field> {
         match self {
-            Reader::OpenAi(_) => openai::wants(event),
-            Reader::Anthropic(_) => anthropic::wants(event),
+            Reader::OpenAi(_) => &openai::SELECT_TEXT,
+            Reader::Anthropic(_) => &anthropic::SELECT_TEXT,
+            Reader::Gemini(_) => &gemini::SELECT_TEXT,
+        }
+    }
+
+    fn wants(&self, event: &[u8], text: bool) -> bool {
+        match self {
+            Reader::OpenAi(_) => openai::wants(event) || (text && openai::is_text_event(event)),
+            Reader::Anthropic(_) => {
+                anthropic::wants(event) || (text && anthropic::is_text_event(event))
+            }
             Reader::Gemini(_) => true, // Gemini names no events: every chunk is an answer
         }
     }
 
-    fn event(&mut self, data: &[u8], usage: &mut Usage) {
+    fn event(
+        &mut self,
+        name: &[u8],
+        data: &[u8],
+        usage: &mut Usage,
+        text: Option<&mut AnswerText>,
+    ) {
         match self {
-            Reader::OpenAi(r) => r.event(data, usage),
-            Reader::Anthropic(r) => r.event(data, usage),
-            Reader::Gemini(r) => r.event(data, usage),
+            Reader::OpenAi(r) => r.event(name, data, usage, text),
+            Reader::Anthropic(r) => r.event(name, data, usage, text),
+            Reader::Gemini(r) => r.event(data, usage, text),
         }
     }
 
@@ -174,17 +228,19 @@ impl Reader {
 struct Events<'a> {
     reader: &'a mut Reader,
     usage: &'a mut Usage,
+    text: Option<&'a mut AnswerText>,
 }
 
 impl sse::Handler for Events<'_> {
     fn wants(&self, event: &[u8]) -> bool {
-        self.reader.wants(event)
+        self.reader.wants(event, self.text.is_some())
     }
 
-    fn event(&mut self, _event: &[u8], data: &[u8]) {
+    fn event(&mut self, event: &[u8], data: &[u8]) {
         // OpenAI's end-of-stream marker, not JSON.
         if data != b"[DONE]" {
-            self.reader.event(data, self.usage);
+            self.reader
+                .event(event, data, self.usage, self.text.as_deref_mut());
         }
     }
 }
@@ -204,7 +260,7 @@ fn capture_common<W: serde::de::DeserializeOwned>(
         Field::Id => set_text(&mut usage.response_id, text(value).as_deref()),
         Field::FinishReason => set_text(&mut usage.finish_reason, text(value).as_deref()),
         Field::Usage => return serde_json::from_slice(value).ok(),
-        Field::Object | Field::Status | Field::IncompleteReason => {}
+        Field::Object | Field::Status | Field::IncompleteReason | Field::Text => {}
     }
     None
 }

@@ -27,6 +27,7 @@ use serde::Deserialize;
 
 use super::de::{Count, First, Text};
 use super::json_scan::Select;
+use super::text::AnswerText;
 use super::{Field, Usage, set_count, set_text, text};
 
 const CHOICE: Select<Field> =
@@ -47,6 +48,32 @@ const ANSWER: Select<Field> = Select::keys(&[
 
 /// What the JSON scanner captures from a non-streamed answer.
 pub(super) static SELECT: Select<Field> = Select::document(&ANSWER);
+
+const MESSAGE_TEXT: Select<Field> = Select::keys(&[("content", Select::capture(Field::Text))]);
+const CHOICE_TEXT: Select<Field> = Select::keys(&[
+    ("finish_reason", Select::capture(Field::FinishReason)),
+    ("message", MESSAGE_TEXT),
+]);
+const OUTPUT_ITEM: Select<Field> = Select::keys(&[("content", Select::capture(Field::Text))]);
+const ANSWER_TEXT: Select<Field> = Select::keys(&[
+    ("id", Select::capture(Field::Id)),
+    ("model", Select::capture(Field::Model)),
+    ("object", Select::capture(Field::Object)),
+    ("usage", Select::capture(Field::Usage)),
+    ("x_groq", GROQ),
+    ("choices", Select::first(&CHOICE_TEXT)),
+    ("status", Select::capture(Field::Status)),
+    ("incomplete_details", INCOMPLETE),
+    ("output", Select::each(&OUTPUT_ITEM)),
+]);
+/// The same, and the answer's text: chat's `choices[0].message.content`, the Responses API's
+/// `output[].content` (its `output_text` parts).
+pub(super) static SELECT_TEXT: Select<Field> = Select::document(&ANSWER_TEXT);
+
+/// The Responses API's event that streams the answer's text.
+pub(super) fn is_text_event(event: &[u8]) -> bool {
+    event == b"response.output_text.delta"
+}
 
 /// Whether an SSE event can carry usage, model or finish reason: the Responses API's two-level
 /// lifecycle events (`response.completed`) do, its deeper delta and item events
@@ -102,13 +129,34 @@ pub(super) struct Reader {
 
 impl Reader {
     /// One SSE event's data: a chat (or legacy completion) chunk, or a Responses API event.
-    pub(super) fn event(&mut self, data: &[u8], usage: &mut Usage) {
-        if usage.model.is_some() && is_content_only(data) {
+    /// With `text`, content-only chunks are parsed too, for their `delta.content`.
+    pub(super) fn event(
+        &mut self,
+        name: &[u8],
+        data: &[u8],
+        usage: &mut Usage,
+        text: Option<&mut AnswerText>,
+    ) {
+        if text.is_none() && usage.model.is_some() && is_content_only(data) {
             return;
         }
         let Ok(chunk) = serde_json::from_slice::<Chunk<'_>>(data) else {
             return;
         };
+        if let Some(text) = text {
+            if is_text_event(name) {
+                if let Some(delta) = chunk.delta.0.as_deref() {
+                    text.push(delta);
+                }
+                return;
+            }
+            if let Some(choice) = &chunk.choices.0
+                && choice.index.0.unwrap_or(0) == 0
+                && let Some(content) = choice.delta.as_ref().and_then(|d| d.content.0.as_deref())
+            {
+                text.push(content);
+            }
+        }
         set_text(&mut usage.model, chunk.model.0.as_deref());
         set_text(&mut usage.response_id, chunk.id.0.as_deref());
         if let Some(choice) = chunk.choices.0 {
@@ -154,6 +202,7 @@ impl Reader {
             }
             Field::Status => self.status(text(value).as_deref(), usage),
             Field::IncompleteReason => self.incomplete_reason(text(value).as_deref(), usage),
+            Field::Text => {}
         }
     }
 
@@ -202,6 +251,9 @@ struct Chunk<'a> {
     /// The Responses API's lifecycle events carry the response so far.
     #[serde(borrow, default)]
     response: Option<Response<'a>>,
+    /// The Responses API's `response.output_text.delta` carries a piece of text.
+    #[serde(borrow, default)]
+    delta: Text<'a>,
 }
 
 #[derive(Deserialize)]
@@ -210,6 +262,14 @@ struct Choice<'a> {
     index: Count,
     #[serde(borrow, default)]
     finish_reason: Text<'a>,
+    #[serde(borrow, default)]
+    delta: Option<ChoiceDelta<'a>>,
+}
+
+#[derive(Deserialize)]
+struct ChoiceDelta<'a> {
+    #[serde(borrow, default)]
+    content: Text<'a>,
 }
 
 #[derive(Deserialize)]

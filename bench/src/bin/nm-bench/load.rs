@@ -28,6 +28,8 @@ pub(crate) struct Spec {
     pub(crate) headers: HeaderMap,
     /// `NM-User` values: request `n` sends `users[n % users.len()]`; none when empty.
     pub(crate) users: Vec<HeaderValue>,
+    /// `NM-Session` values: request `n` sends `sessions[n % sessions.len()]`; none when empty.
+    pub(crate) sessions: Vec<HeaderValue>,
     pub(crate) body: Bytes,
     pub(crate) expected_len: usize,
 }
@@ -46,6 +48,9 @@ impl Spec {
         }
         if let Some(user) = self.users.get(n % self.users.len().max(1)) {
             headers.insert("nm-user", user.clone());
+        }
+        if let Some(session) = self.sessions.get(n % self.sessions.len().max(1)) {
+            headers.insert("nm-session", session.clone());
         }
         Ok(req)
     }

@@ -163,6 +163,12 @@ struct Cli {
     /// compare tracing-off against.
     #[arg(long, value_name = "PATH", requires = "tracing")]
     before_bin: Option<PathBuf>,
+    /// Gateway requests carry `NM-Session: sess_bench<n % N>` (n: the closed loop's connection,
+    /// the open loop's request), so the implicit rules read every request's conversation and
+    /// answer (each is a `reask` of its session's last); 0: no session. Run once more with
+    /// `NM_IMPLICIT_RULES=off` in the environment (the gateways inherit it) for the rules' cost.
+    #[arg(long, default_value_t = 0)]
+    sessions: usize,
 }
 
 #[derive(Debug, Subcommand)]
@@ -362,8 +368,14 @@ impl Target {
     }
 
     /// What this target's requests of one scenario send and must get back.
-    fn spec(self, addr: SocketAddr, stream: bool) -> anyhow::Result<Spec> {
+    fn spec(self, addr: SocketAddr, stream: bool, sessions: usize) -> anyhow::Result<Spec> {
         let (headers, users) = self.headers()?;
+        let sessions = match self.is_gateway() {
+            true => (0..sessions)
+                .map(|n| HeaderValue::try_from(format!("sess_bench{n}")))
+                .collect::<Result<_, _>>()?,
+            false => Vec::new(),
+        };
         let mut request = json!({
             "model": "gpt-4o-mini",
             "messages": [{"role": "user", "content": "Say hello."}],
@@ -381,6 +393,7 @@ impl Target {
             },
             headers,
             users,
+            sessions,
             body: Bytes::from(request.to_string()),
             expected_len: Canned::new().len(stream),
         })
@@ -444,7 +457,7 @@ async fn load(
     closed: bool,
 ) -> anyhow::Result<()> {
     check_load_options(cli)?;
-    let spec = Arc::new(target.spec(addr, stream)?);
+    let spec = Arc::new(target.spec(addr, stream, cli.sessions)?);
     let figures = if closed {
         serde_json::to_value(closed_loop(&spec, cli.connections, cli.warmup, cli.duration).await?)?
     } else {
@@ -597,9 +610,11 @@ async fn run_round(
             .iter()
             .zip(&procs)
             .map(|(t, p)| {
-                Ok(Arc::new(
-                    t.spec(p.as_ref().map_or(mock.addr, |p| p.addr), stream)?,
-                ))
+                Ok(Arc::new(t.spec(
+                    p.as_ref().map_or(mock.addr, |p| p.addr),
+                    stream,
+                    cli.sessions,
+                )?))
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
         eprintln!(
