@@ -675,3 +675,48 @@ async fn no_prompt_or_answer_text_reaches_the_disk_the_log_or_the_spans() {
     drop(dp);
     gw.stop().await;
 }
+
+/// The two halves together: what a real dataplane infers is stored by the controlplane as
+/// implicit signals (source, rule, the judged answer, the edit distance), each once, and the
+/// counts over the admin API say so; the stored rows keep no text.
+#[tokio::test]
+async fn inferred_signals_reach_the_database_through_the_link() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let (gw, _mocks) = gateway(&[], dir.path()).await;
+    for (i, (provider, format, streamed)) in [PROVIDERS[0], PROVIDERS[3]].into_iter().enumerate() {
+        let session = format!("sess_stored{i}");
+        let headers = [("nm-session", session.as_str()), ("nm-agent", "stored")];
+        let [r1, r2, r3, _r4] =
+            conversation(&gw, [None; 4], provider, format, streamed, &headers).await;
+        // The second asked the first's conversation again; the third brought the second's answer
+        // back unchanged; the fourth brought the third's back edited ("(fixed)": 8 characters).
+        for (rule, answer, distance) in [
+            ("reask", &r1, "IS NULL"),
+            ("continued", &r2, "IS NULL"),
+            ("history_edit", &r3, "= 8"),
+        ] {
+            let sql = format!(
+                "SELECT COUNT(*) AS n FROM signals WHERE source = 'implicit' AND rule = '{rule}' \
+                 AND request_id = '{answer}' AND session_id = '{session}' AND agent = 'stored' \
+                 AND edit_distance {distance}"
+            );
+            eventually(Duration::from_secs(20), &sql, || async {
+                (gw.count(&sql).await == 1).then_some(())
+            })
+            .await;
+        }
+    }
+    let implicit = gw
+        .count("SELECT COUNT(*) AS n FROM signals WHERE source = 'implicit'")
+        .await;
+    assert_eq!(
+        implicit, 6,
+        "three rules in two conversations, each stored once"
+    );
+    let explicit = gw
+        .count("SELECT COUNT(*) AS n FROM signals WHERE source = 'explicit'")
+        .await;
+    assert_eq!(explicit, 0);
+    gw.stop().await;
+    no_canary_under(dir.path());
+}
