@@ -677,8 +677,8 @@ async fn no_prompt_or_answer_text_reaches_the_disk_the_log_or_the_spans() {
 }
 
 /// The two halves together: what a real dataplane infers is stored by the controlplane as
-/// implicit signals (source, rule, the judged answer, the edit distance), each once, and the
-/// counts over the admin API say so; the stored rows keep no text.
+/// implicit signals (source, rule, the judged answer, the edit distance), each once; the
+/// database's files keep no text of the conversation.
 #[tokio::test]
 async fn inferred_signals_reach_the_database_through_the_link() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
