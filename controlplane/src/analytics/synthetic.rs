@@ -298,6 +298,7 @@ impl<'a> Generator<'a> {
                 cost_micros: Some(model.cost_micros),
                 budget_micros: Some(model.cost_micros),
                 trace: None,
+                inferred: Vec::new(),
             });
             let (a, d) = if k < regens {
                 ("regenerated", None)
