@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use nm_gateway::cli::{AgentsCommand, BudgetsCommand, KeysCommand, UsageArgs, UsageError};
+use nm_gateway::cli::{
+    AgentsCommand, AuditArgs, BudgetsCommand, KeysCommand, UsageArgs, UsageError,
+};
 use nm_gateway::config::{self, Flags, Mode};
 use nm_gateway::{app, telemetry};
 
@@ -60,7 +62,8 @@ enum Command {
         #[command(subcommand)]
         command: AgentsCommand,
     },
-    /// Manage service API keys (needs NM_ADMIN_KEY).
+    /// Manage API keys: roles, scopes, labels, expiry, rotation (needs NM_ADMIN_KEY; a viewer
+    /// key may list).
     Keys {
         #[command(flatten)]
         client: ClientArgs,
@@ -81,6 +84,14 @@ enum Command {
         client: ClientArgs,
         #[command(flatten)]
         args: UsageArgs,
+    },
+    /// The audit trail: every admin change, who made it, when, before and after (needs
+    /// NM_ADMIN_KEY, an admin or viewer key).
+    Audit {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(flatten)]
+        args: AuditArgs,
     },
 }
 
@@ -182,6 +193,11 @@ async fn run(cli: Cli) -> ExitCode {
             client_flags(client),
             Some(AdminCommand::Usage(args)),
         ),
+        Command::Audit { client, args } => (
+            Mode::Client,
+            client_flags(client),
+            Some(AdminCommand::Audit(args)),
+        ),
     };
     let flags = Flags {
         log_format: cli.log_format,
@@ -228,6 +244,7 @@ async fn run(cli: Cli) -> ExitCode {
             AdminCommand::Agents(c) => nm_gateway::cli::agents(&settings, c, &mut stdout).await,
             AdminCommand::Budgets(c) => nm_gateway::cli::budgets(&settings, c, &mut stdout).await,
             AdminCommand::Usage(a) => nm_gateway::cli::usage(&settings, a, &mut stdout).await,
+            AdminCommand::Audit(a) => nm_gateway::cli::audit(&settings, a, &mut stdout).await,
         };
         return match done {
             Ok(()) => ExitCode::SUCCESS,
@@ -268,6 +285,7 @@ enum AdminCommand {
     Agents(AgentsCommand),
     Budgets(BudgetsCommand),
     Usage(UsageArgs),
+    Audit(AuditArgs),
 }
 
 fn server_flags(a: ServerArgs) -> Flags {

@@ -14,6 +14,7 @@ pub struct Controlplane {
     pub signals: Signals,
     pub budgets: Budgets,
     pub usage: UsageReports,
+    pub audit: crate::Audit,
     /// Becomes `true` when the process shuts down; long-lived streams end then.
     shutdown: watch::Receiver<bool>,
 }
@@ -38,6 +39,7 @@ impl Controlplane {
         let signals = Signals::start(store.clone());
         Ok(Self {
             usage: UsageReports::new(store.clone()),
+            audit: crate::Audit::new(store.clone()),
             store,
             keys,
             records,

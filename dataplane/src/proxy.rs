@@ -1,9 +1,10 @@
 //! The proxy route: `/<provider>/<native path>` forwarded to the provider, body byte for byte,
 //! response streamed back frame by frame.
 //!
-//! Steps, in order: resolve the provider from the prefix, check the native path, parse the
-//! attribution headers, read the body under the size limit (to learn the model and the answer's
-//! length cap; the original bytes are what is sent), check the end user's budget and reserve
+//! Steps, in order: resolve the provider from the prefix (and check it against the key's
+//! scope), check the native path, parse the attribution headers (agent and env against the
+//! scope), read the body under the size limit (to learn the model, checked against the scope,
+//! and the answer's length cap; the original bytes are what is sent), check the end user's budget and reserve
 //! the request's estimated cost, build the upstream request, send it, and wrap the upstream body
 //! so its frames are metered. Each step fills the request's event ([`crate::event`]); the event
 //! alone writes the record, the spans, the metrics, the log and the budget, when the request
@@ -16,6 +17,7 @@ use http::{Request, Response, header};
 use http_body_util::Full;
 
 use nm_types::Usage;
+use nm_types::access::Scope;
 
 use crate::attribution::Attribution;
 use crate::body::{GatewayBody, ObservedBody, RequestBody, UpstreamBody};
@@ -50,6 +52,12 @@ pub async fn handle(
         .get(prefix)
         .cloned()
         .ok_or_else(|| ProxyError::UnknownProvider(prefix.to_owned()))?;
+    // The key's scope: the provider now (by its name or the prefix used), the rest as the
+    // request reveals them. Refused requests are recorded like any other.
+    let scope = principal.scope;
+    let provider_refused = scope
+        .as_deref()
+        .and_then(|s| s.check_provider(&provider.name, [prefix]).err());
     let record = records::started(
         request_id,
         started_at,
@@ -61,7 +69,10 @@ pub async fn handle(
     let route = start.route.template().unwrap_or_default();
     let mut event = RequestEvent::new(record, provider, route, started, start.log, start.trace);
 
-    let result = forward(&state, req, &mut event).await;
+    let result = match provider_refused {
+        Some(refusal) => Err(refusal.into()),
+        None => forward(&state, req, &mut event, scope.as_deref()).await,
+    };
     event.record.trace = event.trace.as_ref().and_then(RequestTrace::trace_ref);
     match result {
         Ok((resp, upstream_wait)) => Ok(answer(&state, event, resp, upstream_wait)),
@@ -197,6 +208,7 @@ async fn forward(
     state: &State,
     req: Request<RequestBody>,
     event: &mut RequestEvent,
+    scope: Option<&Scope>,
 ) -> Result<(Response<UpstreamBody>, Duration), ProxyError> {
     let RequestEvent {
         record,
@@ -212,11 +224,19 @@ async fn forward(
     record.session_id = attribution.session;
     record.env = attribution.env;
     record.user_id = attribution.user;
+    if let Some(scope) = scope {
+        scope.check_agent(record.agent.as_deref())?;
+        scope.check_env(record.env)?;
+    }
 
     let (parts, body) = req.into_parts();
     let body = edge::read_body(&parts.headers, body, state.max_body_bytes).await?;
     let facts = request_facts(&body, &record.path);
     record.model = facts.model;
+    if let Some(scope) = scope {
+        // Before the budget's reservation and before anything is sent.
+        scope.check_model(record.model.as_deref())?;
+    }
     if let Some(user) = &record.user_id {
         *reservation = check_budget(
             state,
