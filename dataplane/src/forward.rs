@@ -288,6 +288,14 @@ static REQUEST: Select<Fact> = Select::keys(&[
 /// a JSON object is read: an upload (multipart, audio) is neither scanned through nor mined for
 /// JSON-like bytes. Values of an unexpected type are ignored (the provider will judge them),
 /// never an error.
+/// The model a path names (`.../models/<model>:generateContent`), as written (still
+/// percent-encoded, if it was).
+pub fn path_model(native_path: &str) -> Option<&str> {
+    let after = native_path.split("/models/").nth(1)?;
+    let model = after.split([':', '/']).next()?;
+    (!model.is_empty()).then_some(model)
+}
+
 pub fn request_facts(body: &Bytes, native_path: &str) -> RequestFacts {
     let mut model = None;
     let mut caps = [None; CAPS];
@@ -301,11 +309,7 @@ pub fn request_facts(body: &Bytes, native_path: &str) -> RequestFacts {
             }
         });
     }
-    let model = model.or_else(|| {
-        let after = native_path.split("/models/").nth(1)?;
-        let model = after.split([':', '/']).next()?;
-        (!model.is_empty()).then(|| model.to_owned())
-    });
+    let model = model.or_else(|| path_model(native_path).map(str::to_owned));
     RequestFacts {
         model,
         max_output_tokens: caps.into_iter().flatten().next(),

@@ -25,7 +25,9 @@ use crate::budget::{Refusal, Reservation};
 use crate::edge;
 use crate::error::ProxyError;
 use crate::event::{Ending, RequestEvent};
-use crate::forward::{request_facts, strip_response_headers, upstream_headers, upstream_uri};
+use crate::forward::{
+    path_model, request_facts, strip_response_headers, upstream_headers, upstream_uri,
+};
 use crate::otel::{Call, RequestTrace};
 use crate::path::{check_native_path, split_prefix};
 use crate::providers::Provider;
@@ -234,8 +236,13 @@ async fn forward(
     let facts = request_facts(&body, &record.path);
     record.model = facts.model;
     if let Some(scope) = scope {
-        // Before the budget's reservation and before anything is sent.
+        // Before the budget's reservation and before anything is sent. The provider may read
+        // the model from the path (Gemini) though the body names one too: both must be in
+        // scope; a percent-encoded one is not compared (it could decode to anything).
         scope.check_model(record.model.as_deref())?;
+        if let Some(in_path) = path_model(&record.path) {
+            scope.check_model(Some(in_path).filter(|m| !m.contains('%')))?;
+        }
     }
     if let Some(user) = &record.user_id {
         *reservation = check_budget(
