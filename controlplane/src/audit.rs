@@ -5,7 +5,7 @@
 //! [`record`] is called by each change *inside the change's own write transaction*, so a change
 //! is never stored without its audit row nor an audit row without its change. What goes into
 //! `before`/`after` is built by the changing module from what it stores, minus secrets: a key's
-//! JSON ([`crate::keys::audit_json`]) has no hash, no secret, not even its display prefix.
+//! JSON (`keys::audit_json`) has no hash, no secret, not even its display prefix.
 //! Reading is paged by (time, id), oldest first, optionally from and until a time.
 
 use sea_orm::{

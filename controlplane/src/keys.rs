@@ -325,8 +325,8 @@ impl Keys {
                 if let Err(e) = keys.refresh().await {
                     warn!(error = %e, "key refresh failed; keeping the last known key set");
                 }
-                ticks += 1;
-                if ticks % LAST_USE_FLUSH_TICKS == 0
+                ticks = ticks.wrapping_add(1);
+                if ticks.is_multiple_of(LAST_USE_FLUSH_TICKS)
                     && let Err(e) = keys.flush_last_used().await
                 {
                     warn!(error = %e, "writing the keys' last use failed; kept for the next try");
@@ -745,6 +745,170 @@ pub fn decode_hash(hex: &str) -> Option<KeyHash> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::entity::audit_event;
+
+    async fn keys() -> (tempfile::TempDir, Keys) {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/k.db?mode=rwc", dir.path().display());
+        let store = Store::connect(&url).await.unwrap();
+        (dir, Keys::load(store).await.unwrap())
+    }
+
+    fn entries_of(keys: &Keys, id: &str) -> Vec<KeyInfo> {
+        keys.cache()
+            .current()
+            .keys
+            .values()
+            .filter(|k| k.id == id)
+            .cloned()
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn rotation_keeps_the_old_secret_for_its_grace_only() {
+        let (_dir, keys) = keys().await;
+        let scope = Scope {
+            models: vec!["gpt-4o*".into()],
+            ..Scope::default()
+        };
+        let created = keys
+            .create(
+                "key_admin",
+                NewKey {
+                    name: "svc".into(),
+                    scope: scope.clone(),
+                    ..NewKey::default()
+                },
+            )
+            .await
+            .unwrap();
+        let id = created.key.id.clone();
+        let first = keys.authenticate(&created.secret).unwrap();
+        assert_eq!(first.scope.as_deref(), Some(&scope));
+        assert_eq!(first.role, Role::Service);
+
+        let second = keys
+            .rotate("key_admin", &id, Duration::from_secs(60))
+            .await
+            .unwrap();
+        let entries = entries_of(&keys, &id);
+        assert_eq!(entries.len(), 2, "both secrets while the grace runs");
+        let old = keys.authenticate(&created.secret).unwrap();
+        assert!(old.expires_at_ms.is_some_and(|t| t > crate::now_ms()));
+        assert_eq!(old.scope.as_deref(), Some(&scope), "same scope");
+        assert!(
+            keys.authenticate(&second.secret)
+                .is_some_and(|k| k.expires_at_ms.is_none())
+        );
+
+        let third = keys.rotate("key_admin", &id, Duration::ZERO).await.unwrap();
+        assert_eq!(
+            entries_of(&keys, &id).len(),
+            1,
+            "at most two secrets; no grace: one"
+        );
+        assert!(keys.authenticate(&created.secret).is_none());
+        assert!(keys.authenticate(&second.secret).is_none());
+        assert!(keys.authenticate(&third.secret).is_some());
+        let n = audit_event::Entity::find()
+            .filter(audit_event::Column::Action.eq("key.rotate"))
+            .all(keys.store.conn())
+            .await
+            .unwrap()
+            .len();
+        assert_eq!(n, 2);
+    }
+
+    #[tokio::test]
+    async fn expiry_bounds_validity_and_rules_are_checked() {
+        let (_dir, keys) = keys().await;
+        let now = crate::now_ms();
+        let created = keys
+            .create(
+                "key_admin",
+                NewKey {
+                    name: "short".into(),
+                    expires_at_ms: Some(now + 60_000),
+                    ..NewKey::default()
+                },
+            )
+            .await
+            .unwrap();
+        let id = created.key.id.as_str();
+        assert_eq!(
+            keys.valid_at(&[(id, now), (id, now + 60_000), (id, now + 120_000)])
+                .await
+                .unwrap(),
+            [true, false, false]
+        );
+        keys.revoke("key_admin", id).await.unwrap();
+        assert_eq!(
+            keys.valid_at(&[(id, now), (id, now + 120_000)])
+                .await
+                .unwrap(),
+            [true, false],
+            "a revoked key: by the database, expiry included"
+        );
+        let bad = [
+            NewKey {
+                name: "past".into(),
+                expires_at_ms: Some(now - 1),
+                ..NewKey::default()
+            },
+            NewKey {
+                name: "scoped admin".into(),
+                role: Role::Admin,
+                scope: Scope {
+                    agents: vec!["a".into()],
+                    ..Scope::default()
+                },
+                ..NewKey::default()
+            },
+            NewKey {
+                name: "label".into(),
+                labels: Labels::from([("Team".into(), "x".into())]),
+                ..NewKey::default()
+            },
+        ];
+        for new in bad {
+            assert!(matches!(
+                keys.create("key_admin", new).await,
+                Err(Error::InvalidArgument(_))
+            ));
+        }
+        // Last use: noted in memory, shown at once, written by the flush.
+        let live = keys
+            .create(
+                "key_admin",
+                NewKey {
+                    name: "used".into(),
+                    ..NewKey::default()
+                },
+            )
+            .await
+            .unwrap();
+        keys.note_used([(live.key.id.as_str(), 5), (live.key.id.as_str(), 7)]);
+        let shown = |list: Vec<api_key::Model>| {
+            list.into_iter()
+                .find(|k| k.id == live.key.id)
+                .and_then(|k| k.last_used_at_ms)
+        };
+        assert_eq!(shown(keys.list(false).await.unwrap()), Some(7));
+        keys.flush_last_used().await.unwrap();
+        let stored = api_key::Entity::find_by_id(live.key.id.clone())
+            .one(keys.store.conn())
+            .await
+            .unwrap()
+            .and_then(|k| k.last_used_at_ms);
+        assert_eq!(stored, Some(7));
+        keys.note_used([(live.key.id.as_str(), 3)]);
+        keys.flush_last_used().await.unwrap();
+        assert_eq!(
+            shown(keys.list(false).await.unwrap()),
+            Some(7),
+            "never backwards"
+        );
+    }
 
     #[test]
     fn hash_hex_round_trips() {
