@@ -291,12 +291,27 @@ static REQUEST: Select<Fact> = Select::keys(&[
 /// The model a path names (`.../models/<model>:generateContent`), as written (still
 /// percent-encoded, if it was).
 pub fn path_model(native_path: &str) -> Option<&str> {
-    // Segment by segment (a `/` search per segment), not a substring search for `/models/`:
-    // that searcher's set-up alone cost ~450 instructions a request.
-    let mut segments = native_path.split('/');
-    segments.find(|s| *s == "models")?;
-    let model = segments.next()?.split(':').next()?;
-    (!model.is_empty()).then_some(model)
+    // A byte loop over the (short) path: `str::split("/models/")` set up a substring searcher
+    // (~470 instructions a request), `split('/')` an iterator per segment (~570).
+    const SEGMENT: &[u8] = b"/models/";
+    let bytes = native_path.as_bytes();
+    let mut from = 0;
+    let start = loop {
+        let slash = from + bytes.get(from..)?.iter().position(|&b| b == b'/')?;
+        if bytes[slash..].starts_with(SEGMENT) {
+            break slash + SEGMENT.len();
+        }
+        from = slash + 1;
+    };
+    let rest = &bytes[start..];
+    let end = rest
+        .iter()
+        .position(|&b| b == b':' || b == b'/')
+        .unwrap_or(rest.len());
+    // Both ends sit next to ASCII bytes (or the path's ends): character boundaries.
+    native_path
+        .get(start..start + end)
+        .filter(|m| !m.is_empty())
 }
 
 pub fn request_facts(body: &Bytes, native_path: &str) -> RequestFacts {
@@ -475,7 +490,10 @@ mod tests {
     #[test]
     fn a_path_names_its_model() {
         for (path, model) in [
-            ("/v1beta/models/gemini-2.0-flash:generateContent", Some("gemini-2.0-flash")),
+            (
+                "/v1beta/models/gemini-2.0-flash:generateContent",
+                Some("gemini-2.0-flash"),
+            ),
             ("/v1/models/gemini-pro", Some("gemini-pro")),
             ("/v1/models/m/extra", Some("m")),
             ("/v1/models/", None),
