@@ -19,6 +19,10 @@
 # question and the question with the mock's answer brought back, so the implicit rules fire on
 # every request (a `reask`, then a `continued`); NM_IMPLICIT_RULES=off measures the same load
 # with the rules off.
+# exports every request's spans (sampler always_on) to nm-bench's OTLP collector. SCOPED=1 sends
+# the requests with a service key scoped to provider openai, models gpt-4o* and agent bench
+# (created through the CLI once the gateway runs; gateway and dataplane targets) instead of the
+# unscoped bootstrap key: what the scope check costs.
 # Needs valgrind and wrk (Debian: apt-get install valgrind wrk). Prints the requests served, the
 # user-space instructions per request, and the costliest functions (inclusive).
 set -euo pipefail
@@ -37,29 +41,6 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; pkill -P $$ -x sleep 2>/dev/null || true; rm -rf "$dir"; }
 trap cleanup EXIT
 
-sessions=${SESSIONS:-0}
-cat > "$dir/req.lua" <<LUA
-wrk.method = "POST"
-wrk.body = '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hello to the benchmark."}],"max_tokens":64$stream}'
--- The same question with the mock's answer brought back and a follow-up (SESSIONS=N).
-followup = '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hello to the benchmark."},{"role":"assistant","content":"Hello from the nm-bench mock upstream. This reply is canned."},{"role":"user","content":"Thanks."}],"max_tokens":64$stream}'
-question = wrk.body
-wrk.headers["Content-Type"] = "application/json"
-wrk.headers["Authorization"] = "Bearer sk-bench"
-wrk.headers["NM-Key"] = "$key"
-wrk.headers["NM-Agent"] = "bench"
-sessions = $sessions
-n = 0
-request = function()
-  n = n + 1
-  wrk.headers["NM-User"] = "bench-user-" .. (n % 100)
-  if sessions > 0 then
-    wrk.headers["NM-Session"] = "sess_bench" .. (n % sessions)
-    if math.floor(n / sessions) % 2 == 0 then wrk.body = question else wrk.body = followup end
-  end
-  return wrk.format()
-end
-LUA
 
 # The helpers exit when their stdin closes: keep a pipe open for them.
 sleep infinity | "$bin/nm-bench" mock --port-file "$dir/mock.port" &
@@ -104,7 +85,8 @@ gateway)
   pids+=($!)
   http=$(listening "$dir/target.log" "dataplane HTTP")
   wait_for "http://$http/health"
-  budget "$(listening "$dir/target.log" "controlplane gRPC")"
+  cp=$(listening "$dir/target.log" "controlplane gRPC")
+  budget "$cp"
   url=http://$http/openai/v1/chat/completions
   ;;
 dataplane)
@@ -121,6 +103,7 @@ dataplane)
   pids+=($!)
   http=$(listening "$dir/target.log" "dataplane HTTP")
   wait_for "http://$http/health"
+  cp=$grpc
   budget "$grpc"
   url=http://$http/openai/v1/chat/completions
   ;;
@@ -134,6 +117,37 @@ forwarder)
 *) echo "usage: bench/callgrind.sh [gateway|dataplane|forwarder]" >&2; exit 64 ;;
 esac
 measured=${pids[-1]}   # valgrind runs its tool in its own process: this pid
+
+reqkey=$key
+if [ "${SCOPED:-0}" = 1 ] && [ "$target" != forwarder ]; then
+  reqkey=$(NM_CONTROLPLANE_URL=http://$cp NM_ADMIN_KEY=$key "$gateway" keys create --name scoped \
+    --providers openai --models 'gpt-4o*' --agents bench --json | sed -n 's/.*"secret":"\([^"]*\)".*/\1/p')
+  [ -n "$reqkey" ] || { echo "callgrind.sh: could not create the scoped key" >&2; exit 1; }
+  sleep 2   # every dataplane has the key (pushed on change)
+fi
+sessions=${SESSIONS:-0}
+cat > "$dir/req.lua" <<LUA
+wrk.method = "POST"
+wrk.body = '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hello to the benchmark."}],"max_tokens":64$stream}'
+-- The same question with the mock's answer brought back and a follow-up (SESSIONS=N).
+followup = '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hello to the benchmark."},{"role":"assistant","content":"Hello from the nm-bench mock upstream. This reply is canned."},{"role":"user","content":"Thanks."}],"max_tokens":64$stream}'
+question = wrk.body
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer sk-bench"
+wrk.headers["NM-Key"] = "$reqkey"
+wrk.headers["NM-Agent"] = "bench"
+sessions = $sessions
+n = 0
+request = function()
+  n = n + 1
+  wrk.headers["NM-User"] = "bench-user-" .. (n % 100)
+  if sessions > 0 then
+    wrk.headers["NM-Session"] = "sess_bench" .. (n % sessions)
+    if math.floor(n / sessions) % 2 == 0 then wrk.body = question else wrk.body = followup end
+  end
+  return wrk.format()
+end
+LUA
 
 wrk -t1 -c10 -d5s -s "$dir/req.lua" "$url" >/dev/null   # warm up
 sleep 1

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use nm_gateway::cli::{
-    AgentsCommand, BudgetsCommand, KeysCommand, SignalsCommand, UsageArgs, UsageError,
+    AgentsCommand, AuditArgs, BudgetsCommand, KeysCommand, SignalsCommand, UsageArgs, UsageError,
 };
 use nm_gateway::config::{self, Flags, Mode};
 use nm_gateway::{app, telemetry};
@@ -69,7 +69,8 @@ enum Command {
         #[command(subcommand)]
         command: SignalsCommand,
     },
-    /// Manage service API keys (needs NM_ADMIN_KEY).
+    /// Manage API keys: roles, scopes, labels, expiry, rotation (needs NM_ADMIN_KEY; a viewer
+    /// key may list).
     Keys {
         #[command(flatten)]
         client: ClientArgs,
@@ -90,6 +91,14 @@ enum Command {
         client: ClientArgs,
         #[command(flatten)]
         args: UsageArgs,
+    },
+    /// The audit trail: every admin change, who made it, when, before and after (needs
+    /// NM_ADMIN_KEY, an admin or viewer key).
+    Audit {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(flatten)]
+        args: AuditArgs,
     },
 }
 
@@ -196,6 +205,11 @@ async fn run(cli: Cli) -> ExitCode {
             client_flags(client),
             Some(AdminCommand::Usage(args)),
         ),
+        Command::Audit { client, args } => (
+            Mode::Client,
+            client_flags(client),
+            Some(AdminCommand::Audit(args)),
+        ),
     };
     let flags = Flags {
         log_format: cli.log_format,
@@ -243,6 +257,7 @@ async fn run(cli: Cli) -> ExitCode {
             AdminCommand::Budgets(c) => nm_gateway::cli::budgets(&settings, c, &mut stdout).await,
             AdminCommand::Signals(c) => nm_gateway::cli::signals(&settings, c, &mut stdout).await,
             AdminCommand::Usage(a) => nm_gateway::cli::usage(&settings, a, &mut stdout).await,
+            AdminCommand::Audit(a) => nm_gateway::cli::audit(&settings, a, &mut stdout).await,
         };
         return match done {
             Ok(()) => ExitCode::SUCCESS,
@@ -284,6 +299,7 @@ enum AdminCommand {
     Budgets(BudgetsCommand),
     Signals(SignalsCommand),
     Usage(UsageArgs),
+    Audit(AuditArgs),
 }
 
 fn server_flags(a: ServerArgs) -> Flags {

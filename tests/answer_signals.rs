@@ -136,6 +136,7 @@ pub(crate) async fn live_key(gw: &TestGateway) -> String {
         .create_key(admin(pb::CreateKeyRequest {
             name: "records".to_owned(),
             admin: false,
+            ..Default::default()
         }))
         .await
         .unwrap_or_else(|e| panic!("create: {e}"))

@@ -3,6 +3,7 @@
 
 mod common;
 
+mod access;
 mod analytics;
 mod answer_signals;
 mod budgets;

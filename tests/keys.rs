@@ -47,6 +47,7 @@ async fn lifecycle(db: Db, shape: Shape) {
             pb::CreateKeyRequest {
                 name: "checkout-service".into(),
                 admin: false,
+                ..Default::default()
             },
         ))
         .await
@@ -89,6 +90,7 @@ async fn lifecycle(db: Db, shape: Shape) {
             pb::CreateKeyRequest {
                 name: "x".into(),
                 admin: true,
+                ..Default::default()
             },
         ))
         .await;
@@ -171,6 +173,7 @@ async fn admin_calls_need_an_admin_key() {
             pb::CreateKeyRequest {
                 name: " ".into(),
                 admin: false,
+                ..Default::default()
             },
         ))
         .await;
@@ -204,6 +207,7 @@ async fn a_revocation_written_by_another_replica_is_picked_up() {
             pb::CreateKeyRequest {
                 name: "other-replica".into(),
                 admin: false,
+                ..Default::default()
             },
         ))
         .await

@@ -42,6 +42,7 @@ async fn create_key(client: &mut Client, name: &str) -> String {
         .create_key(admin(pb::CreateKeyRequest {
             name: name.to_owned(),
             admin: false,
+            ..Default::default()
         }))
         .await
         .unwrap_or_else(|e| panic!("create: {e}"))

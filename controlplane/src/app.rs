@@ -15,6 +15,7 @@ pub struct Controlplane {
     pub budgets: Budgets,
     pub usage: UsageReports,
     pub agents: crate::Agents,
+    pub audit: crate::Audit,
     /// Becomes `true` when the process shuts down; long-lived streams end then.
     shutdown: watch::Receiver<bool>,
 }
@@ -40,6 +41,7 @@ impl Controlplane {
         Ok(Self {
             usage: UsageReports::new(store.clone()),
             agents: crate::Agents::new(store.clone()),
+            audit: crate::Audit::new(store.clone()),
             store,
             keys,
             records,

@@ -163,6 +163,7 @@ impl Budgets {
     /// Creates or replaces the default budget (`user_id` None) or a user's override.
     pub async fn set(
         &self,
+        actor: &str,
         user_id: Option<&str>,
         rule: BudgetRule,
         now_ms: i64,
@@ -189,6 +190,9 @@ impl Budgets {
                 .map(|r| i32::try_from(r).unwrap_or(i32::MAX))),
             updated_at_ms: Set(now_ms),
         };
+        let target = subject(user_id.as_deref());
+        let txn = self.store.begin_write().await?;
+        let before = budget::Entity::find_by_id(target.clone()).one(&txn).await?;
         budget::Entity::insert(row)
             .on_conflict(
                 OnConflict::column(budget::Column::Subject)
@@ -200,8 +204,17 @@ impl Budgets {
                     ])
                     .to_owned(),
             )
-            .exec_without_returning(self.store.conn())
+            .exec_without_returning(&txn)
             .await?;
+        let change = crate::audit::Change {
+            actor,
+            action: "budget.set",
+            target: &format!("budget:{target}"),
+            before: before.as_ref().map(budget_audit_json),
+            after: Some(stored_audit_json(&stored)),
+        };
+        crate::audit::record(&txn, change, now_ms).await?;
+        txn.commit().await?;
         {
             let mut st = self.lock();
             match &user_id {
@@ -216,11 +229,25 @@ impl Budgets {
     }
 
     /// Removes the default budget or a user's override; false when there was none.
-    pub async fn delete(&self, user_id: Option<&str>) -> Result<bool> {
+    pub async fn delete(&self, actor: &str, user_id: Option<&str>) -> Result<bool> {
         let user_id = user_id.map(check_user).transpose()?;
-        let res = budget::Entity::delete_by_id(subject(user_id.as_deref()))
-            .exec(self.store.conn())
+        let target = subject(user_id.as_deref());
+        let txn = self.store.begin_write().await?;
+        let before = budget::Entity::find_by_id(target.clone()).one(&txn).await?;
+        let res = budget::Entity::delete_by_id(target.clone())
+            .exec(&txn)
             .await?;
+        if let Some(before) = &before {
+            let change = crate::audit::Change {
+                actor,
+                action: "budget.delete",
+                target: &format!("budget:{target}"),
+                before: Some(budget_audit_json(before)),
+                after: None,
+            };
+            crate::audit::record(&txn, change, crate::now_ms()).await?;
+        }
+        txn.commit().await?;
         {
             let mut st = self.lock();
             match &user_id {
@@ -446,6 +473,25 @@ fn full_state(st: &State) -> FullState {
     }
 }
 
+/// A stored budget row as the audit trail shows it.
+fn budget_audit_json(b: &budget::Model) -> serde_json::Value {
+    serde_json::json!({
+        "subject": b.subject,
+        "limit_micros": b.limit_micros,
+        "period": b.period,
+        "requests_per_minute": b.requests_per_minute,
+    })
+}
+
+fn stored_audit_json(b: &StoredBudget) -> serde_json::Value {
+    serde_json::json!({
+        "subject": subject(b.user_id.as_deref()),
+        "limit_micros": b.rule.limit_micros,
+        "period": b.rule.period.as_str(),
+        "requests_per_minute": b.rule.requests_per_minute,
+    })
+}
+
 fn subject(user_id: Option<&str>) -> String {
     match user_id {
         None => DEFAULT_SUBJECT.to_owned(),
@@ -582,8 +628,9 @@ mod tests {
             period: Period::Day,
             requests_per_minute: Some(60),
         };
-        b.set(None, rule, 1).await.unwrap();
+        b.set("key_test", None, rule, 1).await.unwrap();
         b.set(
+            "key_test",
             Some("alice"),
             BudgetRule {
                 limit_micros: Some(1),
@@ -600,7 +647,7 @@ mod tests {
             requests_per_minute: None,
         };
         assert!(matches!(
-            b.set(None, bad, 3).await,
+            b.set("key_test", None, bad, 3).await,
             Err(Error::InvalidArgument(_))
         ));
         let reloaded = Budgets::load(store, 0).await.unwrap();
@@ -609,7 +656,7 @@ mod tests {
         assert_eq!(overrides.len(), 1);
         assert!(reloaded.status("bob", 0).unwrap().is_default);
         assert!(!reloaded.status("alice", 0).unwrap().is_default);
-        assert!(reloaded.delete(Some("alice")).await.unwrap());
-        assert!(!reloaded.delete(Some("alice")).await.unwrap());
+        assert!(reloaded.delete("key_test", Some("alice")).await.unwrap());
+        assert!(!reloaded.delete("key_test", Some("alice")).await.unwrap());
     }
 }

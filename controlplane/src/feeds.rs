@@ -67,7 +67,9 @@ fn verifiers(snapshot: &Arc<KeySnapshot>, verifier: &VerifierKey) -> KeyVerifier
             .map(|(hash, info)| VerifiedKey {
                 id: info.id.clone(),
                 verifier: verifier.of_hash(hash),
-                admin: info.admin,
+                role: info.role,
+                scope: info.scope.clone(),
+                expires_at_ms: info.expires_at_ms,
             })
             .collect(),
         write_problem: None,

@@ -1,8 +1,8 @@
 //! nm-gateway controlplane: the source of truth behind the dataplanes.
 //!
 //! It owns the database (SQLite embedded by default, PostgreSQL in production, both through
-//! SeaORM with the same migrations) and the logic on top of it: service API keys
-//! ([`keys`]), proxied-request records ([`records`]) and end-user signals ([`signals`]). It
+//! SeaORM with the same migrations) and the logic on top of it: API keys
+//! and their roles and scopes ([`keys`]), the audit trail of admin changes ([`audit`]), proxied-request records ([`records`]) and end-user signals ([`signals`]). It
 //! owns the rules every record and signal from a dataplane passes ([`link`]), whatever adapter
 //! brought it. It knows nothing of gRPC or HTTP: the root crate adapts these calls to tonic,
 //! mapping [`Error`] to a gRPC status in one place.
@@ -13,6 +13,8 @@ pub mod agents;
 pub mod analytics;
 #[forbid(unsafe_code)]
 mod app;
+#[forbid(unsafe_code)]
+pub mod audit;
 #[forbid(unsafe_code)]
 pub mod budgets;
 #[forbid(unsafe_code)]
@@ -43,9 +45,10 @@ pub mod usage;
 
 pub use agents::Agents;
 pub use app::Controlplane;
+pub use audit::Audit;
 pub use budgets::Budgets;
 pub use error::Error;
-pub use keys::{CreatedKey, KeyCache, KeyInfo, KeySnapshot, Keys};
+pub use keys::{CreatedKey, KeyCache, KeyChange, KeyInfo, KeySnapshot, Keys, NewKey};
 pub use link::{MAX_INGEST_BATCH, SignalOutcome};
 pub use nm_types::signal::Signal;
 pub use records::{IngestOutcome, Records, RequestRecord, Usage, UsageStatus};

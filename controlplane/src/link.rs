@@ -85,6 +85,14 @@ impl Controlplane {
             )
         };
         let mut outcome = store::retry_conflicts(|| self.records.ingest(&accepted)).await?;
+        // Each key's last use, in memory (written every few seconds, never per request).
+        self.keys.note_used(
+            accepted
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !outcome.rejected.iter().any(|(r, _)| r == i))
+                .map(|(_, r)| (&*r.key_id, r.started_at_ms)),
+        );
         rejected.extend(
             outcome
                 .rejected

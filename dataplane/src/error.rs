@@ -26,6 +26,13 @@ pub enum ProxyError {
     MissingApiKey,
     #[error("invalid NM-Key: the key is unknown or revoked")]
     InvalidApiKey,
+    /// The key (or a rotated-out secret past its grace period) has expired.
+    #[error("expired NM-Key: this key has expired; ask for a new key or a rotation")]
+    ExpiredApiKey,
+    /// The key may not make this request: its role, or the provider, model, agent or env
+    /// outside its scope (the message names which).
+    #[error("this key may not make this request: {0}")]
+    KeyScope(String),
     #[error("invalid {header} header: {reason}")]
     InvalidHeader {
         header: &'static str,
@@ -75,6 +82,12 @@ pub enum ProxyError {
     Internal(String),
 }
 
+impl From<nm_types::access::ScopeRefusal> for ProxyError {
+    fn from(r: nm_types::access::ScopeRefusal) -> Self {
+        ProxyError::KeyScope(r.message)
+    }
+}
+
 /// Which side caused an error: decides the log level and the status class.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Side {
@@ -99,6 +112,8 @@ impl ProxyError {
         match self {
             MissingApiKey => (StatusCode::UNAUTHORIZED, "missing_api_key", Side::Client),
             InvalidApiKey => (StatusCode::UNAUTHORIZED, "invalid_api_key", Side::Client),
+            ExpiredApiKey => (StatusCode::UNAUTHORIZED, "expired_api_key", Side::Client),
+            KeyScope(_) => (StatusCode::FORBIDDEN, "key_scope", Side::Client),
             InvalidHeader { .. } => (StatusCode::BAD_REQUEST, "invalid_header", Side::Client),
             InvalidPath(_) => (StatusCode::BAD_REQUEST, "invalid_path", Side::Client),
             UnknownProvider(_) => (StatusCode::NOT_FOUND, "unknown_provider", Side::Client),
@@ -295,6 +310,34 @@ mod tests {
         assert_eq!(s.as_u16(), 504);
         assert_eq!(b["error"]["code"], 504);
         assert_eq!(b["error"]["status"], "DEADLINE_EXCEEDED");
+
+        for (flavor, check) in [
+            (
+                WireFormat::Openai,
+                (|b: &serde_json::Value| b["error"]["type"] == "permission_error")
+                    as fn(&serde_json::Value) -> bool,
+            ),
+            (WireFormat::Anthropic, |b| {
+                b["type"] == "error" && b["error"]["type"] == "permission_error"
+            }),
+            (WireFormat::Gemini, |b| {
+                b["error"]["code"] == 403 && b["error"]["status"] == "PERMISSION_DENIED"
+            }),
+        ] {
+            let (s, c, b) = render(
+                ProxyError::KeyScope("model \"gpt-5\" is outside".to_owned()),
+                ErrorFlavor::Provider(flavor),
+            )
+            .await;
+            assert_eq!((s.as_u16(), c.as_str()), (403, "key_scope"));
+            assert!(check(&b), "{flavor:?}: {b}");
+        }
+        let (s, c, _) = render(
+            ProxyError::ExpiredApiKey,
+            ErrorFlavor::Provider(WireFormat::Openai),
+        )
+        .await;
+        assert_eq!((s.as_u16(), c.as_str()), (401, "expired_api_key"));
 
         let (_, _, b) = render(ProxyError::MissingApiKey, ErrorFlavor::Gateway).await;
         assert_eq!(b["ok"], false);

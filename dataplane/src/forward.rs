@@ -328,6 +328,32 @@ static REQUEST_CONVERSATION: Select<Fact> = Select::keys(&[
 /// a JSON object is read: an upload (multipart, audio) is neither scanned through nor mined for
 /// JSON-like bytes. Values of an unexpected type are ignored (the provider will judge them),
 /// never an error.
+/// The model a path names (`.../models/<model>:generateContent`), as written (still
+/// percent-encoded, if it was).
+pub fn path_model(native_path: &str) -> Option<&str> {
+    // A byte loop over the (short) path: `str::split("/models/")` set up a substring searcher
+    // (~470 instructions a request), `split('/')` an iterator per segment (~570).
+    const SEGMENT: &[u8] = b"/models/";
+    let bytes = native_path.as_bytes();
+    let mut from = 0;
+    let start = loop {
+        let slash = from + bytes.get(from..)?.iter().position(|&b| b == b'/')?;
+        if bytes[slash..].starts_with(SEGMENT) {
+            break slash + SEGMENT.len();
+        }
+        from = slash + 1;
+    };
+    let rest = &bytes[start..];
+    let end = rest
+        .iter()
+        .position(|&b| b == b':' || b == b'/')
+        .unwrap_or(rest.len());
+    // Both ends sit next to ASCII bytes (or the path's ends): character boundaries.
+    native_path
+        .get(start..start + end)
+        .filter(|m| !m.is_empty())
+}
+
 pub fn request_facts(body: &Bytes, native_path: &str) -> RequestFacts {
     request_facts_with(body, native_path, None)
 }
@@ -360,11 +386,7 @@ pub fn request_facts_with(
             }
         });
     }
-    let model = model.or_else(|| {
-        let after = native_path.split("/models/").nth(1)?;
-        let model = after.split([':', '/']).next()?;
-        (!model.is_empty()).then(|| model.to_owned())
-    });
+    let model = model.or_else(|| path_model(native_path).map(str::to_owned));
     RequestFacts {
         model,
         max_output_tokens: caps.into_iter().flatten().next(),
@@ -524,6 +546,25 @@ mod tests {
             (facts.model.as_deref(), facts.max_output_tokens),
             (Some("m"), Some(3))
         );
+    }
+
+    #[test]
+    fn a_path_names_its_model() {
+        for (path, model) in [
+            (
+                "/v1beta/models/gemini-2.0-flash:generateContent",
+                Some("gemini-2.0-flash"),
+            ),
+            ("/v1/models/gemini-pro", Some("gemini-pro")),
+            ("/v1/models/m/extra", Some("m")),
+            ("/v1/models/", None),
+            ("/v1/models", None),
+            ("/v1/chat/completions", None),
+            ("/v1/tunedModels/x:generateContent", None),
+            ("/v1/models/a%2Db:x", Some("a%2Db")),
+        ] {
+            assert_eq!(path_model(path), model, "{path}");
+        }
     }
 
     #[test]

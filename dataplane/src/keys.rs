@@ -1,4 +1,4 @@
-//! The in-memory set of valid service keys, and the dataplane's view of its controlplane.
+//! The in-memory set of valid keys (with each one's role, scope and expiry), and the dataplane's view of its controlplane.
 //!
 //! The proxy checks `NM-Key` here: one SHA-256, one HMAC (the key's verifier, see
 //! [`VerifierKey`]) and one hash-map lookup under a read lock (or, for a key this thread checked
@@ -13,13 +13,40 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
+use nm_types::access::{Role, Scope};
 use nm_types::{KeyHash, VerifierKey};
 
-/// Who made a request: the service key that authenticated it.
+/// Who made a request: the key that authenticated it, what it may do and until when.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Principal {
     pub key_id: Arc<str>,
-    pub admin: bool,
+    pub role: Role,
+    /// `None`: unrestricted (no request is refused for its provider, model, agent or env).
+    pub scope: Option<Arc<Scope>>,
+    /// When this secret stops being accepted, by this process's clock (ms since the epoch).
+    pub expires_at_ms: Option<i64>,
+}
+
+impl Principal {
+    /// An unrestricted service key that never expires.
+    pub fn service(key_id: &str) -> Self {
+        Self {
+            key_id: Arc::from(key_id),
+            role: Role::Service,
+            scope: None,
+            expires_at_ms: None,
+        }
+    }
+
+    /// Whether the secret has expired. Reads the clock only for a key that expires.
+    pub fn is_expired(&self) -> bool {
+        self.expires_at_ms.is_some_and(|at| {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+            at <= now
+        })
+    }
 }
 
 /// Valid key verifiers -> principal. Cheap to clone (shared).
@@ -150,11 +177,13 @@ impl KeySet {
         }
         let snapshot = self.snapshot();
         let found = snapshot.keys.get(&self.inner.verifier.of_secret(secret))?;
-        // This thread's own copy of the key id: the requests that clone and drop it then count
-        // on an `Arc` no other worker touches.
+        // This thread's own copies of the key id and scope: the requests that clone and drop
+        // them then count on `Arc`s no other worker touches.
         let principal = Principal {
             key_id: Arc::from(&*found.key_id),
-            admin: found.admin,
+            role: found.role,
+            scope: found.scope.as_ref().map(|s| Arc::new(Scope::clone(s))),
+            expires_at_ms: found.expires_at_ms,
         };
         CHECKED.with_borrow_mut(|c| {
             if c.entries.len() >= CACHE_CAPACITY {
@@ -278,10 +307,7 @@ mod tests {
         let set = KeySet::new(verifier());
         assert!(!set.is_loaded());
         assert!(set.check("nmk_a").is_none());
-        let p = Principal {
-            key_id: Arc::from("key_1"),
-            admin: false,
-        };
+        let p = Principal::service("key_1");
         set.replace(HashMap::from([entry("nmk_a", p.clone())]));
         assert!(set.is_loaded());
         assert_eq!(set.check("nmk_a"), Some(p.clone()));
@@ -289,13 +315,7 @@ mod tests {
         let other = VerifierKey::from_link_secret("another link secret");
         set.replace(HashMap::from([(other.of_secret("nmk_a"), p)]));
         assert!(set.check("nmk_a").is_none());
-        set.replace(HashMap::from([entry(
-            "nmk_a",
-            Principal {
-                key_id: Arc::from("key_1"),
-                admin: false,
-            },
-        )]));
+        set.replace(HashMap::from([entry("nmk_a", Principal::service("key_1"))]));
         assert!(set.check("nmk_b").is_none());
         set.replace(HashMap::new());
         assert!(set.check("nmk_a").is_none());
@@ -305,10 +325,7 @@ mod tests {
     /// against, nor answer for another set.
     #[test]
     fn cached_checks_follow_replacements_and_sets() {
-        let p = |id: &str| Principal {
-            key_id: Arc::from(id),
-            admin: false,
-        };
+        let p = Principal::service;
         let a = KeySet::new(verifier());
         let b = KeySet::new(verifier());
         a.replace(HashMap::from([entry("nmk_a", p("key_1"))]));

@@ -1,10 +1,11 @@
 //! The proxy route: `/<provider>/<native path>` forwarded to the provider, body byte for byte,
 //! response streamed back frame by frame.
 //!
-//! Steps, in order: resolve the provider from the prefix, check the native path, parse the
-//! attribution headers, read the body under the size limit (to learn the model and the answer's
-//! length cap, and with a session the conversation the implicit rules compare, in the same scan;
-//! the original bytes are what is sent), check the end user's budget and reserve
+//! Steps, in order: resolve the provider from the prefix (and check it against the key's
+//! scope), check the native path, parse the attribution headers (agent and env against the
+//! scope), read the body under the size limit (to learn the model, checked against the scope,
+//! and the answer's length cap, and with a session the conversation the implicit rules compare,
+//! in the same scan; the original bytes are what is sent), check the end user's budget and reserve
 //! the request's estimated cost, build the upstream request, send it, and wrap the upstream body
 //! so its frames are metered. Each step fills the request's event ([`crate::event`]); the event
 //! alone writes the record, the spans, the metrics, the log and the budget, when the request
@@ -17,6 +18,7 @@ use http::{Request, Response, header};
 use http_body_util::Full;
 
 use nm_types::Usage;
+use nm_types::access::Scope;
 
 use crate::attribution::Attribution;
 use crate::body::{GatewayBody, ObservedBody, RequestBody, UpstreamBody};
@@ -25,7 +27,8 @@ use crate::edge;
 use crate::error::ProxyError;
 use crate::event::{Ending, RequestEvent};
 use crate::forward::{
-    request_facts, request_facts_with, strip_response_headers, upstream_headers, upstream_uri,
+    path_model, request_facts, request_facts_with, strip_response_headers, upstream_headers,
+    upstream_uri,
 };
 use crate::implicit::conversation::Conversation;
 use crate::implicit::{Implicit, Pending};
@@ -55,6 +58,12 @@ pub async fn handle(
         .get(prefix)
         .cloned()
         .ok_or_else(|| ProxyError::UnknownProvider(prefix.to_owned()))?;
+    // The key's scope: the provider now (by its name or the prefix used), the rest as the
+    // request reveals them. Refused requests are recorded like any other.
+    let scope = principal.scope;
+    let provider_refused = scope
+        .as_deref()
+        .and_then(|s| s.check_provider(&provider.name, [prefix]).err());
     let record = records::started(
         request_id,
         started_at,
@@ -66,7 +75,10 @@ pub async fn handle(
     let route = start.route.template().unwrap_or_default();
     let mut event = RequestEvent::new(record, provider, route, started, start.log, start.trace);
 
-    let result = forward(&state, req, &mut event).await;
+    let result = match provider_refused {
+        Some(refusal) => Err(refusal.into()),
+        None => forward(&state, req, &mut event, scope.as_deref()).await,
+    };
     event.record.trace = event.trace.as_ref().and_then(RequestTrace::trace_ref);
     match result {
         Ok((resp, upstream_wait)) => Ok(answer(&state, event, resp, upstream_wait)),
@@ -210,6 +222,7 @@ async fn forward(
     state: &State,
     req: Request<RequestBody>,
     event: &mut RequestEvent,
+    scope: Option<&Scope>,
 ) -> Result<(Response<UpstreamBody>, Duration), ProxyError> {
     let RequestEvent {
         record,
@@ -226,6 +239,10 @@ async fn forward(
     record.session_id = attribution.session;
     record.env = attribution.env;
     record.user_id = attribution.user;
+    if let Some(scope) = scope {
+        scope.check_agent(record.agent.as_deref())?;
+        scope.check_env(record.env)?;
+    }
 
     let (parts, body) = req.into_parts();
     let body = edge::read_body(&parts.headers, body, state.max_body_bytes).await?;
@@ -250,6 +267,15 @@ async fn forward(
         }
     };
     record.model = facts.model;
+    if let Some(scope) = scope {
+        // Before the budget's reservation and before anything is sent. The provider may read
+        // the model from the path (Gemini) though the body names one too: both must be in
+        // scope; a percent-encoded one is not compared (it could decode to anything).
+        scope.check_model(record.model.as_deref())?;
+        if let Some(in_path) = path_model(&record.path) {
+            scope.check_model(Some(in_path).filter(|m| !m.contains('%')))?;
+        }
+    }
     if let Some(user) = &record.user_id {
         *reservation = check_budget(
             state,

@@ -1,15 +1,19 @@
-//! Admin commands (`nm-gateway keys|agents|budgets|usage ...`): gRPC calls to the controlplane
+//! Admin commands (`nm-gateway keys|agents|budgets|usage|audit ...`): gRPC calls to the controlplane
 //! with the admin key in `nm-key` metadata, printed as a table or, with `--json`, as JSON.
 
 mod analytics;
+mod audit;
 mod budgets;
 mod signals;
+mod keys;
 mod usage;
 
 pub use analytics::{OutcomesArgs, RecommendArgs, RecomputeArgs, print_analytics};
 
+pub use audit::{AuditArgs, audit};
 pub use budgets::{BudgetsCommand, budgets};
 pub use signals::{SignalsCommand, signals};
+pub use keys::{KeysCommand, keys};
 pub use usage::{UsageArgs, usage};
 
 use std::io::Write;
@@ -20,40 +24,8 @@ use serde_json::json;
 use tonic::metadata::MetadataValue;
 
 use crate::config::Settings;
-use crate::grpc::pb::{self, agents_client::AgentsClient, keys_client::KeysClient};
+use crate::grpc::pb::{self, agents_client::AgentsClient};
 use crate::grpc::{NM_KEY_METADATA, convert};
-
-/// `nm-gateway keys <command>`.
-#[derive(Debug, Clone, clap::Subcommand)]
-pub enum KeysCommand {
-    /// Create a key and print its secret (shown only once).
-    Create {
-        /// A label for the key.
-        #[arg(long)]
-        name: String,
-        /// Allow the key to call admin APIs (key management).
-        #[arg(long)]
-        admin: bool,
-        /// Print JSON instead of text.
-        #[arg(long)]
-        json: bool,
-    },
-    /// List keys (never their secrets).
-    List {
-        /// Include revoked keys.
-        #[arg(long)]
-        all: bool,
-        #[arg(long)]
-        json: bool,
-    },
-    /// Revoke a key by id; every dataplane refuses it within 5 seconds.
-    Revoke {
-        /// The key's id (`key_...`).
-        id: String,
-        #[arg(long)]
-        json: bool,
-    },
-}
 
 /// `nm-gateway agents <command>`.
 #[derive(Debug, Clone, clap::Subcommand)]
@@ -507,109 +479,6 @@ fn agent_label(unattributed: bool, agent: &str) -> String {
     } else {
         agent.to_owned()
     }
-}
-
-pub async fn keys(
-    settings: &Settings,
-    cmd: KeysCommand,
-    out: &mut impl Write,
-) -> anyhow::Result<()> {
-    let mut client = KeysClient::new(admin_channel(settings)?);
-    let cp = &settings.controlplane_url;
-    match cmd {
-        KeysCommand::Create { name, admin, json } => {
-            let r = client
-                .create_key(pb::CreateKeyRequest { name, admin })
-                .await
-                .with_context(|| format!("controlplane {cp}"))?
-                .into_inner();
-            let key = r.key.unwrap_or_default();
-            if json {
-                writeln!(
-                    out,
-                    "{}",
-                    json!({"key": key_json(&key), "secret": r.secret})
-                )?;
-            } else {
-                writeln!(
-                    out,
-                    "created key {} ({}{})",
-                    key.id,
-                    key.name,
-                    if key.admin { ", admin" } else { "" }
-                )?;
-                writeln!(out, "secret (shown only now): {}", r.secret)?;
-            }
-        }
-        KeysCommand::List { all, json } => {
-            let keys = client
-                .list_keys(pb::ListKeysRequest {
-                    include_revoked: all,
-                })
-                .await
-                .with_context(|| format!("controlplane {cp}"))?
-                .into_inner()
-                .keys;
-            if json {
-                writeln!(
-                    out,
-                    "{}",
-                    serde_json::Value::Array(keys.iter().map(key_json).collect())
-                )?;
-            } else {
-                let rows: Vec<Vec<String>> = keys
-                    .iter()
-                    .map(|k| {
-                        vec![
-                            k.id.clone(),
-                            k.name.clone(),
-                            format!("{}…", k.display_prefix),
-                            if k.admin { "admin" } else { "service" }.to_owned(),
-                            time(k.created_at.as_ref()),
-                            k.revoked_at
-                                .as_ref()
-                                .map_or_else(|| "-".to_owned(), |t| time(Some(t))),
-                        ]
-                    })
-                    .collect();
-                write_table(
-                    out,
-                    &["ID", "NAME", "PREFIX", "ROLE", "CREATED", "REVOKED"],
-                    &rows,
-                )?;
-            }
-        }
-        KeysCommand::Revoke { id, json } => {
-            let key = client
-                .revoke_key(pb::RevokeKeyRequest { id })
-                .await
-                .with_context(|| format!("controlplane {cp}"))?
-                .into_inner()
-                .key
-                .unwrap_or_default();
-            if json {
-                writeln!(out, "{}", key_json(&key))?;
-            } else {
-                writeln!(
-                    out,
-                    "revoked key {} ({}); dataplanes refuse it within 5 seconds",
-                    key.id, key.name
-                )?;
-            }
-        }
-    }
-    Ok(())
-}
-
-fn key_json(k: &pb::ApiKey) -> serde_json::Value {
-    json!({
-        "id": k.id,
-        "name": k.name,
-        "admin": k.admin,
-        "display_prefix": k.display_prefix,
-        "created_at": k.created_at.as_ref().map(|t| time(Some(t))),
-        "revoked_at": k.revoked_at.as_ref().map(|t| time(Some(t))),
-    })
 }
 
 pub(crate) fn time(ts: Option<&prost_types::Timestamp>) -> String {

@@ -6,13 +6,89 @@ use super::pb;
 pub use nm_types::link::{ms_to_timestamp, timestamp_to_ms};
 
 pub fn api_key(m: nm_controlplane::store::entity::api_key::Model) -> pb::ApiKey {
+    use nm_controlplane::keys::{parse_labels, parse_role, parse_scope};
+    let role = parse_role(&m.role).map_or(pb::KeyRole::Unspecified, role_to_pb);
+    let scope = parse_scope(m.scope_json.as_deref())
+        .ok()
+        .filter(|s| !s.is_unrestricted())
+        .map(|s| scope_to_pb(&s));
+    // The replaced secret's end of grace, while it runs.
+    let now = nm_controlplane::now_ms();
     pb::ApiKey {
         id: m.id,
         name: m.name,
-        admin: m.admin,
+        admin: m.role == "admin",
         display_prefix: m.display_prefix,
         created_at: Some(ms_to_timestamp(m.created_at_ms)),
         revoked_at: m.revoked_at_ms.map(ms_to_timestamp),
+        role: role as i32,
+        scope,
+        labels: parse_labels(m.labels_json.as_deref()).into_iter().collect(),
+        expires_at: m.expires_at_ms.map(ms_to_timestamp),
+        last_used_at: m.last_used_at_ms.map(ms_to_timestamp),
+        rotated_at: m.rotated_at_ms.map(ms_to_timestamp),
+        previous_secret_valid_until: m
+            .previous_valid_until_ms
+            .filter(|t| *t > now)
+            .map(ms_to_timestamp),
+    }
+}
+
+pub fn role_to_pb(r: nm_types::access::Role) -> pb::KeyRole {
+    use nm_types::access::Role;
+    match r {
+        Role::Admin => pb::KeyRole::Admin,
+        Role::Viewer => pb::KeyRole::Viewer,
+        Role::Service => pb::KeyRole::Service,
+    }
+}
+
+/// `None` for unspecified (the caller decides the default).
+pub fn role_from_pb(r: pb::KeyRole) -> Option<nm_types::access::Role> {
+    use nm_types::access::Role;
+    match r {
+        pb::KeyRole::Unspecified => None,
+        pb::KeyRole::Admin => Some(Role::Admin),
+        pb::KeyRole::Viewer => Some(Role::Viewer),
+        pb::KeyRole::Service => Some(Role::Service),
+    }
+}
+
+pub fn scope_to_pb(s: &nm_types::access::Scope) -> pb::KeyScope {
+    pb::KeyScope {
+        providers: s.providers.clone(),
+        models: s.models.clone(),
+        agents: s.agents.clone(),
+        envs: s.envs.iter().map(|e| e.as_str().to_owned()).collect(),
+    }
+}
+
+pub fn scope_from_pb(s: pb::KeyScope) -> Result<nm_types::access::Scope, tonic::Status> {
+    Ok(nm_types::access::Scope {
+        envs: s
+            .envs
+            .iter()
+            .map(|e| {
+                e.trim()
+                    .parse::<nm_types::Env>()
+                    .map_err(|err| tonic::Status::invalid_argument(format!("scope.envs: {err}")))
+            })
+            .collect::<Result<_, _>>()?,
+        providers: s.providers,
+        models: s.models,
+        agents: s.agents,
+    })
+}
+
+pub fn audit_event(e: nm_controlplane::store::entity::audit_event::Model) -> pb::AuditEvent {
+    pb::AuditEvent {
+        id: e.id,
+        at: Some(ms_to_timestamp(e.at_ms)),
+        actor_key_id: e.actor_key_id,
+        action: e.action,
+        target: e.target,
+        before_json: e.before_json.unwrap_or_default(),
+        after_json: e.after_json.unwrap_or_default(),
     }
 }
 

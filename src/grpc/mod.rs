@@ -1,5 +1,6 @@
 //! gRPC: the generated code for proto/ (the admin API [`pb`] and the internal link
 //! [`link_pb`]), the controlplane's services ([`server`], [`analytics`], [`link_server`]), the
+//! roles admin calls need ([`require_admin`] for changes, [`require_reader`] for reads), the
 //! admin API's mappings between protobuf and domain types ([`convert`]; the link's are
 //! `nm_types::link`), the one mapping from controlplane errors to gRPC status ([`status`]), and
 //! the client channel with its TLS ([`channel`]).
@@ -13,6 +14,7 @@ pub mod status;
 use std::time::Duration;
 
 use nm_controlplane::{KeyInfo, Keys};
+use nm_types::access::Role;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Request, Status};
 
@@ -76,14 +78,39 @@ pub fn channel(url: &str, tls: &ClientTls) -> anyhow::Result<Channel> {
     Ok(endpoint.connect_lazy())
 }
 
-/// The admin key of an admin call, checked against the in-memory key set.
+/// The key of an admin call that changes something: an admin key, checked against the
+/// in-memory key set (unknown, revoked or expired: UNAUTHENTICATED; another role:
+/// PERMISSION_DENIED).
 pub(crate) fn require_admin<T>(keys: &Keys, req: &Request<T>) -> Result<KeyInfo, Status> {
+    let key = authenticate(keys, req)?;
+    if key.role != Role::Admin {
+        return Err(Status::permission_denied(format!(
+            "this call needs an admin key (this key's role is {})",
+            key.role
+        )));
+    }
+    Ok(key)
+}
+
+/// The key of an admin call that only reads: an admin or a viewer key.
+pub(crate) fn require_reader<T>(keys: &Keys, req: &Request<T>) -> Result<KeyInfo, Status> {
+    let key = authenticate(keys, req)?;
+    if !key.role.may_read_admin() {
+        return Err(Status::permission_denied(format!(
+            "this call needs an admin or viewer key (this key's role is {})",
+            key.role
+        )));
+    }
+    Ok(key)
+}
+
+fn authenticate<T>(keys: &Keys, req: &Request<T>) -> Result<KeyInfo, Status> {
     let secret = req
         .metadata()
         .get(NM_KEY_METADATA)
         .ok_or_else(|| {
             Status::unauthenticated(
-                "missing nm-key metadata: admin calls need an admin service key",
+                "missing nm-key metadata: admin calls need an admin or viewer key",
             )
         })?
         .to_str()
@@ -91,8 +118,8 @@ pub(crate) fn require_admin<T>(keys: &Keys, req: &Request<T>) -> Result<KeyInfo,
     let key = keys
         .authenticate(secret.trim())
         .ok_or_else(|| Status::unauthenticated("invalid nm-key: unknown or revoked"))?;
-    if !key.admin {
-        return Err(Status::permission_denied("this call needs an admin key"));
+    if key.is_expired(nm_controlplane::now_ms()) {
+        return Err(Status::unauthenticated("expired nm-key"));
     }
     Ok(key)
 }

@@ -1,4 +1,4 @@
-//! The controlplane's gRPC server: the admin API (`nm.v1.Keys`, `Agents`, `Budgets`, `Usage`,
+//! The controlplane's gRPC server: the admin API (`nm.v1.Keys`, `Audit`, `Agents`, `Budgets`, `Usage`,
 //! `Analytics` — the last in [`super::analytics`] — and `Status`, readiness without a key), the
 //! internal link `nm.link.v1.Link` ([`super::link_server`], for dataplanes, behind the link
 //! secret), `grpc.health.v1.Health` (NOT_SERVING while the database does not answer) and server
@@ -10,9 +10,11 @@ use std::time::Duration;
 
 use nm_controlplane::agents::Scope;
 use nm_controlplane::analytics::Evidence;
+use nm_controlplane::audit::AuditQuery;
 use nm_controlplane::signals::SignalFilter;
-use nm_controlplane::{Controlplane, Store, now_ms};
+use nm_controlplane::{Controlplane, KeyChange, NewKey, Store, now_ms};
 use nm_types::Env;
+use nm_types::access::Role;
 use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
@@ -26,11 +28,12 @@ use super::analytics::AnalyticsService;
 use super::link_pb::link_server::LinkServer;
 use super::pb::agents_server::{Agents, AgentsServer};
 use super::pb::analytics_server::AnalyticsServer;
+use super::pb::audit_server::{Audit as AuditApi, AuditServer};
 use super::pb::budgets_server::{Budgets as BudgetsApi, BudgetsServer};
 use super::pb::keys_server::{Keys as KeysApi, KeysServer};
 use super::pb::status_server::{Status as StatusApi, StatusServer};
 use super::pb::usage_server::{Usage as UsageApi, UsageServer};
-use super::{FILE_DESCRIPTOR_SET, convert, pb, require_admin, status::to_status};
+use super::{FILE_DESCRIPTOR_SET, convert, pb, require_admin, require_reader, status::to_status};
 
 /// How often the key set is re-read from the database (changes by other replicas).
 pub const KEY_REFRESH: Duration = Duration::from_secs(2);
@@ -51,6 +54,10 @@ pub struct Options {
 #[derive(Debug, Clone)]
 pub struct KeysService(pub Controlplane);
 
+fn time_ms(t: Option<&prost_types::Timestamp>) -> Option<i64> {
+    t.map(convert::timestamp_to_ms)
+}
+
 #[tonic::async_trait]
 impl KeysApi for KeysService {
     async fn create_key(
@@ -59,10 +66,26 @@ impl KeysApi for KeysService {
     ) -> Result<Response<pb::CreateKeyResponse>, Status> {
         let admin = require_admin(&self.0.keys, &req)?;
         let r = req.into_inner();
+        let role = match convert::role_from_pb(r.role()) {
+            Some(role) => role,
+            None if r.admin => Role::Admin,
+            None => Role::Service,
+        };
+        let new = NewKey {
+            role,
+            scope: r
+                .scope
+                .map(convert::scope_from_pb)
+                .transpose()?
+                .unwrap_or_default(),
+            labels: r.labels.into_iter().collect(),
+            expires_at_ms: time_ms(r.expires_at.as_ref()),
+            name: r.name,
+        };
         let created = self
             .0
             .keys
-            .create(&r.name, r.admin)
+            .create(&admin.id, new)
             .await
             .map_err(to_status)?;
         info!(by = %admin.id, key.id = %created.key.id, "key created over gRPC");
@@ -76,7 +99,7 @@ impl KeysApi for KeysService {
         &self,
         req: Request<pb::ListKeysRequest>,
     ) -> Result<Response<pb::ListKeysResponse>, Status> {
-        require_admin(&self.0.keys, &req)?;
+        require_reader(&self.0.keys, &req)?;
         let keys = self
             .0
             .keys
@@ -94,10 +117,100 @@ impl KeysApi for KeysService {
     ) -> Result<Response<pb::RevokeKeyResponse>, Status> {
         let admin = require_admin(&self.0.keys, &req)?;
         let id = req.into_inner().id;
-        let key = self.0.keys.revoke(&id).await.map_err(to_status)?;
+        let key = self
+            .0
+            .keys
+            .revoke(&admin.id, &id)
+            .await
+            .map_err(to_status)?;
         info!(by = %admin.id, key.id = %id, "key revoked over gRPC");
         Ok(Response::new(pb::RevokeKeyResponse {
             key: Some(convert::api_key(key)),
+        }))
+    }
+
+    async fn rotate_key(
+        &self,
+        req: Request<pb::RotateKeyRequest>,
+    ) -> Result<Response<pb::RotateKeyResponse>, Status> {
+        let admin = require_admin(&self.0.keys, &req)?;
+        let r = req.into_inner();
+        let grace = Duration::from_secs(r.grace_seconds);
+        let rotated = self
+            .0
+            .keys
+            .rotate(&admin.id, &r.id, grace)
+            .await
+            .map_err(to_status)?;
+        info!(by = %admin.id, key.id = %r.id, grace_secs = r.grace_seconds, "key rotated over gRPC");
+        Ok(Response::new(pb::RotateKeyResponse {
+            key: Some(convert::api_key(rotated.key)),
+            secret: rotated.secret,
+        }))
+    }
+
+    async fn update_key(
+        &self,
+        req: Request<pb::UpdateKeyRequest>,
+    ) -> Result<Response<pb::UpdateKeyResponse>, Status> {
+        let admin = require_admin(&self.0.keys, &req)?;
+        let r = req.into_inner();
+        if r.clear_expiry && r.expires_at.is_some() {
+            return Err(Status::invalid_argument(
+                "give expires_at or clear_expiry, not both",
+            ));
+        }
+        let change = KeyChange {
+            role: convert::role_from_pb(r.role()),
+            scope: r.scope.map(convert::scope_from_pb).transpose()?,
+            labels: r.labels.map(|l| l.labels.into_iter().collect()),
+            expires_at_ms: if r.clear_expiry {
+                Some(None)
+            } else {
+                time_ms(r.expires_at.as_ref()).map(Some)
+            },
+        };
+        let key = self
+            .0
+            .keys
+            .update(&admin.id, &r.id, change)
+            .await
+            .map_err(to_status)?;
+        info!(by = %admin.id, key.id = %r.id, "key changed over gRPC");
+        Ok(Response::new(pb::UpdateKeyResponse {
+            key: Some(convert::api_key(key)),
+        }))
+    }
+}
+
+// === impl Audit ===
+
+#[derive(Debug, Clone)]
+pub struct AuditService(pub Controlplane);
+
+#[tonic::async_trait]
+impl AuditApi for AuditService {
+    async fn list_audit_events(
+        &self,
+        req: Request<pb::ListAuditEventsRequest>,
+    ) -> Result<Response<pb::ListAuditEventsResponse>, Status> {
+        require_reader(&self.0.keys, &req)?;
+        let r = req.into_inner();
+        let (since_ms, until_ms) = convert::range_ms(r.range.as_ref());
+        let page = self
+            .0
+            .audit
+            .list(&AuditQuery {
+                since_ms,
+                until_ms,
+                page_size: u64::from(r.page_size),
+                page_token: Some(r.page_token).filter(|t| !t.is_empty()),
+            })
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(pb::ListAuditEventsResponse {
+            events: page.events.into_iter().map(convert::audit_event).collect(),
+            next_page_token: page.next_page_token.unwrap_or_default(),
         }))
     }
 }
@@ -123,7 +236,7 @@ impl BudgetsApi for BudgetsService {
         let stored = self
             .0
             .budgets
-            .set(r.user_id.as_deref(), rule, now_ms())
+            .set(&admin.id, r.user_id.as_deref(), rule, now_ms())
             .await
             .map_err(to_status)?;
         info!(by = %admin.id, user = ?stored.user_id, ?rule, "budget set");
@@ -134,7 +247,7 @@ impl BudgetsApi for BudgetsService {
         &self,
         req: Request<pb::GetBudgetRequest>,
     ) -> Result<Response<pb::BudgetStatus>, Status> {
-        require_admin(&self.0.keys, &req)?;
+        require_reader(&self.0.keys, &req)?;
         let user = req.into_inner().user_id;
         let s = self.0.budgets.status(&user, now_ms()).map_err(to_status)?;
         Ok(Response::new(pb::BudgetStatus {
@@ -152,7 +265,7 @@ impl BudgetsApi for BudgetsService {
         &self,
         req: Request<pb::ListBudgetsRequest>,
     ) -> Result<Response<pb::ListBudgetsResponse>, Status> {
-        require_admin(&self.0.keys, &req)?;
+        require_reader(&self.0.keys, &req)?;
         let (default, overrides) = self.0.budgets.list();
         Ok(Response::new(pb::ListBudgetsResponse {
             default_budget: default.as_ref().map(convert::budget_to_pb),
@@ -169,7 +282,7 @@ impl BudgetsApi for BudgetsService {
         let deleted = self
             .0
             .budgets
-            .delete(user.as_deref())
+            .delete(&admin.id, user.as_deref())
             .await
             .map_err(to_status)?;
         info!(by = %admin.id, ?user, deleted, "budget deleted");
@@ -188,7 +301,7 @@ impl UsageApi for UsageService {
         &self,
         req: Request<pb::GetUsageRequest>,
     ) -> Result<Response<pb::UsageReport>, Status> {
-        require_admin(&self.0.keys, &req)?;
+        require_reader(&self.0.keys, &req)?;
         let r = req.into_inner();
         let dims = r
             .group_by()
@@ -236,7 +349,7 @@ impl Agents for AgentsService {
         &self,
         req: Request<pb::ListAgentsRequest>,
     ) -> Result<Response<pb::ListAgentsResponse>, Status> {
-        require_admin(&self.0.keys, &req)?;
+        require_reader(&self.0.keys, &req)?;
         let r = req.into_inner();
         let env = parse_env(r.env.as_deref())?;
         let (since, until) = convert::range_ms(r.range.as_ref());
@@ -265,7 +378,7 @@ impl Agents for AgentsService {
         &self,
         req: Request<pb::GetAgentSignalsRequest>,
     ) -> Result<Response<pb::AgentSignals>, Status> {
-        require_admin(&self.0.keys, &req)?;
+        require_reader(&self.0.keys, &req)?;
         let r = req.into_inner();
         if !r.unattributed && r.agent.trim().is_empty() {
             return Err(Status::invalid_argument(
@@ -320,7 +433,7 @@ impl Agents for AgentsService {
         &self,
         req: Request<pb::GetSessionRequest>,
     ) -> Result<Response<pb::SessionRecord>, Status> {
-        require_admin(&self.0.keys, &req)?;
+        require_reader(&self.0.keys, &req)?;
         let id = req.into_inner().session_id;
         let d = self.0.signals.session(&id).await.map_err(to_status)?;
         let by_source = self
@@ -469,6 +582,7 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter.set_serving::<KeysServer<KeysService>>().await;
+    reporter.set_serving::<AuditServer<AuditService>>().await;
     reporter.set_serving::<AgentsServer<AgentsService>>().await;
     reporter
         .set_serving::<AnalyticsServer<AnalyticsService>>()
@@ -510,6 +624,7 @@ pub async fn serve(
         .add_service(health)
         .add_service(reflection)
         .add_service(KeysServer::new(KeysService(cp.clone())))
+        .add_service(AuditServer::new(AuditService(cp.clone())))
         .add_service(super::link_server::service(
             cp.clone(),
             options.link_secret,

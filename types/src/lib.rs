@@ -6,8 +6,10 @@
 
 #![forbid(unsafe_code)]
 
+pub mod access;
 pub mod budget;
 pub mod experiment;
+pub mod duration;
 #[cfg(feature = "link")]
 pub mod link;
 pub mod money;
@@ -236,11 +238,19 @@ pub struct KeyVerifiers {
     pub write_problem: Option<String>,
 }
 
+/// One secret a dataplane accepts. A key has one such entry, two while a rotation's grace
+/// period keeps its previous secret valid (same id, role and scope; its own expiry).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VerifiedKey {
     pub id: String,
     pub verifier: KeyHash,
-    pub admin: bool,
+    pub role: access::Role,
+    /// `None`: unrestricted (always so for admin and viewer keys).
+    pub scope: Option<std::sync::Arc<access::Scope>>,
+    /// When this secret stops being accepted (ms since the epoch): the key's expiry, or the end
+    /// of a replaced secret's grace period, whichever is first. The dataplane checks it against
+    /// its own clock, so an expiry holds even while the controlplane is out of reach.
+    pub expires_at_ms: Option<i64>,
 }
 
 /// Compares two secrets without an early exit at the first differing byte: both are hashed, and

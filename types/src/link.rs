@@ -11,11 +11,13 @@
 //!
 //! Behind the `link` feature: the controlplane crate never needs it.
 
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use prost::Message;
 use prost_types::Timestamp;
 
+use crate::access::{Role, Scope};
 use crate::budget::{BudgetRule, Feed, Period, Spend};
 use crate::record::{Inferred, RequestRecord, TraceRef};
 use crate::signal::{RequestId, Signal};
@@ -281,7 +283,19 @@ pub fn key_verifiers_to_pb(k: KeyVerifiers) -> pb::KeySnapshot {
             .map(|k| pb::KeyEntry {
                 id: k.id,
                 verifier: k.verifier.to_vec(),
-                admin: k.admin,
+                admin: k.role == Role::Admin,
+                role: match k.role {
+                    Role::Admin => pb::KeyRole::Admin,
+                    Role::Viewer => pb::KeyRole::Viewer,
+                    Role::Service => pb::KeyRole::Service,
+                } as i32,
+                scope: k.scope.map(|s| pb::KeyScope {
+                    providers: s.providers.clone(),
+                    models: s.models.clone(),
+                    agents: s.agents.clone(),
+                    envs: s.envs.iter().map(|e| e.as_str().to_owned()).collect(),
+                }),
+                expires_at_ms: k.expires_at_ms.unwrap_or(0),
             })
             .collect(),
         write_problem: k.write_problem.unwrap_or_default(),
@@ -289,7 +303,8 @@ pub fn key_verifiers_to_pb(k: KeyVerifiers) -> pb::KeySnapshot {
 }
 
 /// Wire -> key verifiers; an entry whose verifier is not 32 bytes is left out (it could match
-/// nothing).
+/// nothing), and so is one whose scope names an env this build does not know (it could not be
+/// enforced as written: refusing the key is the safe side).
 pub fn key_verifiers_from_pb(k: pb::KeySnapshot) -> KeyVerifiers {
     KeyVerifiers {
         version: k.version,
@@ -297,10 +312,32 @@ pub fn key_verifiers_from_pb(k: pb::KeySnapshot) -> KeyVerifiers {
             .keys
             .into_iter()
             .filter_map(|e| {
+                let role = match e.role() {
+                    pb::KeyRole::Admin => Role::Admin,
+                    pb::KeyRole::Viewer => Role::Viewer,
+                    pb::KeyRole::Service => Role::Service,
+                    pb::KeyRole::Unspecified if e.admin => Role::Admin,
+                    pb::KeyRole::Unspecified => Role::Service,
+                };
+                let scope = match e.scope {
+                    None => None,
+                    Some(s) => Some(Scope {
+                        envs: s
+                            .envs
+                            .iter()
+                            .map(|e| e.parse::<Env>().ok())
+                            .collect::<Option<Vec<_>>>()?,
+                        providers: s.providers,
+                        models: s.models,
+                        agents: s.agents,
+                    }),
+                };
                 Some(VerifiedKey {
                     verifier: e.verifier.as_slice().try_into().ok()?,
                     id: e.id,
-                    admin: e.admin,
+                    role,
+                    scope: scope.filter(|s| !s.is_unrestricted()).map(Arc::new),
+                    expires_at_ms: Some(e.expires_at_ms).filter(|t| *t != 0),
                 })
             })
             .collect(),

@@ -22,6 +22,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0007_trace_ids::Migration),
             Box::new(m0008_signal_request_id::Migration),
             Box::new(m0009_signal_source::Migration),
+            Box::new(m0010_key_scopes_audit::Migration),
             Box::new(m0101_write_probe::Migration),
         ]
     }
@@ -922,6 +923,73 @@ mod m0009_signal_source {
                 .await?;
             db.execute_unprepared("ALTER TABLE signals DROP COLUMN source")
                 .await?;
+            Ok(())
+        }
+    }
+}
+
+/// Key roles, scopes, labels, expiry, rotation and last use (`api_keys`), and the audit trail
+/// (`audit_events`). Existing keys keep their rights: admin keys become `admin`, the others
+/// `service`, unrestricted and without expiry. Every new column is nullable or has a default,
+/// so the statements are the same on SQLite and PostgreSQL.
+mod m0010_key_scopes_audit {
+    use super::*;
+
+    pub struct Migration;
+
+    impl MigrationName for Migration {
+        fn name(&self) -> &str {
+            "m0010_key_scopes_audit"
+        }
+    }
+
+    const KEY_COLUMNS: [(&str, &str); 8] = [
+        ("role", "TEXT NOT NULL DEFAULT 'service'"),
+        ("scope_json", "TEXT"),
+        ("labels_json", "TEXT"),
+        ("expires_at_ms", "BIGINT"),
+        ("previous_hash_hex", "TEXT"),
+        ("previous_valid_until_ms", "BIGINT"),
+        ("rotated_at_ms", "BIGINT"),
+        ("last_used_at_ms", "BIGINT"),
+    ];
+
+    #[async_trait::async_trait]
+    impl MigrationTrait for Migration {
+        async fn up(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            let db = m.get_connection();
+            for (column, ty) in KEY_COLUMNS {
+                db.execute_unprepared(&format!("ALTER TABLE api_keys ADD COLUMN {column} {ty}"))
+                    .await?;
+            }
+            db.execute_unprepared("UPDATE api_keys SET role = 'admin' WHERE admin")
+                .await?;
+            db.execute_unprepared(
+                "CREATE TABLE IF NOT EXISTS audit_events (\
+                 id TEXT PRIMARY KEY, \
+                 at_ms BIGINT NOT NULL, \
+                 actor_key_id TEXT NOT NULL, \
+                 action TEXT NOT NULL, \
+                 target TEXT NOT NULL, \
+                 before_json TEXT, \
+                 after_json TEXT)",
+            )
+            .await?;
+            db.execute_unprepared(
+                "CREATE INDEX IF NOT EXISTS idx_audit_events_time ON audit_events (at_ms, id)",
+            )
+            .await?;
+            Ok(())
+        }
+
+        async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            let db = m.get_connection();
+            db.execute_unprepared("DROP TABLE IF EXISTS audit_events")
+                .await?;
+            for (column, _) in KEY_COLUMNS {
+                db.execute_unprepared(&format!("ALTER TABLE api_keys DROP COLUMN {column}"))
+                    .await?;
+            }
             Ok(())
         }
     }

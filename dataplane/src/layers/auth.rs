@@ -1,5 +1,8 @@
-//! Checks `NM-Key` against the in-memory [`KeySet`] and stores the [`Principal`] as an extension.
-//! Which routes need no key is [`crate::routes::TABLE`]'s to say.
+//! Checks `NM-Key` against the in-memory [`KeySet`] and stores the [`Principal`] as an extension:
+//! unknown 401 `invalid_api_key`, expired (by this process's clock) 401 `expired_api_key`, a
+//! role that may not use the dataplane (viewer) 403 `key_scope`. The key's scope (provider,
+//! model, agent, env) is the proxy's to check, once it knows them. Which routes need no key is
+//! [`crate::routes::TABLE`]'s to say.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -69,10 +72,16 @@ where
                 "the gateway has not received its keys from the controlplane yet".to_owned(),
             )),
             Some(Err(_)) => Err(ProxyError::InvalidApiKey),
-            Some(Ok(secret)) => self
-                .keys
-                .check(secret.trim())
-                .ok_or(ProxyError::InvalidApiKey),
+            Some(Ok(secret)) => match self.keys.check(secret.trim()) {
+                None => Err(ProxyError::InvalidApiKey),
+                // By this process's clock: an expiry holds without the controlplane.
+                Some(p) if p.is_expired() => Err(ProxyError::ExpiredApiKey),
+                Some(p) if !p.role.may_proxy() => Err(ProxyError::KeyScope(format!(
+                    "role {}: a {} key may only call the admin APIs that read",
+                    p.role, p.role
+                ))),
+                Some(p) => Ok(p),
+            },
         };
         match principal {
             Ok(p) => {

@@ -190,7 +190,9 @@ fn principals(snapshot: KeyVerifiers) -> HashMap<nm_types::KeyHash, Principal> {
                 k.verifier,
                 Principal {
                     key_id: Arc::from(k.id),
-                    admin: k.admin,
+                    role: k.role,
+                    scope: k.scope,
+                    expires_at_ms: k.expires_at_ms,
                 },
             )
         })

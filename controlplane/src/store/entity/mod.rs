@@ -2,6 +2,7 @@
 
 pub mod analytics_result;
 pub mod api_key;
+pub mod audit_event;
 pub mod budget;
 pub mod request;
 pub mod session;
