@@ -61,6 +61,7 @@ async fn implicit_signals(db: Db, shape: Shape) {
         .create_key(admin(pb::CreateKeyRequest {
             name: "records".to_owned(),
             admin: false,
+            ..Default::default()
         }))
         .await
         .unwrap_or_else(|e| panic!("create: {e}"))
@@ -244,6 +245,16 @@ async fn implicit_signals(db: Db, shape: Shape) {
         .into_inner();
     assert_eq!(set.evidence, "explicit+implicit");
     assert!(set.updated_at.is_some());
+    // The change is in the audit trail (the refused ones are not).
+    assert_eq!(
+        gw.count(
+            "SELECT COUNT(*) AS n FROM audit_events WHERE action = 'agent.settings.set' \
+             AND target = 'agent:imp' AND before_json IS NULL \
+             AND after_json LIKE '%explicit+implicit%'"
+        )
+        .await,
+        1
+    );
     assert_eq!(
         by_model(&gw, "imp").await,
         [

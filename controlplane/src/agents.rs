@@ -95,10 +95,39 @@ impl Agents {
 
     /// Sets the agent's evidence. The analytics use it from their next computation; the
     /// intervals kept from looks that counted other signals are not carried over.
-    pub async fn set_settings(&self, agent: &str, evidence: Evidence) -> Result<Setting> {
+    /// Sets which evidence counts for `agent`, written to the audit trail as `actor`'s change
+    /// in the same transaction.
+    pub async fn set_settings(
+        &self,
+        actor: &str,
+        agent: &str,
+        evidence: Evidence,
+    ) -> Result<Setting> {
         let agent = agent_name(agent)?;
-        evidence::save(self.store.conn(), &agent, evidence, crate::now_ms()).await?;
-        evidence::load(self.store.conn(), &agent).await
+        let now_ms = crate::now_ms();
+        let txn = self.store.begin_write().await?;
+        let before = evidence::load(&txn, &agent).await?;
+        evidence::save(&txn, &agent, evidence, now_ms).await?;
+        let json = |s: &Setting| {
+            serde_json::json!({
+                "evidence": s.evidence.stored(),
+                "continued_counts": s.evidence.continued,
+            })
+        };
+        let after = Setting {
+            evidence,
+            updated_at_ms: Some(now_ms),
+        };
+        let change = crate::audit::Change {
+            actor,
+            action: "agent.settings.set",
+            target: &format!("agent:{agent}"),
+            before: before.updated_at_ms.map(|_| json(&before)),
+            after: Some(json(&after)),
+        };
+        crate::audit::record(&txn, change, now_ms).await?;
+        txn.commit().await?;
+        Ok(after)
     }
 
     /// The agent's (or the unattributed bucket's) signals per source, rule and action:

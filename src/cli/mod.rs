@@ -4,16 +4,16 @@
 mod analytics;
 mod audit;
 mod budgets;
-mod signals;
 mod keys;
+mod signals;
 mod usage;
 
 pub use analytics::{OutcomesArgs, RecommendArgs, RecomputeArgs, print_analytics};
 
 pub use audit::{AuditArgs, audit};
 pub use budgets::{BudgetsCommand, budgets};
-pub use signals::{SignalsCommand, signals};
 pub use keys::{KeysCommand, keys};
+pub use signals::{SignalsCommand, signals};
 pub use usage::{UsageArgs, usage};
 
 use std::io::Write;

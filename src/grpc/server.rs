@@ -465,7 +465,7 @@ impl Agents for AgentsService {
         &self,
         req: Request<pb::GetAgentSettingsRequest>,
     ) -> Result<Response<pb::AgentSettings>, Status> {
-        require_admin(&self.0.keys, &req)?;
+        require_reader(&self.0.keys, &req)?;
         let agent = req.into_inner().agent;
         let s = self.0.agents.settings(&agent).await.map_err(to_status)?;
         Ok(Response::new(convert::agent_settings(agent.trim(), &s)))
@@ -481,7 +481,7 @@ impl Agents for AgentsService {
         let s = self
             .0
             .agents
-            .set_settings(&r.agent, evidence)
+            .set_settings(&admin.id, &r.agent, evidence)
             .await
             .map_err(to_status)?;
         tracing::info!(
@@ -498,7 +498,7 @@ impl Agents for AgentsService {
         &self,
         req: Request<pb::ListSignalsRequest>,
     ) -> Result<Response<pb::ListSignalsResponse>, Status> {
-        require_admin(&self.0.keys, &req)?;
+        require_reader(&self.0.keys, &req)?;
         let r = req.into_inner();
         let scope = match (r.agent.trim(), r.session_id.trim()) {
             (agent, "") if !agent.is_empty() => Scope::Agent(agent.to_owned()),

@@ -8,8 +8,8 @@
 
 pub mod access;
 pub mod budget;
-pub mod experiment;
 pub mod duration;
+pub mod experiment;
 #[cfg(feature = "link")]
 pub mod link;
 pub mod money;
