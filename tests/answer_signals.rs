@@ -51,7 +51,7 @@ fn refused(a: &Answer, status: u16, code: &str) {
 }
 
 /// A request id of the gateway's form that no request has.
-fn fresh_request_id() -> String {
+pub(crate) fn fresh_request_id() -> String {
     uuid::Uuid::now_v7().hyphenated().to_string()
 }
 
@@ -89,8 +89,8 @@ async fn stored(gw: &TestGateway, request_id: &str) -> Vec<(String, Option<Strin
         .collect()
 }
 
-/// Outcome rates of `agent` by model: (model, sessions, successes), most sessions first.
-async fn by_model(gw: &TestGateway, agent: &str) -> Vec<(Option<String>, u64, u64)> {
+/// Outcome rates of `agent` by model: (model, sessions, successes), sorted.
+pub(crate) async fn by_model(gw: &TestGateway, agent: &str) -> Vec<(Option<String>, u64, u64)> {
     let mut rows: Vec<_> = AnalyticsClient::new(gw.grpc_channel().await)
         .get_outcome_rates(admin(pb::GetOutcomeRatesRequest {
             agent: agent.into(),

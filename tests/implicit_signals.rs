@@ -17,12 +17,8 @@ use nm_gateway::grpc::pb::{
 use nm_types::record::{Inferred, RequestRecord};
 use nm_types::signal::Rule;
 
-use crate::answer_signals::port;
+use crate::answer_signals::{by_model, fresh_request_id, port};
 use crate::common::gateway::{ADMIN_KEY, Db, Shape, TestGateway, admin, with_key};
-
-fn fresh_request_id() -> String {
-    uuid::Uuid::now_v7().hyphenated().to_string()
-}
 
 fn inferred(rule: Rule, answer: &str, edit_distance: Option<u64>) -> Inferred {
     Inferred {
@@ -30,26 +26,6 @@ fn inferred(rule: Rule, answer: &str, edit_distance: Option<u64>) -> Inferred {
         answer: answer.parse().unwrap_or_else(|e| panic!("{e}")),
         edit_distance,
     }
-}
-
-/// Outcome rates of `agent` by model: (model, sessions, successes), sorted.
-async fn by_model(gw: &TestGateway, agent: &str) -> Vec<(Option<String>, u64, u64)> {
-    let mut rows: Vec<_> = AnalyticsClient::new(gw.grpc_channel().await)
-        .get_outcome_rates(admin(pb::GetOutcomeRatesRequest {
-            agent: agent.into(),
-            group_by: vec![pb::OutcomeDimension::Model as i32],
-            range: None,
-            limit: 0,
-        }))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .into_inner()
-        .rows
-        .into_iter()
-        .map(|r| (r.key[0].value.clone(), r.sessions, r.successes))
-        .collect();
-    rows.sort();
-    rows
 }
 
 async fn implicit_signals(db: Db, shape: Shape) {
