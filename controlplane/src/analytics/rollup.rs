@@ -117,29 +117,26 @@ impl Unit<'_> {
     /// of the answer it judges ([`implicit_unit`]).
     fn push_implicit(&self, sql: &mut Sql) {
         sql.push(IMPLICIT).push(" AND ");
-        match self {
-            Unit::Session(id) => sql
-                .push("session_id = ")
-                .bind((*id).to_owned())
-                .push(&format!(" AND NOT {}", named("signals."))),
-            Unit::Request(id) => sql
-                .push("request_id = ")
-                .bind((*id).to_owned())
-                .push(&format!(" AND {}", named("signals."))),
-        };
+        self.push_judged(sql, "signals.");
     }
 
     /// Appends the condition that a row of `requests` belongs to the unit.
     fn push_requests(&self, sql: &mut Sql) {
+        self.push_judged(sql, "requests.");
+    }
+
+    /// A row of `table` (prefix `table.`) whose `request_id` is an answer: in a session's unit
+    /// unless explicit signals name that answer, then in the answer's own.
+    fn push_judged(&self, sql: &mut Sql, table: &str) {
         match self {
             Unit::Session(id) => sql
                 .push("session_id = ")
                 .bind((*id).to_owned())
-                .push(&format!(" AND NOT {}", named("requests."))),
+                .push(&format!(" AND NOT {}", named(table))),
             Unit::Request(id) => sql
                 .push("request_id = ")
                 .bind((*id).to_owned())
-                .push(&format!(" AND {}", named("requests."))),
+                .push(&format!(" AND {}", named(table))),
         };
     }
 }
