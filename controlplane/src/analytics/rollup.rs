@@ -478,12 +478,13 @@ pub(crate) async fn add_signals<C: ConnectionTrait>(
                 last_ms: s.received_at_ms,
             });
     }
-    let backend = db.get_database_backend();
     let rows: Vec<_> = sessions.into_iter().collect();
-    for chunk in chunks_of(&rows) {
-        let size = chunk.len();
-        let mut values = Vec::with_capacity(size * SIGNAL_COLUMNS.len());
-        for ((agent, session_id), x) in chunk {
+    write_rows(
+        db,
+        &rows,
+        SIGNAL_COLUMNS.len(),
+        signals_sql,
+        |((agent, session_id), x), values| {
             values.extend([
                 Value::String(Some((*agent).to_owned())),
                 Value::String(Some((*session_id).to_owned())),
@@ -498,15 +499,9 @@ pub(crate) async fn add_signals<C: ConnectionTrait>(
                 Value::BigInt(Some(x.sig_key % 4)),
                 Value::BigInt(Some((x.sig_key / 4 + 259_200_000) / 604_800_000)),
             ]);
-        }
-        db.execute_raw(Statement::from_sql_and_values(
-            backend,
-            signals_sql(backend, size),
-            values,
-        ))
-        .await?;
-    }
-    Ok(())
+        },
+    )
+    .await
 }
 
 /// One new implicit signal, as the rollup sees it.
@@ -581,12 +576,19 @@ pub(crate) async fn add_implicit<C: ConnectionTrait>(
             x.heavy += i64::from(action == Action::Edited && is_heavy_edit(distance));
         }
     }
-    let backend = db.get_database_backend();
     let rows: Vec<_> = units.into_iter().collect();
-    for chunk in chunks_of(&rows) {
-        let size = chunk.len();
-        let mut values = Vec::with_capacity(size * IMPLICIT_COLUMNS.len());
-        for ((agent, unit), x) in chunk {
+    let sql = |backend, size| {
+        let mut sql = insert_values(backend, "session_rollups", &IMPLICIT_COLUMNS, size);
+        sql.push(' ');
+        sql.push_str(&on_conflict());
+        sql
+    };
+    write_rows(
+        db,
+        &rows,
+        IMPLICIT_COLUMNS.len(),
+        sql,
+        |((agent, unit), x), values| {
             values.extend([
                 Value::String(Some((*agent).to_owned())),
                 Value::String(Some((*unit).to_owned())),
@@ -603,14 +605,9 @@ pub(crate) async fn add_implicit<C: ConnectionTrait>(
                 Value::BigInt(Some(x.cont)),
                 Value::BigInt(x.cont_key),
             ]);
-        }
-        let mut sql = insert_values(backend, "session_rollups", &IMPLICIT_COLUMNS, size);
-        sql.push(' ');
-        sql.push_str(&on_conflict());
-        db.execute_raw(Statement::from_sql_and_values(backend, sql, values))
-            .await?;
-    }
-    Ok(())
+        },
+    )
+    .await
 }
 
 /// Adds request records stored for the first time to their sessions' rollups; records without
@@ -647,12 +644,13 @@ pub(crate) async fn add_requests_named<C: ConnectionTrait>(
     }
     // Row locks in key order (see `requests_sql`): chunks follow the sorted rows.
     rows.sort_by(|a, b| (&a.0.agent, &a.1).cmp(&(&b.0.agent, &b.1)));
-    let backend = db.get_database_backend();
     let count = |v: Option<u64>| Value::BigInt(v.map(|v| i64::try_from(v).unwrap_or(i64::MAX)));
-    for chunk in chunks_of(&rows) {
-        let size = chunk.len();
-        let mut values = Vec::with_capacity(size * REQUEST_VALUES.len());
-        for (r, unit) in chunk {
+    write_rows(
+        db,
+        &rows,
+        REQUEST_VALUES.len(),
+        requests_sql,
+        |(r, unit), values| {
             values.extend([
                 Value::String(r.agent.clone()),
                 Value::String(Some(unit.clone())),
@@ -665,10 +663,29 @@ pub(crate) async fn add_requests_named<C: ConnectionTrait>(
                 count(r.cost_micros),
                 count(r.ttfb_ms),
             ]);
+        },
+    )
+    .await
+}
+
+/// Writes `rows` in statements of at most [`chunks_of`] rows each: `sql` is the statement for
+/// `n` rows of `width` values, `row` appends one row's values.
+async fn write_rows<C: ConnectionTrait, T>(
+    db: &C,
+    rows: &[T],
+    width: usize,
+    sql: impl Fn(DatabaseBackend, usize) -> String,
+    row: impl Fn(&T, &mut Vec<Value>),
+) -> Result<()> {
+    let backend = db.get_database_backend();
+    for chunk in chunks_of(rows) {
+        let mut values = Vec::with_capacity(chunk.len() * width);
+        for r in chunk {
+            row(r, &mut values);
         }
         db.execute_raw(Statement::from_sql_and_values(
             backend,
-            requests_sql(backend, size),
+            sql(backend, chunk.len()),
             values,
         ))
         .await?;
