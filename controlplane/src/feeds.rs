@@ -73,6 +73,7 @@ fn verifiers(snapshot: &Arc<KeySnapshot>, verifier: &VerifierKey) -> KeyVerifier
             })
             .collect(),
         write_problem: None,
+        experiments: Vec::new(),
     }
 }
 

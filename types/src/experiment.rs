@@ -16,8 +16,12 @@
 use std::fmt;
 use std::hash::Hasher;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use siphasher::sip::SipHasher24;
+
+use crate::Env;
+use crate::record::{MAX_MODEL_LEN, MAX_NAME_LEN, text_ok};
 
 /// Most arms one experiment may have.
 pub const MAX_ARMS: usize = 16;
@@ -25,6 +29,8 @@ pub const MAX_ARMS: usize = 16;
 pub const MAX_WEIGHT: u32 = 1_000_000;
 /// Longest arm name.
 pub const MAX_ARM_NAME_LEN: usize = 64;
+/// Longest experiment id (the same characters as an arm name).
+pub const MAX_EXPERIMENT_ID_LEN: usize = 64;
 
 /// Why a set of arms was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -129,15 +135,127 @@ impl Arms {
 
     /// The arm `session` is in (its index in [`Arms::as_slice`]).
     pub fn assign(&self, salt: &Salt, session: &str) -> usize {
-        let mut best = (f64::INFINITY, 0);
-        for (i, arm) in self.0.iter().enumerate() {
-            let score = score(salt, session, &arm.name, arm.weight);
-            // Ties (never seen: they need equal 53-bit draws) go to the arm named first.
-            if score < best.0 {
-                best = (score, i);
+        lowest(salt, session, self.0.iter().map(|a| (&*a.name, a.weight)))
+    }
+}
+
+/// The index of the arm with the lowest score; ties (never seen: they need equal 53-bit draws)
+/// go to the arm named first. One arm alone wins without a hash.
+fn lowest<'a>(
+    salt: &Salt,
+    session: &str,
+    arms: impl ExactSizeIterator<Item = (&'a str, u32)>,
+) -> usize {
+    if arms.len() == 1 {
+        return 0;
+    }
+    let mut best = (f64::INFINITY, 0);
+    for (i, (name, weight)) in arms.enumerate() {
+        let score = score(salt, session, name, weight);
+        if score < best.0 {
+            best = (score, i);
+        }
+    }
+    best.1
+}
+
+/// One arm as dataplanes apply it: its name and weight, and where its requests go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveArm {
+    pub name: Arc<str>,
+    pub weight: u32,
+    /// The provider, by its configured name, the arm's requests are sent to. When it is not
+    /// the provider the client addressed, the request goes there with the operator's
+    /// credential for it, never the client's.
+    pub provider: Arc<str>,
+    /// The model the arm's requests name instead of the one the client asked for.
+    pub model: Arc<str>,
+}
+
+/// An experiment as dataplanes apply it, carried by the key stream (`KeyVerifiers`). Only
+/// experiments that change traffic travel: a running one with the arms that were not rolled
+/// back, or a promoted one with its winner alone (every session goes to it). A paused,
+/// decided, stopped or otherwise finished experiment is absent: its requests pass unchanged.
+///
+/// It applies to a request with an `NM-Session`, of its agent (and env, when it has one),
+/// that names a model, unless the request opts out (`NM-Experiment: off`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Live {
+    /// `[A-Za-z0-9_.-]{1,64}`: with the arm, the answer's `NM-Variant: <id>/<arm>`.
+    pub id: Arc<str>,
+    pub agent: Arc<str>,
+    /// `None`: every env.
+    pub env: Option<Env>,
+    pub salt: Salt,
+    /// 1 to [`MAX_ARMS`] arms (one: promoted, or the others rolled back).
+    pub arms: Vec<LiveArm>,
+}
+
+impl Live {
+    /// The rules a live experiment meets (the controlplane makes them so; a dataplane checks
+    /// what it is sent and applies only experiments that pass).
+    pub fn check(&self) -> Result<(), &'static str> {
+        if !valid_name(&self.id) || self.id.len() > MAX_EXPERIMENT_ID_LEN {
+            return Err("an experiment id is 1 to 64 characters of a-z, A-Z, 0-9, '_', '-', '.'");
+        }
+        crate::parse_agent(&self.agent)
+            .map_err(|_| "agent must be 1 to 128 printable characters")?;
+        if !(1..=MAX_ARMS).contains(&self.arms.len()) {
+            return Err("a live experiment has 1 to 16 arms");
+        }
+        for (i, arm) in self.arms.iter().enumerate() {
+            if !valid_name(&arm.name) || self.arms[..i].iter().any(|a| a.name == arm.name) {
+                return Err("arm names must be unique names of a-z, A-Z, 0-9, '_', '-' or '.'");
+            }
+            if !(1..=MAX_WEIGHT).contains(&arm.weight) {
+                return Err("arm weights must be whole numbers from 1 to 1000000");
+            }
+            if !text_ok(&arm.provider, MAX_NAME_LEN) || !text_ok(&arm.model, MAX_MODEL_LEN) {
+                return Err("an arm's provider and model must be printable names");
             }
         }
-        best.1
+        Ok(())
+    }
+
+    /// The arm `session` is in.
+    pub fn assign(&self, session: &str) -> &LiveArm {
+        let i = lowest(
+            &self.salt,
+            session,
+            self.arms.iter().map(|a| (&*a.name, a.weight)),
+        );
+        &self.arms[i]
+    }
+}
+
+/// Which arm of which experiment served a request: stored with its record, and the answer's
+/// `NM-Variant: <experiment>/<arm>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Variant {
+    pub experiment: Arc<str>,
+    pub arm: Arc<str>,
+    /// The model the client named, when the arm sent another one (the record's `model` is the
+    /// one served). `None`: the arm's model was the one asked for.
+    pub requested_model: Option<String>,
+}
+
+impl Variant {
+    /// The rules a record's variant meets ([`crate::record::RequestRecord::check`]).
+    pub fn check(&self) -> Result<(), &'static str> {
+        if !valid_name(&self.experiment) || self.experiment.len() > MAX_EXPERIMENT_ID_LEN {
+            return Err("experiment must be 1 to 64 characters of a-z, A-Z, 0-9, '_', '-', '.'");
+        }
+        if !valid_name(&self.arm) {
+            return Err("arm must be 1 to 64 characters of a-z, A-Z, 0-9, '_', '-', '.'");
+        }
+        if self
+            .requested_model
+            .as_deref()
+            .is_some_and(|m| !text_ok(m, MAX_MODEL_LEN))
+        {
+            return Err("requested_model must be 1 to 256 printable characters");
+        }
+        Ok(())
     }
 }
 

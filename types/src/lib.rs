@@ -236,6 +236,8 @@ pub struct KeyVerifiers {
     /// dataplane is not ready (`/health` 503) while this is set: signals and records it sends
     /// would not be stored.
     pub write_problem: Option<String>,
+    /// The experiments that change traffic now (all of them: a snapshot replaces the last).
+    pub experiments: Vec<experiment::Live>,
 }
 
 /// One secret a dataplane accepts. A key has one such entry, two while a rotation's grace

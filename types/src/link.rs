@@ -19,6 +19,7 @@ use prost_types::Timestamp;
 
 use crate::access::{Role, Scope};
 use crate::budget::{BudgetRule, Feed, Period, Spend};
+use crate::experiment::{Live, LiveArm, Salt, Variant};
 use crate::record::{Inferred, RequestRecord, TraceRef};
 use crate::signal::{RequestId, Signal};
 use crate::{Action, Env, KeyVerifiers, SessionId, Usage, UsageStatus, VerifiedKey};
@@ -106,6 +107,9 @@ pub fn record_to_pb(r: &RequestRecord) -> pb::RequestRecord {
                 edit_distance: i.edit_distance,
             })
             .collect(),
+        experiment_id: r.variant.as_ref().map(|v| v.experiment.to_string()),
+        arm: r.variant.as_ref().map(|v| v.arm.to_string()),
+        requested_model: r.variant.as_ref().and_then(|v| v.requested_model.clone()),
     }
 }
 
@@ -149,6 +153,15 @@ pub fn record_from_pb(r: pb::RequestRecord) -> Result<RequestRecord, &'static st
             })
         })
         .collect::<Result<_, &'static str>>()?;
+    let variant = match (r.experiment_id, r.arm) {
+        (None, None) if r.requested_model.is_none() => None,
+        (Some(experiment), Some(arm)) => Some(Variant {
+            experiment: experiment.into(),
+            arm: arm.into(),
+            requested_model: r.requested_model,
+        }),
+        _ => return Err("experiment_id and arm come together, requested_model only with them"),
+    };
     Ok(RequestRecord {
         request_id: r.request_id,
         started_at_ms: r.started_at.as_ref().map_or(0, timestamp_to_ms),
@@ -183,6 +196,7 @@ pub fn record_from_pb(r: pb::RequestRecord) -> Result<RequestRecord, &'static st
         budget_micros: r.budget_micros,
         trace,
         inferred,
+        variant,
     })
 }
 
@@ -299,7 +313,53 @@ pub fn key_verifiers_to_pb(k: KeyVerifiers) -> pb::KeySnapshot {
             })
             .collect(),
         write_problem: k.write_problem.unwrap_or_default(),
+        experiments: k.experiments.into_iter().map(live_to_pb).collect(),
     }
+}
+
+fn live_to_pb(e: Live) -> pb::LiveExperiment {
+    pb::LiveExperiment {
+        id: e.id.to_string(),
+        agent: e.agent.to_string(),
+        env: e.env.map(|e| e.as_str().to_owned()),
+        salt: e.salt.bytes().to_vec(),
+        arms: e
+            .arms
+            .into_iter()
+            .map(|a| pb::LiveArm {
+                name: a.name.to_string(),
+                weight: a.weight,
+                provider: a.provider.to_string(),
+                model: a.model.to_string(),
+            })
+            .collect(),
+    }
+}
+
+/// Wire -> live experiment; `None` when its salt is not 16 bytes or its env unknown to this
+/// build (it could not be applied as written; its requests then pass unchanged). The other
+/// rules are [`Live::check`]'s, which the dataplane applies.
+fn live_from_pb(e: pb::LiveExperiment) -> Option<Live> {
+    let env = match e.env {
+        None => None,
+        Some(v) => Some(v.parse::<Env>().ok()?),
+    };
+    Some(Live {
+        env,
+        salt: Salt::new(e.salt.as_slice().try_into().ok()?),
+        id: e.id.into(),
+        agent: e.agent.into(),
+        arms: e
+            .arms
+            .into_iter()
+            .map(|a| LiveArm {
+                name: a.name.into(),
+                weight: a.weight,
+                provider: a.provider.into(),
+                model: a.model.into(),
+            })
+            .collect(),
+    })
 }
 
 /// Wire -> key verifiers; an entry whose verifier is not 32 bytes is left out (it could match
@@ -342,6 +402,7 @@ pub fn key_verifiers_from_pb(k: pb::KeySnapshot) -> KeyVerifiers {
             })
             .collect(),
         write_problem: Some(k.write_problem).filter(|p| !p.is_empty()),
+        experiments: k.experiments.into_iter().filter_map(live_from_pb).collect(),
     }
 }
 

@@ -16,6 +16,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
+use crate::experiment::Variant;
 use crate::signal::{MAX_EDIT_DISTANCE, RequestId, Rule};
 use crate::{Env, SessionId, Usage, UsageStatus, parse_agent, parse_user};
 
@@ -88,6 +89,8 @@ pub struct RequestRecord {
     /// request's own (`client_disconnect`) or an earlier one of its session. Stored as signals
     /// with `source = implicit` when the record is stored, once, like the record.
     pub inferred: Vec<Inferred>,
+    /// The experiment arm that served the request, when it was in an experiment.
+    pub variant: Option<Variant>,
 }
 
 /// An implicit signal: what a rule inferred about one answer, carried by the record of the
@@ -191,7 +194,7 @@ pub fn shorten_path(path: &mut String) {
     path.push_str(MARK);
 }
 
-fn text_ok(s: &str, max: usize) -> bool {
+pub(crate) fn text_ok(s: &str, max: usize) -> bool {
     !s.is_empty() && s.len() <= max && !s.chars().any(char::is_control)
 }
 
@@ -282,6 +285,9 @@ impl RequestRecord {
             if s.edit_distance.is_some_and(|d| d > MAX_EDIT_DISTANCE) {
                 return Err("edit_distance must be at most 10^9");
             }
+        }
+        if let Some(v) = &r.variant {
+            v.check()?;
         }
         Ok(())
     }

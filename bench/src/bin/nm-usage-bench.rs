@@ -499,6 +499,7 @@ impl Dataset {
             budget_micros,
             trace: None,
             inferred,
+            variant: None,
         }
     }
 }

@@ -299,6 +299,7 @@ impl<'a> Generator<'a> {
                 budget_micros: Some(model.cost_micros),
                 trace: None,
                 inferred: Vec::new(),
+                variant: None,
             });
             let (a, d) = if k < regens {
                 ("regenerated", None)
