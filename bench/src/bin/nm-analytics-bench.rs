@@ -43,7 +43,9 @@ use std::time::Instant;
 use anyhow::{anyhow, bail};
 use clap::Parser;
 use nm_controlplane::analytics::synthetic::{AgentSpec, EnvSpec, ModelSpec, Path, generate_with};
-use nm_controlplane::analytics::{Analytics, DAY_MS, Dimension, WINDOW_DAYS, simulate};
+use nm_controlplane::analytics::{
+    Analytics, DAY_MS, Dimension, WINDOW_DAYS, experiment_simulate, simulate,
+};
 use nm_controlplane::{Store, now_ms};
 use sea_orm::ConnectionTrait;
 
@@ -78,6 +80,10 @@ struct Cli {
     /// Simulate explicit-only against explicit + implicit evidence instead of the queries.
     #[arg(long)]
     implicit: bool,
+    /// Simulate experiments (issue 33) through the decision rule, a look after every unit:
+    /// `--agents` experiments per row.
+    #[arg(long)]
+    experiments: bool,
     /// Simulated agents per row of the `--power` and `--implicit` tables.
     #[arg(long, default_value_t = 4_000)]
     agents: u64,
@@ -248,6 +254,18 @@ async fn main() -> anyhow::Result<()> {
         let started = Instant::now();
         let mut out = std::io::stdout().lock();
         simulate::report(cli.agents, cli.seed, &mut out)?;
+        writeln!(out)?;
+        writeln!(
+            out,
+            "(simulated in {:.0} s)",
+            started.elapsed().as_secs_f64()
+        )?;
+        return Ok(());
+    }
+    if cli.experiments {
+        let started = Instant::now();
+        let mut out = std::io::stdout().lock();
+        experiment_simulate::report(cli.agents, cli.seed, &mut out)?;
         writeln!(out)?;
         writeln!(
             out,

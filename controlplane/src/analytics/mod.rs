@@ -37,6 +37,9 @@
 //! place, when the window is there to follow change).
 
 pub mod evidence;
+pub mod experiment;
+#[cfg(any(test, feature = "test-support"))]
+pub mod experiment_simulate;
 pub mod outcome;
 pub mod query;
 pub mod recommend;
