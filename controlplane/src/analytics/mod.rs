@@ -38,6 +38,7 @@
 
 pub mod evidence;
 pub mod experiment;
+pub mod experiment_query;
 #[cfg(any(test, feature = "test-support"))]
 pub mod experiment_simulate;
 pub mod outcome;

@@ -425,7 +425,7 @@ fn push_edge_sessions(sql: &mut Sql, ev: Evidence, agent: &str, since: i64, unti
 /// Runs one analytics statement. On PostgreSQL it runs in a read transaction with JIT off (the
 /// planner cannot estimate the per-session groups, overestimates the cost and would spend more
 /// time compiling than executing) and enough `work_mem` to aggregate the sessions in memory.
-async fn run(store: &Store, stmt: sea_orm::Statement) -> Result<Vec<QueryResult>> {
+pub(crate) async fn run(store: &Store, stmt: sea_orm::Statement) -> Result<Vec<QueryResult>> {
     let db = store.conn();
     if db.get_database_backend() != DatabaseBackend::Postgres {
         return Ok(db.query_all_raw(stmt).await?);
