@@ -220,11 +220,18 @@ async fn controlplane(
             "no NM_LINK_SECRET: this controlplane serves the admin API only; dataplanes cannot connect"
         );
     }
-    // Recommendations are recomputed on a schedule (and on demand over gRPC).
+    // Recommendations are recomputed on a schedule (and on demand over gRPC); a new one is
+    // announced to the webhooks.
     let scheduler = settings.analytics_interval.map(|every| {
         nm_controlplane::analytics::Analytics::new(store.clone())
+            .with_alerts(cp.alerts.clone())
             .spawn_scheduler(every, stop.clone())
     });
+    let alerts = cp.alerts.spawn_worker(
+        std::sync::Arc::new(crate::webhooks::WebhookClient::new()?),
+        settings.alert_retry,
+        stop.clone(),
+    );
     let served_cp = cp.clone();
     let options = server::Options {
         link_secret: settings.link_secret.clone(),
@@ -237,6 +244,8 @@ async fn controlplane(
             scheduler.abort();
             let _ = scheduler.await;
         }
+        alerts.abort();
+        let _ = alerts.await;
         store.close().await?;
         info!("controlplane stopped");
         served

@@ -17,3 +17,4 @@ pub mod limits;
 pub mod link;
 pub mod otel;
 pub mod telemetry;
+pub mod webhooks;

@@ -8,7 +8,8 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use nm_gateway::cli::{
-    AgentsCommand, AuditArgs, BudgetsCommand, KeysCommand, SignalsCommand, UsageArgs, UsageError,
+    AgentsCommand, AlertsCommand, AuditArgs, BudgetsCommand, KeysCommand, SignalsCommand,
+    UsageArgs, UsageError,
 };
 use nm_gateway::config::{self, Flags, Mode};
 use nm_gateway::{app, telemetry};
@@ -99,6 +100,14 @@ enum Command {
         client: ClientArgs,
         #[command(flatten)]
         args: AuditArgs,
+    },
+    /// Webhooks for alerts (budgets, key expiry, recommendations, experiments) and their
+    /// deliveries (needs NM_ADMIN_KEY; a viewer key may list).
+    Alerts {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(subcommand)]
+        command: AlertsCommand,
     },
 }
 
@@ -210,6 +219,11 @@ async fn run(cli: Cli) -> ExitCode {
             client_flags(client),
             Some(AdminCommand::Audit(args)),
         ),
+        Command::Alerts { client, command } => (
+            Mode::Client,
+            client_flags(client),
+            Some(AdminCommand::Alerts(command)),
+        ),
     };
     let flags = Flags {
         log_format: cli.log_format,
@@ -258,6 +272,7 @@ async fn run(cli: Cli) -> ExitCode {
             AdminCommand::Signals(c) => nm_gateway::cli::signals(&settings, c, &mut stdout).await,
             AdminCommand::Usage(a) => nm_gateway::cli::usage(&settings, a, &mut stdout).await,
             AdminCommand::Audit(a) => nm_gateway::cli::audit(&settings, a, &mut stdout).await,
+            AdminCommand::Alerts(c) => nm_gateway::cli::alerts(&settings, c, &mut stdout).await,
         };
         return match done {
             Ok(()) => ExitCode::SUCCESS,
@@ -300,6 +315,7 @@ enum AdminCommand {
     Signals(SignalsCommand),
     Usage(UsageArgs),
     Audit(AuditArgs),
+    Alerts(AlertsCommand),
 }
 
 fn server_flags(a: ServerArgs) -> Flags {

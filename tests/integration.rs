@@ -4,6 +4,7 @@
 mod common;
 
 mod access;
+mod alerts;
 mod analytics;
 mod answer_signals;
 mod budgets;

@@ -16,6 +16,7 @@ pub struct Controlplane {
     pub usage: UsageReports,
     pub agents: crate::Agents,
     pub audit: crate::Audit,
+    pub alerts: crate::Alerts,
     /// Becomes `true` when the process shuts down; long-lived streams end then.
     shutdown: watch::Receiver<bool>,
 }
@@ -42,6 +43,7 @@ impl Controlplane {
             usage: UsageReports::new(store.clone()),
             agents: crate::Agents::new(store.clone()),
             audit: crate::Audit::new(store.clone()),
+            alerts: crate::Alerts::new(store.clone()),
             store,
             keys,
             records,

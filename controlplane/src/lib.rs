@@ -10,6 +10,8 @@
 #[forbid(unsafe_code)]
 pub mod agents;
 #[forbid(unsafe_code)]
+pub mod alerts;
+#[forbid(unsafe_code)]
 pub mod analytics;
 #[forbid(unsafe_code)]
 mod app;
@@ -44,6 +46,7 @@ pub mod store;
 pub mod usage;
 
 pub use agents::Agents;
+pub use alerts::Alerts;
 pub use app::Controlplane;
 pub use audit::Audit;
 pub use budgets::Budgets;

@@ -1,6 +1,7 @@
-//! Admin commands (`nm-gateway keys|agents|budgets|usage|audit ...`): gRPC calls to the controlplane
+//! Admin commands (`nm-gateway keys|agents|budgets|usage|audit|alerts ...`): gRPC calls to the controlplane
 //! with the admin key in `nm-key` metadata, printed as a table or, with `--json`, as JSON.
 
+mod alerts;
 mod analytics;
 mod audit;
 mod budgets;
@@ -8,6 +9,7 @@ mod keys;
 mod signals;
 mod usage;
 
+pub use alerts::{AlertsCommand, alerts};
 pub use analytics::{OutcomesArgs, RecommendArgs, RecomputeArgs, print_analytics};
 
 pub use audit::{AuditArgs, audit};

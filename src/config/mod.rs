@@ -176,6 +176,8 @@ pub struct Settings {
     pub prices: nm_dataplane::pricing::PriceTable,
     /// Interval of the scheduled analytics recomputation (controlplane); `None`: off.
     pub analytics_interval: Option<Duration>,
+    /// The first retry delay of a failed alert delivery.
+    pub alert_retry: Duration,
     /// The hot path's mechanisms: all on, unless a benchmark turns some off.
     pub hot_path: HotPath,
     /// OpenTelemetry export (`OTEL_*`), off unless an endpoint is set.
@@ -321,6 +323,7 @@ pub fn resolve(
     let record_durability = src.get(&storage::RECORD_DURABILITY)?;
     let reserve_output_tokens = src.get(&budgets::RESERVE_OUTPUT_TOKENS)?;
     let analytics_interval = src.get(&storage::ANALYTICS_INTERVAL)?;
+    let alert_retry = src.get(&storage::ALERT_RETRY)?;
     let spool_dir = src.get(&storage::SPOOL_DIR)?;
     let price_rows = file
         .prices
@@ -403,6 +406,7 @@ pub fn resolve(
         reserve_output_tokens,
         prices,
         analytics_interval,
+        alert_retry,
         hot_path,
         implicit,
         otel: crate::otel::settings::resolve(env)?,

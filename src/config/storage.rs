@@ -25,6 +25,12 @@ declare! { Group::Storage;
         default: Default::Is(Lit::Int(600)),
         chart: Chart::Value("analyticsIntervalSecs"),
     };
+    /// seconds before an alert delivery that failed is tried again (doubling after each failure, at most 15 minutes apart; a delivery is tried for 65 minutes)
+    ALERT_RETRY: Duration => alert_retry, {
+        env: "NM_ALERT_RETRY_SECS",
+        file: Some(("alert_retry_secs", Kind::Int)),
+        default: Default::Is(Lit::Int(5)),
+    };
     /// request records held in memory on their way to the controlplane (beyond it, dropped and counted)
     RECORD_QUEUE: usize => record_queue, {
         env: "NM_RECORD_QUEUE",
@@ -63,6 +69,13 @@ fn database_url(key: &'static str, raw: Raw<'_>) -> Result<String, ConfigError> 
         return Err(invalid(key, "must start with sqlite:// or postgres://"));
     }
     Ok(url)
+}
+
+fn alert_retry(key: &'static str, raw: Raw<'_>) -> Result<Duration, ConfigError> {
+    match parse::whole(key, raw)? {
+        secs @ 1..=3600 => Ok(Duration::from_secs(secs)),
+        _ => Err(invalid(key, "must be from 1 to 3600 seconds")),
+    }
 }
 
 fn analytics_interval(key: &'static str, raw: Raw<'_>) -> Result<Option<Duration>, ConfigError> {

@@ -5,6 +5,7 @@
 //! `nm_types::link`), the one mapping from controlplane errors to gRPC status ([`status`]), and
 //! the client channel with its TLS ([`channel`]).
 
+pub mod alerts;
 pub mod analytics;
 pub mod convert;
 pub mod link_server;

@@ -27,6 +27,7 @@ use crate::config::{Secret, ServerTls};
 use super::analytics::AnalyticsService;
 use super::link_pb::link_server::LinkServer;
 use super::pb::agents_server::{Agents, AgentsServer};
+use super::pb::alerts_server::AlertsServer;
 use super::pb::analytics_server::AnalyticsServer;
 use super::pb::audit_server::{Audit as AuditApi, AuditServer};
 use super::pb::budgets_server::{Budgets as BudgetsApi, BudgetsServer};
@@ -583,6 +584,9 @@ pub async fn serve(
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter.set_serving::<KeysServer<KeysService>>().await;
     reporter.set_serving::<AuditServer<AuditService>>().await;
+    reporter
+        .set_serving::<AlertsServer<super::alerts::AlertsService>>()
+        .await;
     reporter.set_serving::<AgentsServer<AgentsService>>().await;
     reporter
         .set_serving::<AnalyticsServer<AnalyticsService>>()
@@ -625,6 +629,7 @@ pub async fn serve(
         .add_service(reflection)
         .add_service(KeysServer::new(KeysService(cp.clone())))
         .add_service(AuditServer::new(AuditService(cp.clone())))
+        .add_service(AlertsServer::new(super::alerts::AlertsService(cp.clone())))
         .add_service(super::link_server::service(
             cp.clone(),
             options.link_secret,
@@ -635,7 +640,8 @@ pub async fn serve(
         .add_service(BudgetsServer::new(BudgetsService(cp.clone())))
         .add_service(UsageServer::new(UsageService(cp.clone())))
         .add_service(AnalyticsServer::new(AnalyticsService {
-            analytics: nm_controlplane::analytics::Analytics::new(cp.store.clone()),
+            analytics: nm_controlplane::analytics::Analytics::new(cp.store.clone())
+                .with_alerts(cp.alerts.clone()),
             cp: cp.clone(),
         }))
         .serve_with_incoming_shutdown(incoming, shutdown)

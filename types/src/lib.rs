@@ -187,6 +187,13 @@ pub fn hash_key(secret: &str) -> KeyHash {
     Sha256::digest(secret.as_bytes()).into()
 }
 
+/// HMAC-SHA-256 of `msg` under `key` (any length).
+pub fn hmac_sha256(key: &[u8], msg: &[u8]) -> [u8; 32] {
+    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(key).unwrap_or_else(|_| unreachable!());
+    mac.update(msg);
+    mac.finalize().into_bytes().into()
+}
+
 /// What a dataplane holds to check keys: an HMAC-SHA-256 of each key's [`KeyHash`] under a key
 /// derived from the deployment's link secret. The key stream between the halves carries these
 /// verifiers, never the plain hashes, so a reader of that stream (a log, a capture, a proxy)

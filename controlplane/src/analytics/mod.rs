@@ -192,11 +192,22 @@ fn carried(
 #[derive(Debug, Clone)]
 pub struct Analytics {
     store: Store,
+    /// Where a new recommendation is announced (none: not announced).
+    alerts: Option<crate::Alerts>,
 }
 
 impl Analytics {
     pub fn new(store: Store) -> Self {
-        Self { store }
+        Self {
+            store,
+            alerts: None,
+        }
+    }
+
+    /// Announces each recommendation an agent's look makes that its previous look did not.
+    pub fn with_alerts(mut self, alerts: crate::Alerts) -> Self {
+        self.alerts = Some(alerts);
+        self
     }
 
     /// An agent's progress toward the threshold at `now_ms`: two indexed counts.
@@ -350,9 +361,17 @@ impl Analytics {
     pub async fn recompute_at(&self, agent: &str, now_ms: i64) -> Result<AgentAnalytics> {
         let agent = nm_types::parse_agent(agent)
             .map_err(|e| Error::InvalidArgument(format!("agent: {e}")))?;
-        let earlier = self
-            .stored_with_sequences(&agent)
-            .await?
+        let stored_before = self.stored_with_sequences(&agent).await?;
+        let before: Option<(i64, Vec<(Kind, Option<String>)>)> = stored_before.as_ref().map(|s| {
+            let r = &s.report;
+            let recs = r
+                .recommendations
+                .iter()
+                .map(|x| (x.kind, x.subject.clone()))
+                .collect();
+            (r.computed_at_ms, recs)
+        });
+        let earlier = stored_before
             .map(|s| Earlier {
                 sequences: s.sequences,
                 origin_ms: s.origin_ms,
@@ -363,8 +382,48 @@ impl Analytics {
         let stored = self.compute_from(&agent, now_ms, earlier).await?;
         if stored.report.progress.signals > 0 {
             self.save_stored(&stored).await?;
+            self.announce(&agent, before, &stored.report).await;
         }
         Ok(stored.report)
+    }
+
+    /// Sends an alert for each recommendation of `now` the look before (`before`: its time and
+    /// recommendations) did not make. The previous look's time is in the dedupe key, so two
+    /// replicas computing the same look send it once; a recommendation that goes and comes
+    /// back is new again. A failure is logged: alerts never fail a look.
+    async fn announce(
+        &self,
+        agent: &str,
+        before: Option<(i64, Vec<(Kind, Option<String>)>)>,
+        now: &AgentAnalytics,
+    ) {
+        let Some(alerts) = &self.alerts else {
+            return;
+        };
+        let (look, known) = before.unwrap_or_default();
+        for r in &now.recommendations {
+            if known.iter().any(|(k, s)| *k == r.kind && *s == r.subject) {
+                continue;
+            }
+            let kind = serde_json::to_value(r.kind)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default();
+            let subject = r.subject.as_deref().unwrap_or("");
+            let dedupe = format!("recommendation:{agent}:{kind}:{subject}:{look}");
+            let data = serde_json::json!({
+                "agent": agent,
+                "recommendation": kind,
+                "subject": r.subject,
+                "message": format!("{agent}: {}", r.message),
+            });
+            if let Err(e) = alerts
+                .emit(crate::alerts::Kind::Recommendation, &dedupe, data)
+                .await
+            {
+                warn!(nm.agent = %agent, error = %e, "recommendation alert not stored");
+            }
+        }
     }
 
     /// Recomputes and stores every agent that has signals; returns how many.

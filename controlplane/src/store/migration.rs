@@ -23,6 +23,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0008_signal_request_id::Migration),
             Box::new(m0009_signal_source::Migration),
             Box::new(m0010_key_scopes_audit::Migration),
+            Box::new(m0013_alerts::Migration),
             Box::new(m0101_write_probe::Migration),
         ]
     }
@@ -1025,6 +1026,69 @@ mod m0101_write_probe {
             m.get_connection()
                 .execute_unprepared("DROP TABLE IF EXISTS write_probe")
                 .await?;
+            Ok(())
+        }
+    }
+}
+
+/// Alerts: webhooks, the events sent to them (unique by their dedupe key: an event seen twice is
+/// sent once) and one delivery row per (event, webhook), due by `next_at_ms`.
+mod m0013_alerts {
+    use super::*;
+
+    pub struct Migration;
+
+    impl MigrationName for Migration {
+        fn name(&self) -> &str {
+            "m0013_alerts"
+        }
+    }
+
+    const UP: [&str; 4] = [
+        "CREATE TABLE IF NOT EXISTS webhooks (\
+         id TEXT PRIMARY KEY, \
+         url TEXT NOT NULL, \
+         secret TEXT NOT NULL, \
+         kinds TEXT NOT NULL, \
+         format TEXT NOT NULL, \
+         description TEXT NOT NULL, \
+         created_at_ms BIGINT NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS alert_events (\
+         id TEXT PRIMARY KEY, \
+         kind TEXT NOT NULL, \
+         dedupe TEXT NOT NULL UNIQUE, \
+         at_ms BIGINT NOT NULL, \
+         data TEXT NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS alert_deliveries (\
+         event_id TEXT NOT NULL, \
+         webhook_id TEXT NOT NULL, \
+         state TEXT NOT NULL, \
+         attempts BIGINT NOT NULL, \
+         last_status BIGINT, \
+         last_error TEXT, \
+         next_at_ms BIGINT, \
+         updated_at_ms BIGINT NOT NULL, \
+         PRIMARY KEY (event_id, webhook_id))",
+        "CREATE INDEX IF NOT EXISTS idx_alert_deliveries_due \
+         ON alert_deliveries (state, next_at_ms)",
+    ];
+
+    #[async_trait::async_trait]
+    impl MigrationTrait for Migration {
+        async fn up(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            let db = m.get_connection();
+            for sql in UP {
+                db.execute_unprepared(sql).await?;
+            }
+            Ok(())
+        }
+
+        async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            let db = m.get_connection();
+            for table in ["alert_deliveries", "alert_events", "webhooks"] {
+                db.execute_unprepared(&format!("DROP TABLE IF EXISTS {table}"))
+                    .await?;
+            }
             Ok(())
         }
     }
