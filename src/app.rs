@@ -133,6 +133,9 @@ pub async fn start_serve(settings: &Settings) -> anyhow::Result<Running> {
     let link_tracing = telemetry.as_ref().map(Telemetry::link);
     let (cp, grpc_addr, generated_admin_key, cp_task) =
         controlplane(settings, cp_rx, link_tracing.clone()).await?;
+    let counted = metrics.clone();
+    cp.alerts
+        .observe(Box::new(move |outcome| counted.alert_delivery(outcome)));
     // Verifiers made in process never leave it; with a link secret they are the same ones
     // extra dataplanes get.
     let verifier =

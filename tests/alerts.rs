@@ -198,6 +198,15 @@ async fn a_delivery_is_signed_retried_after_failures_and_sent_once() {
         assert_eq!(v["id"], event.as_str());
         assert_eq!(v["kind"], "test");
     }
+    // The process's metrics count each try by outcome.
+    let metrics = gw.get("/metrics").await;
+    let text = String::from_utf8_lossy(&metrics.body);
+    for line in [
+        r#"nm_alert_deliveries_total{outcome="retried"} 2"#,
+        r#"nm_alert_deliveries_total{outcome="delivered"} 1"#,
+    ] {
+        assert!(text.contains(line), "{line} in\n{text}");
+    }
     gw.stop().await;
 }
 

@@ -24,8 +24,7 @@
 use std::fmt::Write as _;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use rand::RngCore;
@@ -179,20 +178,15 @@ pub trait Sender: Send + Sync + 'static {
     fn post(&self, post: Post) -> Pin<Box<dyn Future<Output = Sent> + Send + '_>>;
 }
 
-/// Deliveries made, retried and given up, since the start (for metrics).
-#[derive(Debug, Default)]
-pub struct Counters {
-    pub delivered: AtomicU64,
-    pub retried: AtomicU64,
-    pub failed: AtomicU64,
-}
+/// Told of each try's outcome (`delivered`, `retried`, `failed`): the process's metrics.
+pub type Observer = Box<dyn Fn(&'static str) + Send + Sync>;
 
 /// The alerts: webhooks, events and their deliveries.
 #[derive(Clone)]
 pub struct Alerts {
     store: Store,
     wake: Arc<Notify>,
-    counters: Arc<Counters>,
+    observer: Arc<OnceLock<Observer>>,
 }
 
 impl std::fmt::Debug for Alerts {
@@ -206,12 +200,14 @@ impl Alerts {
         Self {
             store,
             wake: Arc::new(Notify::new()),
-            counters: Arc::new(Counters::default()),
+            observer: Arc::default(),
         }
     }
 
-    pub fn counters(&self) -> Arc<Counters> {
-        self.counters.clone()
+    /// Tells `observer` the outcome of every delivery try from now on (set once: later calls
+    /// are ignored).
+    pub fn observe(&self, observer: Observer) {
+        let _ = self.observer.set(observer);
     }
 
     /// Registers a webhook for `kinds` (all when empty); audited as `webhook.add`.
@@ -612,11 +608,9 @@ impl Alerts {
                     }
                 }
             };
-            match state {
-                "delivered" => self.counters.delivered.fetch_add(1, Ordering::Relaxed),
-                "failed" => self.counters.failed.fetch_add(1, Ordering::Relaxed),
-                _ => self.counters.retried.fetch_add(1, Ordering::Relaxed),
-            };
+            if let Some(observe) = self.observer.get() {
+                observe(if state == "pending" { "retried" } else { state });
+            }
             if state == "failed" {
                 warn!(event = %event_id, webhook = %webhook_id, attempts, error = error.as_deref().unwrap_or(""), "alert delivery failed for good");
             }

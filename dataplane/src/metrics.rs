@@ -115,6 +115,11 @@ struct Reason {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Outcome {
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RuleLabel {
     rule: &'static str,
 }
@@ -335,6 +340,7 @@ struct Inner {
     registry: Registry,
     records_dropped: Family<Reason, Counter>,
     records_dead_lettered: Counter,
+    alert_deliveries: Family<Outcome, Counter>,
     budget_refusals: Family<Reason, Counter>,
     spool_records: Gauge,
     spool_bytes: Gauge,
@@ -450,6 +456,12 @@ impl Default for Metrics {
             "records_dead_lettered",
             "Request records the controlplane refused for good (invalid data), set aside in the dead-letter file beside the spool",
             records_dead_lettered.clone(),
+        );
+        let alert_deliveries = Family::<Outcome, Counter>::default();
+        registry.register(
+            "alert_deliveries",
+            "Tries of alert deliveries to webhooks by the controlplane of this process (serve), by outcome (delivered, retried, failed)",
+            alert_deliveries.clone(),
         );
         let budget_refusals = Family::<Reason, Counter>::default();
         registry.register(
@@ -600,6 +612,7 @@ impl Default for Metrics {
                 connections_closed,
                 records_dropped,
                 records_dead_lettered,
+                alert_deliveries,
                 budget_refusals,
                 spool_records,
                 spool_bytes,
@@ -648,6 +661,15 @@ impl Metrics {
 
     pub fn records_dead_lettered(&self, n: u64) {
         self.inner.records_dead_lettered.inc_by(n);
+    }
+
+    /// One try of an alert delivery ended: `delivered`, `retried` (to be tried again) or
+    /// `failed` (given up).
+    pub fn alert_delivery(&self, outcome: &'static str) {
+        self.inner
+            .alert_deliveries
+            .get_or_create(&Outcome { outcome })
+            .inc();
     }
 
     pub fn budget_refused(&self, reason: &'static str) {

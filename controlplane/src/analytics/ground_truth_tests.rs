@@ -592,3 +592,50 @@ async fn each_evidence_setting_keeps_its_own_intervals() {
         );
     }
 }
+
+/// A recommendation an agent's look makes for the first time is announced once: the next look,
+/// making it again, announces nothing.
+#[tokio::test]
+async fn a_new_recommendation_is_announced_once() {
+    let (_dir, store) = store().await;
+    let spec = AgentSpec::new(
+        "announced",
+        600,
+        vec![
+            ModelSpec::new("openai", "model-a", 0.55, 1_000),
+            ModelSpec::new("anthropic", "model-b", 0.75, 1_000),
+        ],
+    );
+    generate(&store, &[spec], 11, NOW, 500).await.unwrap();
+    let alerts = crate::Alerts::new(store.clone());
+    let analytics = Analytics::new(store.clone()).with_alerts(alerts.clone());
+    let events = || async {
+        let db = store.conn();
+        let rows = db
+            .query_all_raw(sea_orm::Statement::from_string(
+                db.get_database_backend(),
+                "SELECT dedupe, data FROM alert_events WHERE kind = 'recommendation'",
+            ))
+            .await
+            .unwrap();
+        rows.iter()
+            .map(|r| r.try_get::<String>("", "data").unwrap())
+            .collect::<Vec<_>>()
+    };
+    let first = analytics.recompute_at("announced", NOW).await.unwrap();
+    let made = first.recommendations.len();
+    assert!(made >= 1, "{:?}", kinds(&first));
+    let announced = events().await;
+    assert_eq!(announced.len(), made, "{announced:?}");
+    assert!(
+        announced
+            .iter()
+            .any(|d| d.contains("best_model") && d.contains("model-b")),
+        "{announced:?}"
+    );
+    analytics
+        .recompute_at("announced", NOW + 60_000)
+        .await
+        .unwrap();
+    assert_eq!(events().await.len(), made);
+}
