@@ -1,9 +1,10 @@
-//! Admin commands (`nm-gateway keys|agents|budgets|usage|audit ...`): gRPC calls to the controlplane
+//! Admin commands (`nm-gateway keys|agents|budgets|experiments|usage|audit ...`): gRPC calls to the controlplane
 //! with the admin key in `nm-key` metadata, printed as a table or, with `--json`, as JSON.
 
 mod analytics;
 mod audit;
 mod budgets;
+mod experiments;
 mod keys;
 mod signals;
 mod usage;
@@ -12,6 +13,7 @@ pub use analytics::{OutcomesArgs, RecommendArgs, RecomputeArgs, print_analytics}
 
 pub use audit::{AuditArgs, audit};
 pub use budgets::{BudgetsCommand, budgets};
+pub use experiments::{ExperimentsCommand, experiments};
 pub use keys::{KeysCommand, keys};
 pub use signals::{SignalsCommand, signals};
 pub use usage::{UsageArgs, usage};

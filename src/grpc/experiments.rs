@@ -89,7 +89,12 @@ impl ExperimentsApi for ExperimentsService {
     ) -> Result<Response<pb::ExperimentReport>, Status> {
         require_reader(&self.cp.keys, &req)?;
         let id = req.into_inner().id;
-        let e = self.cp.experiments.get(id.trim()).await.map_err(to_status)?;
+        let e = self
+            .cp
+            .experiments
+            .get(id.trim())
+            .await
+            .map_err(to_status)?;
         let counts = self
             .cp
             .experiments

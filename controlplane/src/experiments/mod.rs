@@ -408,8 +408,9 @@ impl Experiments {
         Ok(rows
             .into_iter()
             .map(|row| {
-                let (mine, rest): (Vec<_>, Vec<_>) =
-                    std::mem::take(&mut arms).into_iter().partition(|a| a.experiment_id == row.id);
+                let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut arms)
+                    .into_iter()
+                    .partition(|a| a.experiment_id == row.id);
                 arms = rest;
                 from_rows(row, mine)
             })
@@ -480,7 +481,12 @@ impl Experiments {
             ]))
             .all(&txn)
             .await?;
-        for other in self.with_arms(&txn, same_agent).await?.into_iter().flatten() {
+        for other in self
+            .with_arms(&txn, same_agent)
+            .await?
+            .into_iter()
+            .flatten()
+        {
             if other.holds_traffic() && other.overlaps(&exp.agent, exp.env) {
                 let promoted = if other.promoted { ", promoted" } else { "" };
                 return Err(Error::FailedPrecondition(format!(
@@ -869,7 +875,10 @@ fn from_rows(row: experiment::Model, arms: Vec<experiment_arm::Model>) -> Result
         .guardrails
         .split(',')
         .filter(|g| !g.is_empty())
-        .map(|g| g.parse::<Guardrail>().map_err(|_| corrupt(&id, "guardrails")))
+        .map(|g| {
+            g.parse::<Guardrail>()
+                .map_err(|_| corrupt(&id, "guardrails"))
+        })
         .collect::<Result<Vec<_>>>()?;
     let arms = arms
         .into_iter()
@@ -906,10 +915,7 @@ fn from_rows(row: experiment::Model, arms: Vec<experiment_arm::Model>) -> Result
 }
 
 fn guardrails_text(g: &[Guardrail]) -> String {
-    g.iter()
-        .map(|g| g.as_str())
-        .collect::<Vec<_>>()
-        .join(",")
+    g.iter().map(|g| g.as_str()).collect::<Vec<_>>().join(",")
 }
 
 /// An experiment as the audit trail shows it: everything but its salt.

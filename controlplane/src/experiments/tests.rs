@@ -50,7 +50,11 @@ fn refused(n: NewExperiment) -> String {
 fn a_good_experiment_passes_with_its_defaults() {
     let mut n = good();
     n.env = Some(" production ".to_owned());
-    n.guardrails = vec!["p95_latency".into(), "abandonment".into(), "abandonment".into()];
+    n.guardrails = vec![
+        "p95_latency".into(),
+        "abandonment".into(),
+        "abandonment".into(),
+    ];
     n.arms[1].provider = "GROQ".to_owned();
     let c = check(n, &catalogue()).unwrap();
     assert_eq!(c.env, Some(Env::Production));
@@ -256,7 +260,10 @@ fn only_legal_transitions_happen() {
     assert_eq!((e.state, e.winner.as_deref()), (State::Decided, Some("b")));
     assert!(e.live().is_none(), "decided, not promoted: not live");
     assert!(precondition(step(&mut e, Action::Pause, None)).contains("it is decided"));
-    assert_eq!(step(&mut e, Action::Promote, None).unwrap().as_deref(), Some("b"));
+    assert_eq!(
+        step(&mut e, Action::Promote, None).unwrap().as_deref(),
+        Some("b")
+    );
     assert!(e.promoted);
     let live = e.live().unwrap();
     assert_eq!(live.arms.len(), 1, "promoted: the winner alone");
@@ -341,7 +348,9 @@ async fn stored_changes_keep_history_audit_and_the_live_set() {
     x.pause("key_admin", &e.id, "looking").await.unwrap();
     assert!(x.live().experiments.is_empty());
     x.resume("key_admin", &e.id, "").await.unwrap();
-    x.rollback("key_admin", &e.id, "candidate", "").await.unwrap();
+    x.rollback("key_admin", &e.id, "candidate", "")
+        .await
+        .unwrap();
     let one = x.live();
     assert_eq!(one.experiments[0].arms.len(), 1);
     x.stop("key_admin", &e.id, "done").await.unwrap();
@@ -354,7 +363,10 @@ async fn stored_changes_keep_history_audit_and_the_live_set() {
         .into_iter()
         .map(|ev| ev.kind)
         .collect();
-    assert_eq!(kinds, ["created", "paused", "resumed", "rolled_back", "stopped"]);
+    assert_eq!(
+        kinds,
+        ["created", "paused", "resumed", "rolled_back", "stopped"]
+    );
     let actions: Vec<String> = audit_event::Entity::find()
         .filter(audit_event::Column::Target.eq(e.id.as_str()))
         .order_by_asc(audit_event::Column::AtMs)

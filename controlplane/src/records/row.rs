@@ -128,7 +128,11 @@ pub(super) fn row_cells(r: &RequestRecord) -> [Cell<'_>; COLUMNS.len()] {
         Cell::Hex(r.trace.as_ref().map(|t| Hex::of(&t.span_id))),
         Cell::Text(r.variant.as_ref().map(|v| &*v.experiment)),
         Cell::Text(r.variant.as_ref().map(|v| &*v.arm)),
-        Cell::Text(r.variant.as_ref().and_then(|v| v.requested_model.as_deref())),
+        Cell::Text(
+            r.variant
+                .as_ref()
+                .and_then(|v| v.requested_model.as_deref()),
+        ),
     ]
 }
 
