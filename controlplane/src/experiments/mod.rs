@@ -417,6 +417,53 @@ impl Experiments {
             .collect())
     }
 
+    /// Makes sure no other experiment holds `agent` on `env` (running, paused or promoted, an
+    /// experiment without env overlapping every env), inside the write transaction `txn` that
+    /// will make `id` hold it. On PostgreSQL it first takes a lock per agent for the rest of the
+    /// transaction: claims on one agent queue there until the first commits, and READ
+    /// COMMITTED then shows each the rows committed before it got the lock. (SQLite's writers
+    /// are serialised by `BEGIN IMMEDIATE`.)
+    async fn claim(
+        &self,
+        txn: &impl ConnectionTrait,
+        agent: &str,
+        env: Option<Env>,
+        id: &str,
+    ) -> Result<()> {
+        if txn.get_database_backend() == DatabaseBackend::Postgres {
+            let mut lock = Sql::new(
+                DatabaseBackend::Postgres,
+                "SELECT pg_advisory_xact_lock(hashtextextended(",
+            );
+            lock.bind(format!("nm.experiments:{agent}")).push(", 0))");
+            txn.execute_raw(lock.build()).await?;
+        }
+        let same_agent = experiment::Entity::find()
+            .filter(experiment::Column::Agent.eq(agent))
+            .filter(experiment::Column::Id.ne(id))
+            .filter(experiment::Column::State.is_in([
+                State::Running.as_str(),
+                State::Paused.as_str(),
+                State::Decided.as_str(),
+            ]))
+            .all(txn)
+            .await?;
+        for other in self.with_arms(txn, same_agent).await?.into_iter().flatten() {
+            if other.holds_traffic() && other.overlaps(agent, env) {
+                let promoted = if other.promoted { ", promoted" } else { "" };
+                return Err(Error::FailedPrecondition(format!(
+                    "agent {agent} already has experiment {} ({}{promoted}) on {}; stop it first \
+                     (one running or paused experiment per agent and env, and one without env \
+                     covers every env)",
+                    other.id,
+                    other.state,
+                    other.env.map_or("every env", Env::as_str)
+                )));
+            }
+        }
+        Ok(())
+    }
+
     // === changes ===
 
     /// Creates an experiment (running at once), by `actor`, with arms checked against
@@ -461,45 +508,7 @@ impl Experiments {
                 .collect(),
         };
         let txn = self.store.begin_write().await?;
-        if txn.get_database_backend() == DatabaseBackend::Postgres {
-            // Creates on one agent queue here until the first commits; READ COMMITTED then
-            // shows each the rows committed before it got the lock.
-            let mut lock = Sql::new(
-                DatabaseBackend::Postgres,
-                "SELECT pg_advisory_xact_lock(hashtextextended(",
-            );
-            lock.bind(format!("nm.experiments:{}", exp.agent))
-                .push(", 0))");
-            txn.execute_raw(lock.build()).await?;
-        }
-        let same_agent = experiment::Entity::find()
-            .filter(experiment::Column::Agent.eq(exp.agent.as_str()))
-            .filter(experiment::Column::State.is_in([
-                State::Running.as_str(),
-                State::Paused.as_str(),
-                State::Decided.as_str(),
-            ]))
-            .all(&txn)
-            .await?;
-        for other in self
-            .with_arms(&txn, same_agent)
-            .await?
-            .into_iter()
-            .flatten()
-        {
-            if other.holds_traffic() && other.overlaps(&exp.agent, exp.env) {
-                let promoted = if other.promoted { ", promoted" } else { "" };
-                return Err(Error::FailedPrecondition(format!(
-                    "agent {} already has experiment {} ({}{promoted}) on {}; stop it first \
-                     (one running or paused experiment per agent and env, and one without env \
-                     covers every env)",
-                    exp.agent,
-                    other.id,
-                    other.state,
-                    other.env.map_or("every env", Env::as_str)
-                )));
-            }
-        }
+        self.claim(&txn, &exp.agent, exp.env, &exp.id).await?;
         experiment::ActiveModel {
             id: Set(exp.id.clone()),
             agent: Set(exp.agent.clone()),
@@ -645,6 +654,10 @@ impl Experiments {
         let before = read(&txn, id).await?;
         let mut after = before.clone();
         let event_arm = transition(&mut after, action, arm, detail)?;
+        if after.holds_traffic() && !before.holds_traffic() {
+            // A promotion from a finished state, a rollback from harm: it takes its agent back.
+            self.claim(&txn, &after.agent, after.env, id).await?;
+        }
         after.updated_at_ms = now;
         let row = experiment::ActiveModel {
             id: sea_orm::ActiveValue::Unchanged(after.id.clone()),

@@ -398,4 +398,32 @@ async fn stored_changes_keep_history_audit_and_the_live_set() {
     assert_eq!(x.get(&again.id).await.unwrap(), again);
     assert_ne!(again.salt, e.salt, "a salt per experiment");
     assert!(matches!(x.get("exp_none").await, Err(Error::NotFound(_))));
+
+    // An experiment that leaves harm or is promoted takes its agent back: not while another
+    // holds it.
+    x.harm(&again.id, "candidate", "abandonment worse").await.unwrap();
+    let third = x.create("key_admin", good(), &catalogue()).await.unwrap();
+    for r in [
+        x.rollback("key_admin", &again.id, "candidate", "").await,
+        x.promote("key_admin", &again.id, "control", "").await,
+    ] {
+        assert!(
+            matches!(&r, Err(Error::FailedPrecondition(m)) if m.contains(&third.id)),
+            "{r:?}"
+        );
+    }
+    x.stop("key_admin", &third.id, "").await.unwrap();
+    let back = x
+        .rollback("system", &again.id, "candidate", "")
+        .await
+        .unwrap();
+    assert_eq!(back.state, State::Running);
+    let decided = x.decide(&again.id, "control", "control wins").await.unwrap();
+    assert_eq!(
+        (decided.state, decided.winner.as_deref()),
+        (State::Decided, Some("control"))
+    );
+    let promoted = x.promote("system", &again.id, "", "").await.unwrap();
+    assert!(promoted.promoted);
+    assert_eq!(x.live().experiments[0].arms.len(), 1);
 }
