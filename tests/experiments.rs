@@ -396,16 +396,21 @@ async fn lifecycle(db: Db, shape: Shape) {
     let ingest = ok(link(channel.clone())
         .ingest_requests(link_pb::IngestRequestsRequest {
             records: vec![
-                record("exp-r1", &admin_id, "sess-a", &id, "control", 100),
-                record("exp-r2", &admin_id, "sess-a", &id, "control", 200),
-                record("exp-r3", &admin_id, "sess-b", &id, "candidate", 50),
+                record("exp-r1", &admin_id, "sess_a1", &id, "control", 100),
+                record("exp-r2", &admin_id, "sess_a1", &id, "control", 200),
+                record("exp-r3", &admin_id, "sess_b1", &id, "candidate", 50),
             ],
         })
         .await);
-    assert_eq!((ingest.stored, ingest.rejected.len()), (3, 0));
+    assert_eq!(
+        (ingest.stored, ingest.rejected.len()),
+        (3, 0),
+        "{:?}",
+        ingest.rejected
+    );
     assert_eq!(
         gw.count(&format!(
-            "SELECT COUNT(*) FROM requests WHERE experiment_id = '{id}' AND arm = 'control' \
+            "SELECT COUNT(*) AS n FROM requests WHERE experiment_id = '{id}' AND arm = 'control' \
              AND requested_model = 'gpt-4o-mini'"
         ))
         .await,
@@ -663,7 +668,7 @@ async fn one_of_concurrent_creates_wins(db: Db) {
         }
     }
     assert_eq!(
-        gw.count("SELECT COUNT(*) FROM experiments WHERE agent = 'race-bot'")
+        gw.count("SELECT COUNT(*) AS n FROM experiments WHERE agent = 'race-bot'")
             .await,
         1
     );
