@@ -11,7 +11,6 @@ use nm_controlplane::experiments::{
 };
 use nm_types::Env;
 use tonic::{Request, Response, Status};
-use tracing::info;
 
 use super::convert::ms_to_timestamp;
 use super::pb::experiments_server::Experiments as ExperimentsApi;
@@ -59,7 +58,6 @@ impl ExperimentsApi for ExperimentsService {
             .create(&admin.id, new, &self.providers)
             .await
             .map_err(to_status)?;
-        info!(by = %admin.id, experiment.id = %e.id, "experiment created over gRPC");
         Ok(Response::new(experiment_to_pb(&e)))
     }
 

@@ -401,7 +401,9 @@ async fn stored_changes_keep_history_audit_and_the_live_set() {
 
     // An experiment that leaves harm or is promoted takes its agent back: not while another
     // holds it.
-    x.harm(&again.id, "candidate", "abandonment worse").await.unwrap();
+    x.harm(&again.id, "candidate", "abandonment worse")
+        .await
+        .unwrap();
     let third = x.create("key_admin", good(), &catalogue()).await.unwrap();
     for r in [
         x.rollback("key_admin", &again.id, "candidate", "").await,
@@ -418,7 +420,10 @@ async fn stored_changes_keep_history_audit_and_the_live_set() {
         .await
         .unwrap();
     assert_eq!(back.state, State::Running);
-    let decided = x.decide(&again.id, "control", "control wins").await.unwrap();
+    let decided = x
+        .decide(&again.id, "control", "control wins")
+        .await
+        .unwrap();
     assert_eq!(
         (decided.state, decided.winner.as_deref()),
         (State::Decided, Some("control"))
