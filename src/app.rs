@@ -18,13 +18,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context;
+use nm_controlplane::experiments::{Catalogue, ProviderInfo};
 use nm_controlplane::{Controlplane, Store};
 use nm_dataplane::link::dead_letter::DeadLetters;
 use nm_dataplane::link::shipper::SharedSpool;
 use nm_dataplane::link::watch::PortSignals;
 use nm_dataplane::link::{Link, LinkTargets, Port};
 use nm_dataplane::spool::Spool;
-use nm_dataplane::{Dataplane, DataplaneConfig};
+use nm_dataplane::{Dataplane, DataplaneConfig, WireFormat};
 use nm_types::VerifierKey;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -240,6 +241,7 @@ async fn controlplane(
         link_secret: settings.link_secret.clone(),
         tls: settings.grpc_tls.clone(),
         tracing,
+        providers: Arc::new(provider_catalogue(&settings.registry)),
     };
     let task = tokio::spawn(async move {
         let served = server::serve(served_cp, options, listener, signalled(stop)).await;
@@ -254,6 +256,26 @@ async fn controlplane(
         served
     });
     Ok((cp, addr, generated.map(|k| k.secret), task))
+}
+
+/// What experiments may know of the configured providers: each one's wire format and whether
+/// the operator gave it a credential (never the credential itself).
+pub fn provider_catalogue(registry: &nm_dataplane::Registry) -> Catalogue {
+    Catalogue::new(registry.names().into_iter().filter_map(|name| {
+        let p = registry.get(&name)?;
+        let wire_format = match p.format {
+            WireFormat::Openai => "openai",
+            WireFormat::Anthropic => "anthropic",
+            WireFormat::Gemini => "gemini",
+        };
+        Some((
+            name.to_string(),
+            ProviderInfo {
+                wire_format: wire_format.to_owned(),
+                operator_credential: p.api_key.as_deref().is_some_and(|k| !k.is_empty()),
+            },
+        ))
+    }))
 }
 
 async fn dataplane(

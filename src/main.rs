@@ -8,8 +8,8 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use nm_gateway::cli::{
-    AgentsCommand, AlertsCommand, AuditArgs, BudgetsCommand, KeysCommand, SignalsCommand,
-    UsageArgs, UsageError,
+    AgentsCommand, AlertsCommand, AuditArgs, BudgetsCommand, ExperimentsCommand, KeysCommand,
+    SignalsCommand, UsageArgs, UsageError,
 };
 use nm_gateway::config::{self, Flags, Mode};
 use nm_gateway::{app, telemetry};
@@ -84,6 +84,15 @@ enum Command {
         client: ClientArgs,
         #[command(subcommand)]
         command: BudgetsCommand,
+    },
+    /// Randomised experiments: an agent's sessions split between models, with a decision that
+    /// holds however often one looks (needs NM_ADMIN_KEY; a viewer key may list, show and read
+    /// the history).
+    Experiments {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(subcommand)]
+        command: ExperimentsCommand,
     },
     /// Usage and cost over a time range, grouped by agent, session, user, env, provider, model
     /// or day (needs NM_ADMIN_KEY).
@@ -209,6 +218,11 @@ async fn run(cli: Cli) -> ExitCode {
             client_flags(client),
             Some(AdminCommand::Budgets(command)),
         ),
+        Command::Experiments { client, command } => (
+            Mode::Client,
+            client_flags(client),
+            Some(AdminCommand::Experiments(command)),
+        ),
         Command::Usage { client, args } => (
             Mode::Client,
             client_flags(client),
@@ -270,6 +284,9 @@ async fn run(cli: Cli) -> ExitCode {
             AdminCommand::Agents(c) => nm_gateway::cli::agents(&settings, c, &mut stdout).await,
             AdminCommand::Budgets(c) => nm_gateway::cli::budgets(&settings, c, &mut stdout).await,
             AdminCommand::Signals(c) => nm_gateway::cli::signals(&settings, c, &mut stdout).await,
+            AdminCommand::Experiments(c) => {
+                nm_gateway::cli::experiments(&settings, c, &mut stdout).await
+            }
             AdminCommand::Usage(a) => nm_gateway::cli::usage(&settings, a, &mut stdout).await,
             AdminCommand::Audit(a) => nm_gateway::cli::audit(&settings, a, &mut stdout).await,
             AdminCommand::Alerts(c) => nm_gateway::cli::alerts(&settings, c, &mut stdout).await,
@@ -313,6 +330,7 @@ enum AdminCommand {
     Agents(AgentsCommand),
     Budgets(BudgetsCommand),
     Signals(SignalsCommand),
+    Experiments(ExperimentsCommand),
     Usage(UsageArgs),
     Audit(AuditArgs),
     Alerts(AlertsCommand),

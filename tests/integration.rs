@@ -10,6 +10,7 @@ mod answer_signals;
 mod budgets;
 mod docs;
 mod errors;
+mod experiments;
 mod faults;
 mod implicit;
 mod implicit_signals;

@@ -4,7 +4,7 @@
 use tokio::sync::watch;
 
 use crate::usage::UsageReports;
-use crate::{Budgets, Keys, Records, Signals, Store, now_ms};
+use crate::{Budgets, Experiments, Keys, Records, Signals, Store, now_ms};
 
 #[derive(Debug, Clone)]
 pub struct Controlplane {
@@ -17,6 +17,7 @@ pub struct Controlplane {
     pub agents: crate::Agents,
     pub audit: crate::Audit,
     pub alerts: crate::Alerts,
+    pub experiments: Experiments,
     /// Becomes `true` when the process shuts down; long-lived streams end then.
     shutdown: watch::Receiver<bool>,
 }
@@ -39,7 +40,10 @@ impl Controlplane {
         let budgets = Budgets::load(store.clone(), now_ms()).await?;
         let records = Records::new(store.clone(), budgets.clone());
         let signals = Signals::start(store.clone());
+        let experiments = Experiments::load(store.clone()).await?;
+        experiments.spawn_refresher(crate::experiments::LIVE_REFRESH, shutdown.clone());
         Ok(Self {
+            experiments,
             usage: UsageReports::new(store.clone()),
             agents: crate::Agents::new(store.clone()),
             audit: crate::Audit::new(store.clone()),

@@ -17,6 +17,11 @@ pub enum Error {
     /// message names both rules, never the values).
     #[error("session mismatch: {0}")]
     SessionMismatch(String),
+    /// The call is valid but the state of what it names does not allow it now (an experiment
+    /// resumed that is not paused, a second running experiment on one agent); the message says
+    /// which rule.
+    #[error("failed precondition: {0}")]
+    FailedPrecondition(String),
     /// The named thing does not exist.
     #[error("not found: {0}")]
     NotFound(String),

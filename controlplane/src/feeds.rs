@@ -1,5 +1,5 @@
-//! What the controlplane streams to each dataplane, as domain types: the valid keys
-//! ([`key_snapshots`]) and the end-user budget state ([`budget_feed`]). Both send a heartbeat
+//! What the controlplane streams to each dataplane, as domain types: the valid keys and the live
+//! experiments ([`key_snapshots`]) and the end-user budget state ([`budget_feed`]). Both send a heartbeat
 //! every [`HEARTBEAT`] even when nothing changed, so a dataplane that hears nothing for a while
 //! knows its controlplane is gone, and both end when the process shuts down.
 //!
@@ -17,7 +17,7 @@ use tracing::debug;
 
 use crate::budgets::{FeedEvent, FullState, SpendDelta};
 use crate::store::Writability;
-use crate::{Budgets, KeySnapshot, Keys, now_ms};
+use crate::{Budgets, Experiments, KeySnapshot, Keys, now_ms};
 
 /// How often a watcher hears the current state even when nothing changed.
 pub const HEARTBEAT: Duration = Duration::from_secs(2);
@@ -26,9 +26,11 @@ pub const HEARTBEAT: Duration = Duration::from_secs(2);
 /// and every [`HEARTBEAT`]. Keys are sent as verifiers under `verifier` (never their hashes).
 /// Each snapshot also says whether the database takes writes (`write_problem`), and a change of
 /// that sends one at once: a dataplane is ready only while its controlplane can store what it
-/// sends.
+/// sends. And each carries the live experiments (`experiments`): a change of that set sends one
+/// at once too.
 pub fn key_snapshots(
     keys: &Keys,
+    experiments: &Experiments,
     writability: &Writability,
     verifier: VerifierKey,
     name: String,
@@ -36,6 +38,7 @@ pub fn key_snapshots(
 ) -> mpsc::Receiver<KeyVerifiers> {
     let mut current = keys.cache().subscribe();
     let mut writable = writability.subscribe();
+    let mut live = experiments.subscribe();
     let (tx, rx) = mpsc::channel(4);
     tokio::spawn(async move {
         debug!(dataplane = %name, "key watcher connected");
@@ -43,12 +46,14 @@ pub fn key_snapshots(
         loop {
             let mut snapshot = verifiers(&current.borrow_and_update(), &verifier);
             snapshot.write_problem = writable.borrow_and_update().map(str::to_owned);
+            snapshot.experiments = live.borrow_and_update().experiments.clone();
             if tx.send(snapshot).await.is_err() {
                 break;
             }
             tokio::select! {
                 changed = current.changed() => if changed.is_err() { break },
                 changed = writable.changed() => if changed.is_err() { break },
+                changed = live.changed() => if changed.is_err() { break },
                 _ = heartbeat.tick() => {}
                 _ = shutdown.wait_for(|stop| *stop) => break,
             }

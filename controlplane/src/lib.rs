@@ -2,7 +2,7 @@
 //!
 //! It owns the database (SQLite embedded by default, PostgreSQL in production, both through
 //! SeaORM with the same migrations) and the logic on top of it: API keys
-//! and their roles and scopes ([`keys`]), the audit trail of admin changes ([`audit`]), proxied-request records ([`records`]) and end-user signals ([`signals`]). It
+//! and their roles and scopes ([`keys`]), the audit trail of admin changes ([`audit`]), experiments and the live set dataplanes apply ([`experiments`]), proxied-request records ([`records`]) and end-user signals ([`signals`]). It
 //! owns the rules every record and signal from a dataplane passes ([`link`]), whatever adapter
 //! brought it. It knows nothing of gRPC or HTTP: the root crate adapts these calls to tonic,
 //! mapping [`Error`] to a gRPC status in one place.
@@ -21,6 +21,8 @@ pub mod audit;
 pub mod budgets;
 #[forbid(unsafe_code)]
 pub mod error;
+#[forbid(unsafe_code)]
+pub mod experiments;
 #[forbid(unsafe_code)]
 pub mod feeds;
 #[forbid(unsafe_code)]
@@ -51,6 +53,7 @@ pub use app::Controlplane;
 pub use audit::Audit;
 pub use budgets::Budgets;
 pub use error::Error;
+pub use experiments::Experiments;
 pub use keys::{CreatedKey, KeyCache, KeyChange, KeyInfo, KeySnapshot, Keys, NewKey};
 pub use link::{MAX_INGEST_BATCH, SignalOutcome};
 pub use nm_types::signal::Signal;

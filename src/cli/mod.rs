@@ -1,10 +1,11 @@
-//! Admin commands (`nm-gateway keys|agents|budgets|usage|audit|alerts ...`): gRPC calls to the controlplane
+//! Admin commands (`nm-gateway keys|agents|budgets|experiments|usage|audit|alerts ...`): gRPC calls to the controlplane
 //! with the admin key in `nm-key` metadata, printed as a table or, with `--json`, as JSON.
 
 mod alerts;
 mod analytics;
 mod audit;
 mod budgets;
+mod experiments;
 mod keys;
 mod signals;
 mod usage;
@@ -14,6 +15,7 @@ pub use analytics::{OutcomesArgs, RecommendArgs, RecomputeArgs, print_analytics}
 
 pub use audit::{AuditArgs, audit};
 pub use budgets::{BudgetsCommand, budgets};
+pub use experiments::{ExperimentsCommand, experiments};
 pub use keys::{KeysCommand, keys};
 pub use signals::{SignalsCommand, signals};
 pub use usage::{UsageArgs, usage};

@@ -119,6 +119,7 @@ impl Link for LinkService {
         let name = dataplane_name(req.into_inner().dataplane)?;
         let rx = feeds::key_snapshots(
             &self.cp.keys,
+            &self.cp.experiments,
             self.cp.store.writability(),
             self.verifier.clone(),
             name,

@@ -1,5 +1,6 @@
 //! gRPC: the generated code for proto/ (the admin API [`pb`] and the internal link
-//! [`link_pb`]), the controlplane's services ([`server`], [`analytics`], [`link_server`]), the
+//! [`link_pb`]), the controlplane's services ([`server`], [`analytics`], [`experiments`],
+//! [`link_server`]), the
 //! roles admin calls need ([`require_admin`] for changes, [`require_reader`] for reads), the
 //! admin API's mappings between protobuf and domain types ([`convert`]; the link's are
 //! `nm_types::link`), the one mapping from controlplane errors to gRPC status ([`status`]), and
@@ -8,6 +9,7 @@
 pub mod alerts;
 pub mod analytics;
 pub mod convert;
+pub mod experiments;
 pub mod link_server;
 pub mod server;
 pub mod status;

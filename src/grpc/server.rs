@@ -1,5 +1,6 @@
 //! The controlplane's gRPC server: the admin API (`nm.v1.Keys`, `Audit`, `Agents`, `Budgets`, `Usage`,
-//! `Analytics` — the last in [`super::analytics`] — and `Status`, readiness without a key), the
+//! `Analytics` — in [`super::analytics`] —, `Experiments` — in [`super::experiments`] — and
+//! `Status`, readiness without a key), the
 //! internal link `nm.link.v1.Link` ([`super::link_server`], for dataplanes, behind the link
 //! secret), `grpc.health.v1.Health` (NOT_SERVING while the database does not answer) and server
 //! reflection; over TLS (and mTLS) when configured.
@@ -25,12 +26,14 @@ use tracing::{info, warn};
 use crate::config::{Secret, ServerTls};
 
 use super::analytics::AnalyticsService;
+use super::experiments::ExperimentsService;
 use super::link_pb::link_server::LinkServer;
 use super::pb::agents_server::{Agents, AgentsServer};
 use super::pb::alerts_server::AlertsServer;
 use super::pb::analytics_server::AnalyticsServer;
 use super::pb::audit_server::{Audit as AuditApi, AuditServer};
 use super::pb::budgets_server::{Budgets as BudgetsApi, BudgetsServer};
+use super::pb::experiments_server::ExperimentsServer;
 use super::pb::keys_server::{Keys as KeysApi, KeysServer};
 use super::pb::status_server::{Status as StatusApi, StatusServer};
 use super::pb::usage_server::{Usage as UsageApi, UsageServer};
@@ -48,6 +51,9 @@ pub struct Options {
     pub tls: Option<ServerTls>,
     /// Server spans of the link's traced calls (tracing on).
     pub tracing: Option<crate::otel::link::LinkTracing>,
+    /// The providers experiments' arms may name: the same provider settings as the
+    /// dataplanes'.
+    pub providers: Arc<nm_controlplane::experiments::Catalogue>,
 }
 
 // === impl Keys ===
@@ -593,6 +599,9 @@ pub async fn serve(
         .await;
     reporter.set_serving::<StatusServer<StatusService>>().await;
     reporter
+        .set_serving::<ExperimentsServer<ExperimentsService>>()
+        .await;
+    reporter
         .set_serving::<LinkServer<super::link_server::LinkService>>()
         .await;
     let reflection = tonic_reflection::server::Builder::configure()
@@ -639,6 +648,10 @@ pub async fn serve(
         .add_service(StatusServer::new(StatusService(cp.clone())))
         .add_service(BudgetsServer::new(BudgetsService(cp.clone())))
         .add_service(UsageServer::new(UsageService(cp.clone())))
+        .add_service(ExperimentsServer::new(ExperimentsService {
+            cp: cp.clone(),
+            providers: options.providers,
+        }))
         .add_service(AnalyticsServer::new(AnalyticsService {
             analytics: nm_controlplane::analytics::Analytics::new(cp.store.clone())
                 .with_alerts(cp.alerts.clone()),

@@ -21,6 +21,7 @@ pub fn to_status(e: Error) -> Status {
             s
         }
         Error::NotFound(m) => Status::not_found(m),
+        Error::FailedPrecondition(m) => Status::failed_precondition(m),
         Error::Database(db) => unavailable(&db),
         Error::Sqlite(db) => unavailable(&db),
         Error::Unavailable(m) => Status::unavailable(m),

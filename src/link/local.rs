@@ -64,6 +64,7 @@ impl Port for InProcess {
     async fn watch_keys(&self, dataplane: &str) -> Result<LinkStream<KeyVerifiers>, LinkError> {
         let rx = nm_controlplane::feeds::key_snapshots(
             &self.cp.keys,
+            &self.cp.experiments,
             self.cp.store.writability(),
             self.verifier.clone(),
             dataplane.to_owned(),

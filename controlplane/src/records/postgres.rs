@@ -5,7 +5,7 @@
 //! Earlier versions sent multi-row `VALUES` lists in a few fixed sizes through sea-orm: 28
 //! parameters a row, each text value copied into a `sea_query::Value`, cloned again by sea-orm,
 //! and the server parsing and binding up to 7,168 parameters per statement. Here a batch of any
-//! size is one statement of 28 parameters (one prepared statement per connection), the arrays
+//! size is one statement of 31 parameters (one prepared statement per connection), the arrays
 //! are encoded from borrowed strings, and nothing is copied per value but into sqlx's buffer.
 
 use std::collections::HashSet;

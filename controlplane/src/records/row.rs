@@ -11,7 +11,7 @@ use super::RequestRecord;
 use crate::sql::insert_values;
 
 /// `requests` columns, in the order of [`row_cells`].
-pub(super) const COLUMNS: [&str; 28] = [
+pub(super) const COLUMNS: [&str; 31] = [
     "request_id",
     "started_at_ms",
     "key_id",
@@ -40,6 +40,9 @@ pub(super) const COLUMNS: [&str; 28] = [
     "usage_status",
     "trace_id",
     "span_id",
+    "experiment_id",
+    "arm",
+    "requested_model",
 ];
 
 /// One value of a `requests` row, borrowed from its record: bound by rusqlite on SQLite, gathered
@@ -123,6 +126,13 @@ pub(super) fn row_cells(r: &RequestRecord) -> [Cell<'_>; COLUMNS.len()] {
         Cell::Text(Some(r.usage_status.as_str())),
         Cell::Hex(r.trace.as_ref().map(|t| Hex::of(&t.trace_id))),
         Cell::Hex(r.trace.as_ref().map(|t| Hex::of(&t.span_id))),
+        Cell::Text(r.variant.as_ref().map(|v| &*v.experiment)),
+        Cell::Text(r.variant.as_ref().map(|v| &*v.arm)),
+        Cell::Text(
+            r.variant
+                .as_ref()
+                .and_then(|v| v.requested_model.as_deref()),
+        ),
     ]
 }
 

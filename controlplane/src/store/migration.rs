@@ -23,6 +23,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0008_signal_request_id::Migration),
             Box::new(m0009_signal_source::Migration),
             Box::new(m0010_key_scopes_audit::Migration),
+            Box::new(m0011_experiments::Migration),
             Box::new(m0013_alerts::Migration),
             Box::new(m0101_write_probe::Migration),
         ]
@@ -990,6 +991,101 @@ mod m0010_key_scopes_audit {
             for (column, _) in KEY_COLUMNS {
                 db.execute_unprepared(&format!("ALTER TABLE api_keys DROP COLUMN {column}"))
                     .await?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Experiments (issue 33): `experiments` (one row each: agent, env, state, the secret salt of
+/// its assignment, unit, guardrails, limits, what to act on by itself, winner, promoted, the
+/// reason of its state), `experiment_arms` (its arms in order: name, provider, model, weight,
+/// rolled back) and `experiment_events` (its history: every state change and action, by whom).
+/// `requests` gains the experiment and arm that served each request and the model the client
+/// named when the arm changed it, indexed for the per-arm counts. Every new column of
+/// `requests` is NULL on existing rows (they were in no experiment). The same SQL on SQLite and
+/// PostgreSQL.
+mod m0011_experiments {
+    use super::*;
+
+    pub struct Migration;
+
+    impl MigrationName for Migration {
+        fn name(&self) -> &str {
+            "m0011_experiments"
+        }
+    }
+
+    const UP: [&str; 9] = [
+        "CREATE TABLE IF NOT EXISTS experiments (\
+         id TEXT PRIMARY KEY, \
+         agent TEXT NOT NULL, \
+         env TEXT, \
+         state TEXT NOT NULL, \
+         salt TEXT NOT NULL, \
+         unit TEXT NOT NULL, \
+         guardrails TEXT NOT NULL, \
+         max_sessions BIGINT, \
+         max_days BIGINT, \
+         auto_promote BOOLEAN NOT NULL, \
+         auto_rollback BOOLEAN NOT NULL, \
+         description TEXT NOT NULL, \
+         winner TEXT, \
+         promoted BOOLEAN NOT NULL, \
+         reason TEXT NOT NULL, \
+         created_at_ms BIGINT NOT NULL, \
+         updated_at_ms BIGINT NOT NULL)",
+        // An agent's experiments by state: the conflict check of a create, the live set.
+        "CREATE INDEX IF NOT EXISTS idx_experiments_agent_state ON experiments (agent, state)",
+        "CREATE TABLE IF NOT EXISTS experiment_arms (\
+         experiment_id TEXT NOT NULL REFERENCES experiments (id), \
+         position INTEGER NOT NULL, \
+         name TEXT NOT NULL, \
+         provider TEXT NOT NULL, \
+         model TEXT NOT NULL, \
+         weight BIGINT NOT NULL, \
+         rolled_back BOOLEAN NOT NULL, \
+         PRIMARY KEY (experiment_id, position), \
+         UNIQUE (experiment_id, name))",
+        "CREATE TABLE IF NOT EXISTS experiment_events (\
+         id TEXT PRIMARY KEY, \
+         experiment_id TEXT NOT NULL REFERENCES experiments (id), \
+         at_ms BIGINT NOT NULL, \
+         kind TEXT NOT NULL, \
+         arm TEXT, \
+         actor TEXT NOT NULL, \
+         detail TEXT NOT NULL)",
+        "CREATE INDEX IF NOT EXISTS idx_experiment_events_time \
+         ON experiment_events (experiment_id, at_ms, id)",
+        "ALTER TABLE requests ADD COLUMN experiment_id TEXT",
+        "ALTER TABLE requests ADD COLUMN arm TEXT",
+        "ALTER TABLE requests ADD COLUMN requested_model TEXT",
+        // The per-arm counts of an experiment.
+        "CREATE INDEX IF NOT EXISTS idx_requests_experiment ON requests (experiment_id, arm)",
+    ];
+
+    #[async_trait::async_trait]
+    impl MigrationTrait for Migration {
+        async fn up(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            let db = m.get_connection();
+            for sql in UP {
+                db.execute_unprepared(sql).await?;
+            }
+            Ok(())
+        }
+
+        async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            let db = m.get_connection();
+            for sql in [
+                "DROP INDEX IF EXISTS idx_requests_experiment",
+                "ALTER TABLE requests DROP COLUMN requested_model",
+                "ALTER TABLE requests DROP COLUMN arm",
+                "ALTER TABLE requests DROP COLUMN experiment_id",
+                "DROP TABLE IF EXISTS experiment_events",
+                "DROP TABLE IF EXISTS experiment_arms",
+                "DROP TABLE IF EXISTS experiments",
+            ] {
+                db.execute_unprepared(sql).await?;
             }
             Ok(())
         }

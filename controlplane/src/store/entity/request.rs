@@ -33,6 +33,13 @@ pub struct Model {
     pub cost_micros: Option<i64>,
     /// `reported`, `partial`, `missing` or `not_applicable`.
     pub usage_status: String,
+    pub trace_id: Option<String>,
+    pub span_id: Option<String>,
+    /// The experiment whose arm served the request (NULL: in none).
+    pub experiment_id: Option<String>,
+    pub arm: Option<String>,
+    /// The model the client named, when the arm sent another one (`model` is the one served).
+    pub requested_model: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
