@@ -21,7 +21,7 @@ use std::sync::Arc;
 use siphasher::sip::SipHasher24;
 
 use crate::Env;
-use crate::record::{MAX_MODEL_LEN, MAX_NAME_LEN, text_ok};
+use crate::{MAX_MODEL_LEN, MAX_NAME_LEN, text_ok};
 
 /// Most arms one experiment may have.
 pub const MAX_ARMS: usize = 16;

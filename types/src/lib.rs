@@ -392,3 +392,14 @@ impl Usage {
 /// whose clock was wrong, for no gain: a time only places a record in reports. (Here, not in
 /// `record`, so that `record` and `signal`, which names it too, import one way only.)
 pub const TIME_RANGE_MS: std::ops::Range<i64> = 0..4_102_444_800_000;
+
+/// Longest key id, provider name, error code or finish reason (here, not in `record`, so that
+/// `record` and `experiment`, which name them too, import one way only).
+pub const MAX_NAME_LEN: usize = 64;
+/// Longest model name (requested or answered).
+pub const MAX_MODEL_LEN: usize = 256;
+
+/// Text of 1 to `max` bytes without control characters: the rule of most names a record holds.
+pub(crate) fn text_ok(s: &str, max: usize) -> bool {
+    !s.is_empty() && s.len() <= max && !s.chars().any(char::is_control)
+}

@@ -18,18 +18,14 @@ use std::sync::Arc;
 
 use crate::experiment::Variant;
 use crate::signal::{MAX_EDIT_DISTANCE, RequestId, Rule};
-use crate::{Env, SessionId, Usage, UsageStatus, parse_agent, parse_user};
+use crate::{Env, SessionId, Usage, UsageStatus, parse_agent, parse_user, text_ok};
 
 /// Longest request id (a UUIDv7 is 36).
 pub const MAX_REQUEST_ID_LEN: usize = 64;
-/// Longest key id, provider name, error code or finish reason.
-pub const MAX_NAME_LEN: usize = 64;
 /// Longest HTTP method.
 pub const MAX_METHOD_LEN: usize = 16;
 /// Longest native path kept in a record; [`shorten_path`] shortens longer ones.
 pub const MAX_PATH_LEN: usize = 2048;
-/// Longest model name (requested or answered).
-pub const MAX_MODEL_LEN: usize = 256;
 /// Most tokens of any kind one request may report.
 pub const MAX_TOKENS: u64 = 1_000_000_000;
 /// Largest cost or budget charge of one request, in micro-dollars ($1,000,000).
@@ -38,7 +34,7 @@ pub const MAX_MICROS: u64 = 1_000_000_000_000;
 pub const MAX_DURATION_MS: u64 = 7 * 24 * 3_600_000;
 /// Most response bytes one request may report (1 PiB).
 pub const MAX_RESPONSE_BYTES: u64 = 1 << 50;
-pub use crate::TIME_RANGE_MS;
+pub use crate::{MAX_MODEL_LEN, MAX_NAME_LEN, TIME_RANGE_MS};
 /// Most implicit signals one record may carry (one per rule).
 pub const MAX_INFERRED: usize = Rule::ALL.len();
 
@@ -194,9 +190,6 @@ pub fn shorten_path(path: &mut String) {
     path.push_str(MARK);
 }
 
-pub(crate) fn text_ok(s: &str, max: usize) -> bool {
-    !s.is_empty() && s.len() <= max && !s.chars().any(char::is_control)
-}
 
 impl RequestRecord {
     /// The rule this record breaks, if any (the message names the field, never the value).
