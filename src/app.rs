@@ -231,6 +231,11 @@ async fn controlplane(
             .with_alerts(cp.alerts.clone())
             .spawn_scheduler(every, stop.clone())
     });
+    // Running experiments are evaluated on the same schedule; their changes are announced.
+    let evaluator = settings.analytics_interval.map(|every| {
+        cp.experiments
+            .spawn_evaluator(every, Some(cp.alerts.clone()), stop.clone())
+    });
     let alerts = cp.alerts.spawn_worker(
         std::sync::Arc::new(crate::webhooks::WebhookClient::new()?),
         settings.alert_retry,
@@ -248,6 +253,10 @@ async fn controlplane(
         if let Some(scheduler) = scheduler {
             scheduler.abort();
             let _ = scheduler.await;
+        }
+        if let Some(evaluator) = evaluator {
+            evaluator.abort();
+            let _ = evaluator.await;
         }
         alerts.abort();
         let _ = alerts.await;

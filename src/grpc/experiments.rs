@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use nm_controlplane::Controlplane;
 use nm_controlplane::experiments::{
-    ArmCounts, ArmSpec, Catalogue, Event, Experiment, ExperimentArm, ListFilter, NewExperiment,
+    ArmSpec, Catalogue, Event, Evidence, Experiment, ExperimentArm, ListFilter, NewExperiment,
 };
 use nm_types::Env;
 use tonic::{Request, Response, Status};
@@ -93,13 +93,13 @@ impl ExperimentsApi for ExperimentsService {
             .get(id.trim())
             .await
             .map_err(to_status)?;
-        let counts = self
+        let evidence = self
             .cp
             .experiments
-            .arm_counts(&e.id)
+            .evidence(&e, nm_controlplane::now_ms())
             .await
             .map_err(to_status)?;
-        Ok(Response::new(report_to_pb(&e, &counts)))
+        Ok(Response::new(report_to_pb(&e, &evidence)))
     }
 
     async fn pause_experiment(
@@ -235,25 +235,47 @@ pub fn experiment_to_pb(e: &Experiment) -> pb::Experiment {
 
 /// The experiment with what `requests` counts per arm. The evidence (judged units, successes,
 /// intervals, guardrails, summary, units to a decision) is the evaluation's to fill.
-pub fn report_to_pb(e: &Experiment, counts: &[ArmCounts]) -> pb::ExperimentReport {
+pub fn report_to_pb(e: &Experiment, ev: &Evidence) -> pb::ExperimentReport {
     pb::ExperimentReport {
         experiment: Some(experiment_to_pb(e)),
         arms: e
             .arms
             .iter()
-            .map(|a| {
-                let c = counts.iter().find(|c| c.arm == a.name);
+            .zip(&ev.counts)
+            .enumerate()
+            .map(|(i, (a, c))| {
+                let judged = ev.arm(i);
                 pb::ArmReport {
                     arm: Some(arm_to_pb(a)),
-                    sessions: c.map_or(0, |c| c.sessions),
-                    requests: c.map_or(0, |c| c.requests),
-                    cost_micros: c.map_or(0, |c| c.cost_micros),
-                    ..Default::default()
+                    sessions: c.sessions,
+                    requests: c.requests,
+                    signals: c.signals,
+                    judged: c.judged,
+                    successes: c.successes,
+                    success_rate: judged.map_or(0.0, |j| j.rate),
+                    success_interval: judged.map(|j| pb::Interval {
+                        lower: j.interval.lower,
+                        upper: j.interval.upper,
+                    }),
+                    cost_micros: c.cost_micros,
+                    cost_per_success_micros: judged.and_then(|j| j.cost_per_success_micros),
+                    guardrails: judged
+                        .map(|j| {
+                            j.guardrails
+                                .iter()
+                                .map(|(g, value, status)| pb::GuardrailReport {
+                                    name: g.as_str().to_owned(),
+                                    value: *value,
+                                    status: status.name().to_owned(),
+                                })
+                                .collect()
+                        })
+                        .unwrap_or_default(),
                 }
             })
             .collect(),
-        summary: String::new(),
-        units_to_decision: None,
+        summary: ev.evaluation.summary.clone(),
+        units_to_decision: ev.evaluation.units_to_decision,
     }
 }
 

@@ -190,7 +190,6 @@ pub fn shorten_path(path: &mut String) {
     path.push_str(MARK);
 }
 
-
 impl RequestRecord {
     /// The rule this record breaks, if any (the message names the field, never the value).
     pub fn check(&self) -> Result<(), &'static str> {

@@ -47,16 +47,17 @@
 //! interval still allows.
 
 use std::fmt::Write as _;
+use std::str::FromStr;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use super::stats::{self, FAMILY_ALPHA, Interval, MIN_SAMPLES_PER_ARM, Proportion};
+use crate::error::{Error, Result};
 
 /// What an experiment's primary metric counts.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum Unit {
-    /// A session: its last signal decides.
+    /// A session: its last signal decides (the default).
     #[default]
     Session,
     /// An answer named by signals (`request_id`).
@@ -64,30 +65,52 @@ pub enum Unit {
 }
 
 impl Unit {
-    pub fn name(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Self::Session => "session",
             Self::Request => "request",
         }
     }
+}
 
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "" | "session" => Some(Self::Session),
-            "request" => Some(Self::Request),
-            _ => None,
+impl FromStr for Unit {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim() {
+            "" | "session" => Ok(Self::Session),
+            "request" => Ok(Self::Request),
+            other => Err(Error::InvalidArgument(format!(
+                "unit: {other:?} is not session or request"
+            ))),
         }
     }
 }
 
-/// A guardrail an operator picks for an experiment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+/// A measure that stops an arm early when it is worse (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Guardrail {
     Abandonment,
     ErrorRate,
     CostPerSession,
     P95Latency,
+}
+
+impl FromStr for Guardrail {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        let s = s.trim();
+        Self::ALL
+            .into_iter()
+            .find(|g| g.as_str() == s)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "guardrails: {s:?} is not one of abandonment, error_rate, cost_per_session, \
+                 p95_latency"
+                ))
+            })
+    }
 }
 
 impl Guardrail {
@@ -98,17 +121,13 @@ impl Guardrail {
         Self::P95Latency,
     ];
 
-    pub fn name(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Self::Abandonment => "abandonment",
             Self::ErrorRate => "error_rate",
             Self::CostPerSession => "cost_per_session",
             Self::P95Latency => "p95_latency",
         }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|g| g.name() == s)
     }
 
     /// The guardrail's bad events of an arm, out of its units.
@@ -430,7 +449,7 @@ fn summary(
     ruled_out: Option<f64>,
     to_go: Option<u64>,
 ) -> String {
-    let unit = plan.unit.name();
+    let unit = plan.unit.as_str();
     let pct = |x: f64| format!("{:.1}%", 100.0 * x);
     let mut s = String::new();
     match verdict {
@@ -459,7 +478,7 @@ fn summary(
                 s,
                 "{} is worse on {} than another arm, with anytime-valid evidence at 5%.",
                 arms[*arm].name,
-                guardrail.name()
+                guardrail.as_str()
             );
         }
         Verdict::Inconclusive { ruled_out } => {

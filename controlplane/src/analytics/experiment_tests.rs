@@ -126,12 +126,12 @@ fn a_guardrail_stops_the_worse_arm_before_any_winner() {
 #[test]
 fn names_read_back() {
     for g in Guardrail::ALL {
-        assert_eq!(Guardrail::parse(g.name()), Some(g));
+        assert_eq!(g.as_str().parse::<Guardrail>().ok(), Some(g));
     }
-    assert_eq!(Guardrail::parse("latency"), None);
-    assert_eq!(Unit::parse(""), Some(Unit::Session));
-    assert_eq!(Unit::parse("request"), Some(Unit::Request));
-    assert_eq!(Unit::parse("user"), None);
+    assert!("latency".parse::<Guardrail>().is_err());
+    assert_eq!("".parse::<Unit>().ok(), Some(Unit::Session));
+    assert_eq!("request".parse::<Unit>().ok(), Some(Unit::Request));
+    assert!("user".parse::<Unit>().is_err());
 }
 
 /// Equal arms, looked at after every unit up to 1,000: a wrong decision in at most 5% of

@@ -34,6 +34,7 @@
 //! [`LIVE_REFRESH`] (another replica's changes); every key snapshot carries it
 //! (`crate::feeds::key_snapshots`).
 
+mod evaluate;
 mod rules;
 #[cfg(test)]
 mod tests;
@@ -57,6 +58,7 @@ use crate::sql::Sql;
 use crate::store::Store;
 use crate::store::entity::{experiment, experiment_arm, experiment_event};
 
+pub use evaluate::Evidence;
 pub use rules::{
     Action, ArmSpec, Catalogue, Checked, Guardrail, MAX_DESCRIPTION_CHARS, MAX_REASON_CHARS,
     NewExperiment, ProviderInfo, State, Unit, allowed, check,
@@ -186,15 +188,6 @@ pub struct Event {
     /// A key id, or `system`.
     pub actor: String,
     pub detail: String,
-}
-
-/// What `requests` says of one arm: counted, not judged.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ArmCounts {
-    pub arm: String,
-    pub sessions: u64,
-    pub requests: u64,
-    pub cost_micros: u64,
 }
 
 /// The experiments that change traffic now, as every key snapshot carries them.
@@ -357,36 +350,6 @@ impl Experiments {
                 detail: r.detail,
             })
             .collect())
-    }
-
-    /// Sessions, requests and cost per arm, from `requests` (arms without a request: absent).
-    pub async fn arm_counts(&self, id: &str) -> Result<Vec<ArmCounts>> {
-        let backend = self.store.backend();
-        let cost = match backend {
-            DatabaseBackend::Sqlite => "CAST(MIN(TOTAL(cost_micros), 9.3e18) AS INTEGER)",
-            _ => "CAST(LEAST(COALESCE(SUM(cost_micros), 0), 9223372036854775807) AS BIGINT)",
-        };
-        let mut sql = Sql::new(
-            backend,
-            &format!(
-                "SELECT arm, COUNT(*) AS requests, COUNT(DISTINCT session_id) AS sessions, \
-                 {cost} AS cost FROM requests WHERE experiment_id = "
-            ),
-        );
-        sql.bind(id.to_owned())
-            .push(" AND arm IS NOT NULL GROUP BY arm ORDER BY arm");
-        let rows = self.store.conn().query_all_raw(sql.build()).await?;
-        let n = |v: i64| u64::try_from(v).unwrap_or(0);
-        rows.into_iter()
-            .map(|row| {
-                Ok(ArmCounts {
-                    arm: row.try_get("", "arm")?,
-                    requests: n(row.try_get("", "requests")?),
-                    sessions: n(row.try_get("", "sessions")?),
-                    cost_micros: n(row.try_get::<Option<i64>>("", "cost")?.unwrap_or(0)),
-                })
-            })
-            .collect()
     }
 
     /// Each row with its arms (one query for all), or why it could not be read.

@@ -1034,7 +1034,9 @@ mod m0011_experiments {
          promoted BOOLEAN NOT NULL, \
          reason TEXT NOT NULL, \
          created_at_ms BIGINT NOT NULL, \
-         updated_at_ms BIGINT NOT NULL)",
+         updated_at_ms BIGINT NOT NULL, \
+         latency_threshold_ms BIGINT, \
+         cost_threshold_micros BIGINT)",
         // An agent's experiments by state: the conflict check of a create, the live set.
         "CREATE INDEX IF NOT EXISTS idx_experiments_agent_state ON experiments (agent, state)",
         "CREATE TABLE IF NOT EXISTS experiment_arms (\

@@ -1,7 +1,9 @@
 //! `experiments`: one row per experiment (see `crate::experiments`): its agent and env, state,
 //! the secret salt of its assignment, primary unit, guardrails, limits, what it may act on by
 //! itself, its winner and whether that was promoted. Its arms are `experiment_arms`, its
-//! history `experiment_events`.
+//! history `experiment_events`. Its guardrails' thresholds (`latency_threshold_ms`,
+//! `cost_threshold_micros`, NULL until fixed) are read and written by the evaluation's own
+//! statements (`crate::experiments::evaluate`), not through this entity.
 
 use sea_orm::entity::prelude::*;
 
