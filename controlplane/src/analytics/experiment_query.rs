@@ -45,7 +45,7 @@ const FAILED: &str = "(status >= 500 OR status = 429 OR error_code = 'upstream_b
 fn keys(ev: Evidence) -> String {
     let class = class_case();
     let implicit = if !ev.implicit {
-        "NULL".to_owned()
+        "CAST(NULL AS BIGINT)".to_owned()
     } else if ev.continued {
         format!("MAX(CASE WHEN source = 'implicit' THEN received_at_ms * 4 + ({class}) END)")
     } else {
