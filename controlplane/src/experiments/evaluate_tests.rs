@@ -42,10 +42,18 @@ fn new(guardrails: &[&str], auto: bool) -> NewExperiment {
     }
 }
 
-async fn store() -> (tempfile::TempDir, Store) {
+/// Runs `test` on a fresh SQLite file and, when the test database is configured, on a fresh
+/// PostgreSQL database.
+async fn on_both<F: std::future::Future<Output = ()>>(test: impl Fn(Store) -> F) {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}/x.db?mode=rwc", dir.path().display());
-    (dir, Store::connect(&url).await.unwrap())
+    test(Store::connect(&url).await.unwrap()).await;
+    if let Some(db) = crate::scratch::ScratchPg::for_tests().await {
+        let store = Store::connect(&db.url).await.unwrap();
+        test(store.clone()).await;
+        store.close().await.unwrap();
+        crate::scratch::drop_test_db(&db.url).await;
+    }
 }
 
 /// `sessions` sessions on `arm`, one request each (status `status`), of which `successes`
@@ -107,9 +115,12 @@ async fn traffic(
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_better_arm_is_decided_promoted_and_announced() {
-    let (_dir, store) = store().await;
+    on_both(a_better_arm_is_decided_promoted_and_announced_on).await;
+}
+
+async fn a_better_arm_is_decided_promoted_and_announced_on(store: Store) {
     let x = Experiments::load(store.clone()).await.unwrap();
     let alerts = Alerts::new(store.clone());
     let e = x
@@ -170,9 +181,12 @@ async fn a_better_arm_is_decided_promoted_and_announced() {
     assert_eq!(row.try_get::<i64>("", "n").unwrap(), 1);
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_guardrail_stops_the_worse_arm_and_rolls_it_back() {
-    let (_dir, store) = store().await;
+    on_both(a_guardrail_stops_the_worse_arm_and_rolls_it_back_on).await;
+}
+
+async fn a_guardrail_stops_the_worse_arm_and_rolls_it_back_on(store: Store) {
     let x = Experiments::load(store.clone()).await.unwrap();
     let e = x
         .create("key_admin", new(&["error_rate"], true), &catalogue())
@@ -223,9 +237,12 @@ async fn a_guardrail_stops_the_worse_arm_and_rolls_it_back() {
     assert_eq!(x.live().experiments[0].arms.len(), 1);
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limits_end_an_experiment_inconclusive_and_thresholds_are_fixed_once() {
-    let (_dir, store) = store().await;
+    on_both(limits_end_an_experiment_inconclusive_and_thresholds_are_fixed_once_on).await;
+}
+
+async fn limits_end_an_experiment_inconclusive_and_thresholds_are_fixed_once_on(store: Store) {
     let x = Experiments::load(store.clone()).await.unwrap();
     let mut n = new(&["p95_latency"], false);
     n.max_sessions = 100;
