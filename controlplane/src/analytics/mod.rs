@@ -188,6 +188,10 @@ fn carried(
         .spending(&week, stats::stretch_share(week_stretch(now_ms, origin_ms)))
 }
 
+/// A stored look as [`Analytics::announce`] compares it: its time and its recommendations'
+/// kinds and subjects.
+type Look = (i64, Vec<(Kind, Option<String>)>);
+
 /// Analytics over the controlplane's database. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Analytics {
@@ -362,7 +366,7 @@ impl Analytics {
         let agent = nm_types::parse_agent(agent)
             .map_err(|e| Error::InvalidArgument(format!("agent: {e}")))?;
         let stored_before = self.stored_with_sequences(&agent).await?;
-        let before: Option<(i64, Vec<(Kind, Option<String>)>)> = stored_before.as_ref().map(|s| {
+        let before: Option<Look> = stored_before.as_ref().map(|s| {
             let r = &s.report;
             let recs = r
                 .recommendations
@@ -394,7 +398,7 @@ impl Analytics {
     async fn announce(
         &self,
         agent: &str,
-        before: Option<(i64, Vec<(Kind, Option<String>)>)>,
+        before: Option<Look>,
         now: &AgentAnalytics,
     ) {
         let Some(alerts) = &self.alerts else {
