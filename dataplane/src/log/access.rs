@@ -190,6 +190,10 @@ impl Fields for AccessSpan<'_> {
         if let Some(e) = r.env {
             f("nm.env", Val::Str(e.as_str()));
         }
+        if let Some(v) = &r.variant {
+            f("nm.experiment", Val::Str(&v.experiment));
+            f("nm.arm", Val::Str(&v.arm));
+        }
         f("nm.key_id", Val::Str(&r.key_id));
         f("http.response.status_code", Val::Num(r.status.into()));
         f("nm.latency_ms", Val::Num(r.latency_ms));
