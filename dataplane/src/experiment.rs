@@ -338,3 +338,7 @@ pub fn rewrite_path(path: &str, span: Range<usize>, model_path: &str) -> String 
     out
 }
 
+
+#[cfg(test)]
+#[path = "experiment_tests.rs"]
+mod tests;
