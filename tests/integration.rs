@@ -9,6 +9,7 @@ mod answer_signals;
 mod budgets;
 mod docs;
 mod errors;
+mod experiments_proxy;
 mod faults;
 mod implicit;
 mod implicit_signals;

@@ -220,12 +220,15 @@ impl Experiments {
         let mut format = None;
         let mut arms = Vec::with_capacity(e.arms.len());
         for arm in &e.arms {
-            let provider = self.inner.registry.get(&arm.provider).cloned().ok_or_else(|| {
-                Refused::UnknownProvider {
+            let provider = self
+                .inner
+                .registry
+                .get(&arm.provider)
+                .cloned()
+                .ok_or_else(|| Refused::UnknownProvider {
                     arm: arm.name.to_string(),
                     provider: arm.provider.to_string(),
-                }
-            })?;
+                })?;
             if *format.get_or_insert(provider.format) != provider.format {
                 return Err(Refused::MixedFormats);
             }
@@ -337,7 +340,6 @@ pub fn rewrite_path(path: &str, span: Range<usize>, model_path: &str) -> String 
     out.push_str(&path[span.end..]);
     out
 }
-
 
 #[cfg(test)]
 #[path = "experiment_tests.rs"]

@@ -57,10 +57,7 @@ fn applies_only_what_it_can_serve() {
             "mixed",
             "b",
             None,
-            vec![
-                arm("x", 1, "openai", "m"),
-                arm("y", 1, "anthropic", "n"),
-            ],
+            vec![arm("x", 1, "openai", "m"), arm("y", 1, "anthropic", "n")],
         ),
         live("bad id!", "c", None, two_arms()),
         live("no-arms", "d", None, Vec::new()),
@@ -100,7 +97,10 @@ fn matches_agent_env_session_and_format() {
     ]);
     let id = |a: Option<Assignment>| a.map(|a| a.id().to_string());
     let o = WireFormat::Openai;
-    assert_eq!(id(e.assign(Some("bot"), None, Some("s"), o)).as_deref(), Some("all-envs"));
+    assert_eq!(
+        id(e.assign(Some("bot"), None, Some("s"), o)).as_deref(),
+        Some("all-envs")
+    );
     assert_eq!(
         id(e.assign(Some("bot"), Some(Env::Production), Some("s"), o)).as_deref(),
         Some("all-envs")
@@ -113,7 +113,10 @@ fn matches_agent_env_session_and_format() {
     assert!(e.assign(None, None, Some("s"), o).is_none(), "no agent");
     assert!(e.assign(Some("bot"), None, None, o).is_none(), "no session");
     assert!(e.assign(Some("other"), None, Some("s"), o).is_none());
-    assert!(e.assign(Some("Bot"), None, Some("s"), o).is_none(), "agents are exact");
+    assert!(
+        e.assign(Some("Bot"), None, Some("s"), o).is_none(),
+        "agents are exact"
+    );
     assert!(
         e.assign(Some("bot"), None, Some("s"), WireFormat::Anthropic)
             .is_none(),
@@ -236,8 +239,11 @@ fn string_contents() -> impl Strategy<Value = String> {
 }
 
 fn ws() -> impl Strategy<Value = String> {
-    prop::collection::vec(prop_oneof![Just(" "), Just("\n"), Just("\t"), Just("\r\n")], 0..3)
-        .prop_map(|w| w.concat())
+    prop::collection::vec(
+        prop_oneof![Just(" "), Just("\n"), Just("\t"), Just("\r\n")],
+        0..3,
+    )
+    .prop_map(|w| w.concat())
 }
 
 /// One top-level member other than the model: nested "model" keys, strings mentioning it.

@@ -33,8 +33,8 @@ use crate::error::ProxyError;
 use crate::event::{Ending, RequestEvent};
 use crate::experiment::{Arm, Assignment, NM_VARIANT, rewrite_body, rewrite_path};
 use crate::forward::{
-    path_model, path_model_span, query_without_key, request_facts,
-    request_facts_with, strip_credentials, strip_response_headers, upstream_headers, upstream_uri,
+    path_model, path_model_span, query_without_key, request_facts, request_facts_with,
+    strip_credentials, strip_response_headers, upstream_headers, upstream_uri,
 };
 use crate::implicit::conversation::Conversation;
 use crate::implicit::{Implicit, Pending};
@@ -293,7 +293,7 @@ async fn forward(
             record.session_id.as_ref().map(|s| s.as_str()),
             provider.format,
         )
-        && let Some(served) = serve_arm(
+        && let Some((served, requested)) = serve_arm(
             &assignment,
             provider,
             (record.model.as_deref(), facts.model_span),
@@ -301,8 +301,8 @@ async fn forward(
             &mut record.path,
         )
     {
-        let requested = std::mem::replace(&mut record.model, Some(served.model.to_string()));
-        record.variant = Some(assignment.variant(requested));
+        record.model = Some(served.model.to_string());
+        record.variant = Some(assignment.variant(Some(requested)));
         if served.provider.name != provider.name {
             // The operator's credential for the arm's provider, never the client's for the
             // one it addressed.
@@ -367,16 +367,17 @@ async fn forward(
 /// The lines saying an arm could not serve for want of its provider's credential.
 static NO_CREDENTIAL: Throttle = Throttle::new(Duration::from_secs(1));
 
-/// Makes `body` or `path` name the assigned arm's model, and says where the request goes; None
-/// (nothing changed) when the arm cannot serve this request: the model is not named where the
-/// arm would rewrite it, or the arm's provider is another and has no operator credential.
+/// Makes `body` or `path` name the assigned arm's model; returns the arm (where the request
+/// goes) and the model the client named there. None (nothing changed) when the arm cannot serve
+/// this request: the model is not named where the arm would rewrite it, or the arm's provider is
+/// another and has no operator credential.
 fn serve_arm<'a>(
     assignment: &'a Assignment,
     addressed: &Provider,
     (requested, model_span): (Option<&str>, Option<std::ops::Range<usize>>),
     body: &mut Bytes,
     path: &mut String,
-) -> Option<&'a Arm> {
+) -> Option<(&'a Arm, String)> {
     let arm = assignment.arm();
     let elsewhere = arm.provider.name != addressed.name;
     if elsewhere && arm.provider.api_key.is_none() {
@@ -392,22 +393,25 @@ fn serve_arm<'a>(
         }
         return None;
     }
-    let same = requested == Some(&*arm.model);
-    match addressed.format {
+    let requested = match addressed.format {
         WireFormat::Openai | WireFormat::Anthropic => {
-            let span = model_span?;
-            if !same {
+            let (span, requested) = (model_span?, requested?);
+            if requested != &*arm.model {
                 *body = rewrite_body(body, span, &arm.model_json);
             }
+            requested.to_owned()
         }
+        // The path names the model Gemini serves (a body's `model`, if any, is not read).
         WireFormat::Gemini => {
             let span = path_model_span(path)?;
-            if path.get(span.clone()) != Some(&*arm.model_path) {
+            let requested = path.get(span.clone())?.to_owned();
+            if requested != *arm.model_path {
                 *path = rewrite_path(path, span, &arm.model_path);
             }
+            requested
         }
-    }
-    Some(arm)
+    };
+    Some((arm, requested))
 }
 
 #[cfg(test)]
