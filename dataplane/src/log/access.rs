@@ -542,6 +542,27 @@ mod tests {
     }
 
     #[test]
+    fn a_request_in_an_experiment_names_its_experiment_and_arm() {
+        let mut r = record();
+        r.variant = Some(nm_types::experiment::Variant {
+            experiment: Arc::from("exp-1"),
+            arm: Arc::from("groq"),
+            requested_model: Some("gpt-4o".to_owned()),
+        });
+        let text = written(LogFormat::Text, &line(&r, None));
+        assert!(
+            text.contains(
+                " nm.agent=\"support\" nm.experiment=\"exp-1\" nm.arm=\"groq\" nm.key_id="
+            ),
+            "{text}"
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(&written(LogFormat::Json, &line(&r, None))).expect("JSON");
+        assert_eq!(v["span"]["nm.experiment"], "exp-1");
+        assert_eq!(v["span"]["nm.arm"], "groq");
+    }
+
+    #[test]
     fn the_json_line_has_the_json_formatters_layout() {
         let r = record();
         let ids = TraceRef {
