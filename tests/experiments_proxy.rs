@@ -417,6 +417,61 @@ async fn the_gateways_own_error_answer_names_the_variant_too() {
 }
 
 #[tokio::test]
+async fn the_requests_spans_name_the_experiment_and_arm() {
+    use crate::common::otlp::{OtlpReceiver, SpanKind};
+
+    let otlp = OtlpReceiver::start().await;
+    let openai = MockProvider::json(openai_answer("gpt-4.1")).start().await;
+    let stub = StubLink::start(vec![live(
+        "exp-span",
+        "bot",
+        vec![arm("bigger", 1, "openai", "gpt-4.1")],
+    )])
+    .await;
+    let endpoint = otlp.grpc_endpoint();
+    let (dp, _dir) = stub
+        .dataplane(&[
+            ("NM_UPSTREAM_OPENAI", openai.url.as_str()),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+        ])
+        .await;
+    let a = call(
+        http_of(&dp),
+        "/openai/v1/chat/completions",
+        &[("nm-agent", "bot"), ("nm-session", "sess_s")],
+        BODY,
+    )
+    .await;
+    assert_eq!(a.header("nm-variant"), Some("exp-span/bigger"));
+    let trace = a.trace_id();
+    let spans = otlp
+        .wait_for("both spans", std::time::Duration::from_secs(15), |s| {
+            s.iter()
+                .filter(|s| s.trace_id == trace && s.str("nm.arm").is_some())
+                .count()
+                == 2
+        })
+        .await;
+    for kind in [SpanKind::Server, SpanKind::Client] {
+        let span = spans
+            .iter()
+            .find(|s| s.trace_id == trace && s.kind == kind)
+            .unwrap_or_else(|| panic!("no {kind:?} span"));
+        assert_eq!(span.str("nm.experiment"), Some("exp-span"), "{kind:?}");
+        assert_eq!(span.str("nm.arm"), Some("bigger"), "{kind:?}");
+    }
+    let client = spans
+        .iter()
+        .find(|s| s.trace_id == trace && s.kind == SpanKind::Client);
+    assert_eq!(
+        client.and_then(|s| s.str("gen_ai.request.model")),
+        Some("gpt-4.1"),
+        "the CLIENT span names the model served"
+    );
+}
+
+#[tokio::test]
 async fn sessions_are_sticky_across_dataplanes_and_weights_hold() {
     let openai = MockProvider::json(openai_answer("m")).start().await;
     let stub = StubLink::start(vec![live(
