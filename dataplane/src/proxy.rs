@@ -5,9 +5,11 @@
 //! scope), check the native path, parse the attribution headers (agent and env against the
 //! scope), read the body under the size limit (to learn the model, checked against the scope,
 //! and the answer's length cap, and with a session the conversation the implicit rules compare,
-//! in the same scan; the original bytes are what is sent), check the end user's budget and reserve
-//! the request's estimated cost, build the upstream request, send it, and wrap the upstream body
-//! so its frames are metered. Each step fills the request's event ([`crate::event`]); the event
+//! in the same scan; the original bytes are what is sent), find the request's experiment arm if
+//! it is in one ([`crate::experiment`]: the model's bytes rewritten, maybe another provider with
+//! the operator's credential, `NM-Variant` on the answer), check the end user's budget and
+//! reserve the estimated cost of the model served, build the upstream request, send it, and wrap
+//! the upstream body so its frames are metered. Each step fills the request's event ([`crate::event`]); the event
 //! alone writes the record, the spans, the metrics, the log and the budget, when the request
 //! ends.
 
