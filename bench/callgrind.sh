@@ -22,7 +22,11 @@
 # exports every request's spans (sampler always_on) to nm-bench's OTLP collector. SCOPED=1 sends
 # the requests with a service key scoped to provider openai, models gpt-4o* and agent bench
 # (created through the CLI once the gateway runs; gateway and dataplane targets) instead of the
-# unscoped bootstrap key: what the scope check costs.
+# unscoped bootstrap key: what the scope check costs. EXPERIMENT=1 creates an experiment on agent
+# bench through the CLI once the gateway runs (gateway and dataplane targets; two arms on openai,
+# gpt-4o and gpt-4.1, so every request's model is rewritten) and sends the requests in SESSIONS
+# sessions (100 unless set): what assignment and the rewrite cost. Compare with SESSIONS=100
+# alone. The script checks that an answer names its arm (NM-Variant) before it measures.
 # Needs valgrind and wrk (Debian: apt-get install valgrind wrk). Prints the requests served, the
 # user-space instructions per request, and the costliest functions (inclusive).
 set -euo pipefail
@@ -126,6 +130,23 @@ if [ "${SCOPED:-0}" = 1 ] && [ "$target" != forwarder ]; then
   sleep 2   # every dataplane has the key (pushed on change)
 fi
 sessions=${SESSIONS:-0}
+if [ "${EXPERIMENT:-0}" = 1 ] && [ "$target" != forwarder ]; then
+  [ "$sessions" = 0 ] && sessions=100
+  NM_CONTROLPLANE_URL=http://$cp NM_ADMIN_KEY=$key "$gateway" experiments create --agent bench \
+    --arm a=openai/gpt-4o --arm b=openai/gpt-4.1 >/dev/null \
+    || { echo "callgrind.sh: could not create the experiment" >&2; exit 1; }
+  # Every dataplane has it once its next key snapshot came (pushed on change).
+  for _ in $(seq 20); do
+    curl -s -o /dev/null -D - "$url" -H "NM-Key: $reqkey" -H "NM-Agent: bench" \
+      -H "NM-Session: sess_bench0" -H "Content-Type: application/json" \
+      -d '{"model":"gpt-4o-mini"}' | grep -qi '^nm-variant:' && break
+    sleep 0.5
+  done
+  curl -s -o /dev/null -D - "$url" -H "NM-Key: $reqkey" -H "NM-Agent: bench" \
+    -H "NM-Session: sess_bench0" -H "Content-Type: application/json" \
+    -d '{"model":"gpt-4o-mini"}' | grep -qi '^nm-variant:' \
+    || { echo "callgrind.sh: the experiment does not reach the requests" >&2; exit 1; }
+fi
 cat > "$dir/req.lua" <<LUA
 wrk.method = "POST"
 wrk.body = '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hello to the benchmark."}],"max_tokens":64$stream}'

@@ -340,6 +340,7 @@ async fn dataplane(
     })?;
     let targets = LinkTargets {
         keys: dp.keys().clone(),
+        experiments: dp.experiments().clone(),
         health: dp.health().clone(),
         budgets: dp.budgets().clone(),
         metrics: dp.metrics().clone(),

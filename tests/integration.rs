@@ -11,6 +11,7 @@ mod budgets;
 mod docs;
 mod errors;
 mod experiments;
+mod experiments_proxy;
 mod faults;
 mod implicit;
 mod implicit_signals;

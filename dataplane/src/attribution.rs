@@ -1,6 +1,6 @@
-//! Parses the attribution headers (`NM-Agent`, `NM-Session`, `NM-Env`, `NM-User`). A header that
-//! is present but malformed is a 400 `invalid_header`: silently dropping it would lose the
-//! attribution the client asked for.
+//! Parses the attribution headers (`NM-Agent`, `NM-Session`, `NM-Env`, `NM-User`) and the
+//! experiments' opt-out (`NM-Experiment: off`). A header that is present but malformed is a 400
+//! `invalid_header`: silently dropping it would lose the attribution the client asked for.
 
 use http::{HeaderMap, HeaderName};
 use nm_types::{Env, SessionId, parse_agent, parse_user};
@@ -12,6 +12,7 @@ pub const NM_AGENT: HeaderName = HeaderName::from_static("nm-agent");
 pub const NM_SESSION: HeaderName = HeaderName::from_static("nm-session");
 pub const NM_ENV: HeaderName = HeaderName::from_static("nm-env");
 pub const NM_USER: HeaderName = HeaderName::from_static("nm-user");
+pub const NM_EXPERIMENT: HeaderName = HeaderName::from_static("nm-experiment");
 
 /// Who a request is for, as the client declared it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -20,6 +21,8 @@ pub struct Attribution {
     pub session: Option<SessionId>,
     pub env: Option<Env>,
     pub user: Option<String>,
+    /// `NM-Experiment: off`: the request stays out of any experiment on its agent.
+    pub experiment_off: bool,
 }
 
 impl Attribution {
@@ -31,15 +34,27 @@ impl Attribution {
             })?,
             env: parse(headers, &NM_ENV, "NM-Env", |s| s.parse::<Env>())?,
             user: parse(headers, &NM_USER, "NM-User", parse_user)?,
+            experiment_off: parse(headers, &NM_EXPERIMENT, "NM-Experiment", parse_opt_out)?
+                .is_some(),
         })
     }
 }
 
-fn parse<T>(
+/// `NM-Experiment`'s one value, `off` (any case); any other value is refused rather than
+/// ignored, so a typo never silently leaves a request in an experiment.
+fn parse_opt_out(value: &str) -> Result<(), &'static str> {
+    if value.trim().eq_ignore_ascii_case("off") {
+        Ok(())
+    } else {
+        Err("the only value is \"off\" (leave the request out of experiments)")
+    }
+}
+
+fn parse<T, E: std::fmt::Display>(
     headers: &HeaderMap,
     name: &HeaderName,
     display: &'static str,
-    f: impl FnOnce(&str) -> Result<T, nm_types::ParseError>,
+    f: impl FnOnce(&str) -> Result<T, E>,
 ) -> Result<Option<T>, ProxyError> {
     let Some(value) = headers.get(name) else {
         return Ok(None);
@@ -77,7 +92,18 @@ mod tests {
             Some("sess_42")
         );
 
-        for (name, bad) in [(NM_SESSION, "42"), (NM_ENV, "prod"), (NM_AGENT, " ")] {
+        assert!(!Attribution::from_headers(&h).is_ok_and(|a| a.experiment_off));
+        h.insert(NM_EXPERIMENT, HeaderValue::from_static("Off"));
+        assert!(Attribution::from_headers(&h).is_ok_and(|a| a.experiment_off));
+
+        for (name, bad) in [
+            (NM_SESSION, "42"),
+            (NM_ENV, "prod"),
+            (NM_AGENT, " "),
+            (NM_EXPERIMENT, "on"),
+            (NM_EXPERIMENT, "no"),
+            (NM_EXPERIMENT, ""),
+        ] {
             let mut h = HeaderMap::new();
             h.insert(name.clone(), HeaderValue::from_static(bad));
             assert!(

@@ -318,6 +318,10 @@ impl RequestEvent {
                     k.session = r.session_id.as_ref().map(|s| s.as_str().to_owned());
                     k.env = r.env.map(|e| e.as_str());
                     k.key_id = Some(r.key_id.clone());
+                    k.variant = r
+                        .variant
+                        .as_ref()
+                        .map(|v| (v.experiment.clone(), v.arm.clone()));
                 });
                 return;
             }
@@ -386,6 +390,9 @@ impl RequestEvent {
         };
         let r = &self.record;
         trace.attribute(r.agent.as_deref(), r.env.map(|e| e.as_str()));
+        if let Some(v) = &r.variant {
+            trace.variant(&v.experiment, &v.arm);
+        }
         let outcome = match ending {
             Ending::Complete => Outcome::Complete,
             Ending::UpstreamError => Outcome::UpstreamAborted,

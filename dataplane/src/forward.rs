@@ -244,6 +244,34 @@ fn connection_tokens(headers: &HeaderMap) -> Vec<String> {
         .collect()
 }
 
+/// The headers a client may carry its provider credential in, of every style (OpenAI's, Azure's
+/// `api-key`, Anthropic's, Gemini's).
+const CREDENTIAL_HEADERS: [HeaderName; 4] = [
+    header::AUTHORIZATION,
+    X_API_KEY,
+    X_GOOG_API_KEY,
+    HeaderName::from_static("api-key"),
+];
+
+/// Drops every client credential from a request's headers: for a request an experiment sends to
+/// another provider than the one the client addressed, which gets the operator's credential for
+/// it instead, never the client's for the first.
+pub fn strip_credentials(headers: &mut HeaderMap) {
+    for name in &CREDENTIAL_HEADERS {
+        headers.remove(name);
+    }
+}
+
+/// The query without its `key=` parameters (Gemini's credential in the URL), for the same
+/// requests as [`strip_credentials`]; None when nothing remains.
+pub fn query_without_key(query: Option<&str>) -> Option<String> {
+    let kept: Vec<&str> = query?
+        .split('&')
+        .filter(|kv| !kv.starts_with("key=") && *kv != "key")
+        .collect();
+    (!kept.is_empty()).then(|| kept.join("&"))
+}
+
 /// Whether the client already carries a provider credential of any style.
 fn has_credential(headers: &HeaderMap, query: Option<&str>) -> bool {
     headers.contains_key(header::AUTHORIZATION)
@@ -261,6 +289,11 @@ pub struct RequestFacts {
     /// `max_tokens` (OpenAI chat, Anthropic), `max_completion_tokens` (OpenAI reasoning models),
     /// `max_output_tokens` (Responses API) or `generationConfig.maxOutputTokens` (Gemini).
     pub max_output_tokens: Option<u64>,
+    /// Where the body's top-level `"model"` string's contents lie (between its quotes, escapes
+    /// as written): what an experiment's arm rewrites ([`crate::experiment::rewrite_body`]).
+    /// None when the body names no model as a string, or names one more than once (which of
+    /// them the provider reads is its own affair: such a request is left alone).
+    pub model_span: Option<std::ops::Range<usize>>,
 }
 
 /// What [`request_facts`] picks out of a request body: the model, or an output cap ranked by
@@ -331,6 +364,11 @@ static REQUEST_CONVERSATION: Select<Fact> = Select::keys(&[
 /// The model a path names (`.../models/<model>:generateContent`), as written (still
 /// percent-encoded, if it was).
 pub fn path_model(native_path: &str) -> Option<&str> {
+    native_path.get(path_model_span(native_path)?)
+}
+
+/// Where [`path_model`]'s model lies in the path (what an experiment's arm rewrites).
+pub fn path_model_span(native_path: &str) -> Option<std::ops::Range<usize>> {
     // A byte loop over the (short) path: `str::split("/models/")` set up a substring searcher
     // (~470 instructions a request), `split('/')` an iterator per segment (~570).
     const SEGMENT: &[u8] = b"/models/";
@@ -349,9 +387,7 @@ pub fn path_model(native_path: &str) -> Option<&str> {
         .position(|&b| b == b':' || b == b'/')
         .unwrap_or(rest.len());
     // Both ends sit next to ASCII bytes (or the path's ends): character boundaries.
-    native_path
-        .get(start..start + end)
-        .filter(|m| !m.is_empty())
+    (end > 0).then_some(start..start + end)
 }
 
 pub fn request_facts(body: &Bytes, native_path: &str) -> RequestFacts {
@@ -366,6 +402,8 @@ pub fn request_facts_with(
     mut conversation: Option<&mut Conversation<'_>>,
 ) -> RequestFacts {
     let mut model = None;
+    let mut model_span = None;
+    let mut models = 0u32;
     let mut caps = [None; CAPS];
     if body.trim_ascii_start().starts_with(b"{") {
         let mut scanner = match conversation {
@@ -373,7 +411,11 @@ pub fn request_facts_with(
             None => Scanner::new(&REQUEST),
         };
         scanner.feed(body, &mut |fact, raw| match fact {
-            Fact::Model => model = text(raw).map(std::borrow::Cow::into_owned),
+            Fact::Model => {
+                models += 1;
+                model = text(raw).map(std::borrow::Cow::into_owned);
+                model_span = model.as_ref().and_then(|_| string_contents(body, raw));
+            }
             Fact::Cap(rank) => {
                 caps[rank] = std::str::from_utf8(raw)
                     .ok()
@@ -386,11 +428,23 @@ pub fn request_facts_with(
             }
         });
     }
+    let model_span = model_span.filter(|_| models == 1);
     let model = model.or_else(|| path_model(native_path).map(str::to_owned));
     RequestFacts {
         model,
         max_output_tokens: caps.into_iter().flatten().next(),
+        model_span,
     }
+}
+
+/// Where the contents of the JSON string `raw` (a capture, quotes included) lie in `body`:
+/// the scanner hands a whole body's captures over as slices of it, so the place is the slice's
+/// offset. None for a capture that is not a slice of `body` or not a quoted string.
+fn string_contents(body: &[u8], raw: &[u8]) -> Option<std::ops::Range<usize>> {
+    let from = raw.as_ptr().addr().checked_sub(body.as_ptr().addr())?;
+    let to = from.checked_add(raw.len())?;
+    let quoted = raw.len() >= 2 && raw.first() == Some(&b'"') && raw.last() == Some(&b'"');
+    (to <= body.len() && quoted).then_some(from + 1..to - 1)
 }
 
 #[cfg(test)]

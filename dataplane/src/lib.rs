@@ -17,6 +17,7 @@ pub mod conns;
 pub mod edge;
 pub mod error;
 pub mod event;
+pub mod experiment;
 pub mod forward;
 pub mod hot_path;
 pub mod implicit;
@@ -121,8 +122,10 @@ impl Dataplane {
         body::defer_completions(hot_path.deferred_completion);
         let (records, queue) = records::record_queue(config.record_queue_capacity, metrics.clone());
         let metrics_for_implicit = metrics.clone();
+        let registry = Arc::new(config.registry);
         let state = stack::State {
-            registry: Arc::new(config.registry),
+            experiments: experiment::Experiments::new(registry.clone()),
+            registry,
             keys: KeySet::with_cache(config.key_verifier, hot_path.key_cache),
             health: Health::default(),
             upstream: forward::Upstream::new(
@@ -164,6 +167,11 @@ impl Dataplane {
 
     pub fn keys(&self) -> &KeySet {
         &self.state.keys
+    }
+
+    /// The live experiments the root keeps current from the controlplane's key stream.
+    pub fn experiments(&self) -> &experiment::Experiments {
+        &self.state.experiments
     }
 
     pub fn health(&self) -> &Health {

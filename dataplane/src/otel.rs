@@ -337,6 +337,19 @@ impl RequestTrace {
         });
     }
 
+    /// The experiment and arm that served the request (`nm.experiment`, `nm.arm`), on the
+    /// SERVER span and the upstream call's CLIENT span.
+    pub fn variant(&self, experiment: &str, arm: &str) {
+        let set = |span: &mut span::Open| {
+            span.str("nm.experiment", experiment);
+            span.str("nm.arm", arm);
+        };
+        self.server.update(set);
+        if let Some(client) = &self.client {
+            client.update(set);
+        }
+    }
+
     /// Attributes of a `POST /v1/signal`.
     pub fn signal(&self, action: &'static str, agent: Option<&str>) {
         self.server.update(|span| {

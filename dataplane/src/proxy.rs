@@ -5,14 +5,21 @@
 //! scope), check the native path, parse the attribution headers (agent and env against the
 //! scope), read the body under the size limit (to learn the model, checked against the scope,
 //! and the answer's length cap, and with a session the conversation the implicit rules compare,
-//! in the same scan; the original bytes are what is sent), check the end user's budget and reserve
-//! the request's estimated cost, build the upstream request, send it, and wrap the upstream body
-//! so its frames are metered. Each step fills the request's event ([`crate::event`]); the event
+//! in the same scan; the original bytes are what is sent), find the request's experiment arm if
+//! it is in one ([`crate::experiment`]: the model's bytes rewritten, maybe another provider with
+//! the operator's credential, `NM-Variant` on the answer), check the end user's budget and
+//! reserve the estimated cost of the model served, build the upstream request, send it, and wrap
+//! the upstream body so its frames are metered. Each step fills the request's event ([`crate::event`]); the event
 //! alone writes the record, the spans, the metrics, the log and the budget, when the request
 //! ends.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use nm_types::throttle::Throttle;
+use tracing::warn;
 
 use http::{Request, Response, header};
 use http_body_util::Full;
@@ -26,15 +33,16 @@ use crate::budget::{Refusal, Reservation};
 use crate::edge;
 use crate::error::ProxyError;
 use crate::event::{Ending, RequestEvent};
+use crate::experiment::{Arm, Assignment, NM_VARIANT, rewrite_body, rewrite_path};
 use crate::forward::{
-    path_model, request_facts, request_facts_with, strip_response_headers, upstream_headers,
-    upstream_uri,
+    path_model, path_model_span, query_without_key, request_facts, request_facts_with,
+    strip_credentials, strip_response_headers, upstream_headers, upstream_uri,
 };
 use crate::implicit::conversation::Conversation;
 use crate::implicit::{Implicit, Pending};
 use crate::otel::{Call, RequestTrace};
 use crate::path::{check_native_path, split_prefix};
-use crate::providers::Provider;
+use crate::providers::{Provider, WireFormat};
 use crate::records;
 use crate::state::State;
 use crate::usage::{Framing, Meter};
@@ -235,6 +243,7 @@ async fn forward(
     } = event;
     check_native_path(&record.path)?;
     let attribution = Attribution::from_headers(req.headers())?;
+    let opted_out = attribution.experiment_off;
     record.agent = attribution.agent;
     record.session_id = attribution.session;
     record.env = attribution.env;
@@ -244,8 +253,8 @@ async fn forward(
         scope.check_env(record.env)?;
     }
 
-    let (parts, body) = req.into_parts();
-    let body = edge::read_body(&parts.headers, body, state.max_body_bytes).await?;
+    let (mut parts, body) = req.into_parts();
+    let mut body = edge::read_body(&parts.headers, body, state.max_body_bytes).await?;
     let rules = state.implicit.rules_for(record.agent.as_deref());
     let facts = match &record.session_id {
         Some(session) if Implicit::reads_conversation(rules, true) => {
@@ -276,6 +285,36 @@ async fn forward(
             scope.check_model(Some(in_path).filter(|m| !m.contains('%')))?;
         }
     }
+    // The experiment, before the budget's reservation (which prices the model served).
+    let mut variant = None;
+    let mut query = parts.uri.query().map(Cow::Borrowed);
+    if !opted_out
+        && let Some(assignment) = state.experiments.assign(
+            record.agent.as_deref(),
+            record.env,
+            record.session_id.as_ref().map(|s| s.as_str()),
+            provider.format,
+        )
+        && let Some((served, requested)) = serve_arm(
+            &assignment,
+            provider,
+            (record.model.as_deref(), facts.model_span),
+            &mut body,
+            &mut record.path,
+        )
+    {
+        record.model = Some(served.model.to_string());
+        record.variant = Some(assignment.variant(Some(requested)));
+        if served.provider.name != provider.name {
+            // The operator's credential for the arm's provider, never the client's for the
+            // one it addressed.
+            strip_credentials(&mut parts.headers);
+            query = query_without_key(query.as_deref()).map(Cow::Owned);
+            record.provider = served.provider.name.clone();
+            *provider = served.provider.clone();
+        }
+        variant = Some(served.variant.clone());
+    }
     if let Some(user) = &record.user_id {
         *reservation = check_budget(
             state,
@@ -292,7 +331,7 @@ async fn forward(
         })?;
     }
 
-    let query = parts.uri.query();
+    let query = query.as_deref();
     let uri = upstream_uri(provider, &record.path, query)?;
     let mut headers = upstream_headers(&parts.headers, provider, query);
     if let Some(t) = trace.as_mut() {
@@ -320,8 +359,61 @@ async fn forward(
     let mut resp = state.upstream.send(upstream_req).await?;
     let waited = sent.elapsed();
     strip_response_headers(resp.headers_mut());
+    if let Some(v) = variant {
+        resp.headers_mut().insert(NM_VARIANT, v);
+    }
     record.status = resp.status().as_u16();
     Ok((resp, waited))
+}
+
+/// The lines saying an arm could not serve for want of its provider's credential.
+static NO_CREDENTIAL: Throttle = Throttle::new(Duration::from_secs(1));
+
+/// Makes `body` or `path` name the assigned arm's model; returns the arm (where the request
+/// goes) and the model the client named there. None (nothing changed) when the arm cannot serve
+/// this request: the model is not named where the arm would rewrite it, or the arm's provider is
+/// another and has no operator credential.
+fn serve_arm<'a>(
+    assignment: &'a Assignment,
+    addressed: &Provider,
+    (requested, model_span): (Option<&str>, Option<std::ops::Range<usize>>),
+    body: &mut Bytes,
+    path: &mut String,
+) -> Option<(&'a Arm, String)> {
+    let arm = assignment.arm();
+    let elsewhere = arm.provider.name != addressed.name;
+    if elsewhere && arm.provider.api_key.is_none() {
+        if let Some(suppressed) = NO_CREDENTIAL.allow() {
+            warn!(
+                experiment = %assignment.id(),
+                arm = %arm.name,
+                provider = %arm.provider.name,
+                suppressed,
+                "an experiment's arm is on a provider without an operator credential \
+                 (NM_PROVIDER_KEY_<NAME>); its requests pass unchanged"
+            );
+        }
+        return None;
+    }
+    let requested = match addressed.format {
+        WireFormat::Openai | WireFormat::Anthropic => {
+            let (span, requested) = (model_span?, requested?);
+            if requested != &*arm.model {
+                *body = rewrite_body(body, span, &arm.model_json);
+            }
+            requested.to_owned()
+        }
+        // The path names the model Gemini serves (a body's `model`, if any, is not read).
+        WireFormat::Gemini => {
+            let span = path_model_span(path)?;
+            let requested = path.get(span.clone())?.to_owned();
+            if requested != *arm.model_path {
+                *path = rewrite_path(path, span, &arm.model_path);
+            }
+            requested
+        }
+    };
+    Some((arm, requested))
 }
 
 #[cfg(test)]

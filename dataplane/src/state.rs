@@ -15,6 +15,8 @@ use crate::records::RecordSink;
 #[derive(Debug)]
 pub struct State {
     pub registry: Arc<Registry>,
+    /// The live experiments ([`crate::experiment`]), kept current by the key watcher.
+    pub experiments: crate::experiment::Experiments,
     pub keys: KeySet,
     pub health: Health,
     pub upstream: Upstream,

@@ -14,6 +14,7 @@ pub mod openmetrics;
 pub mod otlp;
 pub mod phoenix;
 pub mod pki;
+pub mod stub_link;
 
 use std::future::Future;
 use std::time::Duration;

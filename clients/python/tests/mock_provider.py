@@ -147,6 +147,8 @@ class MockProvider:
 
     def __init__(self, *, as_gateway: bool = False) -> None:
         self.as_gateway = as_gateway
+        #: As a stand-in gateway: the `NM-Variant` of answers to requests with a session.
+        self.variant: Optional[str] = None
         self._lock = threading.Lock()
         self._received: List[Received] = []
         self._signal_script: List[Reply] = []
@@ -270,6 +272,9 @@ class MockProvider:
         extra: Dict[str, str] = {}
         if self.as_gateway:
             extra = {"NM-Request-Id": f"req-{n}", "NM-Trace-Id": f"{n:032x}"}
+            # As the gateway does, only for a request in an experiment (it has a session).
+            if self.variant is not None and rec.headers.get("nm-session"):
+                extra["NM-Variant"] = self.variant
         path = rec.path.split("?", 1)[0]
         if path == "/v1/signal":
             self._gate.wait(60)

@@ -189,3 +189,23 @@ def test_missing_sdk_says_which_extra(gw: Gateway, monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(builtins, "__import__", no_groq)
     with pytest.raises(ImportError, match=r"pip install 'nm-gateway\[groq\]'"):
         gw.groq()
+
+
+def test_last_variant_is_the_last_answers(gw: Gateway, fake: MockProvider) -> None:
+    with gw.session() as s:
+        assert s.last_variant is None
+        fake.variant = "exp-1/groq"
+        gw.openai().chat.completions.create(model="m", messages=[])
+        assert s.last_variant == "exp-1/groq"
+        assert s.last_request_id == f"req-{len(fake.received())}"
+        # An answer without the header (the request was in no experiment) clears it.
+        fake.variant = None
+        gw.openai().chat.completions.create(model="m", messages=[])
+        assert s.last_variant is None
+
+
+async def test_async_last_variant(gw: Gateway, fake: MockProvider) -> None:
+    fake.variant = "exp-2/control"
+    async with gw.session() as s:
+        await gw.async_openai().chat.completions.create(model="m", messages=[])
+        assert s.last_variant == "exp-2/control"

@@ -35,6 +35,7 @@ export class SessionState {
   requestId: string | undefined;
   traceId: string | undefined;
   errorCode: string | undefined;
+  variant: string | undefined;
   constructor(
     readonly gateway: SignalSink,
     readonly id: string,
@@ -46,6 +47,7 @@ export class SessionState {
     this.requestId = headers.get("nm-request-id") ?? undefined;
     this.traceId = headers.get("nm-trace-id") ?? undefined;
     this.errorCode = headers.get("nm-error") ?? undefined;
+    this.variant = headers.get("nm-variant") ?? undefined;
   }
 }
 
@@ -94,6 +96,13 @@ export class Session {
   /** `NM-Trace-Id` of that answer (present when the gateway traces). */
   get lastTraceId(): string | undefined {
     return this.state.traceId;
+  }
+  /**
+   * `NM-Variant` of that answer, `<experiment id>/<arm>`: the experiment arm that served it;
+   * undefined when the request was in no experiment.
+   */
+  get lastVariant(): string | undefined {
+    return this.state.variant;
   }
   /** `NM-Error` of that answer: the gateway's own error code, undefined on success. */
   get lastErrorCode(): string | undefined {

@@ -164,6 +164,21 @@ describe("wired SDK clients", () => {
     assert.equal(s.lastRequestId, "req-2");
   });
 
+  it("lastVariant is the last answer's NM-Variant", async () => {
+    const gw = newGateway();
+    await gw.session({}, async (s) => {
+      assert.equal(s.lastVariant, undefined);
+      fake.variant = "exp-1/groq";
+      await openai(gw).chat.completions.create({ model: "m", messages: [] });
+      assert.equal(s.lastVariant, "exp-1/groq");
+      assert.equal(s.lastRequestId, `req-${fake.received.length}`);
+      // An answer without the header (the request was in no experiment) clears it.
+      fake.variant = undefined;
+      await openai(gw).chat.completions.create({ model: "m", messages: [] });
+      assert.equal(s.lastVariant, undefined);
+    });
+  });
+
   it("expose the gateway's error code", async () => {
     const gw = newGateway();
     const body =

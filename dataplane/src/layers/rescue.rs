@@ -187,6 +187,11 @@ where
             Side::Client | Side::Upstream | Side::Gateway => {}
         }
         let mut resp = err.into_response(*this.flavor);
+        // A request assigned an experiment's arm says which, whoever answered it.
+        if let Some(variant) = this.log.as_ref().and_then(|(r, _)| r.variant_header()) {
+            resp.headers_mut()
+                .insert(crate::experiment::NM_VARIANT, variant);
+        }
         if this.read.as_ref().is_some_and(|r| !r.get()) {
             // HTTP/2 drops the header; its streams are unaffected.
             resp.headers_mut()

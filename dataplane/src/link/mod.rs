@@ -114,6 +114,8 @@ pub type SessionSpans = Vec<nm_types::record::TraceRef>;
 #[derive(Debug, Clone)]
 pub struct LinkTargets {
     pub keys: KeySet,
+    /// The live experiments, replaced with every key snapshot.
+    pub experiments: crate::experiment::Experiments,
     pub health: Health,
     pub budgets: Budgets,
     pub metrics: Metrics,
@@ -148,6 +150,7 @@ impl Link {
         let key_watcher = tokio::spawn(watch::watch_keys(
             port.clone(),
             targets.keys,
+            targets.experiments,
             targets.health.clone(),
             name.clone(),
             stop_rx.clone(),

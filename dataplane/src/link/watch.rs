@@ -1,7 +1,7 @@
 //! The dataplane's side of the controlplane's two streams, written once against the [`Port`]:
-//! a key watcher that keeps the in-memory [`KeySet`] current and `/health` truthful, and a
-//! budget watcher that keeps the end-user [`Budgets`] current. Also the [`SignalSink`] that
-//! hands each signal to the port.
+//! a key watcher that keeps the in-memory [`KeySet`] and the live [`Experiments`] (which every
+//! key snapshot carries) current and `/health` truthful, and a budget watcher that keeps the
+//! end-user [`Budgets`] current. Also the [`SignalSink`] that hands each signal to the port.
 //!
 //! Neither ever blocks a request. When the controlplane is unreachable, the last known keys and
 //! budgets stay in force and `/health` answers 503 with the reason (a wrong link secret says
@@ -20,6 +20,7 @@ use tracing::{debug, warn};
 
 use super::{Backoff, LinkError, LinkStream, Port};
 use crate::budget::Budgets;
+use crate::experiment::Experiments;
 use crate::metrics::Metrics;
 use crate::{Health, KeySet, Principal, SignalSink, SubmitError, SubmitFuture};
 
@@ -73,6 +74,7 @@ impl SignalSink for PortSignals {
 pub async fn watch_keys(
     port: Arc<dyn Port>,
     keys: KeySet,
+    experiments: Experiments,
     health: Health,
     name: String,
     stop: watch::Receiver<bool>,
@@ -81,7 +83,7 @@ pub async fn watch_keys(
     // Whether this outage was reported at WARN already (the stream is retried every few
     // seconds; one line per outage is enough).
     let warned = AtomicBool::new(false);
-    let on_message = |snapshot: KeyVerifiers| {
+    let on_message = |mut snapshot: KeyVerifiers| {
         warned.store(false, Ordering::Relaxed);
         if last_version != Some(snapshot.version) {
             debug!(
@@ -92,6 +94,7 @@ pub async fn watch_keys(
             last_version = Some(snapshot.version);
         }
         health.set_write_problem(snapshot.write_problem.clone());
+        experiments.apply(std::mem::take(&mut snapshot.experiments));
         keys.replace(principals(snapshot));
         health.set_controlplane_ok();
     };

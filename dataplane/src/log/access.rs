@@ -190,6 +190,10 @@ impl Fields for AccessSpan<'_> {
         if let Some(e) = r.env {
             f("nm.env", Val::Str(e.as_str()));
         }
+        if let Some(v) = &r.variant {
+            f("nm.experiment", Val::Str(&v.experiment));
+            f("nm.arm", Val::Str(&v.arm));
+        }
         f("nm.key_id", Val::Str(&r.key_id));
         f("http.response.status_code", Val::Num(r.status.into()));
         f("nm.latency_ms", Val::Num(r.latency_ms));
@@ -535,6 +539,27 @@ mod tests {
              nm_dataplane::event: request completed http.response.status_code=200 \
              latency_ms=12 bytes=314 ending=Complete\n"
         );
+    }
+
+    #[test]
+    fn a_request_in_an_experiment_names_its_experiment_and_arm() {
+        let mut r = record();
+        r.variant = Some(nm_types::experiment::Variant {
+            experiment: Arc::from("exp-1"),
+            arm: Arc::from("groq"),
+            requested_model: Some("gpt-4o".to_owned()),
+        });
+        let text = written(LogFormat::Text, &line(&r, None));
+        assert!(
+            text.contains(
+                " nm.agent=\"support\" nm.experiment=\"exp-1\" nm.arm=\"groq\" nm.key_id="
+            ),
+            "{text}"
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(&written(LogFormat::Json, &line(&r, None))).expect("JSON");
+        assert_eq!(v["span"]["nm.experiment"], "exp-1");
+        assert_eq!(v["span"]["nm.arm"], "groq");
     }
 
     #[test]

@@ -44,6 +44,8 @@ pub struct Known {
     pub env: Option<&'static str>,
     pub key_id: Option<Arc<str>>,
     pub status: Option<u16>,
+    /// The experiment and arm the request was assigned (its error answer's `NM-Variant`).
+    pub variant: Option<(Arc<str>, Arc<str>)>,
 }
 
 /// A line's own fields, after its message.
@@ -73,6 +75,14 @@ impl RequestLog {
     /// Records what the request learnt, for its later lines.
     pub fn know(&self, learn: impl FnOnce(&mut Known)) {
         learn(&mut self.0.known.lock().unwrap_or_else(PoisonError::into_inner));
+    }
+
+    /// The `NM-Variant` of the request's answer, when it was assigned an experiment's arm
+    /// before the gateway answered it with an error.
+    pub fn variant_header(&self) -> Option<http::HeaderValue> {
+        let known = self.0.known.lock().unwrap_or_else(PoisonError::into_inner);
+        let (experiment, arm) = known.variant.as_ref()?;
+        http::HeaderValue::try_from(format!("{experiment}/{arm}")).ok()
     }
 
     /// Writes a line in the request's span to `out`. The caller has asked the log filter
@@ -134,6 +144,8 @@ impl Fields for Span<'_> {
             ("nm.agent", k.agent.as_deref()),
             ("nm.session", k.session.as_deref()),
             ("nm.env", k.env),
+            ("nm.experiment", k.variant.as_ref().map(|v| &*v.0)),
+            ("nm.arm", k.variant.as_ref().map(|v| &*v.1)),
             ("nm.key_id", k.key_id.as_deref()),
         ];
         for (name, v) in texts {

@@ -195,7 +195,7 @@ class Gateway:
         state = current_state()
         if state is not None:
             h = response.headers
-            state.record(h.get("nm-request-id"), h.get("nm-trace-id"), h.get("nm-error"))
+            state.record(h.get("nm-request-id"), h.get("nm-trace-id"), h.get("nm-error"), h.get("nm-variant"))
 
     def event_hooks(self, *, is_async: bool) -> Dict[str, List[Any]]:
         """The gateway's request and response hooks, as httpx/httpx2 `event_hooks=` takes

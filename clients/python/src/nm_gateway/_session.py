@@ -63,7 +63,17 @@ RequestIdArg = Union[str, None, LastAnswer]
 class _State:
     """One session's identity and what came back last. Shared by its sync and async handles."""
 
-    __slots__ = ("_error", "_lock", "_request_id", "_trace_id", "agent", "gateway", "id", "user")
+    __slots__ = (
+        "_error",
+        "_lock",
+        "_request_id",
+        "_trace_id",
+        "_variant",
+        "agent",
+        "gateway",
+        "id",
+        "user",
+    )
 
     def __init__(self, gateway: Gateway, id: str, user: Optional[str], agent: Optional[str]) -> None:
         self.gateway = gateway
@@ -74,12 +84,24 @@ class _State:
         self._request_id: Optional[str] = None
         self._trace_id: Optional[str] = None
         self._error: Optional[str] = None
+        self._variant: Optional[str] = None
 
-    def record(self, request_id: Optional[str], trace_id: Optional[str], error: Optional[str]) -> None:
+    def record(
+        self,
+        request_id: Optional[str],
+        trace_id: Optional[str],
+        error: Optional[str],
+        variant: Optional[str] = None,
+    ) -> None:
         with self._lock:
             self._request_id = request_id
             self._trace_id = trace_id
             self._error = error
+            self._variant = variant
+
+    def variant(self) -> Optional[str]:
+        with self._lock:
+            return self._variant
 
     def last(self) -> tuple[Optional[str], Optional[str], Optional[str]]:
         with self._lock:
@@ -152,6 +174,12 @@ class _Handle:
     def last_error_code(self) -> Optional[str]:
         """`NM-Error` of that answer: the gateway's own error code, None on success."""
         return self._state.last()[2]
+
+    @property
+    def last_variant(self) -> Optional[str]:
+        """`NM-Variant` of that answer, `<experiment id>/<arm>`: the experiment arm that served
+        it, None when the request was in no experiment."""
+        return self._state.variant()
 
     def _answer(self, request_id: RequestIdArg) -> Optional[str]:
         """The request id a signal names: `request_id` as given, or the last answer's."""

@@ -127,6 +127,9 @@ export class MockProvider {
   private held: Array<() => void> | undefined;
   private arrivalWaiters: Array<() => void> = [];
 
+  /** As a stand-in gateway: the `NM-Variant` of answers to requests with a session. */
+  variant: string | undefined;
+
   constructor(readonly asGateway = false) {
     this.server = createServer((req, res) => {
       const parts: Buffer[] = [];
@@ -203,6 +206,9 @@ export class MockProvider {
     const extra: Record<string, string> = this.asGateway
       ? { "NM-Request-Id": `req-${n}`, "NM-Trace-Id": n.toString(16).padStart(32, "0") }
       : {};
+    // As the gateway does, only for a request in an experiment (it has a session).
+    if (this.asGateway && this.variant !== undefined && headers["nm-session"])
+      extra["NM-Variant"] = this.variant;
     const path = rec.path.split("?")[0] ?? "";
     const send = (status: number, h: Record<string, string>, payload: string | string[]): void => {
       res.writeHead(status, { ...extra, ...h });
