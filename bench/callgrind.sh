@@ -133,7 +133,7 @@ sessions=${SESSIONS:-0}
 if [ "${EXPERIMENT:-0}" = 1 ] && [ "$target" != forwarder ]; then
   [ "$sessions" = 0 ] && sessions=100
   NM_CONTROLPLANE_URL=http://$cp NM_ADMIN_KEY=$key "$gateway" experiments create --agent bench \
-    --arm a=openai/gpt-4o --arm b=openai/gpt-4.1 >/dev/null \
+    --arm a=openai:gpt-4o:1 --arm b=openai:gpt-4.1:1 >/dev/null \
     || { echo "callgrind.sh: could not create the experiment" >&2; exit 1; }
   # Every dataplane has it once its next key snapshot came (pushed on change).
   for _ in $(seq 20); do

@@ -536,10 +536,10 @@ async fn sessions_are_sticky_across_dataplanes_and_weights_hold() {
     assert_eq!(&openai.last().body[..], BODY.as_bytes());
 }
 
-/// Needs the controlplane half (`nm.v1.Experiments` and the key stream carrying its live
-/// experiments): run after both are merged.
+/// End to end: an experiment created over `nm.v1.Experiments` reaches the proxy through the key
+/// stream, both arms serve, the records keep their variants and `GetExperiment` counts them; a
+/// promotion sends every session to the winner.
 #[tokio::test]
-#[ignore = "needs nm.v1.Experiments (the controlplane half of issue 33)"]
 async fn an_experiment_created_over_grpc_reaches_the_proxy() {
     use crate::common::gateway::{TestGateway, admin};
     use nm_gateway::grpc::pb;
@@ -614,4 +614,48 @@ async fn an_experiment_created_over_grpc_reaches_the_proxy() {
             .iter()
             .all(|r| r.header("authorization") == Some("Bearer gsk-operator"))
     );
+    // The records keep their arms, and the report counts them.
+    let report = eventually(std::time::Duration::from_secs(10), "40 sessions", || {
+        let mut client = client.clone();
+        let id = created.id.clone();
+        async move {
+            let r = client
+                .get_experiment(admin(pb::GetExperimentRequest { id }))
+                .await
+                .ok()?
+                .into_inner();
+            (r.arms.iter().map(|a| a.sessions).sum::<u64>() == 40).then_some(r)
+        }
+    })
+    .await;
+    assert!(report.arms.iter().all(|a| a.sessions > 0 && a.requests == a.sessions));
+    // Promoted: every session goes to the winner.
+    client
+        .promote_experiment(admin(pb::PromoteExperimentRequest {
+            id: created.id.clone(),
+            arm: "groq".to_owned(),
+            reason: String::new(),
+        }))
+        .await
+        .unwrap_or_else(|e| panic!("promote: {e}"));
+    let winner = format!("{}/groq", created.id);
+    for i in 0..10 {
+        let session = format!("sess_after_{i}");
+        eventually(std::time::Duration::from_secs(10), "promoted", || {
+            let session = session.clone();
+            let gw = &gw;
+            let winner = winner.clone();
+            async move {
+                let a = gw
+                    .post(
+                        "/openai/v1/chat/completions",
+                        &[("nm-agent", "bot"), ("nm-session", session.as_str())],
+                        BODY,
+                    )
+                    .await;
+                (a.header("nm-variant") == Some(winner.as_str())).then_some(())
+            }
+        })
+        .await;
+    }
 }
