@@ -149,9 +149,13 @@ fn lowest<'a>(
     if arms.len() == 1 {
         return 0;
     }
+    // The session's part of the hash once; each arm's name continues a copy of it.
+    let mut session_part = SipHasher24::new_with_key(&salt.0);
+    session_part.write(session.as_bytes());
+    session_part.write_u8(0xff);
     let mut best = (f64::INFINITY, 0);
     for (i, (name, weight)) in arms.enumerate() {
-        let score = score(salt, session, name, weight);
+        let score = score(session_part, name, weight);
         if score < best.0 {
             best = (score, i);
         }
@@ -270,10 +274,8 @@ fn valid_name(name: &str) -> bool {
 /// An arm's score for a session: `-ln(u) / weight`, `u` uniform in (0, 1) from the keyed hash
 /// of the session and the arm's name (0xff between them: a byte no UTF-8 text holds, so no two
 /// pairs hash the same bytes).
-fn score(salt: &Salt, session: &str, arm: &str, weight: u32) -> f64 {
-    let mut h = SipHasher24::new_with_key(&salt.0);
-    h.write(session.as_bytes());
-    h.write_u8(0xff);
+/// `session_part` has hashed the session and the 0xff.
+fn score(mut h: SipHasher24, arm: &str, weight: u32) -> f64 {
     h.write(arm.as_bytes());
     let bits = h.finish() >> 11;
     // 53 random bits, centred in their interval: never 0, never 1.
