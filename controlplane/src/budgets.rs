@@ -93,6 +93,9 @@ pub struct BudgetStatus {
     pub month_micros: u64,
     pub remaining_micros: Option<u64>,
     pub resets_at_ms: Option<i64>,
+    /// The dataplanes' claims on the spend budget in its current period, and how many hold one.
+    pub leased_micros: u64,
+    pub lease_holders: u32,
 }
 
 #[derive(Debug)]
@@ -304,9 +307,26 @@ impl Budgets {
             }
             None => (None, None),
         };
+        let (mut leased_micros, mut lease_holders) = (0u64, 0u32);
+        if let Some(b) = &budget {
+            let key = LeaseKey {
+                user: user_id.clone(),
+                unit: LeaseUnit::Micros,
+                period: b.rule.period.index_of(now_ms),
+            };
+            let ttl = i64::try_from(LEASE_TTL_MS).unwrap_or(i64::MAX);
+            for h in st.holders.values() {
+                if let Some(c) = h.claims.get(&key).filter(|_| h.last_report_ms + ttl > now_ms) {
+                    leased_micros = leased_micros.saturating_add(*c);
+                    lease_holders += 1;
+                }
+            }
+        }
         Ok(BudgetStatus {
             user_id,
             budget,
+            leased_micros,
+            lease_holders,
             is_default,
             day_micros: spend.day_micros,
             month_micros: spend.month_micros,

@@ -218,27 +218,32 @@ fn refusal_error(refusal: Refusal) -> ProxyError {
             ),
             retry_after,
         },
-        Refusal::Rate { rpm, retry_after } => ProxyError::BudgetExceeded {
+        Refusal::Rate { rpm, retry_after } => ProxyError::RateLimited {
             reason: format!("this end user may start {rpm} requests per minute"),
             retry_after,
         },
         Refusal::NoLease {
-            unit,
+            unit: LeaseUnit::Micros,
             rule,
             retry_after,
         } => ProxyError::BudgetExceeded {
-            reason: match unit {
-                LeaseUnit::Micros => format!(
-                    "this end user's budget of {} per {} is spent or held by other dataplanes",
-                    nm_types::money::format_usd(rule.limit_micros.unwrap_or(0)),
-                    rule.period.as_str()
-                ),
-                LeaseUnit::Requests => format!(
-                    "this end user may start {} requests per minute (the rest of this minute's \
-                     are held by other dataplanes)",
-                    rule.requests_per_minute.unwrap_or(0)
-                ),
-            },
+            reason: format!(
+                "this end user's budget of {} per {} is spent or held by other dataplanes",
+                nm_types::money::format_usd(rule.limit_micros.unwrap_or(0)),
+                rule.period.as_str()
+            ),
+            retry_after,
+        },
+        Refusal::NoLease {
+            unit: LeaseUnit::Requests,
+            rule,
+            retry_after,
+        } => ProxyError::RateLimited {
+            reason: format!(
+                "this end user may start {} requests per minute (this minute's rest is held \
+                 by other dataplanes)",
+                rule.requests_per_minute.unwrap_or(0)
+            ),
             retry_after,
         },
         Refusal::NotLoaded => ProxyError::Unavailable(
