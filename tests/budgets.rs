@@ -383,6 +383,7 @@ async fn a_burst_over_dataplanes_stays_within_the_bound(n: usize) {
     })
     .await;
     let bound = limit + n as u64 * small_reservation();
+    eprintln!("{n} dataplanes: {ok} answers, {spent} µ$ spent, bound {bound}");
     assert!(
         spent <= bound,
         "{ok} answers, {spent} µ$ spent over {n} dataplanes: more than {bound}"

@@ -43,9 +43,11 @@ pub use nm_types::budget::{Feed, Spend};
 
 /// A lease unused this long goes back to the controlplane.
 const LEASE_IDLE_MS: i64 = 3_000;
-/// A lease is renewed once less than this many of its latest reservations are left.
+/// A lease is renewed once less than this many of its latest reservations are left (or less
+/// than was taken since the last round).
 const LEASE_LOW_WATER: u64 = 2;
-/// What a dataplane asks for at once: this many of its latest reservations.
+/// What a dataplane asks for at once: this many of its latest reservations, or twice what was
+/// taken since the last round.
 const LEASE_ASK: u64 = 4;
 
 /// Why a request was refused.
@@ -199,6 +201,8 @@ struct Slot {
     unused: i64,
     /// The latest reservation (what to ask for).
     last_reservation: u64,
+    /// Taken since the last report (the pace to ask for).
+    taken: u64,
     last_used_ms: i64,
 }
 
@@ -208,6 +212,7 @@ impl Slot {
             period,
             unused: 0,
             last_reservation: reservation.max(1),
+            taken: 0,
             last_used_ms: now_ms,
         }
     }
@@ -530,8 +535,11 @@ impl Budgets {
                 };
                 let unused = u64::try_from(s.unused).unwrap_or(0);
                 let claim = unrecorded.saturating_add(unused);
-                let want = if !idle && unused < LEASE_LOW_WATER * s.last_reservation {
-                    LEASE_ASK * s.last_reservation
+                // Enough for two rounds at the pace of the last one, and a few requests at least.
+                let pace = std::mem::take(&mut s.taken);
+                let low = (LEASE_LOW_WATER * s.last_reservation).max(pace);
+                let want = if !idle && unused < low {
+                    (LEASE_ASK * s.last_reservation).max(pace.saturating_mul(2))
                 } else {
                     0
                 };
@@ -702,10 +710,12 @@ fn take_leases(
         s.unused = s
             .unused
             .saturating_sub(i64::try_from(estimate_micros).unwrap_or(i64::MAX));
+        s.taken = s.taken.saturating_add(estimate_micros);
         taken = Some(s.period);
     }
     if let Some(s) = leases.requests.as_mut().filter(|_| rule.requests_per_minute.is_some()) {
         s.unused -= 1;
+        s.taken += 1;
     }
     Ok(taken)
 }
@@ -914,9 +924,10 @@ mod tests {
             b.admit("u", "r4", 300, NOW),
             Err(Refusal::NoLease { .. })
         ));
-        // The claim: 900 admitted and not in the feed, nothing unused.
+        // The claim: 900 admitted and not in the feed, nothing unused; it asks for twice the
+        // 900 taken since the last round.
         let req = round(&b, NOW + 1, &[]);
-        assert_eq!((req.claims[0].claim, req.claims[0].want), (900, 1_200));
+        assert_eq!((req.claims[0].claim, req.claims[0].want), (900, 1_800));
         // Answers cheaper than reserved give the difference back to the lease.
         for r in held {
             r.settle(100);
