@@ -330,10 +330,7 @@ async fn planes(
 }
 
 /// 40 clients at once, spread in turn over `planes`, all as end user `user`.
-async fn burst(
-    planes: &[std::net::SocketAddr],
-    user: &str,
-) -> Vec<crate::common::http::Answer> {
+async fn burst(planes: &[std::net::SocketAddr], user: &str) -> Vec<crate::common::http::Answer> {
     let client = client();
     let mut requests = JoinSet::new();
     for i in 0..40 {
@@ -371,7 +368,10 @@ async fn a_burst_over_dataplanes_stays_within_the_bound(n: usize) {
     for r in &refused {
         assert_eq!(r.header("nm-error"), Some("budget_exceeded"));
         assert!(r.header("retry-after").is_some());
-        let message = r.json()["error"]["message"].as_str().unwrap_or("").to_owned();
+        let message = r.json()["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned();
         assert!(
             message.contains("end user's budget of $0.05 per day"),
             "the refusal names its budget: {message}"
@@ -435,7 +435,10 @@ async fn a_burst_over_three_dataplanes_keeps_the_requests_per_minute() {
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
         assert!((1..=60).contains(&retry), "{retry}");
-        let message = r.json()["error"]["message"].as_str().unwrap_or("").to_owned();
+        let message = r.json()["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned();
         assert!(message.contains("10 requests per minute"), "{message}");
     }
     gw.stop().await;
@@ -490,7 +493,9 @@ async fn a_killed_dataplanes_lease_is_reclaimed() {
     let spend_until_refused = || async {
         let mut ok = 0u64;
         loop {
-            let a = gw.raw_at(planes[0], "POST", path, &headers, SMALL_REQUEST).await;
+            let a = gw
+                .raw_at(planes[0], "POST", path, &headers, SMALL_REQUEST)
+                .await;
             match a.status {
                 200 => ok += 1,
                 429 => return ok,

@@ -316,7 +316,11 @@ impl Budgets {
             };
             let ttl = i64::try_from(LEASE_TTL_MS).unwrap_or(i64::MAX);
             for h in st.holders.values() {
-                if let Some(c) = h.claims.get(&key).filter(|_| h.last_report_ms + ttl > now_ms) {
+                if let Some(c) = h
+                    .claims
+                    .get(&key)
+                    .filter(|_| h.last_report_ms + ttl > now_ms)
+                {
                     leased_micros = leased_micros.saturating_add(*c);
                     lease_holders += 1;
                 }
@@ -825,7 +829,9 @@ mod tests {
         let day = day_of(now);
         // 10,000 recorded: 40,000 remain to lease.
         let txn = store.begin_write().await.unwrap();
-        add_to_rollup(&txn, &[item("ann", now, 10_000)]).await.unwrap();
+        add_to_rollup(&txn, &[item("ann", now, 10_000)])
+            .await
+            .unwrap();
         txn.commit().await.unwrap();
         b.apply(&[item("ann", now, 10_000)], now);
 
@@ -837,7 +843,9 @@ mod tests {
         let g2 = b.lease(&report(2, vec![micros(0, 24_000)]), now).granted;
         assert_eq!(g2, [8_000]);
         // The first, having spent all of it, asks again: 8,000 free, shared.
-        let g1 = b.lease(&report(1, vec![micros(24_000, 24_000)]), now).granted;
+        let g1 = b
+            .lease(&report(1, vec![micros(24_000, 24_000)]), now)
+            .granted;
         assert_eq!(g1, [4_000]);
         // 10,000 recorded + 28,000 + 8,000 claimed: a third shares the last 4,000 with both.
         let g3 = b.lease(&report(3, vec![micros(0, 6_000)]), now).granted;
@@ -849,12 +857,16 @@ mod tests {
         assert_eq!(g3, [889]);
         let g2 = b.lease(&report(2, vec![micros(8_000, 6_000)]), now).granted;
         assert_eq!(g2, [593]);
-        let g1 = b.lease(&report(1, vec![micros(28_000, 6_000)]), now).granted;
+        let g1 = b
+            .lease(&report(1, vec![micros(28_000, 6_000)]), now)
+            .granted;
         assert_eq!(g1, [395]);
 
         // Dataplane 2 goes silent: after the time to live its unused 8,000 are free again.
         let later = now + i64::try_from(LEASE_TTL_MS).unwrap();
-        let g1 = b.lease(&report(1, vec![micros(28_000, 8_000)]), later).granted;
+        let g1 = b
+            .lease(&report(1, vec![micros(28_000, 8_000)]), later)
+            .granted;
         assert_eq!(g1, [8_000]);
         assert_eq!(b.lease_holders(later), 1);
 

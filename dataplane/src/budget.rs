@@ -574,10 +574,13 @@ impl Budgets {
             if *granted == 0 {
                 continue;
             }
-            let slot = l.leases.get_mut(&claim.key.user).and_then(|u| match claim.key.unit {
-                LeaseUnit::Micros => u.micros.as_mut(),
-                LeaseUnit::Requests => u.requests.as_mut(),
-            });
+            let slot = l
+                .leases
+                .get_mut(&claim.key.user)
+                .and_then(|u| match claim.key.unit {
+                    LeaseUnit::Micros => u.micros.as_mut(),
+                    LeaseUnit::Requests => u.requests.as_mut(),
+                });
             if let Some(s) = slot.filter(|s| s.period == claim.key.period) {
                 s.unused = s
                     .unused
@@ -706,14 +709,22 @@ fn take_leases(
         });
     }
     let mut taken = None;
-    if let Some(s) = leases.micros.as_mut().filter(|_| rule.limit_micros.is_some()) {
+    if let Some(s) = leases
+        .micros
+        .as_mut()
+        .filter(|_| rule.limit_micros.is_some())
+    {
         s.unused = s
             .unused
             .saturating_sub(i64::try_from(estimate_micros).unwrap_or(i64::MAX));
         s.taken = s.taken.saturating_add(estimate_micros);
         taken = Some(s.period);
     }
-    if let Some(s) = leases.requests.as_mut().filter(|_| rule.requests_per_minute.is_some()) {
+    if let Some(s) = leases
+        .requests
+        .as_mut()
+        .filter(|_| rule.requests_per_minute.is_some())
+    {
         s.unused -= 1;
         s.taken += 1;
     }
@@ -804,7 +815,10 @@ mod tests {
     #[test]
     fn delivered_spend_moves_from_the_ledger_to_the_feed() {
         let b = budgets(dollars(1_000));
-        b.admit_leased("u", "r1", 600, NOW).unwrap().unwrap().settle(700);
+        b.admit_leased("u", "r1", 600, NOW)
+            .unwrap()
+            .unwrap()
+            .settle(700);
         b.delivered([("u", "r1")], 7, 3);
         assert_eq!(b.local_entries("u"), 1, "feed not caught up yet");
         assert!(b.admit_leased("u", "r2", 1, NOW).is_ok());
@@ -836,7 +850,10 @@ mod tests {
     #[test]
     fn a_new_epoch_full_state_covers_everything_acknowledged() {
         let b = budgets(dollars(1_000));
-        b.admit_leased("u", "r1", 10, NOW).unwrap().unwrap().settle(10);
+        b.admit_leased("u", "r1", 10, NOW)
+            .unwrap()
+            .unwrap()
+            .settle(10);
         b.delivered([("u", "r1")], 7, 99);
         b.apply_feed(Feed {
             epoch: 8,
@@ -877,7 +894,10 @@ mod tests {
             month: month_of_day(day_of(NOW)),
             ..Default::default()
         });
-        assert!(matches!(b.admit_leased("anyone", "r", 1_000_000, NOW), Ok(None)));
+        assert!(matches!(
+            b.admit_leased("anyone", "r", 1_000_000, NOW),
+            Ok(None)
+        ));
         assert!(matches!(b.admit_leased("vip", "r", 10, NOW), Ok(Some(_))));
     }
 

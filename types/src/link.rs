@@ -648,4 +648,53 @@ mod tests {
             Err(crate::signal::REQUEST_ID_RULE.to_owned())
         );
     }
+
+    #[test]
+    fn lease_requests_round_trip_and_bad_ones_are_refused() {
+        let req = LeaseRequest {
+            dataplane: "dp-1".to_owned(),
+            instance: 7,
+            claims: vec![
+                LeaseClaim {
+                    key: LeaseKey {
+                        user: "alice".to_owned(),
+                        unit: LeaseUnit::Micros,
+                        period: 20_779,
+                    },
+                    claim: 12,
+                    want: 24_000,
+                },
+                LeaseClaim {
+                    key: LeaseKey {
+                        user: "bob".to_owned(),
+                        unit: LeaseUnit::Requests,
+                        period: 29_921_760,
+                    },
+                    claim: 0,
+                    want: 4,
+                },
+            ],
+        };
+        assert_eq!(
+            lease_request_from_pb(lease_request_to_pb(&req)),
+            Ok(req.clone())
+        );
+        let mut bad = lease_request_to_pb(&req);
+        bad.claims[1].unit = 0;
+        assert_eq!(
+            lease_request_from_pb(bad),
+            Err("claim: unknown unit".to_owned())
+        );
+        let mut bad = lease_request_to_pb(&req);
+        bad.claims[0].user_id = "a\u{7}".to_owned();
+        assert!(lease_request_from_pb(bad).is_err());
+        let resp = LeaseResponse {
+            granted: vec![24_000, 0],
+            ttl_ms: 5_000,
+        };
+        assert_eq!(
+            lease_response_from_pb(lease_response_to_pb(resp.clone())),
+            resp
+        );
+    }
 }
