@@ -36,10 +36,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use nm_types::budget::{
-    BudgetRule, LeaseClaim, LeaseKey, LeaseRequest, LeaseResponse, LeaseUnit, MINUTE_MS, Period,
-    day_of, minute_of, month_of_day,
+    BudgetRule, LeaseClaim, LeaseKey, LeaseRequest, LeaseResponse, MINUTE_MS, Period, day_of,
+    minute_of, month_of_day,
 };
-pub use nm_types::budget::{Feed, Spend};
+pub use nm_types::budget::{Feed, LeaseUnit, Spend};
 
 /// A lease unused this long goes back to the controlplane.
 const LEASE_IDLE_MS: i64 = 3_000;

@@ -22,7 +22,7 @@ use nm_types::access::Scope;
 
 use crate::attribution::Attribution;
 use crate::body::{GatewayBody, ObservedBody, RequestBody, UpstreamBody};
-use crate::budget::{Refusal, Reservation};
+use crate::budget::{LeaseUnit, Refusal, Reservation};
 use crate::edge;
 use crate::error::ProxyError;
 use crate::event::{Ending, RequestEvent};
@@ -38,7 +38,6 @@ use crate::providers::Provider;
 use crate::records;
 use crate::state::State;
 use crate::usage::{Framing, Meter};
-use nm_types::budget::LeaseUnit;
 
 /// Handles one proxy request: its event is opened once the key and provider are known, filled
 /// as the request goes, and ended by the answer's body (or here, when the gateway answers with
