@@ -529,3 +529,77 @@ async fn a_killed_dataplanes_lease_is_reclaimed() {
     );
     gw.stop().await;
 }
+
+/// Issue 34.4, the trade-off docs/budgets.md states: a dataplane cut off from its controlplane
+/// spends what it holds until the lease's time to live, then refuses budgeted end users with
+/// 503 (it cannot know what the others spent); requests without an end user go on.
+#[tokio::test]
+async fn a_cut_off_dataplane_spends_its_lease_until_it_expires() {
+    let mock = MockProvider::json(SMALL_ANSWER).start().await;
+    let (mut gw, planes) = planes(1, &mock.url, Some(1_000_000), None).await;
+    let headers = [("nm-key", ADMIN_KEY), ("nm-user", "ivy")];
+    let path = "/openai/v1/chat/completions";
+    let first = gw
+        .raw_at(planes[0], "POST", path, &headers, SMALL_REQUEST)
+        .await;
+    assert_eq!(first.status, 200);
+    gw.stop_controlplane().await;
+    let cut_off = tokio::time::Instant::now();
+    // Within the lease it holds (several reservations), it goes on admitting.
+    let a = gw
+        .raw_at(planes[0], "POST", path, &headers, SMALL_REQUEST)
+        .await;
+    assert_eq!(a.status, 200);
+    // Past the time to live (5 s from its last answered report), budgeted requests get 503.
+    tokio::time::sleep_until(cut_off + Duration::from_millis(5_500)).await;
+    let refused = gw
+        .raw_at(planes[0], "POST", path, &headers, SMALL_REQUEST)
+        .await;
+    assert_eq!(
+        refused.status,
+        503,
+        "{}",
+        String::from_utf8_lossy(&refused.body)
+    );
+    assert_eq!(refused.header("nm-error"), Some("unavailable"));
+    let anonymous = gw
+        .raw_at(
+            planes[0],
+            "POST",
+            path,
+            &[("nm-key", ADMIN_KEY)],
+            SMALL_REQUEST,
+        )
+        .await;
+    assert_eq!(anonymous.status, 200);
+    // The controlplane back, leases are granted again.
+    gw.restart_controlplane().await;
+    eventually(Duration::from_secs(20), "leases again", || async {
+        let a = gw
+            .raw_at(planes[0], "POST", path, &headers, SMALL_REQUEST)
+            .await;
+        (a.status == 200).then_some(())
+    })
+    .await;
+    gw.stop().await;
+}
+
+/// A dataplane idle past the lease's time to live holds nothing: its next request waits for one
+/// lease round and is admitted.
+#[tokio::test]
+async fn an_idle_dataplane_gets_a_new_lease() {
+    let mock = MockProvider::json(SMALL_ANSWER).start().await;
+    let (gw, planes) = planes(2, &mock.url, Some(1_000_000), None).await;
+    let headers = [("nm-key", ADMIN_KEY), ("nm-user", "jack")];
+    let path = "/openai/v1/chat/completions";
+    for p in &planes {
+        let a = gw.raw_at(*p, "POST", path, &headers, SMALL_REQUEST).await;
+        assert_eq!(a.status, 200);
+    }
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    for p in &planes {
+        let a = gw.raw_at(*p, "POST", path, &headers, SMALL_REQUEST).await;
+        assert_eq!(a.status, 200, "{}", String::from_utf8_lossy(&a.body));
+    }
+    gw.stop().await;
+}

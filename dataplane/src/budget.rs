@@ -68,8 +68,11 @@ pub enum Refusal {
         rule: BudgetRule,
         retry_after: Duration,
     },
-    /// No budget state has arrived from the controlplane yet, or this dataplane's leases
-    /// expired (its controlplane has not answered for their time to live).
+    /// This dataplane's leases expired: no lease round was answered for their time to live (or
+    /// none yet). Wait for a round ([`Budgets::wait_for_lease`]) and ask again; if it still
+    /// stands, the controlplane is unreachable.
+    LeaseExpired,
+    /// No budget state has arrived from the controlplane yet.
     NotLoaded,
 }
 
@@ -626,7 +629,7 @@ impl Budgets {
         now_ms: i64,
     ) -> Result<Option<Reservation>, Refusal> {
         match self.admit(user, request_id, estimate_micros, now_ms) {
-            Err(Refusal::NoLease { .. }) => {
+            Err(Refusal::NoLease { .. } | Refusal::LeaseExpired) => {
                 let req = self.lease_request("test", now_ms);
                 let granted = req.claims.iter().map(|c| c.want.max(1) * 1_000).collect();
                 let resp = LeaseResponse {
@@ -664,9 +667,9 @@ fn take_leases(
     if rule.limit_micros.is_none() && rule.requests_per_minute.is_none() {
         return Ok(None);
     }
-    if l.lease_valid_until_ms <= now_ms && l.lease_valid_until_ms != 0 {
-        return Err(Refusal::NotLoaded);
-    }
+    // Unanswered for the time to live (or never answered): what is held may have been taken
+    // back, so nothing is spent before the next answered round.
+    let expired = l.lease_valid_until_ms <= now_ms;
     let leases = match l.leases.get_mut(user) {
         Some(u) => u,
         None => l.leases.entry(user.to_owned()).or_default(),
@@ -698,6 +701,9 @@ fn take_leases(
         if s.unused <= 0 && short.is_none() {
             short = Some((LeaseUnit::Requests, (minute + 1) * MINUTE_MS));
         }
+    }
+    if expired {
+        return Err(Refusal::LeaseExpired);
     }
     if let Some((unit, end_ms)) = short {
         // Others may give theirs back when idle: worth a retry before the period ends.
@@ -921,14 +927,11 @@ mod tests {
     #[test]
     fn a_lease_admits_while_unused_and_asks_for_more_when_low() {
         let b = budgets(dollars(1_000_000));
-        // No lease yet: refused, and the next round asks for four reservations.
-        assert!(matches!(
-            b.admit("u", "r0", 300, NOW),
-            Err(Refusal::NoLease {
-                unit: LeaseUnit::Micros,
-                ..
-            })
-        ));
+        // No lease round answered yet: refused, and the next round asks for four reservations.
+        assert_eq!(
+            b.admit("u", "r0", 300, NOW).err(),
+            Some(Refusal::LeaseExpired)
+        );
         let req = round(&b, NOW, &[700]);
         assert_eq!(req.claims.len(), 1);
         assert_eq!(
@@ -980,13 +983,13 @@ mod tests {
         assert!(round(&b, NOW + LEASE_IDLE_MS, &[]).claims.is_empty());
 
         // A fresh lease, then the controlplane stops answering: spendable until its time to
-        // live from the last answered round, then refused as not loaded (503, not 429).
+        // live from the last answered round, then refused as expired (503, not 429).
         let _ = b.admit("u", "r2", 300, NOW);
         round(&b, NOW, &[10_000]);
         assert!(b.admit("u", "r3", 300, NOW + 4_999).is_ok());
         assert_eq!(
             b.admit("u", "r4", 300, NOW + 5_000).err(),
-            Some(Refusal::NotLoaded)
+            Some(Refusal::LeaseExpired)
         );
         // Its next report claims no unused lease (the controlplane took it back).
         let req = b.lease_request("test", NOW + 5_000);
@@ -1000,13 +1003,10 @@ mod tests {
             period: Period::Day,
             requests_per_minute: Some(100),
         });
-        assert!(matches!(
-            b.admit("u", "r0", 0, NOW),
-            Err(Refusal::NoLease {
-                unit: LeaseUnit::Requests,
-                ..
-            })
-        ));
+        assert_eq!(
+            b.admit("u", "r0", 0, NOW).err(),
+            Some(Refusal::LeaseExpired)
+        );
         let req = round(&b, NOW, &[2]);
         assert_eq!(req.claims[0].key.unit, LeaseUnit::Requests);
         assert_eq!(req.claims[0].key.period, minute_of(NOW));
@@ -1014,7 +1014,10 @@ mod tests {
         assert!(b.admit("u", "r2", 0, NOW).is_ok());
         assert!(matches!(
             b.admit("u", "r3", 0, NOW),
-            Err(Refusal::NoLease { .. })
+            Err(Refusal::NoLease {
+                unit: LeaseUnit::Requests,
+                ..
+            })
         ));
         // The next minute starts a new lease.
         let next = (minute_of(NOW) + 1) * MINUTE_MS;

@@ -199,7 +199,7 @@ fn refused_by(refusal: &Refusal) -> Option<&'static str> {
             unit: LeaseUnit::Requests,
             ..
         } => Some("rate"),
-        Refusal::NotLoaded => None,
+        Refusal::NotLoaded | Refusal::LeaseExpired => None,
     }
 }
 
@@ -247,6 +247,11 @@ fn refusal_error(refusal: Refusal) -> ProxyError {
         },
         Refusal::NotLoaded => ProxyError::Unavailable(
             "end-user budgets not loaded from the controlplane yet".to_owned(),
+        ),
+        Refusal::LeaseExpired => ProxyError::Unavailable(
+            "this end user's budget cannot be checked: the controlplane has not renewed this \
+             dataplane's budget leases"
+                .to_owned(),
         ),
     }
 }
@@ -326,7 +331,7 @@ async fn forward(
         *reservation = match check() {
             // This dataplane's lease is used up: one lease round (off the request path unless
             // the lease ran out), then the answer stands.
-            Err(Refusal::NoLease { .. }) => {
+            Err(Refusal::NoLease { .. } | Refusal::LeaseExpired) => {
                 state.budgets.wait_for_lease(LEASE_WAIT).await;
                 check()
             }
