@@ -27,6 +27,9 @@
 # gpt-4o and gpt-4.1, so every request's model is rewritten) and sends the requests in SESSIONS
 # sessions (100 unless set): what assignment and the rewrite cost. Compare with SESSIONS=100
 # alone. The script checks that an answer names its arm (NM-Variant) before it measures.
+# unscoped bootstrap key: what the scope check costs. BUDGETS=0 sets no budget (requests skip
+# the budget path); the default, BUDGETS=1, a default end-user budget (dollars a day and
+# requests a minute, both far from reached) that every request passes, leases included.
 # Needs valgrind and wrk (Debian: apt-get install valgrind wrk). Prints the requests served, the
 # user-space instructions per request, and the costliest functions (inclusive).
 set -euo pipefail
@@ -74,7 +77,8 @@ listening() {
   done
   echo "callgrind.sh: no \"$2 listening\" in $1" >&2; cat "$1" >&2; exit 1
 }
-budget() {  # a budget rule, so every request takes the budget path
+budget() {  # a budget rule, so every request takes the budget path (BUDGETS=0: none)
+  [ "${BUDGETS:-1}" = 0 ] && return 0
   NM_CONTROLPLANE_URL=http://$1 NM_ADMIN_KEY=$key "$gateway" budgets set \
     --default --usd-per-day 1000000 --rpm 1000000 >/dev/null
 }

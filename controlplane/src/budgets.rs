@@ -16,7 +16,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use nm_types::budget::{
-    BudgetRule, MINUTE_MS, Period, day_of, first_day_of_month, minute_of, month_of_day,
+    BudgetRule, LeaseKey, LeaseRequest, LeaseResponse, LeaseUnit, MINUTE_MS, Period, day_of,
+    first_day_of_month, grant, minute_of, month_of_day,
 };
 use nm_types::parse_user;
 use sea_orm::sea_query::{Expr, OnConflict};
@@ -31,6 +32,9 @@ const DEFAULT_SUBJECT: &str = "default";
 const USER_PREFIX: &str = "user:";
 /// Deltas a slow watcher may fall behind before it is sent a full state instead.
 const FEED_BUFFER: usize = 1024;
+/// How long a dataplane's claims count without a new report: past it, the dataplane is taken
+/// for gone and its unused lease is free again (it stops spending it by then too).
+pub const LEASE_TTL_MS: u64 = 5_000;
 
 /// A budget as stored: for the default (`user_id` None) or one end user.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,6 +93,9 @@ pub struct BudgetStatus {
     pub month_micros: u64,
     pub remaining_micros: Option<u64>,
     pub resets_at_ms: Option<i64>,
+    /// The dataplanes' claims on the spend budget in its current period, and how many hold one.
+    pub leased_micros: u64,
+    pub lease_holders: u32,
 }
 
 #[derive(Debug)]
@@ -100,6 +107,15 @@ struct State {
     default: Option<StoredBudget>,
     overrides: BTreeMap<String, StoredBudget>,
     spend: HashMap<String, Spend>,
+    /// Each live dataplane process's claims, by its instance id.
+    holders: HashMap<u64, Holder>,
+}
+
+/// One dataplane process's claims, as it last reported them plus what was granted since.
+#[derive(Debug)]
+struct Holder {
+    last_report_ms: i64,
+    claims: HashMap<LeaseKey, u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -150,6 +166,7 @@ impl Budgets {
                 default,
                 overrides,
                 spend,
+                holders: HashMap::new(),
             })),
             feed,
         })
@@ -290,9 +307,30 @@ impl Budgets {
             }
             None => (None, None),
         };
+        let (mut leased_micros, mut lease_holders) = (0u64, 0u32);
+        if let Some(b) = &budget {
+            let key = LeaseKey {
+                user: user_id.clone(),
+                unit: LeaseUnit::Micros,
+                period: b.rule.period.index_of(now_ms),
+            };
+            let ttl = i64::try_from(LEASE_TTL_MS).unwrap_or(i64::MAX);
+            for h in st.holders.values() {
+                if let Some(c) = h
+                    .claims
+                    .get(&key)
+                    .filter(|_| h.last_report_ms + ttl > now_ms)
+                {
+                    leased_micros = leased_micros.saturating_add(*c);
+                    lease_holders += 1;
+                }
+            }
+        }
         Ok(BudgetStatus {
             user_id,
             budget,
+            leased_micros,
+            lease_holders,
             is_default,
             day_micros: spend.day_micros,
             month_micros: spend.month_micros,
@@ -332,6 +370,103 @@ impl Budgets {
         if roll(&mut st, now_ms) {
             let _ = self.feed.send(FeedEvent::Reset);
         }
+    }
+
+    /// Takes a dataplane's report of its claims and grants what it asks for, from what remains
+    /// of each budget once the recorded spend and every live dataplane's claim are counted.
+    pub fn lease(&self, req: &LeaseRequest, now_ms: i64) -> LeaseResponse {
+        let mut st = self.lock();
+        if roll(&mut st, now_ms) {
+            let _ = self.feed.send(FeedEvent::Reset);
+        }
+        let ttl = i64::try_from(LEASE_TTL_MS).unwrap_or(i64::MAX);
+        st.holders
+            .retain(|_, h| h.last_report_ms.saturating_add(ttl) > now_ms);
+        let mut mine: HashMap<LeaseKey, u64> = req
+            .claims
+            .iter()
+            .filter(|c| c.claim > 0)
+            .map(|c| (c.key.clone(), c.claim))
+            .collect();
+        let minute = minute_of(now_ms);
+        let mut granted = Vec::with_capacity(req.claims.len());
+        for c in &req.claims {
+            if c.want == 0 {
+                granted.push(0);
+                continue;
+            }
+            let rule = st
+                .overrides
+                .get(&c.key.user)
+                .or(st.default.as_ref())
+                .map(|b| b.rule);
+            let spend = st.spend.get(&c.key.user).copied().unwrap_or_default();
+            let bounds = rule.and_then(|rule| match c.key.unit {
+                LeaseUnit::Micros => {
+                    let current = match rule.period {
+                        Period::Day => (st.day, spend.day_micros),
+                        Period::Month => (st.month, spend.month_micros),
+                    };
+                    rule.limit_micros.map(|l| (l, current))
+                }
+                LeaseUnit::Requests => rule.requests_per_minute.map(|rpm| {
+                    let spent = if spend.minute == c.key.period {
+                        u64::from(spend.minute_requests)
+                    } else {
+                        0
+                    };
+                    (u64::from(rpm), (minute, spent))
+                }),
+            });
+            let g = match bounds {
+                // A past period is over: nothing more to spend in it.
+                Some((limit, (current, spent))) if c.key.period >= current => {
+                    let spent = if c.key.period == current { spent } else { 0 };
+                    let (mut others, mut holders) = (0u64, 0usize);
+                    for (id, h) in &st.holders {
+                        if *id == req.instance {
+                            continue;
+                        }
+                        if let Some(&claim) = h.claims.get(&c.key).filter(|c| **c > 0) {
+                            others = others.saturating_add(claim);
+                            holders += 1;
+                        }
+                    }
+                    let own = mine.get(&c.key).copied().unwrap_or(0);
+                    grant(limit, spent, others, own, c.want, holders)
+                }
+                _ => 0,
+            };
+            if g > 0 {
+                *mine.entry(c.key.clone()).or_default() += g;
+            }
+            granted.push(g);
+        }
+        if mine.is_empty() {
+            st.holders.remove(&req.instance);
+        } else {
+            st.holders.insert(
+                req.instance,
+                Holder {
+                    last_report_ms: now_ms,
+                    claims: mine,
+                },
+            );
+        }
+        LeaseResponse {
+            granted,
+            ttl_ms: LEASE_TTL_MS,
+        }
+    }
+
+    /// The dataplane processes holding a claim now (for `budgets show` and tests).
+    pub fn lease_holders(&self, now_ms: i64) -> usize {
+        let ttl = i64::try_from(LEASE_TTL_MS).unwrap_or(i64::MAX);
+        self.lock()
+            .holders
+            .values()
+            .filter(|h| h.last_report_ms.saturating_add(ttl) > now_ms)
+            .count()
     }
 
     /// Counts a committed batch's spend; returns the `(epoch, seq)` that includes it.
@@ -539,7 +674,7 @@ pub fn next_minute_ms(ms: i64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nm_types::budget::{DAY_MS, day_from_civil};
+    use nm_types::budget::{DAY_MS, LeaseClaim, day_from_civil};
 
     async fn store() -> (tempfile::TempDir, Store) {
         let dir = tempfile::tempdir().unwrap();
@@ -658,5 +793,98 @@ mod tests {
         assert!(!reloaded.status("alice", 0).unwrap().is_default);
         assert!(reloaded.delete("key_test", Some("alice")).await.unwrap());
         assert!(!reloaded.delete("key_test", Some("alice")).await.unwrap());
+    }
+
+    fn claim(user: &str, unit: LeaseUnit, period: i64, claim: u64, want: u64) -> LeaseClaim {
+        LeaseClaim {
+            key: LeaseKey {
+                user: user.to_owned(),
+                unit,
+                period,
+            },
+            claim,
+            want,
+        }
+    }
+
+    fn report(instance: u64, claims: Vec<LeaseClaim>) -> LeaseRequest {
+        LeaseRequest {
+            dataplane: format!("dp{instance}"),
+            instance,
+            claims,
+        }
+    }
+
+    #[tokio::test]
+    async fn leases_never_sum_past_what_remains_and_a_silent_holder_is_reclaimed() {
+        let (_dir, store) = store().await;
+        let now = day_from_civil(2026, 11, 22) * DAY_MS + 3_600_000;
+        let b = Budgets::load(store.clone(), now).await.unwrap();
+        let rule = BudgetRule {
+            limit_micros: Some(50_000),
+            period: Period::Day,
+            requests_per_minute: Some(10),
+        };
+        b.set("key_test", None, rule, now).await.unwrap();
+        let day = day_of(now);
+        // 10,000 recorded: 40,000 remain to lease.
+        let txn = store.begin_write().await.unwrap();
+        add_to_rollup(&txn, &[item("ann", now, 10_000)])
+            .await
+            .unwrap();
+        txn.commit().await.unwrap();
+        b.apply(&[item("ann", now, 10_000)], now);
+
+        let micros = |c: u64, w: u64| claim("ann", LeaseUnit::Micros, day, c, w);
+        // The first asker gets what it wants while it fits.
+        let g1 = b.lease(&report(1, vec![micros(0, 24_000)]), now).granted;
+        assert_eq!(g1, [24_000]);
+        // The second shares what is left with the first holder: 16,000 over two.
+        let g2 = b.lease(&report(2, vec![micros(0, 24_000)]), now).granted;
+        assert_eq!(g2, [8_000]);
+        // The first, having spent all of it, asks again: 8,000 free, shared.
+        let g1 = b
+            .lease(&report(1, vec![micros(24_000, 24_000)]), now)
+            .granted;
+        assert_eq!(g1, [4_000]);
+        // 10,000 recorded + 28,000 + 8,000 claimed: a third shares the last 4,000 with both.
+        let g3 = b.lease(&report(3, vec![micros(0, 6_000)]), now).granted;
+        assert_eq!(g3, [1_334]);
+        assert_eq!(b.lease_holders(now), 3);
+        // Each reports again with all of it spent: what is left is shared again, and the sum of
+        // the claims never passes what remains (10,000 + 28,395 + 8,593 + 2,223 < 50,000).
+        let g3 = b.lease(&report(3, vec![micros(1_334, 6_000)]), now).granted;
+        assert_eq!(g3, [889]);
+        let g2 = b.lease(&report(2, vec![micros(8_000, 6_000)]), now).granted;
+        assert_eq!(g2, [593]);
+        let g1 = b
+            .lease(&report(1, vec![micros(28_000, 6_000)]), now)
+            .granted;
+        assert_eq!(g1, [395]);
+
+        // Dataplane 2 goes silent: after the time to live its unused 8,000 are free again.
+        let later = now + i64::try_from(LEASE_TTL_MS).unwrap();
+        let g1 = b
+            .lease(&report(1, vec![micros(28_000, 8_000)]), later)
+            .granted;
+        assert_eq!(g1, [8_000]);
+        assert_eq!(b.lease_holders(later), 1);
+
+        // A claim left out of a report is released.
+        b.lease(&report(1, vec![]), later);
+        assert_eq!(b.lease_holders(later), 0);
+
+        // Requests per minute: ten per minute whoever asks; a past minute gets nothing.
+        let minute = minute_of(later);
+        let req = |c: u64, w: u64| claim("ann", LeaseUnit::Requests, minute, c, w);
+        assert_eq!(b.lease(&report(1, vec![req(0, 8)]), later).granted, [8]);
+        // Two left, shared with the one holder.
+        assert_eq!(b.lease(&report(2, vec![req(0, 8)]), later).granted, [1]);
+        let past = claim("ann", LeaseUnit::Requests, minute - 1, 0, 8);
+        assert_eq!(b.lease(&report(3, vec![past]), later).granted, [0]);
+        // No budget for a user: nothing is leased (the dataplane does not ask for one then).
+        let none = claim("zed", LeaseUnit::Micros, day, 0, 8);
+        b.delete("key_test", None).await.unwrap();
+        assert_eq!(b.lease(&report(4, vec![none]), later).granted, [0]);
     }
 }

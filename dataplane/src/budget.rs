@@ -19,13 +19,36 @@
 //! more than one request's reservation on one dataplane; across dataplanes, see ARCHITECTURE.md.
 //! Requests per minute are counted the same way: the feed's count for the user's latest minute
 //! plus the local entries started in this minute.
+//!
+//! Across dataplanes, the feed arrives too late to stop a burst spread over several of them, so
+//! a request must also fit this dataplane's **lease** of the budget (see
+//! `nm_types::budget::grant` and docs/budgets.md): per end user and period, the spend (and per
+//! minute, the requests) the controlplane let this dataplane add. A request is admitted while
+//! the unused lease is positive and takes its reservation from it; the answer's settlement gives
+//! back what it did not use. [`Budgets::lease_request`] builds the report a background task sends
+//! about once a second (and at once when a lease runs out, [`Budgets::wait_for_lease`]), and
+//! [`Budgets::apply_grants`] adds what was granted. A lease not renewed within its time to live
+//! is not spent any more: a dataplane cut off from its controlplane spends at most what it held.
 
 use foldhash::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use nm_types::budget::{BudgetRule, MINUTE_MS, Period, day_of, minute_of, month_of_day};
-pub use nm_types::budget::{Feed, Spend};
+use nm_types::budget::{
+    BudgetRule, LeaseClaim, LeaseKey, LeaseRequest, LeaseResponse, MINUTE_MS, Period, day_of,
+    minute_of, month_of_day,
+};
+pub use nm_types::budget::{Feed, LeaseUnit, Spend};
+
+/// A lease unused this long goes back to the controlplane.
+const LEASE_IDLE_MS: i64 = 3_000;
+/// A lease is renewed once less than this many of its latest reservations are left (or less
+/// than was taken since the last round).
+const LEASE_LOW_WATER: u64 = 2;
+/// What a dataplane asks for at once: this many of its latest reservations, or twice what was
+/// taken since the last round.
+const LEASE_ASK: u64 = 4;
 
 /// Why a request was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,6 +61,17 @@ pub enum Refusal {
     },
     /// The user started `rpm` requests this minute.
     Rate { rpm: u32, retry_after: Duration },
+    /// What this dataplane holds of the budget is used up: the rest is spent or leased to
+    /// other dataplanes. Wait for a lease round ([`Budgets::wait_for_lease`]) and ask again.
+    NoLease {
+        unit: LeaseUnit,
+        rule: BudgetRule,
+        retry_after: Duration,
+    },
+    /// This dataplane's leases expired: no lease round was answered for their time to live (or
+    /// none yet). Wait for a round ([`Budgets::wait_for_lease`]) and ask again; if it still
+    /// stands, the controlplane is unreachable.
+    LeaseExpired,
     /// No budget state has arrived from the controlplane yet.
     NotLoaded,
 }
@@ -162,9 +196,45 @@ struct Remote {
     month: i64,
 }
 
+/// This dataplane's lease of one end user's budget in one period.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    period: i64,
+    /// Lease left to admit from; below zero by at most one reservation.
+    unused: i64,
+    /// The latest reservation (what to ask for).
+    last_reservation: u64,
+    /// Taken since the last report (the pace to ask for).
+    taken: u64,
+    last_used_ms: i64,
+}
+
+impl Slot {
+    fn new(period: i64, reservation: u64, now_ms: i64) -> Self {
+        Slot {
+            period,
+            unused: 0,
+            last_reservation: reservation.max(1),
+            taken: 0,
+            last_used_ms: now_ms,
+        }
+    }
+}
+
+/// One end user's leases: of the spend limit and of the request rate.
+#[derive(Debug, Default, Clone, Copy)]
+struct UserLeases {
+    micros: Option<Slot>,
+    requests: Option<Slot>,
+}
+
 #[derive(Debug, Default)]
 struct Ledger {
     synced: bool,
+    leases: HashMap<String, UserLeases>,
+    /// Leases are spent only before this (Unix ms): the send time of the last answered report
+    /// plus the lease time to live.
+    lease_valid_until_ms: i64,
     epoch: u64,
     seq: u64,
     /// The controlplane's current month.
@@ -176,9 +246,36 @@ struct Ledger {
 }
 
 /// The dataplane's budget state. Cheap to clone.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Budgets {
     ledger: Arc<Mutex<Ledger>>,
+    leasing: Arc<Leasing>,
+}
+
+/// The lease rounds: who asks for one now, and which have ended.
+#[derive(Debug)]
+struct Leasing {
+    instance: u64,
+    /// Woken when a lease ran out.
+    needed: tokio::sync::Notify,
+    /// Rounds started.
+    started: AtomicU64,
+    /// The number of the last round that ended.
+    ended: tokio::sync::watch::Sender<u64>,
+}
+
+impl Default for Budgets {
+    fn default() -> Self {
+        Budgets {
+            ledger: Arc::default(),
+            leasing: Arc::new(Leasing {
+                instance: rand::random::<u64>() | 1,
+                needed: tokio::sync::Notify::new(),
+                started: AtomicU64::new(0),
+                ended: tokio::sync::watch::channel(0).0,
+            }),
+        }
+    }
 }
 
 /// An admitted request's hold on its user's budget. Settle it with what the request counts;
@@ -189,6 +286,8 @@ pub struct Reservation {
     user: String,
     request_id: String,
     reserved: u64,
+    /// The spend lease's period the reservation was taken from.
+    lease_period: Option<i64>,
     settled: bool,
 }
 
@@ -200,15 +299,26 @@ impl Reservation {
     /// Replaces the reservation with what the request counts against the budget.
     pub fn settle(mut self, micros: u64) {
         self.settled = true;
-        self.budgets.settle(&self.user, &self.request_id, micros);
+        self.budgets.settle(
+            &self.user,
+            &self.request_id,
+            micros,
+            self.reserved,
+            self.lease_period,
+        );
     }
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
         if !self.settled {
-            self.budgets
-                .settle(&self.user, &self.request_id, self.reserved);
+            self.budgets.settle(
+                &self.user,
+                &self.request_id,
+                self.reserved,
+                self.reserved,
+                self.lease_period,
+            );
         }
     }
 }
@@ -278,6 +388,7 @@ impl Budgets {
                 });
             }
         }
+        let lease_period = take_leases(&mut l, user, rule, estimate_micros, now_ms)?;
 
         let entry = Entry {
             started_ms: now_ms,
@@ -297,12 +408,33 @@ impl Budgets {
             user: user.to_owned(),
             request_id: request_id.to_owned(),
             reserved: estimate_micros,
+            lease_period,
             settled: false,
         }))
     }
 
-    fn settle(&self, user: &str, request_id: &str, micros: u64) {
+    fn settle(
+        &self,
+        user: &str,
+        request_id: &str,
+        micros: u64,
+        reserved: u64,
+        lease_period: Option<i64>,
+    ) {
         let mut l = self.lock();
+        // What the request did not use goes back to the lease (what it used past its
+        // reservation comes out of it).
+        if let Some(slot) = l
+            .leases
+            .get_mut(user)
+            .and_then(|u| u.micros.as_mut())
+            .filter(|s| Some(s.period) == lease_period)
+        {
+            slot.unused = slot
+                .unused
+                .saturating_add(i64::try_from(reserved).unwrap_or(i64::MAX))
+                .saturating_sub(i64::try_from(micros).unwrap_or(i64::MAX));
+        }
         let Some(u) = l.local.get_mut(user) else {
             return;
         };
@@ -363,6 +495,154 @@ impl Budgets {
         retire(&mut l);
     }
 
+    /// This dataplane's report for the next lease round: every end user's claim (admitted
+    /// spend not in the feed yet, plus the unused lease) and what more to ask for. Returns the
+    /// report; idle leases are given back and forgotten leases dropped first.
+    pub fn lease_request(&self, dataplane: &str, now_ms: i64) -> LeaseRequest {
+        self.leasing.started.fetch_add(1, Ordering::SeqCst);
+        let mut l = self.lock();
+        let l = &mut *l;
+        // Unanswered for the time to live: the controlplane has taken back what was unused, so
+        // it must not be claimed (or spent) again.
+        let expired = l.lease_valid_until_ms != 0 && l.lease_valid_until_ms <= now_ms;
+        let mut claims = Vec::new();
+        l.leases.retain(|user, leases| {
+            let rule = l.overrides.get(user).or(l.default.as_ref());
+            let totals = l.local.get(user).map(|u| &u.totals);
+            for (slot, unit) in [
+                (&mut leases.micros, LeaseUnit::Micros),
+                (&mut leases.requests, LeaseUnit::Requests),
+            ] {
+                let Some(s) = slot else { continue };
+                let current = match (unit, rule) {
+                    (LeaseUnit::Micros, Some(r)) if r.limit_micros.is_some() => {
+                        Some(r.period.index_of(now_ms))
+                    }
+                    (LeaseUnit::Requests, Some(r)) if r.requests_per_minute.is_some() => {
+                        Some(minute_of(now_ms))
+                    }
+                    _ => None,
+                };
+                // The rule is gone or the period is over: the lease means nothing now.
+                if current != Some(s.period) {
+                    *slot = None;
+                    continue;
+                }
+                let idle = now_ms - s.last_used_ms >= LEASE_IDLE_MS;
+                if idle || expired {
+                    s.unused = s.unused.min(0);
+                }
+                let unrecorded = match (unit, rule) {
+                    (LeaseUnit::Micros, Some(r)) => totals.map_or(0, |t| t.spent(r.period, now_ms)),
+                    _ => totals.map_or(0, |t| u64::from(t.started_in(s.period))),
+                };
+                let unused = u64::try_from(s.unused).unwrap_or(0);
+                let claim = unrecorded.saturating_add(unused);
+                // Enough for two rounds at the pace of the last one, and a few requests at least.
+                let pace = std::mem::take(&mut s.taken);
+                let low = (LEASE_LOW_WATER * s.last_reservation).max(pace);
+                let want = if !idle && unused < low {
+                    (LEASE_ASK * s.last_reservation).max(pace.saturating_mul(2))
+                } else {
+                    0
+                };
+                if claim == 0 && want == 0 {
+                    *slot = None;
+                    continue;
+                }
+                claims.push(LeaseClaim {
+                    key: LeaseKey {
+                        user: user.clone(),
+                        unit,
+                        period: s.period,
+                    },
+                    claim,
+                    want,
+                });
+            }
+            leases.micros.is_some() || leases.requests.is_some()
+        });
+        LeaseRequest {
+            dataplane: dataplane.to_owned(),
+            instance: self.leasing.instance,
+            claims,
+        }
+    }
+
+    /// Adds what a round granted (`request` is the report sent at `sent_ms`), and keeps the
+    /// leases spendable for the answer's time to live from then.
+    pub fn apply_grants(&self, request: &LeaseRequest, response: &LeaseResponse, sent_ms: i64) {
+        let mut l = self.lock();
+        for (claim, granted) in request.claims.iter().zip(&response.granted) {
+            if *granted == 0 {
+                continue;
+            }
+            let slot = l
+                .leases
+                .get_mut(&claim.key.user)
+                .and_then(|u| match claim.key.unit {
+                    LeaseUnit::Micros => u.micros.as_mut(),
+                    LeaseUnit::Requests => u.requests.as_mut(),
+                });
+            if let Some(s) = slot.filter(|s| s.period == claim.key.period) {
+                s.unused = s
+                    .unused
+                    .saturating_add(i64::try_from(*granted).unwrap_or(i64::MAX));
+            }
+        }
+        l.lease_valid_until_ms =
+            sent_ms.saturating_add(i64::try_from(response.ttl_ms).unwrap_or(i64::MAX));
+    }
+
+    /// Ends a lease round (answered or not): wakes the requests waiting for it.
+    pub fn round_ended(&self, round: u64) {
+        self.leasing.ended.send_replace(round);
+    }
+
+    /// The number of the round [`Self::lease_request`] last started.
+    pub fn round_started(&self) -> u64 {
+        self.leasing.started.load(Ordering::SeqCst)
+    }
+
+    /// Resolves when a lease is needed at once (a request found its lease used up).
+    pub async fn lease_needed(&self) {
+        self.leasing.needed.notified().await;
+    }
+
+    /// Asks for a lease round at once and waits (at most `wait`) until one that started after
+    /// this call has ended.
+    pub async fn wait_for_lease(&self, wait: Duration) {
+        let target = self.leasing.started.load(Ordering::SeqCst) + 1;
+        let mut ended = self.leasing.ended.subscribe();
+        self.leasing.needed.notify_one();
+        let _ = tokio::time::timeout(wait, ended.wait_for(|r| *r >= target)).await;
+    }
+
+    /// [`Self::admit`], with a lease round that grants whatever is asked when the lease is used
+    /// up: one dataplane alone, for tests of everything but the leases.
+    #[cfg(test)]
+    pub(crate) fn admit_leased(
+        &self,
+        user: &str,
+        request_id: &str,
+        estimate_micros: u64,
+        now_ms: i64,
+    ) -> Result<Option<Reservation>, Refusal> {
+        match self.admit(user, request_id, estimate_micros, now_ms) {
+            Err(Refusal::NoLease { .. } | Refusal::LeaseExpired) => {
+                let req = self.lease_request("test", now_ms);
+                let granted = req.claims.iter().map(|c| c.want.max(1) * 1_000).collect();
+                let resp = LeaseResponse {
+                    granted,
+                    ttl_ms: 40 * 86_400_000,
+                };
+                self.apply_grants(&req, &resp, now_ms);
+                self.admit(user, request_id, estimate_micros, now_ms)
+            }
+            other => other,
+        }
+    }
+
     /// Rules in force: the default (if any) and the overrides.
     pub fn rules(&self) -> usize {
         let l = self.lock();
@@ -373,6 +653,88 @@ impl Budgets {
     pub fn local_entries(&self, user: &str) -> usize {
         self.lock().local.get(user).map_or(0, |u| u.entries.len())
     }
+}
+
+/// Takes the request's reservation from the user's spend lease and one request from their
+/// rate lease, or refuses when either is used up; the spend lease's period when one was taken.
+fn take_leases(
+    l: &mut Ledger,
+    user: &str,
+    rule: BudgetRule,
+    estimate_micros: u64,
+    now_ms: i64,
+) -> Result<Option<i64>, Refusal> {
+    if rule.limit_micros.is_none() && rule.requests_per_minute.is_none() {
+        return Ok(None);
+    }
+    // Unanswered for the time to live (or never answered): what is held may have been taken
+    // back, so nothing is spent before the next answered round.
+    let expired = l.lease_valid_until_ms <= now_ms;
+    let leases = match l.leases.get_mut(user) {
+        Some(u) => u,
+        None => l.leases.entry(user.to_owned()).or_default(),
+    };
+    let micros_period = rule.period.index_of(now_ms);
+    let minute = minute_of(now_ms);
+    let mut short = None;
+    if rule.limit_micros.is_some() {
+        let s = leases
+            .micros
+            .get_or_insert_with(|| Slot::new(micros_period, estimate_micros, now_ms));
+        if s.period != micros_period {
+            *s = Slot::new(micros_period, estimate_micros, now_ms);
+        }
+        s.last_reservation = estimate_micros.max(1);
+        s.last_used_ms = now_ms;
+        if s.unused <= 0 {
+            short = Some((LeaseUnit::Micros, rule.period.end_ms(now_ms)));
+        }
+    }
+    if rule.requests_per_minute.is_some() {
+        let s = leases
+            .requests
+            .get_or_insert_with(|| Slot::new(minute, 1, now_ms));
+        if s.period != minute {
+            *s = Slot::new(minute, 1, now_ms);
+        }
+        s.last_used_ms = now_ms;
+        if s.unused <= 0 && short.is_none() {
+            short = Some((LeaseUnit::Requests, (minute + 1) * MINUTE_MS));
+        }
+    }
+    if expired {
+        return Err(Refusal::LeaseExpired);
+    }
+    if let Some((unit, end_ms)) = short {
+        // Others may give theirs back when idle: worth a retry before the period ends.
+        let retry = until(end_ms, now_ms).min(Duration::from_millis(2 * LEASE_IDLE_MS as u64));
+        return Err(Refusal::NoLease {
+            unit,
+            rule,
+            retry_after: retry,
+        });
+    }
+    let mut taken = None;
+    if let Some(s) = leases
+        .micros
+        .as_mut()
+        .filter(|_| rule.limit_micros.is_some())
+    {
+        s.unused = s
+            .unused
+            .saturating_sub(i64::try_from(estimate_micros).unwrap_or(i64::MAX));
+        s.taken = s.taken.saturating_add(estimate_micros);
+        taken = Some(s.period);
+    }
+    if let Some(s) = leases
+        .requests
+        .as_mut()
+        .filter(|_| rule.requests_per_minute.is_some())
+    {
+        s.unused -= 1;
+        s.taken += 1;
+    }
+    Ok(taken)
 }
 
 /// Drops delivered entries the feed has caught up with, and entries of past months (their
@@ -435,7 +797,7 @@ mod tests {
         let mut held = Vec::new();
         let mut refused = 0;
         for i in 0..50 {
-            match b.admit("u", &format!("r{i}"), 300, NOW) {
+            match b.admit_leased("u", &format!("r{i}"), 300, NOW) {
                 Ok(Some(r)) => held.push(r),
                 Ok(None) => panic!("a budget applies"),
                 Err(Refusal::Spent { retry_after, .. }) => {
@@ -451,18 +813,21 @@ mod tests {
         for r in held {
             r.settle(100);
         }
-        assert!(b.admit("u", "next", 300, NOW).is_ok());
+        assert!(b.admit_leased("u", "next", 300, NOW).is_ok());
         // Another user is untouched.
-        assert!(b.admit("v", "x", 300, NOW).is_ok());
+        assert!(b.admit_leased("v", "x", 300, NOW).is_ok());
     }
 
     #[test]
     fn delivered_spend_moves_from_the_ledger_to_the_feed() {
         let b = budgets(dollars(1_000));
-        b.admit("u", "r1", 600, NOW).unwrap().unwrap().settle(700);
+        b.admit_leased("u", "r1", 600, NOW)
+            .unwrap()
+            .unwrap()
+            .settle(700);
         b.delivered([("u", "r1")], 7, 3);
         assert_eq!(b.local_entries("u"), 1, "feed not caught up yet");
-        assert!(b.admit("u", "r2", 1, NOW).is_ok());
+        assert!(b.admit_leased("u", "r2", 1, NOW).is_ok());
         b.apply_feed(Feed {
             epoch: 7,
             seq: 3,
@@ -480,18 +845,21 @@ mod tests {
         });
         assert_eq!(b.local_entries("u"), 1, "r1 retired, r2 still in flight");
         assert!(matches!(
-            b.admit("u", "r3", 1, NOW),
+            b.admit_leased("u", "r3", 1, NOW),
             Err(Refusal::Spent { .. })
         ));
         // The next day starts from zero.
         let tomorrow = day_from_civil(2026, 11, 23) * DAY_MS;
-        assert!(b.admit("u", "r4", 1, tomorrow).is_ok());
+        assert!(b.admit_leased("u", "r4", 1, tomorrow).is_ok());
     }
 
     #[test]
     fn a_new_epoch_full_state_covers_everything_acknowledged() {
         let b = budgets(dollars(1_000));
-        b.admit("u", "r1", 10, NOW).unwrap().unwrap().settle(10);
+        b.admit_leased("u", "r1", 10, NOW)
+            .unwrap()
+            .unwrap()
+            .settle(10);
         b.delivered([("u", "r1")], 7, 99);
         b.apply_feed(Feed {
             epoch: 8,
@@ -512,13 +880,13 @@ mod tests {
             period: Period::Day,
             requests_per_minute: Some(2),
         });
-        assert!(b.admit("u", "1", 0, NOW).is_ok());
-        assert!(b.admit("u", "2", 0, NOW + 10).is_ok());
+        assert!(b.admit_leased("u", "1", 0, NOW).is_ok());
+        assert!(b.admit_leased("u", "2", 0, NOW + 10).is_ok());
         assert!(matches!(
-            b.admit("u", "3", 0, NOW + 20),
+            b.admit_leased("u", "3", 0, NOW + 20),
             Err(Refusal::Rate { rpm: 2, .. })
         ));
-        assert!(b.admit("u", "4", 0, NOW + MINUTE_MS).is_ok());
+        assert!(b.admit_leased("u", "4", 0, NOW + MINUTE_MS).is_ok());
     }
 
     #[test]
@@ -532,8 +900,136 @@ mod tests {
             month: month_of_day(day_of(NOW)),
             ..Default::default()
         });
-        assert!(matches!(b.admit("anyone", "r", 1_000_000, NOW), Ok(None)));
-        assert!(matches!(b.admit("vip", "r", 10, NOW), Ok(Some(_))));
+        assert!(matches!(
+            b.admit_leased("anyone", "r", 1_000_000, NOW),
+            Ok(None)
+        ));
+        assert!(matches!(b.admit_leased("vip", "r", 10, NOW), Ok(Some(_))));
+    }
+
+    /// A lease round whose controlplane grants `amounts` in turn (the rest nothing).
+    fn round(b: &Budgets, now: i64, amounts: &[u64]) -> LeaseRequest {
+        let req = b.lease_request("test", now);
+        let granted = (0..req.claims.len())
+            .map(|i| amounts.get(i).copied().unwrap_or(0))
+            .collect();
+        b.apply_grants(
+            &req,
+            &LeaseResponse {
+                granted,
+                ttl_ms: 5_000,
+            },
+            now,
+        );
+        req
+    }
+
+    #[test]
+    fn a_lease_admits_while_unused_and_asks_for_more_when_low() {
+        let b = budgets(dollars(1_000_000));
+        // No lease round answered yet: refused, and the next round asks for four reservations.
+        assert_eq!(
+            b.admit("u", "r0", 300, NOW).err(),
+            Some(Refusal::LeaseExpired)
+        );
+        let req = round(&b, NOW, &[700]);
+        assert_eq!(req.claims.len(), 1);
+        assert_eq!(
+            (req.claims[0].claim, req.claims[0].want),
+            (0, LEASE_ASK * 300)
+        );
+        assert_eq!(req.claims[0].key.period, day_of(NOW));
+        // 700 leased: 300 and 300 fit, the third goes past by one reservation, then none.
+        let held: Vec<_> = (1..=3)
+            .map(|i| b.admit("u", &format!("r{i}"), 300, NOW).unwrap().unwrap())
+            .collect();
+        assert!(matches!(
+            b.admit("u", "r4", 300, NOW),
+            Err(Refusal::NoLease { .. })
+        ));
+        // The claim: 900 admitted and not in the feed, nothing unused; it asks for twice the
+        // 900 taken since the last round.
+        let req = round(&b, NOW + 1, &[]);
+        assert_eq!((req.claims[0].claim, req.claims[0].want), (900, 1_800));
+        // Answers cheaper than reserved give the difference back to the lease.
+        for r in held {
+            r.settle(100);
+        }
+        assert!(b.admit("u", "r5", 300, NOW + 2).is_ok());
+        let req = round(&b, NOW + 3, &[]);
+        // 300 + 3 x 100 admitted; 700 - 900 + 600 - 300 = 100 unused.
+        assert_eq!(req.claims[0].claim, 600 + 100);
+    }
+
+    #[test]
+    fn an_idle_lease_goes_back_and_an_unanswered_one_expires() {
+        let b = budgets(dollars(1_000_000));
+        let _ = b.admit("u", "r0", 300, NOW);
+        round(&b, NOW, &[10_000]);
+        b.admit("u", "r1", 300, NOW).unwrap().unwrap().settle(300);
+        // Idle for LEASE_IDLE_MS: the unused lease is not claimed any more, only the spend the
+        // feed has not counted yet.
+        let req = round(&b, NOW + LEASE_IDLE_MS, &[]);
+        assert_eq!((req.claims[0].claim, req.claims[0].want), (300, 0));
+        // Once the feed has it, nothing is left to claim: the lease is dropped.
+        b.delivered([("u", "r1")], 7, 1);
+        b.apply_feed(Feed {
+            epoch: 7,
+            seq: 1,
+            day: day_of(NOW),
+            month: month_of_day(day_of(NOW)),
+            ..Default::default()
+        });
+        assert!(round(&b, NOW + LEASE_IDLE_MS, &[]).claims.is_empty());
+
+        // A fresh lease, then the controlplane stops answering: spendable until its time to
+        // live from the last answered round, then refused as expired (503, not 429).
+        let _ = b.admit("u", "r2", 300, NOW);
+        round(&b, NOW, &[10_000]);
+        assert!(b.admit("u", "r3", 300, NOW + 4_999).is_ok());
+        assert_eq!(
+            b.admit("u", "r4", 300, NOW + 5_000).err(),
+            Some(Refusal::LeaseExpired)
+        );
+        // Its next report claims no unused lease (the controlplane took it back).
+        let req = b.lease_request("test", NOW + 5_000);
+        assert_eq!(req.claims[0].claim, 300);
+    }
+
+    #[test]
+    fn a_rate_lease_counts_requests_per_minute() {
+        let b = budgets(BudgetRule {
+            limit_micros: None,
+            period: Period::Day,
+            requests_per_minute: Some(100),
+        });
+        assert_eq!(
+            b.admit("u", "r0", 0, NOW).err(),
+            Some(Refusal::LeaseExpired)
+        );
+        let req = round(&b, NOW, &[2]);
+        assert_eq!(req.claims[0].key.unit, LeaseUnit::Requests);
+        assert_eq!(req.claims[0].key.period, minute_of(NOW));
+        assert!(b.admit("u", "r1", 0, NOW).is_ok());
+        assert!(b.admit("u", "r2", 0, NOW).is_ok());
+        assert!(matches!(
+            b.admit("u", "r3", 0, NOW),
+            Err(Refusal::NoLease {
+                unit: LeaseUnit::Requests,
+                ..
+            })
+        ));
+        // The next minute starts a new lease.
+        let next = (minute_of(NOW) + 1) * MINUTE_MS;
+        // (A round answered meanwhile keeps the leases spendable.)
+        round(&b, next - 1_000, &[]);
+        assert!(matches!(
+            b.admit("u", "r4", 0, next),
+            Err(Refusal::NoLease { .. })
+        ));
+        let req = round(&b, next, &[1]);
+        assert_eq!(req.claims.len(), 1, "the past minute's lease is dropped");
+        assert!(b.admit("u", "r5", 0, next).is_ok());
     }
 
     proptest::proptest! {
@@ -553,7 +1049,7 @@ mod tests {
                 let at = (day_of(NOW) + 1) * DAY_MS - MINUTE_MS + step * MINUTE_MS;
                 match op {
                     0 => {
-                        if let Ok(Some(r)) = b.admit("u", &format!("r{id}"), micros, at) {
+                        if let Ok(Some(r)) = b.admit_leased("u", &format!("r{id}"), micros, at) {
                             held.push(r);
                         }
                     }

@@ -74,6 +74,11 @@ pub enum ProxyError {
         reason: String,
         retry_after: Duration,
     },
+    #[error("rate limited: {reason}")]
+    RateLimited {
+        reason: String,
+        retry_after: Duration,
+    },
     #[error("upstream unreachable: {0}")]
     UpstreamUnreachable(String),
     #[error("upstream did not answer within {0:?}")]
@@ -147,6 +152,7 @@ impl ProxyError {
                 "budget_exceeded",
                 Side::Client,
             ),
+            RateLimited { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limited", Side::Client),
             UpstreamUnreachable(_) => (
                 StatusCode::BAD_GATEWAY,
                 "upstream_unreachable",
@@ -174,7 +180,8 @@ impl ProxyError {
         let (status, code, _) = self.classify();
         let message = self.to_string();
         let retry_after = match &self {
-            ProxyError::BudgetExceeded { retry_after, .. } => {
+            ProxyError::BudgetExceeded { retry_after, .. }
+            | ProxyError::RateLimited { retry_after, .. } => {
                 // Whole seconds, rounded up: a client that waits that long finds the new period.
                 Some(retry_after.as_millis().div_ceil(1000).max(1).to_string())
             }

@@ -472,7 +472,7 @@ mod tests {
             None,
         );
         event.reservation = budgets
-            .admit("u", "req-1", reserved, now)
+            .admit_leased("u", "req-1", reserved, now)
             .expect("admitted");
         (budgets, event)
     }

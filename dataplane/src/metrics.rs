@@ -466,7 +466,7 @@ impl Default for Metrics {
         let budget_refusals = Family::<Reason, Counter>::default();
         registry.register(
             "budget_refusals",
-            "Requests refused with 429 budget_exceeded, by reason (spend, rate)",
+            "Requests refused with 429 budget_exceeded (spend) or rate_limited (rate), by reason",
             budget_refusals.clone(),
         );
         let spool_records = Gauge::default();

@@ -29,7 +29,7 @@ use nm_types::access::Scope;
 
 use crate::attribution::Attribution;
 use crate::body::{GatewayBody, ObservedBody, RequestBody, UpstreamBody};
-use crate::budget::{Refusal, Reservation};
+use crate::budget::{LeaseUnit, Refusal, Reservation};
 use crate::edge;
 use crate::error::ProxyError;
 use crate::event::{Ending, RequestEvent};
@@ -164,6 +164,9 @@ const BYTES_PER_TOKEN: usize = 4;
 /// concurrent requests for more than a long prompt's worth).
 const MAX_RESERVED_INPUT_TOKENS: u64 = 200_000;
 
+/// How long a request whose end user's lease ran out waits for a lease round.
+const LEASE_WAIT: Duration = Duration::from_secs(1);
+
 /// The end user's budget check: admits with a reservation of the request's estimated cost, or
 /// refuses with 429 until the period resets.
 fn check_budget(
@@ -196,7 +199,15 @@ fn refused_by(refusal: &Refusal) -> Option<&'static str> {
     match refusal {
         Refusal::Spent { .. } => Some("spend"),
         Refusal::Rate { .. } => Some("rate"),
-        Refusal::NotLoaded => None,
+        Refusal::NoLease {
+            unit: LeaseUnit::Micros,
+            ..
+        } => Some("spend"),
+        Refusal::NoLease {
+            unit: LeaseUnit::Requests,
+            ..
+        } => Some("rate"),
+        Refusal::NotLoaded | Refusal::LeaseExpired => None,
     }
 }
 
@@ -214,12 +225,41 @@ fn refusal_error(refusal: Refusal) -> ProxyError {
             ),
             retry_after,
         },
-        Refusal::Rate { rpm, retry_after } => ProxyError::BudgetExceeded {
+        Refusal::Rate { rpm, retry_after } => ProxyError::RateLimited {
             reason: format!("this end user may start {rpm} requests per minute"),
+            retry_after,
+        },
+        Refusal::NoLease {
+            unit: LeaseUnit::Micros,
+            rule,
+            retry_after,
+        } => ProxyError::BudgetExceeded {
+            reason: format!(
+                "this end user's budget of {} per {} is spent or held by other dataplanes",
+                nm_types::money::format_usd(rule.limit_micros.unwrap_or(0)),
+                rule.period.as_str()
+            ),
+            retry_after,
+        },
+        Refusal::NoLease {
+            unit: LeaseUnit::Requests,
+            rule,
+            retry_after,
+        } => ProxyError::RateLimited {
+            reason: format!(
+                "this end user may start {} requests per minute (this minute's rest is held \
+                 by other dataplanes)",
+                rule.requests_per_minute.unwrap_or(0)
+            ),
             retry_after,
         },
         Refusal::NotLoaded => ProxyError::Unavailable(
             "end-user budgets not loaded from the controlplane yet".to_owned(),
+        ),
+        Refusal::LeaseExpired => ProxyError::Unavailable(
+            "this end user's budget cannot be checked: the controlplane has not renewed this \
+             dataplane's budget leases"
+                .to_owned(),
         ),
     }
 }
@@ -316,15 +356,26 @@ async fn forward(
         variant = Some(served.variant.clone());
     }
     if let Some(user) = &record.user_id {
-        *reservation = check_budget(
-            state,
-            provider,
-            record.model.as_deref(),
-            facts.max_output_tokens,
-            body.len(),
-            user,
-            &record.request_id,
-        )
+        let check = || {
+            check_budget(
+                state,
+                provider,
+                record.model.as_deref(),
+                facts.max_output_tokens,
+                body.len(),
+                user,
+                &record.request_id,
+            )
+        };
+        *reservation = match check() {
+            // This dataplane's lease is used up: one lease round (off the request path unless
+            // the lease ran out), then the answer stands.
+            Err(Refusal::NoLease { .. } | Refusal::LeaseExpired) => {
+                state.budgets.wait_for_lease(LEASE_WAIT).await;
+                check()
+            }
+            admitted => admitted,
+        }
         .map_err(|refusal| {
             *budget_refused = refused_by(&refusal);
             refusal_error(refusal)

@@ -122,6 +122,8 @@ pub async fn budgets(
                         "spent_this_month_micros": s.month_micros,
                         "remaining_micros": s.remaining_micros,
                         "resets_at": s.resets_at.as_ref().map(|t| time(Some(t))),
+                        "leased_micros": s.leased_micros,
+                        "lease_holders": s.lease_holders,
                     })
                 )?;
             } else {
@@ -139,6 +141,14 @@ pub async fn budgets(
                 writeln!(out, "spent this month: {}", format_usd(s.month_micros))?;
                 if let Some(r) = s.remaining_micros {
                     writeln!(out, "remaining: {}", format_usd(r))?;
+                }
+                if s.lease_holders > 0 {
+                    writeln!(
+                        out,
+                        "held by {} dataplane(s): {}",
+                        s.lease_holders,
+                        format_usd(s.leased_micros)
+                    )?;
                 }
                 if s.resets_at.is_some() {
                     writeln!(out, "resets at: {}", time(s.resets_at.as_ref()))?;

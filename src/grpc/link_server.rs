@@ -139,6 +139,17 @@ impl Link for LinkService {
         Ok(Response::new(Box::pin(stream)))
     }
 
+    async fn lease(
+        &self,
+        req: Request<link_pb::LeaseRequest>,
+    ) -> Result<Response<link_pb::LeaseResponse>, Status> {
+        let mut request =
+            link::lease_request_from_pb(req.into_inner()).map_err(Status::invalid_argument)?;
+        request.dataplane = dataplane_name(request.dataplane)?;
+        let granted = self.cp.budgets.lease(&request, nm_controlplane::now_ms());
+        Ok(Response::new(link::lease_response_to_pb(granted)))
+    }
+
     async fn ingest_requests(
         &self,
         req: Request<link_pb::IngestRequestsRequest>,

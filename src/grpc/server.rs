@@ -265,6 +265,8 @@ impl BudgetsApi for BudgetsService {
             month_micros: s.month_micros,
             remaining_micros: s.remaining_micros,
             resets_at: s.resets_at_ms.map(convert::ms_to_timestamp),
+            leased_micros: s.leased_micros,
+            lease_holders: s.lease_holders,
         }))
     }
 

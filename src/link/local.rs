@@ -5,7 +5,7 @@
 use nm_controlplane::Controlplane;
 use nm_controlplane::otel::SpanSource;
 use nm_dataplane::link::{Ingested, LinkError, LinkStream, Port, SessionSpans};
-use nm_types::budget::Feed;
+use nm_types::budget::{Feed, LeaseRequest, LeaseResponse};
 use nm_types::record::RequestRecord;
 use nm_types::signal::Signal;
 use nm_types::throttle::Throttle;
@@ -80,6 +80,10 @@ impl Port for InProcess {
             self.cp.shutdown(),
         );
         Ok(Box::pin(ReceiverStream::new(rx).map(Ok)))
+    }
+
+    async fn lease(&self, request: &LeaseRequest) -> Result<LeaseResponse, LinkError> {
+        Ok(self.cp.budgets.lease(request, nm_controlplane::now_ms()))
     }
 
     async fn ingest(&self, batch: &[RequestRecord]) -> Result<Ingested, LinkError> {

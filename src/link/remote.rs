@@ -4,7 +4,7 @@
 
 use nm_dataplane::link::{Ingested, LinkError, LinkStream, Port, SessionSpans};
 use nm_types::KeyVerifiers;
-use nm_types::budget::Feed;
+use nm_types::budget::{Feed, LeaseRequest, LeaseResponse};
 use nm_types::link;
 use nm_types::record::RequestRecord;
 use nm_types::signal::Signal;
@@ -129,6 +129,17 @@ impl Port for Grpc {
         Ok(Box::pin(stream.map(|item| {
             item.map_err(link_error).map(link::feed_from_pb)
         })))
+    }
+
+    async fn lease(&self, request: &LeaseRequest) -> Result<LeaseResponse, LinkError> {
+        let resp = self
+            .client
+            .clone()
+            .lease(link::lease_request_to_pb(request))
+            .await
+            .map_err(link_error)?
+            .into_inner();
+        Ok(link::lease_response_from_pb(resp))
     }
 
     async fn ingest(&self, batch: &[RequestRecord]) -> Result<Ingested, LinkError> {

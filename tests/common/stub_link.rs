@@ -251,4 +251,12 @@ impl Link for Service {
     ) -> Result<Response<link_pb::RecordSignalResponse>, Status> {
         Err(Status::unimplemented("the stub stores no signals"))
     }
+
+    /// The stub has no budgets: nothing to lease.
+    async fn lease(
+        &self,
+        _: Request<link_pb::LeaseRequest>,
+    ) -> Result<Response<link_pb::LeaseResponse>, Status> {
+        Ok(Response::new(link_pb::LeaseResponse::default()))
+    }
 }

@@ -200,3 +200,128 @@ pub struct Feed {
     pub day: i64,
     pub month: i64,
 }
+
+// === leases: the bound across dataplanes ===
+//
+// Each dataplane may spend, per budget and period, only what the controlplane leased it. A
+// dataplane's *claim* on a budget is what it may still add to the controlplane's recorded spend:
+// its admitted requests whose spend is not in the feed yet, plus the unused part of its lease.
+// The controlplane grants only from `limit - recorded spend - every live dataplane's claim`, so
+// the claims never sum past what remains; a dataplane admits while its unused lease is positive,
+// so it overshoots its own lease by at most one reservation. Total spend is then at most the
+// limit plus one reservation per dataplane. See docs/budgets.md.
+
+/// What a lease counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum LeaseUnit {
+    /// Micro-dollars in the period of the rule's spend limit (`period` is its day or month
+    /// number).
+    Micros,
+    /// Requests started in one UTC minute (`period` is the minute number).
+    Requests,
+}
+
+/// One budget in one period: an end user's spend limit or request rate.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LeaseKey {
+    pub user: String,
+    pub unit: LeaseUnit,
+    pub period: i64,
+}
+
+/// A dataplane's report on one budget: its claim now, and how much more it would like.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseClaim {
+    pub key: LeaseKey,
+    pub claim: u64,
+    pub want: u64,
+}
+
+/// A dataplane's full report: every budget it holds a claim on (a budget missing from it is
+/// released). `instance` is random per process, so two dataplanes never share claims.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LeaseRequest {
+    pub dataplane: String,
+    pub instance: u64,
+    pub claims: Vec<LeaseClaim>,
+}
+
+/// What was granted, per budget of the request (same order), and for how long claims count
+/// without a new report.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LeaseResponse {
+    /// `granted[i]` is added to the unused lease of `claims[i]`; 0 when nothing was free.
+    pub granted: Vec<u64>,
+    pub ttl_ms: u64,
+}
+
+/// The controlplane's grant for one budget: what `want` may get when `limit` minus `spent`
+/// (recorded) minus `others` (the live claims of the other dataplanes) minus `own` (the
+/// requester's claim) is left, shared evenly with the `holders` other dataplanes that hold a
+/// claim on it. Never more than what is free, so the claims never sum past the limit.
+pub fn grant(limit: u64, spent: u64, others: u64, own: u64, want: u64, holders: usize) -> u64 {
+    let free = limit
+        .saturating_sub(spent)
+        .saturating_sub(others)
+        .saturating_sub(own);
+    if free == 0 {
+        return 0;
+    }
+    let share = free.div_ceil(holders as u64 + 1);
+    want.min(share).max(1).min(free)
+}
+
+#[cfg(test)]
+mod lease_tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn grants_share_what_is_free() {
+        assert_eq!(grant(50_000, 0, 0, 0, 24_000, 0), 24_000);
+        assert_eq!(grant(50_000, 0, 24_000, 0, 24_000, 1), 13_000);
+        assert_eq!(grant(50_000, 10_000, 24_000, 16_000, 5, 1), 0);
+        // A sliver left is still granted: it admits one request (the one reservation over).
+        assert_eq!(grant(50_000, 49_999, 0, 0, 6_000, 3), 1);
+        assert_eq!(grant(10, 20, 0, 0, 6_000, 0), 0);
+    }
+
+    proptest! {
+        /// Whatever the order of grants to up to four dataplanes, each admitting while its
+        /// unused lease is positive, spend never passes the limit plus one reservation each.
+        #[test]
+        fn spend_stays_within_the_bound(
+            limit in 1u64..200_000,
+            steps in proptest::collection::vec((0usize..4, 1u64..20_000, 0u8..3), 1..300),
+        ) {
+            let max_reservation = 20_000;
+            // Per dataplane: unused lease (may go negative by one reservation) and spend.
+            let mut unused = [0i64; 4];
+            let mut spent = [0u64; 4];
+            for (dp, amount, op) in steps {
+                match op {
+                    0 => {
+                        let claims: Vec<u64> = (0..4).map(|d| spent[d] + unused[d].max(0) as u64).collect();
+                        let others: u64 = (0..4).filter(|d| *d != dp).map(|d| claims[d]).sum();
+                        // Recorded spend is already inside the claims here (nothing delivered).
+                        let holders = (0..4).filter(|d| *d != dp && claims[*d] > 0).count();
+                        let g = grant(limit, 0, others, claims[dp], amount, holders);
+                        unused[dp] += g as i64;
+                    }
+                    1 => {
+                        if unused[dp] > 0 {
+                            unused[dp] -= amount as i64;
+                            spent[dp] += amount;
+                        }
+                    }
+                    _ => {
+                        // Idle: return the unused lease.
+                        unused[dp] = unused[dp].min(0);
+                    }
+                }
+                let total: u64 = spent.iter().sum();
+                prop_assert!(total <= limit + 4 * max_reservation, "{total} > {limit} + 4 reservations");
+            }
+        }
+    }
+}

@@ -18,7 +18,9 @@ use prost::Message;
 use prost_types::Timestamp;
 
 use crate::access::{Role, Scope};
-use crate::budget::{BudgetRule, Feed, Period, Spend};
+use crate::budget::{
+    BudgetRule, Feed, LeaseClaim, LeaseKey, LeaseRequest, LeaseResponse, LeaseUnit, Period, Spend,
+};
 use crate::experiment::{Live, LiveArm, Salt, Variant};
 use crate::record::{Inferred, RequestRecord, TraceRef};
 use crate::signal::{RequestId, Signal};
@@ -491,6 +493,78 @@ pub fn feed_from_pb(msg: pb::BudgetFeed) -> Feed {
     }
 }
 
+/// Claims a lease request may carry.
+pub const MAX_LEASE_CLAIMS: usize = 100_000;
+
+pub fn lease_request_to_pb(r: &LeaseRequest) -> pb::LeaseRequest {
+    pb::LeaseRequest {
+        dataplane: r.dataplane.clone(),
+        instance: r.instance,
+        claims: r
+            .claims
+            .iter()
+            .map(|c| pb::LeaseClaim {
+                user_id: c.key.user.clone(),
+                unit: match c.key.unit {
+                    LeaseUnit::Micros => pb::LeaseUnit::Micros,
+                    LeaseUnit::Requests => pb::LeaseUnit::Requests,
+                }
+                .into(),
+                period: c.key.period,
+                claim: c.claim,
+                want: c.want,
+            })
+            .collect(),
+    }
+}
+
+/// The rule a lease request breaks, if any: too many claims, an unknown unit or a bad user id.
+pub fn lease_request_from_pb(msg: pb::LeaseRequest) -> Result<LeaseRequest, String> {
+    if msg.claims.len() > MAX_LEASE_CLAIMS {
+        return Err(format!("at most {MAX_LEASE_CLAIMS} claims"));
+    }
+    let claims = msg
+        .claims
+        .into_iter()
+        .map(|c| {
+            let unit = match pb::LeaseUnit::try_from(c.unit) {
+                Ok(pb::LeaseUnit::Micros) => LeaseUnit::Micros,
+                Ok(pb::LeaseUnit::Requests) => LeaseUnit::Requests,
+                _ => return Err("claim: unknown unit".to_owned()),
+            };
+            crate::parse_user(&c.user_id).map_err(|e| format!("claim: user_id: {e}"))?;
+            Ok(LeaseClaim {
+                key: LeaseKey {
+                    user: c.user_id,
+                    unit,
+                    period: c.period,
+                },
+                claim: c.claim,
+                want: c.want,
+            })
+        })
+        .collect::<Result<_, String>>()?;
+    Ok(LeaseRequest {
+        dataplane: msg.dataplane,
+        instance: msg.instance,
+        claims,
+    })
+}
+
+pub fn lease_response_to_pb(r: LeaseResponse) -> pb::LeaseResponse {
+    pb::LeaseResponse {
+        granted: r.granted,
+        ttl_ms: r.ttl_ms,
+    }
+}
+
+pub fn lease_response_from_pb(msg: pb::LeaseResponse) -> LeaseResponse {
+    LeaseResponse {
+        granted: msg.granted,
+        ttl_ms: msg.ttl_ms,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -572,6 +646,55 @@ mod tests {
         assert_eq!(
             signal_from_pb(bad),
             Err(crate::signal::REQUEST_ID_RULE.to_owned())
+        );
+    }
+
+    #[test]
+    fn lease_requests_round_trip_and_bad_ones_are_refused() {
+        let req = LeaseRequest {
+            dataplane: "dp-1".to_owned(),
+            instance: 7,
+            claims: vec![
+                LeaseClaim {
+                    key: LeaseKey {
+                        user: "alice".to_owned(),
+                        unit: LeaseUnit::Micros,
+                        period: 20_779,
+                    },
+                    claim: 12,
+                    want: 24_000,
+                },
+                LeaseClaim {
+                    key: LeaseKey {
+                        user: "bob".to_owned(),
+                        unit: LeaseUnit::Requests,
+                        period: 29_921_760,
+                    },
+                    claim: 0,
+                    want: 4,
+                },
+            ],
+        };
+        assert_eq!(
+            lease_request_from_pb(lease_request_to_pb(&req)),
+            Ok(req.clone())
+        );
+        let mut bad = lease_request_to_pb(&req);
+        bad.claims[1].unit = 0;
+        assert_eq!(
+            lease_request_from_pb(bad),
+            Err("claim: unknown unit".to_owned())
+        );
+        let mut bad = lease_request_to_pb(&req);
+        bad.claims[0].user_id = "a\u{7}".to_owned();
+        assert!(lease_request_from_pb(bad).is_err());
+        let resp = LeaseResponse {
+            granted: vec![24_000, 0],
+            ttl_ms: 5_000,
+        };
+        assert_eq!(
+            lease_response_from_pb(lease_response_to_pb(resp.clone())),
+            resp
         );
     }
 }

@@ -37,7 +37,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use nm_types::KeyVerifiers;
-use nm_types::budget::Feed;
+use nm_types::budget::{Feed, LeaseRequest, LeaseResponse};
 use nm_types::record::RequestRecord;
 use nm_types::signal::Signal;
 use tokio::sync::watch as signal;
@@ -94,6 +94,9 @@ pub trait Port: fmt::Debug + Send + Sync + 'static {
     /// The budget feed: a full state at once, then deltas and heartbeats.
     async fn watch_budgets(&self, dataplane: &str) -> Result<LinkStream<Feed>, LinkError>;
 
+    /// One lease round: reports this dataplane's claims on budgets and returns the grants.
+    async fn lease(&self, request: &LeaseRequest) -> Result<LeaseResponse, LinkError>;
+
     /// Stores a batch of records (each once per request id; a resent batch is harmless).
     async fn ingest(&self, batch: &[RequestRecord]) -> Result<Ingested, LinkError>;
 
@@ -136,6 +139,7 @@ pub struct Link {
     stop: signal::Sender<bool>,
     key_watcher: JoinHandle<()>,
     budget_watcher: JoinHandle<()>,
+    lease_keeper: JoinHandle<()>,
     shipper: JoinHandle<()>,
 }
 
@@ -160,6 +164,12 @@ impl Link {
             targets.budgets.clone(),
             targets.health,
             targets.metrics.clone(),
+            name.clone(),
+            stop_rx.clone(),
+        ));
+        let lease_keeper = tokio::spawn(watch::keep_leases(
+            port.clone(),
+            targets.budgets.clone(),
             name,
             stop_rx.clone(),
         ));
@@ -178,6 +188,7 @@ impl Link {
             stop,
             key_watcher,
             budget_watcher,
+            lease_keeper,
             shipper,
         }
     }
@@ -187,6 +198,7 @@ impl Link {
         let _ = self.stop.send(true);
         self.key_watcher.abort();
         self.budget_watcher.abort();
+        self.lease_keeper.abort();
         let _ = self.shipper.await;
     }
 }

@@ -143,6 +143,42 @@ pub async fn watch_budgets(
     follow("budget feed", open, on_message, on_lost, stop).await;
 }
 
+/// How often the lease keeper reports and renews when no lease ran out.
+pub const LEASE_ROUND: Duration = Duration::from_millis(500);
+
+/// Keeps this dataplane's budget leases: a round every [`LEASE_ROUND`], and at once when a
+/// request found its lease used up. Each round reports every claim and adds what was granted;
+/// an unanswered round changes nothing (the leases held stay spendable until their time to
+/// live, counted from the last answered round's sending).
+pub async fn keep_leases(
+    port: Arc<dyn Port>,
+    budgets: Budgets,
+    name: String,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(LEASE_ROUND);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = budgets.lease_needed() => {}
+            _ = stop.wait_for(|s| *s) => break,
+        }
+        let sent_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let request = budgets.lease_request(&name, sent_ms);
+        let round = budgets.round_started();
+        if !request.claims.is_empty() {
+            match port.lease(&request).await {
+                Ok(response) => budgets.apply_grants(&request, &response, sent_ms),
+                Err(e) => debug!(error = %e, "lease round failed; keeping the leases held"),
+            }
+        }
+        budgets.round_ended(round);
+    }
+}
+
 /// Follows one of the controlplane's streams for as long as the link runs: opens it, hands
 /// every message to `on_message`, and when it fails, closes or stays silent for
 /// [`STALE_AFTER`] (the controlplane sends heartbeats), reports the problem to `on_lost` and
