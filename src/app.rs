@@ -236,6 +236,7 @@ async fn controlplane(
         cp.experiments
             .spawn_evaluator(every, Some(cp.alerts.clone()), stop.clone())
     });
+    let budget_alerts = cp.alerts.spawn_budget_watch(&cp.budgets, stop.clone());
     let alerts = cp.alerts.spawn_worker(
         std::sync::Arc::new(crate::webhooks::WebhookClient::new()?),
         settings.alert_retry,
@@ -260,6 +261,8 @@ async fn controlplane(
         }
         alerts.abort();
         let _ = alerts.await;
+        budget_alerts.abort();
+        let _ = budget_alerts.await;
         store.close().await?;
         info!("controlplane stopped");
         served

@@ -628,7 +628,12 @@ async fn an_experiment_created_over_grpc_reaches_the_proxy() {
         }
     })
     .await;
-    assert!(report.arms.iter().all(|a| a.sessions > 0 && a.requests == a.sessions));
+    assert!(
+        report
+            .arms
+            .iter()
+            .all(|a| a.sessions > 0 && a.requests == a.sessions)
+    );
     // Promoted: every session goes to the winner.
     client
         .promote_experiment(admin(pb::PromoteExperimentRequest {

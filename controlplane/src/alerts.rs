@@ -664,6 +664,103 @@ pub fn retry_delay(retry: Duration, attempts: u64) -> Duration {
     retry.saturating_mul(factor).min(MAX_RETRY_DELAY)
 }
 
+/// The shares of a budget's limit whose crossing is announced, in percent.
+pub const BUDGET_THRESHOLDS: [u64; 3] = [50, 80, 100];
+
+impl Alerts {
+    /// Announces each end user's spend crossing [`BUDGET_THRESHOLDS`] of their budget's limit,
+    /// once per threshold and period: follows the budgets' feed (the users each stored batch
+    /// changed), so it never stands in front of an ingest; a crossing missed while this task
+    /// fell behind is seen at the user's next batch.
+    pub fn spawn_budget_watch(
+        &self,
+        budgets: &crate::Budgets,
+        mut shutdown: watch::Receiver<bool>,
+    ) -> tokio::task::JoinHandle<()> {
+        let this = self.clone();
+        let budgets = budgets.clone();
+        tokio::spawn(
+            async move {
+                let (_, mut events) = budgets.subscribe(now_ms());
+                // Crossings announced by this process (the database's dedupe keys hold across
+                // processes): saves a read per changed user and batch.
+                let mut announced: std::collections::HashSet<String> = Default::default();
+                loop {
+                    let event = tokio::select! {
+                        e = events.recv() => e,
+                        _ = shutdown.wait_for(|stop| *stop) => break,
+                    };
+                    let users: Vec<String> = match event {
+                        Ok(crate::budgets::FeedEvent::Delta(d)) => {
+                            d.spend.iter().map(|(u, _)| u.clone()).collect()
+                        }
+                        Ok(crate::budgets::FeedEvent::Reset) => continue,
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+                    };
+                    for user in users {
+                        if let Err(e) = this.check_budget(&budgets, &user, &mut announced).await {
+                            warn!(error = %e, "budget alert not stored");
+                        }
+                    }
+                }
+            }
+            .instrument(tracing::info_span!("budget_alerts")),
+        )
+    }
+
+    /// Emits the crossings of `user`'s budget not yet announced.
+    async fn check_budget(
+        &self,
+        budgets: &crate::Budgets,
+        user: &str,
+        announced: &mut std::collections::HashSet<String>,
+    ) -> Result<()> {
+        let now = now_ms();
+        let status = budgets.status(user, now)?;
+        let Some(budget) = &status.budget else {
+            return Ok(());
+        };
+        let Some(limit) = budget.rule.limit_micros.filter(|l| *l > 0) else {
+            return Ok(());
+        };
+        let (spent, period) = match budget.rule.period {
+            nm_types::budget::Period::Day => (status.day_micros, "day"),
+            nm_types::budget::Period::Month => (status.month_micros, "month"),
+        };
+        let index = budget.rule.period.index_of(now);
+        for pct in BUDGET_THRESHOLDS {
+            if u128::from(spent) * 100 < u128::from(limit) * u128::from(pct) {
+                break;
+            }
+            let dedupe = format!("budget:user:{user}:{period}:{index}:{pct}");
+            if !announced.insert(dedupe.clone()) {
+                continue;
+            }
+            let whose = if status.is_default {
+                "the default budget"
+            } else {
+                "their own budget"
+            };
+            let data = json!({
+                "budget": if status.is_default { "default" } else { "user" },
+                "user_id": user,
+                "period": period,
+                "threshold_percent": pct,
+                "spent_micros": spent,
+                "limit_micros": limit,
+                "message": format!(
+                    "end user {user} has spent {pct}% or more of {whose} ({} of {} this {period})",
+                    nm_types::money::format_usd(spent),
+                    nm_types::money::format_usd(limit),
+                ),
+            });
+            self.emit(Kind::Budget, &dedupe, data).await?;
+        }
+        Ok(())
+    }
+}
+
 /// `t=<unix seconds>,v1=<hex HMAC-SHA-256 of "<t>.<body>">`.
 pub fn signature(secret: &str, t: i64, body: &[u8]) -> String {
     let mut msg = Vec::with_capacity(body.len() + 12);
@@ -765,6 +862,65 @@ fn rfc3339(ms: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each threshold of an end user's budget is announced once per period, as the ingest's
+    /// batches cross it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn budget_crossings_are_announced_once_each() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/a.db?mode=rwc", dir.path().display());
+        let store = Store::connect(&url).await.unwrap();
+        let now = now_ms();
+        let budgets = crate::Budgets::load(store.clone(), now).await.unwrap();
+        let rule = nm_types::budget::BudgetRule {
+            limit_micros: Some(100_000),
+            period: nm_types::budget::Period::Day,
+            requests_per_minute: None,
+        };
+        budgets.set("key_admin", None, rule, now).await.unwrap();
+        let alerts = Alerts::new(store.clone());
+        let (_stop, shutdown) = watch::channel(false);
+        let task = alerts.spawn_budget_watch(&budgets, shutdown);
+        let spend = |micros: u64| crate::budgets::SpendItem {
+            user_id: "user-7".to_owned(),
+            started_at_ms: now_ms(),
+            micros,
+        };
+        let events = || async {
+            let sql = Sql::new(
+                store.backend(),
+                "SELECT dedupe FROM alert_events WHERE kind = 'budget' ORDER BY dedupe",
+            );
+            let rows = store.conn().query_all_raw(sql.build()).await.unwrap();
+            rows.iter()
+                .map(|r| r.try_get::<String>("", "dedupe").unwrap())
+                .collect::<Vec<_>>()
+        };
+        let until = |n: usize| async move {
+            for _ in 0..100 {
+                if events().await.len() >= n {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        // Give the watcher its subscription before the first batch.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        budgets.apply(&[spend(40_000)], now_ms());
+        budgets.apply(&[spend(20_000)], now_ms()); // 60%: 50
+        until(1).await;
+        budgets.apply(&[spend(50_000)], now_ms()); // 110%: 80 and 100
+        until(3).await;
+        budgets.apply(&[spend(50_000)], now_ms()); // nothing new
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let got = events().await;
+        let day = nm_types::budget::Period::Day.index_of(now_ms());
+        assert_eq!(
+            got,
+            [100, 50, 80].map(|p| format!("budget:user:user-7:day:{day}:{p}")),
+        );
+        task.abort();
+    }
 
     #[test]
     fn retries_double_up_to_the_cap_and_last_over_an_hour() {

@@ -395,12 +395,7 @@ impl Analytics {
     /// recommendations) did not make. The previous look's time is in the dedupe key, so two
     /// replicas computing the same look send it once; a recommendation that goes and comes
     /// back is new again. A failure is logged: alerts never fail a look.
-    async fn announce(
-        &self,
-        agent: &str,
-        before: Option<Look>,
-        now: &AgentAnalytics,
-    ) {
+    async fn announce(&self, agent: &str, before: Option<Look>, now: &AgentAnalytics) {
         let Some(alerts) = &self.alerts else {
             return;
         };
