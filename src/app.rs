@@ -247,7 +247,10 @@ async fn controlplane(
         link_secret: settings.link_secret.clone(),
         tls: settings.grpc_tls.clone(),
         tracing,
-        providers: Arc::new(provider_catalogue(&settings.registry)),
+        providers: Arc::new(provider_catalogue(
+            &settings.registry,
+            &settings.operator_credentials,
+        )),
     };
     let task = tokio::spawn(async move {
         let served = server::serve(served_cp, options, listener, signalled(stop)).await;
@@ -271,8 +274,12 @@ async fn controlplane(
 }
 
 /// What experiments may know of the configured providers: each one's wire format and whether
-/// the operator gave it a credential (never the credential itself).
-pub fn provider_catalogue(registry: &nm_dataplane::Registry) -> Catalogue {
+/// the operator gave it a credential, here or on the dataplanes (`held_elsewhere`:
+/// `NM_OPERATOR_CREDENTIALS`), never the credential itself.
+pub fn provider_catalogue(
+    registry: &nm_dataplane::Registry,
+    held_elsewhere: &[String],
+) -> Catalogue {
     Catalogue::new(registry.names().into_iter().filter_map(|name| {
         let p = registry.get(&name)?;
         let wire_format = match p.format {
@@ -284,7 +291,8 @@ pub fn provider_catalogue(registry: &nm_dataplane::Registry) -> Catalogue {
             name.to_string(),
             ProviderInfo {
                 wire_format: wire_format.to_owned(),
-                operator_credential: p.api_key.as_deref().is_some_and(|k| !k.is_empty()),
+                operator_credential: p.api_key.as_deref().is_some_and(|k| !k.is_empty())
+                    || held_elsewhere.iter().any(|h| **h == *name),
             },
         ))
     }))
@@ -368,4 +376,50 @@ async fn dataplane(
         Ok(())
     });
     Ok((addr, task))
+}
+
+#[cfg(test)]
+mod catalogue_tests {
+    use super::*;
+
+    /// A controlplane knows a provider has an operator credential from its own settings or
+    /// from `NM_OPERATOR_CREDENTIALS`, and never holds more than that fact.
+    #[test]
+    fn operator_credentials_come_from_here_or_from_the_names_given() {
+        let env: std::collections::HashMap<String, String> = [
+            ("NM_PROVIDER_KEY_MISTRAL", "sk-m"),
+            ("NM_OPERATOR_CREDENTIALS", " Groq, "),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .into();
+        let settings = crate::config::resolve(
+            Mode::Serve,
+            &crate::config::Flags::default(),
+            &env,
+            crate::config::FileSettings::default(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let c = provider_catalogue(&settings.registry, &settings.operator_credentials);
+        let held = |n: &str| c.get(n).is_some_and(|p| p.operator_credential);
+        assert!(held("mistral"), "its own credential");
+        assert!(held("groq"), "named in NM_OPERATOR_CREDENTIALS");
+        assert!(!held("openai"));
+        assert_eq!(
+            c.get("groq").map(|p| p.wire_format.as_str()),
+            Some("openai")
+        );
+        // A name that is no provider name is refused at start.
+        let bad: std::collections::HashMap<String, String> =
+            [("NM_OPERATOR_CREDENTIALS".to_owned(), "groq;rm".to_owned())].into();
+        let e = crate::config::resolve(
+            Mode::Serve,
+            &crate::config::Flags::default(),
+            &bad,
+            crate::config::FileSettings::default(),
+        )
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+        assert!(e.contains("NM_OPERATOR_CREDENTIALS"), "{e}");
+    }
 }

@@ -155,6 +155,9 @@ pub struct Settings {
     pub log: String,
     pub log_format: LogFormat,
     pub registry: Registry,
+    /// Providers whose operator credential the dataplanes hold though this process does not
+    /// (`NM_OPERATOR_CREDENTIALS`): experiments' arms may go there.
+    pub operator_credentials: Vec<String>,
     pub max_body_bytes: usize,
     pub connect_timeout: Duration,
     pub header_timeout: Duration,
@@ -335,6 +338,9 @@ pub fn resolve(
     let prices = nm_dataplane::pricing::PriceTable::builtin().with_overrides(price_rows);
     let registry = providers::registry(env, file.providers.clone())?;
     let extra_ca_certs = src.opt(&providers::TLS_CA_FILE)?.unwrap_or_default();
+    let operator_credentials = src
+        .opt(&providers::OPERATOR_CREDENTIALS)?
+        .unwrap_or_default();
     let bootstrap_key = src.opt(&budgets::BOOTSTRAP_KEY)?;
     let link_secret = src.opt(&link::LINK_SECRET)?.map(Secret);
     let secret_env = link::LINK_SECRET.meta.env;
@@ -392,6 +398,7 @@ pub fn resolve(
         log: src.get(&tracing::LOG)?,
         log_format,
         registry,
+        operator_credentials,
         max_body_bytes,
         connect_timeout,
         header_timeout,

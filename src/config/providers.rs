@@ -24,6 +24,13 @@ declare! { Group::Providers;
         env: "NM_PROVIDER_KEY_<PROVIDER>",
         chart: Chart::Template,
     };
+    /// for a controlplane that holds no provider credential: the providers (comma-separated names) whose operator credential the dataplanes hold, so an experiment may send arms there (the chart sets it from the provider keys' names)
+    OPERATOR_CREDENTIALS: Vec<String> => operator_credentials, {
+        env: "NM_OPERATOR_CREDENTIALS",
+        file: Some(("operator_credentials", Kind::Str)),
+        default: Default::Described("none beyond this process's own credentials"),
+        chart: Chart::Template,
+    };
     /// PEM file of CA certificates trusted for upstream TLS beside the public web PKI
     TLS_CA_FILE: Vec<CertificateDer<'static>> => ca_file, {
         env: "NM_TLS_CA_FILE",
@@ -49,6 +56,22 @@ declare! { Group::Providers;
         file: Some(("response_idle_timeout_secs", Kind::Int)),
         default: Default::Is(Lit::Int(300)),
     };
+}
+
+fn operator_credentials(key: &'static str, raw: Raw<'_>) -> Result<Vec<String>, ConfigError> {
+    let text = parse::text(key, raw)?;
+    let names: Vec<String> = text
+        .split(',')
+        .map(|n| n.trim().to_ascii_lowercase())
+        .filter(|n| !n.is_empty())
+        .collect();
+    if let Some(bad) = names.iter().find(|n| {
+        !n.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    }) {
+        return Err(invalid(key, format!("{bad:?} is not a provider name")));
+    }
+    Ok(names)
 }
 
 /// The families are read by [`registry`], not by the walk.
