@@ -23,6 +23,27 @@ pub struct ExperimentsService {
     pub providers: Arc<Catalogue>,
 }
 
+impl ExperimentsService {
+    /// A state change by an admin: `change(experiments, actor, id, reason)`.
+    async fn act(
+        &self,
+        req: Request<pb::ExperimentActionRequest>,
+        change: impl AsyncFnOnce(
+            &nm_controlplane::Experiments,
+            &str,
+            &str,
+            &str,
+        ) -> nm_controlplane::error::Result<Experiment>,
+    ) -> Result<Response<pb::Experiment>, Status> {
+        let admin = require_admin(&self.cp.keys, &req)?;
+        let r = req.into_inner();
+        let e = change(&self.cp.experiments, &admin.id, r.id.trim(), &r.reason)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(experiment_to_pb(&e)))
+    }
+}
+
 #[tonic::async_trait]
 impl ExperimentsApi for ExperimentsService {
     async fn create_experiment(
@@ -106,45 +127,30 @@ impl ExperimentsApi for ExperimentsService {
         &self,
         req: Request<pb::ExperimentActionRequest>,
     ) -> Result<Response<pb::Experiment>, Status> {
-        let admin = require_admin(&self.cp.keys, &req)?;
-        let r = req.into_inner();
-        let e = self
-            .cp
-            .experiments
-            .pause(&admin.id, r.id.trim(), &r.reason)
-            .await
-            .map_err(to_status)?;
-        Ok(Response::new(experiment_to_pb(&e)))
+        self.act(req, async |x, actor, id, reason| {
+            x.pause(actor, id, reason).await
+        })
+        .await
     }
 
     async fn resume_experiment(
         &self,
         req: Request<pb::ExperimentActionRequest>,
     ) -> Result<Response<pb::Experiment>, Status> {
-        let admin = require_admin(&self.cp.keys, &req)?;
-        let r = req.into_inner();
-        let e = self
-            .cp
-            .experiments
-            .resume(&admin.id, r.id.trim(), &r.reason)
-            .await
-            .map_err(to_status)?;
-        Ok(Response::new(experiment_to_pb(&e)))
+        self.act(req, async |x, actor, id, reason| {
+            x.resume(actor, id, reason).await
+        })
+        .await
     }
 
     async fn stop_experiment(
         &self,
         req: Request<pb::ExperimentActionRequest>,
     ) -> Result<Response<pb::Experiment>, Status> {
-        let admin = require_admin(&self.cp.keys, &req)?;
-        let r = req.into_inner();
-        let e = self
-            .cp
-            .experiments
-            .stop(&admin.id, r.id.trim(), &r.reason)
-            .await
-            .map_err(to_status)?;
-        Ok(Response::new(experiment_to_pb(&e)))
+        self.act(req, async |x, actor, id, reason| {
+            x.stop(actor, id, reason).await
+        })
+        .await
     }
 
     async fn promote_experiment(

@@ -247,44 +247,33 @@ async fn run_all(
     Ok(results)
 }
 
+/// Prints a simulation's report to stdout, then how long it took.
+fn simulated(
+    report: impl FnOnce(&mut std::io::StdoutLock<'static>) -> std::io::Result<()>,
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let mut out = std::io::stdout().lock();
+    report(&mut out)?;
+    writeln!(out)?;
+    writeln!(
+        out,
+        "(simulated in {:.0} s)",
+        started.elapsed().as_secs_f64()
+    )?;
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     if cli.power {
-        let started = Instant::now();
-        let mut out = std::io::stdout().lock();
-        simulate::report(cli.agents, cli.seed, &mut out)?;
-        writeln!(out)?;
-        writeln!(
-            out,
-            "(simulated in {:.0} s)",
-            started.elapsed().as_secs_f64()
-        )?;
-        return Ok(());
+        return simulated(|out| simulate::report(cli.agents, cli.seed, out));
     }
     if cli.experiments {
-        let started = Instant::now();
-        let mut out = std::io::stdout().lock();
-        experiment_simulate::report(cli.agents, cli.seed, &mut out)?;
-        writeln!(out)?;
-        writeln!(
-            out,
-            "(simulated in {:.0} s)",
-            started.elapsed().as_secs_f64()
-        )?;
-        return Ok(());
+        return simulated(|out| experiment_simulate::report(cli.agents, cli.seed, out));
     }
     if cli.implicit {
-        let started = Instant::now();
-        let mut out = std::io::stdout().lock();
-        simulate::implicit_report(cli.agents, cli.seed, &mut out)?;
-        writeln!(out)?;
-        writeln!(
-            out,
-            "(simulated in {:.0} s)",
-            started.elapsed().as_secs_f64()
-        )?;
-        return Ok(());
+        return simulated(|out| simulate::implicit_report(cli.agents, cli.seed, out));
     }
     if cli.signals < 1_000 {
         bail!("--signals must be at least 1000");
