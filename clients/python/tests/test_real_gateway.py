@@ -136,7 +136,7 @@ def test_gateway_errors_are_the_sdks_own_exceptions_with_the_code(real: RealGate
     assert error_code(nf.value) is None and request_id(nf.value)
 
 
-def test_a_spent_budget_is_the_sdks_rate_limit_error_with_the_code(real: RealGateway) -> None:
+def test_a_rate_limit_is_the_sdks_rate_limit_error_with_the_code(real: RealGateway) -> None:
     user = unique("py-budget-user")
     before = real.metric("nm_budget_rules") or 0
     real.cli("budgets", "set", "--user", user, "--rpm", "1")
@@ -150,8 +150,8 @@ def test_a_spent_budget_is_the_sdks_rate_limit_error_with_the_code(real: RealGat
         client.chat.completions.create(model="gpt-4o-mini", messages=[])
         with pytest.raises(openai.RateLimitError) as e:
             client.chat.completions.create(model="gpt-4o-mini", messages=[])
-        assert s.last_error_code == "budget_exceeded"
-    assert error_code(e.value) == "budget_exceeded"
+        assert s.last_error_code == "rate_limited"
+    assert error_code(e.value) == "rate_limited"
     assert int(e.value.response.headers["retry-after"]) > 0
 
 
