@@ -596,7 +596,22 @@ async fn an_idle_dataplane_gets_a_new_lease() {
         let a = gw.raw_at(*p, "POST", path, &headers, SMALL_REQUEST).await;
         assert_eq!(a.status, 200);
     }
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    // Idle: every lease goes back (or lapses), until the dataplanes hold nothing.
+    let budgets = BudgetsClient::new(gw.grpc_channel().await);
+    eventually(Duration::from_secs(20), "the leases returned", || {
+        let mut budgets = budgets.clone();
+        async move {
+            let s = budgets
+                .get_budget(admin(pb::GetBudgetRequest {
+                    user_id: "jack".into(),
+                }))
+                .await
+                .ok()?
+                .into_inner();
+            (s.leased_micros == 0).then_some(())
+        }
+    })
+    .await;
     for p in &planes {
         let a = gw.raw_at(*p, "POST", path, &headers, SMALL_REQUEST).await;
         assert_eq!(a.status, 200, "{}", String::from_utf8_lossy(&a.body));
