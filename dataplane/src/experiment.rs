@@ -21,11 +21,14 @@
 //! percent-encoded, its `NM-Variant` value, its provider) is made once, when the set is applied.
 //!
 //! Outside experiments the cost is one atomic load while no experiment is applied, else one
-//! read-locked hash-map lookup that misses. The lock is never held across an await.
+//! read-locked hash-map lookup that misses. The lock is never held across an await. In one,
+//! each worker thread remembers its sessions' arms ([`ASSIGNED`]), so a session's later requests
+//! skip the arms' keyed hashes.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use bytes::{Bytes, BytesMut};
@@ -81,7 +84,57 @@ struct Shared {
 /// Agent -> the experiments on it, those of one env before those of every env.
 #[derive(Debug, Default)]
 struct Index {
+    /// Which set this is (never 0, never reused): what a thread's remembered arms were made in.
+    generation: u64,
     by_agent: HashMap<Arc<str>, Vec<Arc<Applied>>, foldhash::fast::RandomState>,
+}
+
+/// Where [`Index::generation`] comes from.
+static GENERATIONS: AtomicU64 = AtomicU64::new(1);
+
+/// Sessions remembered at most this many per thread; a full memory starts over.
+const ASSIGNED_CAPACITY: usize = 4096;
+
+thread_local! {
+    /// This thread's recent assignments. A session sends many requests, and choosing its arm
+    /// (a SipHash-2-4 and a logarithm per arm) was a third of what an experiment cost each.
+    static ASSIGNED: RefCell<Assigned> = RefCell::new(Assigned::default());
+}
+
+/// Session -> (experiment, arm), for the index of `generation` only: an entry names its
+/// experiment by address, which that index keeps alive, and a new index (weights changed, an
+/// experiment stopped) forgets every entry at once.
+#[derive(Default)]
+struct Assigned {
+    generation: u64,
+    entries: HashMap<Box<str>, (usize, usize), foldhash::fast::RandomState>,
+}
+
+impl Assigned {
+    /// `session`'s arm in `experiment`, chosen by `choose` unless remembered.
+    fn arm(
+        &mut self,
+        generation: u64,
+        experiment: &Applied,
+        session: &str,
+        choose: impl FnOnce() -> Option<usize>,
+    ) -> Option<usize> {
+        let address = std::ptr::from_ref(experiment) as usize;
+        if self.generation != generation {
+            self.entries.clear();
+            self.generation = generation;
+        } else if let Some(&(at, arm)) = self.entries.get(session)
+            && at == address
+        {
+            return Some(arm);
+        }
+        let arm = choose()?;
+        if self.entries.len() >= ASSIGNED_CAPACITY {
+            self.entries.clear();
+        }
+        self.entries.insert(session.into(), (address, arm));
+        Some(arm)
+    }
 }
 
 /// One experiment as applied: the live experiment and what its arms need per request.
@@ -173,7 +226,10 @@ impl Experiments {
         if *received == live {
             return;
         }
-        let mut index = Index::default();
+        let mut index = Index {
+            generation: GENERATIONS.fetch_add(1, Ordering::Relaxed),
+            ..Index::default()
+        };
         let mut ids = Vec::new();
         for e in &live {
             match self.prepare(e) {
@@ -296,28 +352,33 @@ impl Experiments {
             return None;
         }
         let (agent, session) = (agent?, session?);
-        let experiment = {
+        let (generation, experiment) = {
             let index = self
                 .inner
                 .index
                 .read()
                 .unwrap_or_else(PoisonError::into_inner);
-            index
+            let experiment = index
                 .by_agent
                 .get(agent)?
                 .iter()
                 .find(|a| a.live.env.is_none_or(|e| Some(e) == env))?
-                .clone()
+                .clone();
+            (index.generation, experiment)
         };
         if experiment.format != format {
             return None;
         }
-        let chosen = experiment.live.assign(session);
-        let arm = experiment
-            .live
-            .arms
-            .iter()
-            .position(|a| std::ptr::eq(a, chosen))?;
+        let arm = ASSIGNED.with_borrow_mut(|assigned| {
+            assigned.arm(generation, &experiment, session, || {
+                let chosen = experiment.live.assign(session);
+                experiment
+                    .live
+                    .arms
+                    .iter()
+                    .position(|a| std::ptr::eq(a, chosen))
+            })
+        })?;
         Some(Assignment { experiment, arm })
     }
 }

@@ -153,6 +153,43 @@ fn an_arm_is_sticky_and_knows_its_variant() {
 }
 
 #[test]
+fn a_remembered_arm_follows_new_weights_and_other_experiments() {
+    let e = Experiments::new(registry());
+    let weighted = |a, b| vec![arm("a", a, "openai", "m1"), arm("b", b, "openai", "m2")];
+    let arm_of = |session: &str| {
+        e.assign(Some("bot"), None, Some(session), WireFormat::Openai)
+            .map(|a| (a.id().to_string(), a.arm))
+    };
+    let sessions: Vec<String> = (0..200).map(|i| format!("sess_{i}")).collect();
+    e.apply(vec![live("exp-1", "bot", None, weighted(1, 1))]);
+    let first: Vec<_> = sessions.iter().map(|s| arm_of(s)).collect();
+    assert!(first.iter().any(|a| a.as_ref().is_some_and(|a| a.1 == 0)));
+    // Remembered on this thread: the same answers again.
+    assert_eq!(
+        sessions.iter().map(|s| arm_of(s)).collect::<Vec<_>>(),
+        first
+    );
+    // Nearly all the weight on arm b: the sessions the new weights move are moved, none kept
+    // by the memory (each answer is the rule's, computed afresh).
+    let truth = |l: &Live, s: &str| l.arms.iter().position(|a| std::ptr::eq(a, l.assign(s)));
+    let moved = live("exp-1", "bot", None, weighted(1, 1_000_000));
+    e.apply(vec![moved.clone()]);
+    let second: Vec<_> = sessions.iter().map(|s| arm_of(s)).collect();
+    for (s, got) in sessions.iter().zip(&second) {
+        assert_eq!(got.as_ref().map(|a| a.1), truth(&moved, s), "{s}");
+    }
+    assert!(first.iter().zip(&second).any(|(a, b)| a != b));
+    // Another experiment on the agent: its own assignment, not the last one's.
+    let other = live("exp-2", "bot", None, weighted(1_000_000, 1));
+    e.apply(vec![other.clone()]);
+    for s in &sessions {
+        let got = arm_of(s);
+        assert_eq!(got.as_ref().map(|a| a.0.as_str()), Some("exp-2"));
+        assert_eq!(got.map(|a| a.1), truth(&other, s), "{s}");
+    }
+}
+
+#[test]
 fn weights_hold_over_many_sessions() {
     let e = Experiments::new(registry());
     e.apply(vec![live(

@@ -335,7 +335,7 @@ async fn forward(
             record.session_id.as_ref().map(|s| s.as_str()),
             provider.format,
         )
-        && let Some((served, requested)) = serve_arm(
+        && let Some((served, in_path)) = serve_arm(
             &assignment,
             provider,
             (record.model.as_deref(), facts.model_span),
@@ -343,8 +343,10 @@ async fn forward(
             &mut record.path,
         )
     {
-        record.model = Some(served.model.to_string());
-        record.variant = Some(assignment.variant(Some(requested)));
+        // The model the client named: the record's, unless the arm rewrote the path's.
+        let requested = in_path.or_else(|| record.model.take());
+        record.model = Some(String::from(&*served.model));
+        record.variant = Some(assignment.variant(requested));
         if served.provider.name != provider.name {
             // The operator's credential for the arm's provider, never the client's for the
             // one it addressed.
@@ -421,16 +423,17 @@ async fn forward(
 static NO_CREDENTIAL: Throttle = Throttle::new(Duration::from_secs(1));
 
 /// Makes `body` or `path` name the assigned arm's model; returns the arm (where the request
-/// goes) and the model the client named there. None (nothing changed) when the arm cannot serve
-/// this request: the model is not named where the arm would rewrite it, or the arm's provider is
-/// another and has no operator credential.
+/// goes) and, when the arm rewrote the path, the model the client named there (else it named
+/// `requested`). None (nothing changed) when the arm cannot serve this request: the model is not
+/// named where the arm would rewrite it, or the arm's provider is another and has no operator
+/// credential.
 fn serve_arm<'a>(
     assignment: &'a Assignment,
     addressed: &Provider,
     (requested, model_span): (Option<&str>, Option<std::ops::Range<usize>>),
     body: &mut Bytes,
     path: &mut String,
-) -> Option<(&'a Arm, String)> {
+) -> Option<(&'a Arm, Option<String>)> {
     let arm = assignment.arm();
     let elsewhere = arm.provider.name != addressed.name;
     if elsewhere && arm.provider.api_key.is_none() {
@@ -452,7 +455,7 @@ fn serve_arm<'a>(
             if requested != &*arm.model {
                 *body = rewrite_body(body, span, &arm.model_json);
             }
-            requested.to_owned()
+            None
         }
         // The path names the model Gemini serves (a body's `model`, if any, is not read).
         WireFormat::Gemini => {
@@ -461,7 +464,7 @@ fn serve_arm<'a>(
             if requested != *arm.model_path {
                 *path = rewrite_path(path, span, &arm.model_path);
             }
-            requested
+            Some(requested)
         }
     };
     Some((arm, requested))
