@@ -27,7 +27,7 @@
 use std::hash::{BuildHasher, Hasher};
 use std::ops::Range;
 
-use crate::usage::text::TextKeys;
+use crate::usage::text::{TextHasher, TextKeys};
 
 /// Which list a turn came from (its format's defaults differ).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,10 +88,10 @@ pub struct Conversation<'a> {
     keys: &'a TextKeys,
     /// The body the parts are slices of (for the content's byte range).
     body: &'a [u8],
-    system: std::hash::DefaultHasher,
+    system: TextHasher,
     chain: u64,
     /// The turn being read.
-    turn: std::hash::DefaultHasher,
+    turn: TextHasher,
     role: Option<Side>,
     kind: Option<Side>,
     content: Option<Range<usize>>,

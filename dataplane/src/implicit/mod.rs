@@ -212,7 +212,7 @@ impl Implicit {
         let memory = Memory::new(settings.memory_bytes, settings.memory_ttl, metrics);
         Self {
             settings,
-            keys: TextKeys::new(),
+            keys: TextKeys::default(),
             memory,
         }
     }
