@@ -25,6 +25,7 @@ mod otel_harness;
 mod process;
 mod proxy;
 mod records;
+mod retention;
 mod routes;
 mod sdk;
 mod signals;

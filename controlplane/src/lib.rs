@@ -36,6 +36,8 @@ pub mod otel;
 #[forbid(unsafe_code)]
 pub mod records;
 #[forbid(unsafe_code)]
+pub mod retention;
+#[forbid(unsafe_code)]
 #[cfg(any(test, feature = "test-support"))]
 pub mod scratch;
 #[forbid(unsafe_code)]
