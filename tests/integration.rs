@@ -13,6 +13,7 @@ mod errors;
 mod experiments;
 mod experiments_proxy;
 mod faults;
+mod forget;
 mod implicit;
 mod implicit_signals;
 mod imports;

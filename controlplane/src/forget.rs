@@ -103,8 +103,8 @@ impl Users {
     /// Replaces `user` by its token everywhere (see the module's comment). `actor`: the admin
     /// key's id, for the audit row.
     pub async fn forget(&self, actor: &str, user: &str) -> Result<Forgotten> {
-        let user = nm_types::parse_user(user)
-            .map_err(|e| Error::InvalidArgument(format!("user: {e}")))?;
+        let user =
+            nm_types::parse_user(user).map_err(|e| Error::InvalidArgument(format!("user: {e}")))?;
         let token = self.token(&user).await?;
         if token == user {
             return Ok(Forgotten {
@@ -165,7 +165,9 @@ impl Users {
                 action: "user.forget",
                 target: &format!("user:{token}"),
                 before: None,
-                after: Some(json!({"rows": out.rows, "records": out.records, "budgets": out.budgets})),
+                after: Some(
+                    json!({"rows": out.rows, "records": out.records, "budgets": out.budgets}),
+                ),
             };
             crate::audit::record(&txn, change, crate::now_ms()).await?;
         }

@@ -26,6 +26,8 @@ pub mod experiments;
 #[forbid(unsafe_code)]
 pub mod feeds;
 #[forbid(unsafe_code)]
+pub mod forget;
+#[forbid(unsafe_code)]
 pub mod keys;
 #[forbid(unsafe_code)]
 pub mod link;
