@@ -33,9 +33,12 @@ use crate::sql::Sql;
 use crate::store::Store;
 
 /// Most rows one batch deletes (more when rows share the boundary's millisecond).
-pub const BATCH: u64 = 5_000;
-/// The pause after each batch: the other writers' turn.
+pub const BATCH: u64 = 2_000;
+/// The shortest pause after each batch: the other writers' turn.
 pub const PAUSE: Duration = Duration::from_millis(20);
+/// After each batch, the pause is at least this many times the batch's own duration: retention
+/// holds SQLite's one write lock (or PostgreSQL's I/O) at most a third of the time.
+pub const PAUSE_FACTOR: u32 = 2;
 /// Pages returned to the file system per step of SQLite's incremental vacuum (4 MiB of 4 KiB
 /// pages).
 pub const VACUUM_STEP_PAGES: u32 = 1_000;
@@ -172,15 +175,17 @@ impl Retainer {
         if let Some(keep) = self.retention.records {
             let cutoff = cutoff(now_ms, keep);
             while !*shutdown.borrow() {
+                let took = Instant::now();
                 let n = self.records_batch(cutoff).await?;
                 done.records += n;
                 done.batches += 1;
                 if n == 0 {
                     break;
                 }
-                tokio::time::sleep(PAUSE).await;
+                pause(took.elapsed()).await;
             }
             while !*shutdown.borrow() {
+                let took = Instant::now();
                 let n = self
                     .delete_batch("sessions", "last_seen_ms", cutoff)
                     .await?;
@@ -189,12 +194,13 @@ impl Retainer {
                 if n == 0 {
                     break;
                 }
-                tokio::time::sleep(PAUSE).await;
+                pause(took.elapsed()).await;
             }
         }
         if let Some(keep) = self.retention.signals {
             let cutoff = cutoff(now_ms, keep);
             while !*shutdown.borrow() {
+                let took = Instant::now();
                 let n = self
                     .delete_batch("signals", "received_at_ms", cutoff)
                     .await?;
@@ -203,7 +209,7 @@ impl Retainer {
                 if n == 0 {
                     break;
                 }
-                tokio::time::sleep(PAUSE).await;
+                pause(took.elapsed()).await;
             }
         }
         if done.records + done.signals + done.sessions > 0 {
@@ -318,20 +324,26 @@ impl Retainer {
             if before <= 0 {
                 break;
             }
+            let took = Instant::now();
             let txn = self.store.begin_write().await?;
             txn.execute_unprepared(&format!("PRAGMA incremental_vacuum({VACUUM_STEP_PAGES})"))
                 .await?;
             txn.commit().await?;
+            pause(took.elapsed()).await;
             let after = pragma(self.store.conn(), "PRAGMA freelist_count").await?;
             if after >= before {
                 // Not in incremental mode (the switch failed): the pages stay free for reuse.
                 break;
             }
             freed += (before - after) as u64;
-            tokio::time::sleep(PAUSE).await;
         }
         Ok(freed)
     }
+}
+
+/// The pause after a batch that took `took`.
+async fn pause(took: Duration) {
+    tokio::time::sleep((took * PAUSE_FACTOR).max(PAUSE)).await;
 }
 
 /// `now_ms - keep`.
