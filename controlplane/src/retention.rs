@@ -413,3 +413,45 @@ fn fold_tail() -> String {
             .join(", ")
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_every_tenth_of_the_shortest_retention_within_bounds() {
+        let r = |records: Option<u64>, signals: Option<u64>| Retention {
+            records: records.map(Duration::from_secs),
+            signals: signals.map(Duration::from_secs),
+        };
+        assert!(r(None, None).is_off());
+        assert_eq!(r(Some(30), None).interval(), Duration::from_secs(3));
+        assert_eq!(r(Some(5), Some(3_600)).interval(), Duration::from_secs(1));
+        assert_eq!(r(None, Some(90 * 86_400)).interval(), MAX_INTERVAL);
+        assert_eq!(
+            r(Some(3_000), Some(90 * 86_400)).interval(),
+            Duration::from_secs(300)
+        );
+    }
+
+    #[test]
+    fn cutoff_saturates() {
+        assert_eq!(cutoff(100_000, Duration::from_secs(30)), 70_000);
+        assert_eq!(cutoff(i64::MIN + 5, Duration::from_secs(1)), i64::MIN);
+    }
+
+    #[test]
+    fn the_fold_adds_every_measure_the_reports_sum() {
+        let sql = format!(
+            "{} WHERE 1 = 1{}",
+            fold_head(DatabaseBackend::Sqlite, "requests"),
+            fold_tail()
+        );
+        for c in ROLLED {
+            assert!(
+                sql.contains(&format!("{c} = usage_rollups.{c} + excluded.{c}")),
+                "{c}"
+            );
+        }
+    }
+}
