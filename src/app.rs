@@ -237,6 +237,9 @@ async fn controlplane(
             .spawn_evaluator(every, Some(cp.alerts.clone()), stop.clone())
     });
     let budget_alerts = cp.alerts.spawn_budget_watch(&cp.budgets, stop.clone());
+    // Raw rows past their retention are deleted in the background (nothing when unset).
+    let retention = nm_controlplane::retention::Retainer::new(store.clone(), settings.retention)
+        .spawn(stop.clone());
     let alerts = cp.alerts.spawn_worker(
         std::sync::Arc::new(crate::webhooks::WebhookClient::new()?),
         settings.alert_retry,
@@ -264,6 +267,10 @@ async fn controlplane(
         }
         alerts.abort();
         let _ = alerts.await;
+        if let Some(retention) = retention {
+            retention.abort();
+            let _ = retention.await;
+        }
         budget_alerts.abort();
         let _ = budget_alerts.await;
         store.close().await?;

@@ -118,6 +118,14 @@ enum Command {
         #[command(subcommand)]
         command: AlertsCommand,
     },
+    /// End users: `forget USER` erases an NM-User value from everything stored (needs
+    /// NM_ADMIN_KEY, an admin key).
+    Users {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(subcommand)]
+        command: nm_gateway::cli::UsersCommand,
+    },
 }
 
 #[derive(Debug, Clone, Default, Args)]
@@ -238,6 +246,11 @@ async fn run(cli: Cli) -> ExitCode {
             client_flags(client),
             Some(AdminCommand::Alerts(command)),
         ),
+        Command::Users { client, command } => (
+            Mode::Client,
+            client_flags(client),
+            Some(AdminCommand::Users(command)),
+        ),
     };
     let flags = Flags {
         log_format: cli.log_format,
@@ -290,6 +303,7 @@ async fn run(cli: Cli) -> ExitCode {
             AdminCommand::Usage(a) => nm_gateway::cli::usage(&settings, a, &mut stdout).await,
             AdminCommand::Audit(a) => nm_gateway::cli::audit(&settings, a, &mut stdout).await,
             AdminCommand::Alerts(c) => nm_gateway::cli::alerts(&settings, c, &mut stdout).await,
+            AdminCommand::Users(c) => nm_gateway::cli::users(&settings, c, &mut stdout).await,
         };
         return match done {
             Ok(()) => ExitCode::SUCCESS,
@@ -334,6 +348,7 @@ enum AdminCommand {
     Usage(UsageArgs),
     Audit(AuditArgs),
     Alerts(AlertsCommand),
+    Users(nm_gateway::cli::UsersCommand),
 }
 
 fn server_flags(a: ServerArgs) -> Flags {

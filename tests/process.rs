@@ -177,6 +177,9 @@ async fn bad_settings_exit_64_naming_the_setting() {
         ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
         ("OTEL_SDK_DISABLED", "maybe"),
         ("OTEL_EXPORTER_OTLP_ENDPOINT", "localhost:4317"),
+        ("NM_RETENTION_RECORDS", "90 days"),
+        ("NM_RETENTION_SIGNALS", "12"),
+        ("NM_RETENTION_RECORDS", "0s"),
     ] {
         let out = Command::new(BIN)
             .arg("serve")

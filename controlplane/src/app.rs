@@ -18,6 +18,8 @@ pub struct Controlplane {
     pub audit: crate::Audit,
     pub alerts: crate::Alerts,
     pub experiments: Experiments,
+    /// End-user erasure.
+    pub users: crate::forget::Users,
     /// Becomes `true` when the process shuts down; long-lived streams end then.
     shutdown: watch::Receiver<bool>,
 }
@@ -43,6 +45,7 @@ impl Controlplane {
         let experiments = Experiments::load(store.clone()).await?;
         experiments.spawn_refresher(crate::experiments::LIVE_REFRESH, shutdown.clone());
         Ok(Self {
+            users: crate::forget::Users::new(store.clone(), budgets.clone()),
             experiments,
             usage: UsageReports::new(store.clone()),
             agents: crate::Agents::new(store.clone()),

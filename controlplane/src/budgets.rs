@@ -888,3 +888,50 @@ mod tests {
         assert_eq!(b.lease(&report(4, vec![none]), later).granted, [0]);
     }
 }
+
+/// End-user erasure (`crate::forget`), on the forgetting transaction: the user's daily spend
+/// moves to `token` (totals unchanged) and the user's own budget is deleted, so a user coming
+/// back under the same id starts afresh. Returns (rows changed, budgets deleted).
+pub(crate) async fn forget_user(
+    txn: &impl ConnectionTrait,
+    user: &str,
+    token: &str,
+) -> Result<(u64, u64)> {
+    let backend = txn.get_database_backend();
+    let mut sql = crate::sql::Sql::new(
+        backend,
+        "INSERT INTO user_spend (user_id, day, cost_micros, requests) SELECT ",
+    );
+    sql.bind(token.to_owned())
+        .push(", day, cost_micros, requests FROM user_spend WHERE user_id = ")
+        .bind(user.to_owned())
+        .push(
+            " ON CONFLICT (user_id, day) DO UPDATE SET \
+             cost_micros = user_spend.cost_micros + excluded.cost_micros, \
+             requests = user_spend.requests + excluded.requests",
+        );
+    txn.execute_raw(sql.build()).await?;
+    let spend = user_spend::Entity::delete_many()
+        .filter(user_spend::Column::UserId.eq(user))
+        .exec(txn)
+        .await?
+        .rows_affected;
+    let budgets = budget::Entity::delete_by_id(subject(Some(user)))
+        .exec(txn)
+        .await?
+        .rows_affected;
+    Ok((spend + budgets, budgets))
+}
+
+impl Budgets {
+    /// After [`forget_user`] committed: the user's rule and spend leave memory, and every
+    /// dataplane is sent a full state.
+    pub fn forget_user_in_memory(&self, user: &str) {
+        {
+            let mut st = self.lock();
+            st.overrides.remove(user);
+            st.spend.remove(user);
+        }
+        let _ = self.feed.send(FeedEvent::Reset);
+    }
+}

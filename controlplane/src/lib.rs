@@ -26,6 +26,8 @@ pub mod experiments;
 #[forbid(unsafe_code)]
 pub mod feeds;
 #[forbid(unsafe_code)]
+pub mod forget;
+#[forbid(unsafe_code)]
 pub mod keys;
 #[forbid(unsafe_code)]
 pub mod link;
@@ -35,6 +37,8 @@ mod lock_order_tests;
 pub mod otel;
 #[forbid(unsafe_code)]
 pub mod records;
+#[forbid(unsafe_code)]
+pub mod retention;
 #[forbid(unsafe_code)]
 #[cfg(any(test, feature = "test-support"))]
 pub mod scratch;

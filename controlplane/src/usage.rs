@@ -42,6 +42,19 @@ impl Dimension {
             Dimension::Day => "(started_at_ms / 86400000)",
         }
     }
+
+    /// The dimension's column in the union of records and rollups ([`push_union`]).
+    fn column(self) -> &'static str {
+        match self {
+            Dimension::Agent => "agent",
+            Dimension::Session => "session_id",
+            Dimension::User => "user_id",
+            Dimension::Env => "env",
+            Dimension::Provider => "provider",
+            Dimension::Model => "model",
+            Dimension::Day => "day",
+        }
+    }
 }
 
 /// Which records a report covers.
@@ -99,6 +112,13 @@ fn sum(backend: DatabaseBackend, expr: &str) -> String {
     }
 }
 
+/// A record whose usage was reported but whose model has no price: 1, else 0.
+pub(crate) const UNPRICED: &str = "CASE WHEN cost_micros IS NULL AND (input_tokens IS NOT NULL OR output_tokens IS NOT NULL) THEN 1 ELSE 0 END";
+/// A record whose answer should have carried usage but carried none: 1, else 0.
+pub(crate) const UNMETERED: &str = "CASE WHEN usage_status <> 'not_applicable' AND input_tokens IS NULL AND output_tokens IS NULL THEN 1 ELSE 0 END";
+/// A record of an answer with an error status: 1, else 0.
+pub(crate) const ERRORS: &str = "CASE WHEN status >= 400 THEN 1 ELSE 0 END";
+
 /// The measures of a group of `requests` rows, in the order [`measures`] reads them.
 fn measures_sql(backend: DatabaseBackend) -> String {
     let s = |expr: &str| sum(backend, expr);
@@ -111,13 +131,9 @@ fn measures_sql(backend: DatabaseBackend) -> String {
         s("cached_input_tokens"),
         s("reasoning_tokens"),
         s("cost_micros"),
-        s(
-            "CASE WHEN cost_micros IS NULL AND (input_tokens IS NOT NULL OR output_tokens IS NOT NULL) THEN 1 ELSE 0 END"
-        ),
-        s(
-            "CASE WHEN usage_status <> 'not_applicable' AND input_tokens IS NULL AND output_tokens IS NULL THEN 1 ELSE 0 END"
-        ),
-        s("CASE WHEN status >= 400 THEN 1 ELSE 0 END"),
+        s(UNPRICED),
+        s(UNMETERED),
+        s(ERRORS),
     )
 }
 
@@ -207,6 +223,12 @@ impl UsageReports {
             0 => DEFAULT_ROWS,
             n => n.min(MAX_ROWS),
         };
+        // Records deleted by retention live on in `usage_rollups`, by day: added when the
+        // report can be answered by day (not per session) and rollups cover its range.
+        let by_session = dims.contains(&Dimension::Session) || filter.session_id.is_some();
+        if !by_session && self.rollups_in_range(filter).await? {
+            return self.report_with_rollups(dims, filter, limit).await;
+        }
         let db = self.store.conn();
         let backend = db.get_database_backend();
         let time = self.time_column(filter).await?;
@@ -297,6 +319,147 @@ impl UsageReports {
             total,
             unpriced_models,
         })
+    }
+}
+
+impl UsageReports {
+    /// Whether `usage_rollups` has a day in the filter's range (a probe of its primary key).
+    async fn rollups_in_range(&self, f: &UsageFilter) -> Result<bool> {
+        let db = self.store.conn();
+        let mut sql = Sql::new(
+            db.get_database_backend(),
+            "SELECT 1 AS one FROM usage_rollups WHERE 1 = 1",
+        );
+        push_days(&mut sql, f);
+        sql.push(" LIMIT 1");
+        Ok(db.query_one_raw(sql.build()).await?.is_some())
+    }
+
+    /// [`UsageReports::report`] over the stored records and the rollups of the deleted ones.
+    async fn report_with_rollups(
+        &self,
+        dims: &[Dimension],
+        filter: &UsageFilter,
+        limit: u32,
+    ) -> Result<UsageReport> {
+        let db = self.store.conn();
+        let backend = db.get_database_backend();
+        let mut rows = Vec::new();
+        let mut total = UsageRow::default();
+        let mut truncated = false;
+        let mut sql = Sql::new(backend, "WITH u AS (");
+        push_union(&mut sql, filter);
+        if dims.is_empty() {
+            sql.push(&format!(") SELECT {} FROM u", totals_sql(backend)));
+            if let Some(row) = db.query_one_raw(sql.build()).await? {
+                total = measures(&row, Vec::new())?;
+            }
+        } else {
+            let keys: Vec<String> = dims
+                .iter()
+                .enumerate()
+                .map(|(i, d)| format!("{} AS k{i}", d.column()))
+                .collect();
+            let key_names: Vec<String> = (0..dims.len()).map(|i| format!("k{i}")).collect();
+            let nulls: Vec<&str> = dims.iter().map(|_| "NULL").collect();
+            let group: Vec<String> = (1..=dims.len()).map(|i| i.to_string()).collect();
+            sql.push(&format!(
+                "), g AS MATERIALIZED (SELECT {}, {} FROM u GROUP BY {}) \
+                 SELECT 0 AS total_row, t.* FROM (SELECT * FROM g ORDER BY cost_micros DESC, requests DESC LIMIT ",
+                keys.join(", "),
+                totals_sql(backend),
+                group.join(", ")
+            ))
+            .bind(i64::from(limit) + 1)
+            .push(&format!(
+                ") AS t UNION ALL SELECT 1, {}, {} FROM g",
+                nulls.join(", "),
+                totals_sql(backend)
+            ));
+            for row in db.query_all_raw(sql.build()).await? {
+                if row.try_get::<i32>("", "total_row")? == 1 {
+                    total = measures(&row, Vec::new())?;
+                    continue;
+                }
+                let key = dims
+                    .iter()
+                    .zip(&key_names)
+                    .map(|(d, name)| key_value(&row, *d, name))
+                    .collect::<Result<Vec<_>>>()?;
+                rows.push(measures(&row, key)?);
+            }
+            if rows.len() > limit as usize {
+                rows.truncate(limit as usize);
+                truncated = true;
+            }
+        }
+        let mut sql = Sql::new(backend, "WITH u AS (");
+        push_union(&mut sql, filter);
+        sql.push(&format!(
+            ") SELECT provider, model AS m, {} AS n FROM u WHERE unpriced > 0 \
+             GROUP BY 1, 2 ORDER BY n DESC LIMIT 100",
+            sum(backend, "unpriced")
+        ));
+        let mut unpriced_models = Vec::new();
+        for row in db.query_all_raw(sql.build()).await? {
+            unpriced_models.push(UnpricedModel {
+                provider: row.try_get("", "provider")?,
+                model: row
+                    .try_get::<Option<String>>("", "m")?
+                    .unwrap_or_else(|| "(unknown)".to_owned()),
+                requests: count(&row, "n")?,
+            });
+        }
+        Ok(UsageReport {
+            rows,
+            truncated,
+            total,
+            unpriced_models,
+        })
+    }
+}
+
+/// The rollup days a filter's time range touches: a day counts whole when any of it is in range.
+fn push_days(sql: &mut Sql, f: &UsageFilter) {
+    const DAY: i64 = 86_400_000;
+    if let Some(s) = f.since_ms {
+        sql.push(" AND day >= ").bind(s.div_euclid(DAY));
+    }
+    if let Some(u) = f.until_ms {
+        sql.push(" AND day < ")
+            .bind(u.div_euclid(DAY) + i64::from(u.rem_euclid(DAY) != 0));
+    }
+}
+
+/// The stored records and the rollups of the deleted ones as rows of one shape: the
+/// dimensions' columns ([`Dimension::column`]) and the measures' (those [`totals_sql`] sums).
+fn push_union(sql: &mut Sql, f: &UsageFilter) {
+    sql.push(&format!(
+        "SELECT agent, session_id, user_id, env, provider, \
+         COALESCE(answered_model, model) AS model, started_at_ms / 86400000 AS day, \
+         1 AS requests, input_tokens, output_tokens, cached_input_tokens, reasoning_tokens, \
+         cost_micros, {UNPRICED} AS unpriced, {UNMETERED} AS unmetered, {ERRORS} AS errors \
+         FROM requests WHERE 1 = 1"
+    ));
+    push_filter(sql, "started_at_ms", f);
+    sql.push(
+        " UNION ALL SELECT NULLIF(agent, ''), CAST(NULL AS TEXT), NULLIF(user_id, ''), \
+         NULLIF(env, ''), provider, NULLIF(model, ''), day, requests, input_tokens, \
+         output_tokens, cached_input_tokens, reasoning_tokens, cost_micros, unpriced, \
+         unmetered, errors FROM usage_rollups WHERE 1 = 1",
+    );
+    push_days(sql, f);
+    let eq = [
+        ("agent", &f.agent),
+        ("user_id", &f.user_id),
+        ("env", &f.env),
+        ("provider", &f.provider),
+        ("model", &f.model),
+    ];
+    for (col, value) in eq {
+        if let Some(v) = value {
+            sql.push(&format!(" AND {col} = ")).bind(v.clone());
+        }
     }
 }
 

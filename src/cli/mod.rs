@@ -9,6 +9,7 @@ mod experiments;
 mod keys;
 mod signals;
 mod usage;
+mod users;
 
 pub use alerts::{AlertsCommand, alerts};
 pub use analytics::{OutcomesArgs, RecommendArgs, RecomputeArgs, print_analytics};
@@ -19,6 +20,7 @@ pub use experiments::{ExperimentsCommand, experiments};
 pub use keys::{KeysCommand, keys};
 pub use signals::{SignalsCommand, signals};
 pub use usage::{UsageArgs, usage};
+pub use users::{UsersCommand, users};
 
 use std::io::Write;
 

@@ -187,6 +187,8 @@ pub struct Settings {
     pub otel: crate::otel::settings::OtelSettings,
     /// The implicit signals' rules and their memory (dataplane).
     pub implicit: nm_dataplane::implicit::Settings,
+    /// How long raw records and signals are kept (controlplane); unset: forever.
+    pub retention: nm_controlplane::retention::Retention,
 }
 
 /// A secret setting: never printed by `Debug`.
@@ -417,5 +419,9 @@ pub fn resolve(
         hot_path,
         implicit,
         otel: crate::otel::settings::resolve(env)?,
+        retention: nm_controlplane::retention::Retention {
+            records: src.opt(&storage::RETENTION_RECORDS)?,
+            signals: src.opt(&storage::RETENTION_SIGNALS)?,
+        },
     })
 }

@@ -58,6 +58,26 @@ declare! { Group::Storage;
         file: Some(("record_durability", Kind::Str)),
         default: Default::Is(Lit::Str("memory")),
     };
+    /// how long request records are kept, as `30s`, `12h`, `90d`; older ones are deleted in the background, their usage kept by day for the reports (docs/data-lifecycle.md); unset: kept forever
+    RETENTION_RECORDS: Duration => retention, {
+        env: "NM_RETENTION_RECORDS",
+        file: Some(("retention_records", Kind::Str)),
+    };
+    /// how long signals are kept, as `30s`, `12h`, `90d`; older ones are deleted in the background, the analytics keep each session's rollup (docs/data-lifecycle.md); unset: kept forever
+    RETENTION_SIGNALS: Duration => retention, {
+        env: "NM_RETENTION_SIGNALS",
+        file: Some(("retention_signals", Kind::Str)),
+    };
+}
+
+/// A duration as `30s`, `12h`, `90d`, `1h30m`, of at least one second.
+fn retention(key: &'static str, raw: Raw<'_>) -> Result<Duration, ConfigError> {
+    let text = parse::text(key, raw)?;
+    let d = nm_types::duration::parse(text.trim()).map_err(|e| invalid(key, e.to_string()))?;
+    if d < Duration::from_secs(1) {
+        return Err(invalid(key, "must be at least 1s"));
+    }
+    Ok(d)
 }
 
 fn database_url(key: &'static str, raw: Raw<'_>) -> Result<String, ConfigError> {

@@ -13,6 +13,7 @@ pub mod experiments;
 pub mod link_server;
 pub mod server;
 pub mod status;
+pub mod users;
 
 use std::time::Duration;
 

@@ -640,6 +640,9 @@ pub async fn serve(
         .add_service(reflection)
         .add_service(KeysServer::new(KeysService(cp.clone())))
         .add_service(AuditServer::new(AuditService(cp.clone())))
+        .add_service(super::pb::users_server::UsersServer::new(
+            super::users::UsersService(cp.clone()),
+        ))
         .add_service(AlertsServer::new(super::alerts::AlertsService(cp.clone())))
         .add_service(super::link_server::service(
             cp.clone(),

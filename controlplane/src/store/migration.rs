@@ -26,6 +26,8 @@ impl MigratorTrait for Migrator {
             Box::new(m0011_experiments::Migration),
             Box::new(m0013_alerts::Migration),
             Box::new(m0101_write_probe::Migration),
+            Box::new(m0014_usage_rollups::Migration),
+            Box::new(m0015_secrets::Migration),
         ]
     }
 }
@@ -1187,6 +1189,94 @@ mod m0013_alerts {
                 db.execute_unprepared(&format!("DROP TABLE IF EXISTS {table}"))
                     .await?;
             }
+            Ok(())
+        }
+    }
+}
+
+/// The usage of the request records that retention deleted (`crate::retention`), per UTC day and
+/// (agent, end user, env, provider, model, key): the usage reports add these rows to the records
+/// still stored. Absent values are stored as `''` (a primary key column cannot hold NULL on
+/// PostgreSQL, and two NULLs never conflict on either database); the reports read them back as
+/// absent. Sums of absent tokens or costs are 0, as the reports sum them.
+mod m0014_usage_rollups {
+    use super::*;
+
+    pub struct Migration;
+
+    impl MigrationName for Migration {
+        fn name(&self) -> &str {
+            "m0014_usage_rollups"
+        }
+    }
+
+    const UP: [&str; 1] = ["CREATE TABLE IF NOT EXISTS usage_rollups (\
+         day BIGINT NOT NULL, \
+         agent TEXT NOT NULL, \
+         user_id TEXT NOT NULL, \
+         env TEXT NOT NULL, \
+         provider TEXT NOT NULL, \
+         model TEXT NOT NULL, \
+         key_id TEXT NOT NULL, \
+         requests BIGINT NOT NULL, \
+         input_tokens BIGINT NOT NULL, \
+         output_tokens BIGINT NOT NULL, \
+         cached_input_tokens BIGINT NOT NULL, \
+         reasoning_tokens BIGINT NOT NULL, \
+         cost_micros BIGINT NOT NULL, \
+         unpriced BIGINT NOT NULL, \
+         unmetered BIGINT NOT NULL, \
+         errors BIGINT NOT NULL, \
+         PRIMARY KEY (day, agent, user_id, env, provider, model, key_id))"];
+
+    #[async_trait::async_trait]
+    impl MigrationTrait for Migration {
+        async fn up(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            let db = m.get_connection();
+            for sql in UP {
+                db.execute_unprepared(sql).await?;
+            }
+            Ok(())
+        }
+
+        async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            m.get_connection()
+                .execute_unprepared("DROP TABLE IF EXISTS usage_rollups")
+                .await?;
+            Ok(())
+        }
+    }
+}
+
+/// Secrets the controlplane generates for itself and keeps (the key of the tokens that replace a
+/// forgotten end user's id, `crate::forget`).
+mod m0015_secrets {
+    use super::*;
+
+    pub struct Migration;
+
+    impl MigrationName for Migration {
+        fn name(&self) -> &str {
+            "m0015_secrets"
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl MigrationTrait for Migration {
+        async fn up(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            m.get_connection()
+                .execute_unprepared(
+                    "CREATE TABLE IF NOT EXISTS controlplane_secrets (\
+                     name TEXT PRIMARY KEY, value TEXT NOT NULL, created_at_ms BIGINT NOT NULL)",
+                )
+                .await?;
+            Ok(())
+        }
+
+        async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            m.get_connection()
+                .execute_unprepared("DROP TABLE IF EXISTS controlplane_secrets")
+                .await?;
             Ok(())
         }
     }

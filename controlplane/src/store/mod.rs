@@ -21,7 +21,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
+use sea_orm::sqlx::sqlite::{SqliteAutoVacuum, SqliteJournalMode, SqliteSynchronous};
 use sea_orm::{
     ConnectOptions, ConnectionTrait, Database, DatabaseBackend, DatabaseConnection, DbErr,
     ExecResult, QueryResult, Statement,
@@ -75,7 +75,10 @@ impl Store {
             // SQLite serialises writers; a few connections serve concurrent readers.
             opts.max_connections(8).min_connections(1);
             opts.map_sqlx_sqlite_opts(|o| {
-                o.journal_mode(SqliteJournalMode::Wal)
+                // Incremental: pages freed by retention go back to the file system
+                // (`crate::retention`); takes effect on a new file, an old one needs a VACUUM.
+                o.auto_vacuum(SqliteAutoVacuum::Incremental)
+                    .journal_mode(SqliteJournalMode::Wal)
                     .synchronous(SqliteSynchronous::Full)
                     .busy_timeout(Duration::from_secs(10))
                     .foreign_keys(true)
