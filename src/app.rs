@@ -237,6 +237,16 @@ async fn controlplane(
             .spawn_evaluator(every, Some(cp.alerts.clone()), stop.clone())
     });
     let budget_alerts = cp.alerts.spawn_budget_watch(&cp.budgets, stop.clone());
+    // Yesterday's records and signals, written after each UTC midnight (docs/export.md).
+    let exporter = match settings.export.clone() {
+        Some(schedule) => Some(crate::export::spawn_schedule(
+            store.clone(),
+            schedule,
+            std::env::vars().collect(),
+            stop.clone(),
+        )?),
+        None => None,
+    };
     let alerts = cp.alerts.spawn_worker(
         std::sync::Arc::new(crate::webhooks::WebhookClient::new()?),
         settings.alert_retry,
@@ -266,6 +276,10 @@ async fn controlplane(
         let _ = alerts.await;
         budget_alerts.abort();
         let _ = budget_alerts.await;
+        if let Some(exporter) = exporter {
+            exporter.abort();
+            let _ = exporter.await;
+        }
         store.close().await?;
         info!("controlplane stopped");
         served

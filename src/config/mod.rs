@@ -26,6 +26,7 @@
 
 pub mod budgets;
 pub mod decl;
+pub mod export;
 pub mod limits;
 pub mod link;
 mod parse;
@@ -187,6 +188,8 @@ pub struct Settings {
     pub otel: crate::otel::settings::OtelSettings,
     /// The implicit signals' rules and their memory (dataplane).
     pub implicit: nm_dataplane::implicit::Settings,
+    /// The scheduled export (`NM_EXPORT_TO`), run by the controlplane; `None`: off.
+    pub export: Option<crate::export::Schedule>,
 }
 
 /// A secret setting: never printed by `Debug`.
@@ -256,6 +259,7 @@ pub fn all() -> impl Iterator<Item = &'static decl::Meta> {
         signals::TABLE,
         tracing::TABLE,
         crate::otel::settings::TABLE,
+        export::TABLE,
     ]
     .into_iter()
     .flatten()
@@ -417,5 +421,6 @@ pub fn resolve(
         hot_path,
         implicit,
         otel: crate::otel::settings::resolve(env)?,
+        export: export::schedule(&src, env)?,
     })
 }
