@@ -239,8 +239,11 @@ async fn records_page(
     after: Option<&(i64, String)>,
 ) -> Result<Page> {
     use request::Column as C;
+    // The lower bound is the cursor's time, not the day's start: the index range then begins
+    // at the cursor, and a page costs the same at the day's end as at its start.
+    let from = after.map_or(start, |(at, _)| (*at).max(start));
     let mut q = request::Entity::find()
-        .filter(C::StartedAtMs.gte(start))
+        .filter(C::StartedAtMs.gte(from))
         .filter(C::StartedAtMs.lt(end));
     if let Some((at, id)) = after {
         q = q.filter(
@@ -273,8 +276,11 @@ async fn signals_page(
     after: Option<&(i64, String)>,
 ) -> Result<Page> {
     use signal::Column as C;
+    // The lower bound is the cursor's time, not the day's start: the index range then begins
+    // at the cursor, and a page costs the same at the day's end as at its start.
+    let from = after.map_or(start, |(at, _)| (*at).max(start));
     let mut q = signal::Entity::find()
-        .filter(C::ReceivedAtMs.gte(start))
+        .filter(C::ReceivedAtMs.gte(from))
         .filter(C::ReceivedAtMs.lt(end));
     if let Some((at, id)) = after {
         q = q.filter(
