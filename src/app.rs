@@ -240,6 +240,16 @@ async fn controlplane(
     // Raw rows past their retention are deleted in the background (nothing when unset).
     let retention = nm_controlplane::retention::Retainer::new(store.clone(), settings.retention)
         .spawn(stop.clone());
+    // Yesterday's records and signals, written after each UTC midnight (docs/export.md).
+    let exporter = match settings.export.clone() {
+        Some(schedule) => Some(crate::export::spawn_schedule(
+            store.clone(),
+            schedule,
+            std::env::vars().collect(),
+            stop.clone(),
+        )?),
+        None => None,
+    };
     let alerts = cp.alerts.spawn_worker(
         std::sync::Arc::new(crate::webhooks::WebhookClient::new()?),
         settings.alert_retry,
@@ -273,6 +283,10 @@ async fn controlplane(
         }
         budget_alerts.abort();
         let _ = budget_alerts.await;
+        if let Some(exporter) = exporter {
+            exporter.abort();
+            let _ = exporter.await;
+        }
         store.close().await?;
         info!("controlplane stopped");
         served

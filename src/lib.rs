@@ -12,6 +12,7 @@ pub mod app;
 pub mod cli;
 pub mod config;
 pub mod demo;
+pub mod export;
 pub mod grpc;
 pub mod limits;
 pub mod link;

@@ -126,6 +126,9 @@ enum Command {
         #[command(subcommand)]
         command: nm_gateway::cli::UsersCommand,
     },
+    /// Write request records or signals to files, one per UTC day (Parquet or JSON lines), in a
+    /// folder or on S3, for a warehouse; reads the database itself (NM_DATABASE_URL).
+    Export(nm_gateway::export::ExportArgs),
 }
 
 #[derive(Debug, Clone, Default, Args)]
@@ -191,6 +194,7 @@ async fn run(cli: Cli) -> ExitCode {
         ..Flags::default()
     };
     let mut demo_seed = None;
+    let mut export_args = None;
     let (mode, flags, admin_cmd) = match cli.command {
         Command::Demo(a) => {
             demo_seed = Some(a.seed);
@@ -251,6 +255,14 @@ async fn run(cli: Cli) -> ExitCode {
             client_flags(client),
             Some(AdminCommand::Users(command)),
         ),
+        Command::Export(a) => {
+            let flags = Flags {
+                database_url: a.database_url.clone(),
+                ..Flags::default()
+            };
+            export_args = Some(a);
+            (Mode::Serve, flags, None)
+        }
     };
     let flags = Flags {
         log_format: cli.log_format,
@@ -288,6 +300,10 @@ async fn run(cli: Cli) -> ExitCode {
                 ExitCode::FAILURE
             }
         };
+    }
+
+    if let Some(a) = export_args {
+        return export(&settings, &a, &env).await;
     }
 
     if let Some(cmd) = admin_cmd {
@@ -333,6 +349,41 @@ async fn run(cli: Cli) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = format!("{e:#}"), "stopped with an error");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `nm-gateway export`: bad arguments exit 64 before the database is opened.
+async fn export(
+    settings: &config::Settings,
+    a: &nm_gateway::export::ExportArgs,
+    env: &HashMap<String, String>,
+) -> ExitCode {
+    use nm_gateway::export::{Destination, Plan, S3};
+    let plan = match Plan::from_args(a, chrono::Utc::now()) {
+        Ok(p) => p,
+        Err(e) => return usage(&e.to_string()),
+    };
+    if let Destination::S3 { bucket, prefix } = &plan.to
+        && let Err(e) = S3::from_env(env, bucket, prefix)
+    {
+        return usage(&e.to_string());
+    }
+    let store = match nm_controlplane::store::Store::connect(&settings.database_url).await {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("nm-gateway: export: cannot open the database: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut stdout = std::io::stdout().lock();
+    let done = nm_gateway::export::run(&store, &plan, env, &mut stdout).await;
+    let _ = store.close().await;
+    match done {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("nm-gateway: export: {e:#}");
             ExitCode::FAILURE
         }
     }

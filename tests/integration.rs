@@ -12,6 +12,7 @@ mod docs;
 mod errors;
 mod experiments;
 mod experiments_proxy;
+mod export;
 mod faults;
 mod forget;
 mod implicit;

@@ -31,6 +31,9 @@ pub enum Error {
     /// The database URL or a startup setting is unusable.
     #[error("configuration: {0}")]
     Config(String),
+    /// Writing an export file failed (a file system or encoding error; the message says which).
+    #[error("export: {0}")]
+    Export(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

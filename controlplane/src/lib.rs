@@ -24,6 +24,8 @@ pub mod error;
 #[forbid(unsafe_code)]
 pub mod experiments;
 #[forbid(unsafe_code)]
+pub mod export;
+#[forbid(unsafe_code)]
 pub mod feeds;
 #[forbid(unsafe_code)]
 pub mod forget;

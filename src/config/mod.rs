@@ -26,6 +26,7 @@
 
 pub mod budgets;
 pub mod decl;
+pub mod export;
 pub mod limits;
 pub mod link;
 mod parse;
@@ -189,6 +190,8 @@ pub struct Settings {
     pub implicit: nm_dataplane::implicit::Settings,
     /// How long raw records and signals are kept (controlplane); unset: forever.
     pub retention: nm_controlplane::retention::Retention,
+    /// The scheduled export (`NM_EXPORT_TO`), run by the controlplane; `None`: off.
+    pub export: Option<crate::export::Schedule>,
 }
 
 /// A secret setting: never printed by `Debug`.
@@ -258,6 +261,7 @@ pub fn all() -> impl Iterator<Item = &'static decl::Meta> {
         signals::TABLE,
         tracing::TABLE,
         crate::otel::settings::TABLE,
+        export::TABLE,
     ]
     .into_iter()
     .flatten()
@@ -423,5 +427,6 @@ pub fn resolve(
             records: src.opt(&storage::RETENTION_RECORDS)?,
             signals: src.opt(&storage::RETENTION_SIGNALS)?,
         },
+        export: export::schedule(&src, env)?,
     })
 }

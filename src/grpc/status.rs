@@ -26,6 +26,10 @@ pub fn to_status(e: Error) -> Status {
         Error::Sqlite(db) => unavailable(&db),
         Error::Unavailable(m) => Status::unavailable(m),
         Error::Config(m) => Status::failed_precondition(m),
+        Error::Export(m) => {
+            tracing::error!(error = %m, "export failed");
+            Status::internal("the export could not be written")
+        }
     }
 }
 
