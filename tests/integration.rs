@@ -29,4 +29,5 @@ mod routes;
 mod sdk;
 mod signals;
 mod streaming;
+mod ui;
 mod usage;

@@ -187,6 +187,20 @@ pub struct Settings {
     pub otel: crate::otel::settings::OtelSettings,
     /// The implicit signals' rules and their memory (dataplane).
     pub implicit: nm_dataplane::implicit::Settings,
+    /// The web page (`NM_UI_ADDR`, `NM_UI_TRACE_URL`).
+    pub ui: UiSettings,
+}
+
+/// Where the web page listens and what it links to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UiSettings {
+    /// `None`: `off`.
+    pub addr: Option<SocketAddr>,
+    /// Set by the operator (a failure to bind stops the start), not the default (a failure to
+    /// bind is a warning).
+    pub explicit: bool,
+    /// A URL template with `{trace_id}`.
+    pub trace_url: Option<String>,
 }
 
 /// A secret setting: never printed by `Debug`.
@@ -417,5 +431,10 @@ pub fn resolve(
         hot_path,
         implicit,
         otel: crate::otel::settings::resolve(env)?,
+        ui: UiSettings {
+            addr: src.get(&server::UI_ADDR)?,
+            explicit: src.opt(&server::UI_ADDR)?.is_some(),
+            trace_url: src.opt(&server::UI_TRACE_URL)?,
+        },
     })
 }
