@@ -30,4 +30,5 @@ mod sdk;
 mod signals;
 mod streaming;
 mod ui;
+mod ui_browser;
 mod usage;

@@ -205,7 +205,7 @@ async fn pages_equal_grpc_and_refuse_what_they_should(db: Db) {
     }
     assert!(!csp.contains("script-src"), "no script at all: {csp}");
     assert_eq!(a.header("x-content-type-options"), Some("nosniff"));
-    assert_eq!(a.header("referrer-policy"), Some("no-referrer"));
+    assert_eq!(a.header("referrer-policy"), Some("same-origin"));
     assert!(!text(&a).contains("<script"));
     assert_eq!(b.get("/favicon.svg").await.status, 200);
     assert_eq!(b.get("/style.css").await.status, 200);

@@ -31,7 +31,7 @@ pub struct Series {
 const W: f64 = 720.0;
 const H: f64 = 260.0;
 const LEFT: f64 = 64.0;
-const RIGHT: f64 = 16.0;
+const RIGHT: f64 = 44.0;
 const TOP: f64 = 16.0;
 const BOTTOM: f64 = 48.0;
 
@@ -190,9 +190,9 @@ pub fn bars(
     let plot_w = W - label_w - 120.0;
     let _ = write!(
         s,
-        "<figure class=\"chart\"><svg id=\"{id}\" role=\"img\" aria-labelledby=\"{id}-t {id}-d\" \
+        "<figure class=\"chart\"><figcaption>{0}</figcaption><svg id=\"{id}\" role=\"img\" aria-labelledby=\"{id}-t {id}-d\" \
          viewBox=\"0 0 {W} {h}\" width=\"100%\" preserveAspectRatio=\"xMinYMin meet\">\
-         <title id=\"{id}-t\">{}</title><desc id=\"{id}-d\">{}</desc>",
+         <title id=\"{id}-t\">{0}</title><desc id=\"{id}-d\">{1}</desc>",
         escape(title),
         escape(desc)
     );
@@ -246,9 +246,9 @@ pub fn bars(
 fn open(s: &mut String, id: &str, title: &str, desc: &str) {
     let _ = write!(
         s,
-        "<figure class=\"chart\"><svg id=\"{id}\" role=\"img\" aria-labelledby=\"{id}-t {id}-d\" \
-         viewBox=\"0 0 {W} {}\" width=\"100%\" preserveAspectRatio=\"xMinYMin meet\">\
-         <title id=\"{id}-t\">{}</title><desc id=\"{id}-d\">{}</desc>",
+        "<figure class=\"chart\"><figcaption>{1}</figcaption><svg id=\"{id}\" role=\"img\" aria-labelledby=\"{id}-t {id}-d\" \
+         viewBox=\"0 0 {W} {0}\" width=\"100%\" preserveAspectRatio=\"xMinYMin meet\">\
+         <title id=\"{id}-t\">{1}</title><desc id=\"{id}-d\">{2}</desc>",
         H + 24.0,
         escape(title),
         escape(desc)

@@ -12,8 +12,9 @@
 //! - Pages ([`pages`]): `/agents`, `/agents/<agent>`, `/experiments`, `/usage`; read-only: the
 //!   only POSTs are sign-in and sign-out. Charts are SVG drawn here ([`chart`]).
 //! - Every answer carries a strict Content-Security-Policy (no script at all, styles and images
-//!   from this origin), `X-Content-Type-Options`, `Referrer-Policy` and `Cache-Control:
-//!   no-store`. Assets (stylesheet, favicon) are embedded in the binary.
+//!   from this origin), `X-Content-Type-Options`, `Referrer-Policy: same-origin` (not
+//!   `no-referrer`: under it Chromium sends `Origin: null` on the page's own forms, which the
+//!   Origin check must refuse) and `Cache-Control: no-store`. Assets (stylesheet, favicon) are embedded in the binary.
 //! - Request bodies are capped ([`MAX_FORM_BYTES`]), headers by hyper's buffer; errors are a
 //!   short page, never internal text.
 
@@ -199,7 +200,7 @@ fn secure(res: &mut Response<Body>) {
         "x-content-type-options",
         HeaderValue::from_static("nosniff"),
     );
-    h.insert("referrer-policy", HeaderValue::from_static("no-referrer"));
+    h.insert("referrer-policy", HeaderValue::from_static("same-origin"));
     h.insert("x-frame-options", HeaderValue::from_static("DENY"));
     h.insert(
         "cross-origin-opener-policy",
