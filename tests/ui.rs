@@ -463,3 +463,66 @@ async fn ui_pages_sqlite() {
 async fn ui_pages_postgres() {
     pages_equal_grpc_and_refuse_what_they_should(Db::Postgres).await;
 }
+
+/// The one-agent page with a million signals stored (about 833,000 sessions, as many requests
+/// and signals again, over 28 days): how long the pages take, first (the analytics computed)
+/// and then (stored). Slow to fill (minutes in a debug build): run by hand,
+/// `cargo nextest run -E 'test(ui_million)' --run-ignored only --no-capture`;
+/// `NM_UI_BENCH_SIGNALS` changes the count. The numbers are in docs/ui.md.
+#[tokio::test]
+#[ignore = "fills a million signals: a measurement, run by hand"]
+async fn ui_million_signals_agent_page() {
+    use nm_controlplane::analytics::synthetic::{AgentSpec, ModelSpec, Path, generate_with};
+    let signals: usize = std::env::var("NM_UI_BENCH_SIGNALS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000);
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let url = format!("sqlite://{}/big.db?mode=rwc", dir.path().display());
+    let store = nm_controlplane::Store::connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let spec = AgentSpec::new(
+        "big-agent",
+        (signals as f64 / 1.2) as usize,
+        vec![
+            ModelSpec::new("openai", "gpt-4o", 0.72, 7_000),
+            ModelSpec::new("openai", "gpt-4o-mini", 0.70, 500),
+            ModelSpec::new("anthropic", "claude-3-5-haiku", 0.66, 1_500),
+        ],
+    );
+    let started = Instant::now();
+    let written = generate_with(
+        &store,
+        &[spec],
+        7,
+        nm_controlplane::now_ms(),
+        10_000,
+        Path::Direct,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    eprintln!("ui bench: stored {written:?} in {:?}", started.elapsed());
+    let _ = store.close().await;
+    let gw = TestGateway::builder()
+        .env("NM_DATABASE_URL", &url)
+        .env("NM_UI_ADDR", "127.0.0.1:0")
+        .start()
+        .await
+        .unwrap_or_else(|| panic!("no gateway"));
+    let mut b = Browser::new(&gw);
+    assert_eq!(b.sign_in(ADMIN_KEY).await.status, 303);
+    for round in [
+        "first (analytics computed)",
+        "second (stored)",
+        "third (stored)",
+    ] {
+        for path in ["/agents", "/agents/big-agent", "/usage", "/experiments"] {
+            let t = Instant::now();
+            let a = b.get(path).await;
+            assert_eq!(a.status, 200, "{path}");
+            eprintln!("ui bench: {round} {path} {:?}", t.elapsed());
+        }
+    }
+    gw.stop().await;
+}

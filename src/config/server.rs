@@ -41,13 +41,13 @@ declare! { Group::Server;
         env: "NM_UI_ADDR",
         file: Some(("ui_addr", super::decl::Kind::Str)),
         default: Default::Is(Lit::Str("127.0.0.1:8090")),
-        chart: Chart::No,
+        chart: Chart::Template,
     };
     /// the web page's link to a trace in the operator's tracing backend: a URL with `{trace_id}` (e.g. `http://jaeger:16686/trace/{trace_id}`); unset: no links
     UI_TRACE_URL: String => ui_trace_url, {
         env: "NM_UI_TRACE_URL",
         file: Some(("ui_trace_url", super::decl::Kind::Str)),
-        chart: Chart::No,
+        chart: Chart::Template,
     };
     /// benchmarks only: hot-path mechanisms to turn off, comma-separated (`deferred_completion`, `key_cache`, `worker_pools`, `timer_tick`; ARCHITECTURE.md, "Hot-path mechanisms")
     HOT_PATH_OFF: HotPath => hot_path_off, {
