@@ -162,22 +162,19 @@ async fn agents(c: &Call<'_>, query: &str) -> Page {
         .filter(|a| !a.unattributed)
         .take(MAX_ROWS)
     {
-        let analytics = s
-            .analytics
-            .get_recommendations(c.req(pb::GetRecommendationsRequest {
-                agent: a.agent.clone(),
-                refresh: false,
-            }))
-            .await?
-            .into_inner();
-        let signals = s
-            .agents
-            .get_agent_signals(c.req(pb::GetAgentSignalsRequest {
-                agent: a.agent.clone(),
-                ..Default::default()
-            }))
-            .await?
-            .into_inner();
+        let (analytics, signals) = tokio::join!(
+            s.analytics
+                .get_recommendations(c.req(pb::GetRecommendationsRequest {
+                    agent: a.agent.clone(),
+                    refresh: false,
+                })),
+            s.agents
+                .get_agent_signals(c.req(pb::GetAgentSignalsRequest {
+                    agent: a.agent.clone(),
+                    ..Default::default()
+                })),
+        );
+        let (analytics, signals) = (analytics?.into_inner(), signals?.into_inner());
         lines.push(AgentLine {
             summary: a,
             analytics,
@@ -331,22 +328,38 @@ fn sources_text(by_source: &[pb::SourceCounts]) -> String {
 
 async fn agent(c: &Call<'_>, name: &str) -> Page {
     let s = &c.ui.services;
-    let a = s
-        .analytics
-        .get_recommendations(c.req(pb::GetRecommendationsRequest {
-            agent: name.to_owned(),
-            refresh: false,
-        }))
-        .await?
-        .into_inner();
-    let signals = s
-        .agents
-        .get_agent_signals(c.req(pb::GetAgentSignalsRequest {
-            agent: name.to_owned(),
-            ..Default::default()
-        }))
-        .await?
-        .into_inner();
+    let rates = |dim: pb::OutcomeDimension| {
+        s.analytics
+            .get_outcome_rates(c.req(pb::GetOutcomeRatesRequest {
+                agent: name.to_owned(),
+                group_by: vec![dim as i32, pb::OutcomeDimension::Week as i32],
+                range: since(WEEKS * 7),
+                limit: 10_000,
+            }))
+    };
+    // The calls at once: each is a query of its own.
+    let (a, signals, by_model, by_provider, by_env) = tokio::join!(
+        s.analytics
+            .get_recommendations(c.req(pb::GetRecommendationsRequest {
+                agent: name.to_owned(),
+                refresh: false,
+            })),
+        s.agents
+            .get_agent_signals(c.req(pb::GetAgentSignalsRequest {
+                agent: name.to_owned(),
+                ..Default::default()
+            })),
+        rates(pb::OutcomeDimension::Model),
+        rates(pb::OutcomeDimension::Provider),
+        rates(pb::OutcomeDimension::Env),
+    );
+    let a = a?.into_inner();
+    let signals = signals?.into_inner();
+    let weekly = [
+        (by_model?.into_inner(), "model"),
+        (by_provider?.into_inner(), "provider"),
+        (by_env?.into_inner(), "env"),
+    ];
     let mut h = String::with_capacity(16 * 1024);
     let _ = write!(
         h,
@@ -388,21 +401,7 @@ async fn agent(c: &Call<'_>, name: &str) -> Page {
     recommendations(&mut h, &a, c.ui.trace_url.as_deref());
     // Success rate over time per arm.
     h.push_str("<section><h2>Success rate over time</h2><p>Weekly success rate of the agent's sessions per model, provider and env, with its 95% anytime-valid band (a confidence sequence: valid however often the page is looked at).</p>");
-    for (dim, label) in [
-        (pb::OutcomeDimension::Model, "model"),
-        (pb::OutcomeDimension::Provider, "provider"),
-        (pb::OutcomeDimension::Env, "env"),
-    ] {
-        let rates = s
-            .analytics
-            .get_outcome_rates(c.req(pb::GetOutcomeRatesRequest {
-                agent: name.to_owned(),
-                group_by: vec![dim as i32, pb::OutcomeDimension::Week as i32],
-                range: since(WEEKS * 7),
-                limit: 10_000,
-            }))
-            .await?
-            .into_inner();
+    for (rates, label) in &weekly {
         h.push_str(&weekly_chart(label, &rates.rows));
     }
     h.push_str("</section>");
@@ -797,12 +796,24 @@ async fn usage(c: &Call<'_>) -> Page {
             limit,
         }))
     };
-    let by_day = report(
-        vec![pb::UsageDimension::Day, pb::UsageDimension::Model],
-        10_000,
-    )
-    .await?
-    .into_inner();
+    // The five reports at once: each is one aggregate query of its own.
+    let (by_day, by_model, by_provider, by_agent, by_user) = tokio::join!(
+        report(
+            vec![pb::UsageDimension::Day, pb::UsageDimension::Model],
+            10_000,
+        ),
+        report(vec![pb::UsageDimension::Model], 20),
+        report(vec![pb::UsageDimension::Provider], 20),
+        report(vec![pb::UsageDimension::Agent], 20),
+        report(vec![pb::UsageDimension::User], 20),
+    );
+    let by_day = by_day?.into_inner();
+    let mut tables = vec![
+        (by_model?.into_inner(), "Model"),
+        (by_provider?.into_inner(), "Provider"),
+        (by_agent?.into_inner(), "Agent"),
+        (by_user?.into_inner(), "User"),
+    ];
     let mut h = String::with_capacity(16 * 1024);
     let total = by_day.total.clone().unwrap_or_default();
     let _ = write!(
@@ -874,13 +885,7 @@ async fn usage(c: &Call<'_>) -> Page {
         h.push_str("</section>");
     }
     h.push_str("<section><h2>Spend by model, provider, agent and user</h2>");
-    for (dim, label) in [
-        (pb::UsageDimension::Model, "Model"),
-        (pb::UsageDimension::Provider, "Provider"),
-        (pb::UsageDimension::Agent, "Agent"),
-        (pb::UsageDimension::User, "User"),
-    ] {
-        let r = report(vec![dim], 20).await?.into_inner();
+    for (r, label) in tables.drain(..) {
         let _ = write!(
             h,
             "<table class=\"list\" data-usage=\"{}\"><caption>By {} (last {USAGE_DAYS} days{})</caption><thead><tr><th scope=\"col\">{label}</th><th scope=\"col\">Requests</th><th scope=\"col\">Input tokens</th><th scope=\"col\">Output tokens</th><th scope=\"col\">Cost</th><th scope=\"col\">Errors</th></tr></thead><tbody>",
