@@ -263,6 +263,25 @@ async fn pages_equal_grpc_and_refuse_what_they_should(db: Db) {
         assert!(set.contains(attr), "{set}");
     }
     assert!(!set.contains(&viewer), "the key never goes into the cookie");
+    assert!(!set.contains("Secure"), "plain HTTP: no Secure");
+    let a = b
+        .send(
+            "POST",
+            "/sign-in",
+            &[
+                ("content-type", "application/x-www-form-urlencoded"),
+                ("origin", &b.origin.clone()),
+                ("x-forwarded-proto", "https"),
+            ],
+            &format!("key={}", percent(&viewer)),
+        )
+        .await;
+    assert!(
+        a.header("set-cookie")
+            .unwrap_or_default()
+            .contains("; Secure"),
+        "behind TLS: Secure"
+    );
 
     // Agents: each agent's figures equal the gRPC answers.
     let started = Instant::now();

@@ -469,6 +469,11 @@ async fn sign_in(ui: &Ui, req: Request<Incoming>) -> Response<Body> {
             "The sign-in must come from this page's own form.",
         );
     }
+    // Behind a TLS-terminating proxy (the page itself speaks plain HTTP), the cookie is Secure.
+    let tls = req
+        .headers()
+        .get("x-forwarded-proto")
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"https"));
     let fields = match form(req).await {
         Ok(f) => f,
         Err(res) => return res,
@@ -502,8 +507,9 @@ async fn sign_in(ui: &Ui, req: Request<Incoming>) -> Response<Body> {
         .start(key, info.id.clone(), info.role.to_string(), Instant::now());
     info!(key.id = %info.id, role = %info.role, "web page sign-in");
     let cookie = format!(
-        "{COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}",
-        session::TTL.as_secs()
+        "{COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{}",
+        session::TTL.as_secs(),
+        if tls { "; Secure" } else { "" }
     );
     redirect("/agents", HeaderValue::from_str(&cookie).ok())
 }
