@@ -47,6 +47,9 @@ pub struct Running {
     pub http_addr: Option<SocketAddr>,
     /// Where the controlplane listens (serve, controlplane).
     pub grpc_addr: Option<SocketAddr>,
+    /// Where the web page listens (serve, controlplane; unless off or its default address
+    /// was taken).
+    pub ui_addr: Option<SocketAddr>,
     /// The admin key generated for a fresh database, to show once.
     pub generated_admin_key: Option<String>,
     shutdown: watch::Sender<bool>,
@@ -88,12 +91,13 @@ pub async fn start_controlplane(settings: &Settings) -> anyhow::Result<Running> 
     let (shutdown, rx) = watch::channel(false);
     let telemetry = telemetry(settings, "nm-controlplane", None)?;
     let link_tracing = telemetry.as_ref().map(Telemetry::link);
-    let (_, grpc_addr, generated_admin_key, task) =
+    let (_, grpc_addr, ui_addr, generated_admin_key, task) =
         controlplane(settings, rx, link_tracing).await?;
     let task = flushed(task, telemetry);
     Ok(Running {
         http_addr: None,
         grpc_addr: Some(grpc_addr),
+        ui_addr,
         generated_admin_key,
         shutdown,
         task,
@@ -120,6 +124,7 @@ pub async fn start_dataplane(settings: &Settings) -> anyhow::Result<Running> {
     Ok(Running {
         http_addr: Some(http_addr),
         grpc_addr: None,
+        ui_addr: None,
         generated_admin_key: None,
         shutdown,
         task,
@@ -132,7 +137,7 @@ pub async fn start_serve(settings: &Settings) -> anyhow::Result<Running> {
     let metrics = Metrics::default();
     let telemetry = telemetry(settings, "nm-gateway", Some(&metrics))?;
     let link_tracing = telemetry.as_ref().map(Telemetry::link);
-    let (cp, grpc_addr, generated_admin_key, cp_task) =
+    let (cp, grpc_addr, ui_addr, generated_admin_key, cp_task) =
         controlplane(settings, cp_rx, link_tracing.clone()).await?;
     let counted = metrics.clone();
     cp.alerts
@@ -156,6 +161,7 @@ pub async fn start_serve(settings: &Settings) -> anyhow::Result<Running> {
     Ok(Running {
         http_addr: Some(http_addr),
         grpc_addr: Some(grpc_addr),
+        ui_addr,
         generated_admin_key,
         shutdown,
         task,
@@ -202,7 +208,13 @@ async fn controlplane(
     settings: &Settings,
     stop: watch::Receiver<bool>,
     tracing: Option<crate::otel::link::LinkTracing>,
-) -> anyhow::Result<(Controlplane, SocketAddr, Option<String>, Task)> {
+) -> anyhow::Result<(
+    Controlplane,
+    SocketAddr,
+    Option<SocketAddr>,
+    Option<String>,
+    Task,
+)> {
     let store = Store::connect(&settings.database_url).await?;
     let cp = Controlplane::open(store.clone(), stop.clone()).await?;
     let generated = cp
@@ -213,6 +225,10 @@ async fn controlplane(
         .await
         .with_context(|| format!("cannot listen on NM_GRPC_ADDR {}", settings.grpc_addr))?;
     let addr = listener.local_addr()?;
+    // The web page: its own listener, bound now so a given address that is taken stops the
+    // start; it calls the same admin services the gRPC server serves.
+    let ui_listener = crate::ui::bind(&settings.ui).await?;
+    let ui_addr = ui_listener.as_ref().and_then(|l| l.local_addr().ok());
     let tls = if settings.grpc_tls.is_some() {
         "TLS"
     } else {
@@ -256,17 +272,26 @@ async fn controlplane(
         stop.clone(),
     );
     let served_cp = cp.clone();
+    let providers = Arc::new(provider_catalogue(
+        &settings.registry,
+        &settings.operator_credentials,
+    ));
+    let ui = ui_listener.map(|l| {
+        let services = crate::ui::Services::new(&cp, providers.clone());
+        let ui = Arc::new(crate::ui::Ui::new(services, &settings.ui));
+        tokio::spawn(crate::ui::serve(ui, l, signalled(stop.clone())))
+    });
     let options = server::Options {
         link_secret: settings.link_secret.clone(),
         tls: settings.grpc_tls.clone(),
         tracing,
-        providers: Arc::new(provider_catalogue(
-            &settings.registry,
-            &settings.operator_credentials,
-        )),
+        providers,
     };
     let task = tokio::spawn(async move {
         let served = server::serve(served_cp, options, listener, signalled(stop)).await;
+        if let Some(ui) = ui {
+            let _ = ui.await;
+        }
         if let Some(scheduler) = scheduler {
             scheduler.abort();
             let _ = scheduler.await;
@@ -291,7 +316,7 @@ async fn controlplane(
         info!("controlplane stopped");
         served
     });
-    Ok((cp, addr, generated.map(|k| k.secret), task))
+    Ok((cp, addr, ui_addr, generated.map(|k| k.secret), task))
 }
 
 /// What experiments may know of the configured providers: each one's wire format and whether

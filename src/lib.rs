@@ -1,7 +1,7 @@
 //! nm-gateway: the binary's library. It wires the two halves together — the dataplane
 //! (`nm-dataplane`, HTTP proxy) and the controlplane (`nm-controlplane`, storage) — and owns
 //! everything between them and the outside: settings ([`config`]), logging ([`telemetry`]), gRPC
-//! ([`grpc`]), the process shapes ([`app`]), the admin CLI ([`cli`]) and the demo data ([`demo`]).
+//! ([`grpc`]), the process shapes ([`app`]), the admin CLI ([`cli`]), the web page ([`ui`]) and the demo data ([`demo`]).
 
 #![forbid(unsafe_code)]
 
@@ -18,4 +18,5 @@ pub mod limits;
 pub mod link;
 pub mod otel;
 pub mod telemetry;
+pub mod ui;
 pub mod webhooks;

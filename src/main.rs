@@ -333,6 +333,7 @@ async fn run(cli: Cli) -> ExitCode {
 
     let running = match app::start(&settings).await {
         Ok(r) => r,
+        Err(e) if e.is::<UsageError>() => return usage(&e.to_string()),
         Err(e) => {
             tracing::error!(error = format!("{e:#}"), "startup failed");
             telemetry::flush();

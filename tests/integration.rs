@@ -32,4 +32,6 @@ mod routes;
 mod sdk;
 mod signals;
 mod streaming;
+mod ui;
+mod ui_browser;
 mod usage;

@@ -1037,3 +1037,83 @@ impl Drop for ImmutableFiles {
         }
     }
 }
+
+/// The web page's default address taken (another gateway on this machine): one WARN line, and
+/// the gateway runs without the page. The same address given explicitly: exit 64 naming
+/// `NM_UI_ADDR`.
+#[tokio::test]
+async fn ui_default_address_taken_warns_an_explicit_one_exits_64() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    // Hold the default address (if something else already holds it, it is taken all the same).
+    let _held = std::net::TcpListener::bind("127.0.0.1:8090");
+    let p = Proc::spawn(
+        &["serve"],
+        &[
+            ("NM_HTTP_ADDR", "127.0.0.1:0"),
+            ("NM_GRPC_ADDR", "127.0.0.1:0"),
+            ("NM_BOOTSTRAP_KEY", KEY),
+        ],
+        dir.path(),
+    );
+    let http = p.listening("dataplane HTTP").await;
+    let warned = |err: &str| {
+        err.lines()
+            .filter(|l| l.contains("WARN") && l.contains("default address 127.0.0.1:8090 is taken"))
+            .count()
+    };
+    eventually(Duration::from_secs(10), "the WARN line", || async {
+        (warned(&p.stderr()) == 1).then_some(())
+    })
+    .await;
+    assert!(!p.stderr().contains("web page listening"), "{}", p.stderr());
+    let a = read(
+        send(
+            &client(),
+            request(
+                "GET",
+                &format!("http://{http}/health"),
+                &[],
+                bytes::Bytes::new(),
+            ),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(a.status, 200, "the gateway runs on");
+    drop(p);
+
+    // An explicit address that cannot be bound.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+    let addr = taken
+        .local_addr()
+        .unwrap_or_else(|e| panic!("{e}"))
+        .to_string();
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let mut p = Proc::spawn(
+        &["serve"],
+        &[
+            ("NM_HTTP_ADDR", "127.0.0.1:0"),
+            ("NM_GRPC_ADDR", "127.0.0.1:0"),
+            ("NM_BOOTSTRAP_KEY", KEY),
+            ("NM_UI_ADDR", &addr),
+        ],
+        dir.path(),
+    );
+    assert_eq!(p.exit_code().await, 64, "{}", p.stderr());
+    assert!(p.stderr().contains("NM_UI_ADDR"), "{}", p.stderr());
+    // `off`: no page, no warning.
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let p = Proc::spawn(
+        &["serve"],
+        &[
+            ("NM_HTTP_ADDR", "127.0.0.1:0"),
+            ("NM_GRPC_ADDR", "127.0.0.1:0"),
+            ("NM_BOOTSTRAP_KEY", KEY),
+            ("NM_UI_ADDR", "off"),
+        ],
+        dir.path(),
+    );
+    p.listening("dataplane HTTP").await;
+    assert_eq!(warned(&p.stderr()), 0);
+    assert!(!p.stderr().contains("web page listening"));
+}

@@ -192,6 +192,20 @@ pub struct Settings {
     pub retention: nm_controlplane::retention::Retention,
     /// The scheduled export (`NM_EXPORT_TO`), run by the controlplane; `None`: off.
     pub export: Option<crate::export::Schedule>,
+    /// The web page (`NM_UI_ADDR`, `NM_UI_TRACE_URL`).
+    pub ui: UiSettings,
+}
+
+/// Where the web page listens and what it links to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UiSettings {
+    /// `None`: `off`.
+    pub addr: Option<SocketAddr>,
+    /// Set by the operator (a failure to bind stops the start), not the default (a failure to
+    /// bind is a warning).
+    pub explicit: bool,
+    /// A URL template with `{trace_id}`.
+    pub trace_url: Option<String>,
 }
 
 /// A secret setting: never printed by `Debug`.
@@ -428,5 +442,10 @@ pub fn resolve(
             signals: src.opt(&storage::RETENTION_SIGNALS)?,
         },
         export: export::schedule(&src, env)?,
+        ui: UiSettings {
+            addr: src.get(&server::UI_ADDR)?,
+            explicit: src.opt(&server::UI_ADDR)?.is_some(),
+            trace_url: src.opt(&server::UI_TRACE_URL)?,
+        },
     })
 }

@@ -125,6 +125,8 @@ impl Builder {
         self.env
             .entry("NM_GRPC_ADDR".into())
             .or_insert("127.0.0.1:0".into());
+        // Many gateways run at once on this machine: the web page only where a test asks.
+        self.env.entry("NM_UI_ADDR".into()).or_insert("off".into());
         self.env
             .entry("NM_SHUTDOWN_GRACE_SECS".into())
             .or_insert("5".into());
@@ -180,6 +182,7 @@ impl Builder {
             .iter()
             .find_map(|r| r.grpc_addr)
             .unwrap_or_else(|| panic!("no controlplane"));
+        let ui = running.iter().find_map(|r| r.ui_addr);
         let mut dp_env = self.env.clone();
         dp_env.insert("NM_CONTROLPLANE_URL".into(), cp_url(grpc));
         dp_env
@@ -189,6 +192,7 @@ impl Builder {
         let gw = TestGateway {
             http,
             grpc,
+            ui,
             db_url,
             db: self.db,
             shape: self.shape,
@@ -227,6 +231,8 @@ pub async fn fresh_postgres_db() -> Option<String> {
 pub struct TestGateway {
     pub http: SocketAddr,
     pub grpc: SocketAddr,
+    /// The web page's address, when the test set `NM_UI_ADDR` (default here: off).
+    pub ui: Option<SocketAddr>,
     pub db_url: String,
     pub db: Db,
     pub shape: Shape,
