@@ -126,6 +126,9 @@ async fn service_key(gw: &TestGateway, name: &str, labels: &[(&str, &str)]) -> (
     (id, secret)
 }
 
+/// A key, headers, a body, and the refusal's words.
+type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'static str, &'a str);
+
 /// Each level refuses with its name: one request per minute on an agent, a model, an env, a
 /// key, a label, an end user, then the default for keys; the second request of each is
 /// refused `rate_limited`, naming the budget, with `Retry-After`.
@@ -157,7 +160,7 @@ async fn each_level_refuses_with_its_name(db: Db) {
 
     let mini = r#"{"model":"gpt-4o-mini","max_tokens":10,"messages":[]}"#;
     let key_says = format!("the key {key_id} budget allows 1 requests per minute");
-    let cases: [(&str, &[(&str, &str)], &str, &str); 6] = [
+    let cases: [Case<'_>; 6] = [
         (
             ADMIN_KEY,
             &[("nm-agent", "ag-levels")],
