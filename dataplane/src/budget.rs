@@ -1295,6 +1295,204 @@ mod tests {
         assert!(b.admit(&user("u"), "r5", 0, 0, next).is_ok());
     }
 
+    #[test]
+    fn a_request_passes_every_budget_that_applies_and_a_refusal_names_its_own() {
+        let b = Budgets::default();
+        let rpm = |n| BudgetRule {
+            limit_micros: None,
+            period: Period::Day,
+            requests_per_minute: Some(n),
+            limit_tokens: None,
+            tokens_per_minute: None,
+        };
+        b.apply_feed(Feed {
+            epoch: 1,
+            full: true,
+            default: Some(rpm(100)),
+            default_key: Some(rpm(100)),
+            overrides: vec![
+                (Scope::new(ScopeKind::Agent, "bot"), rpm(3)),
+                (Scope::new(ScopeKind::Label, "team=a"), rpm(2)),
+                (
+                    Scope::new(ScopeKind::Model, "m"),
+                    BudgetRule::usd(1_000, Period::Week),
+                ),
+            ],
+            label_keys: vec![("team=a".to_owned(), vec!["k1".to_owned()])],
+            day: day_of(NOW),
+            month: month_of_day(day_of(NOW)),
+            ..Default::default()
+        });
+        let who = |key, agent| Who {
+            key,
+            agent: Some(agent),
+            model: Some("m"),
+            env: None,
+            user: Some("u"),
+        };
+        let grant_all = |b: &Budgets| {
+            let req = b.lease_request("t", NOW);
+            let granted = req.claims.iter().map(|c| c.want.max(1) * 1_000).collect();
+            b.apply_grants(
+                &req,
+                &LeaseResponse {
+                    granted,
+                    ttl_ms: 60_000,
+                },
+                NOW,
+            );
+        };
+        // Admits, with a lease round granting everything when a lease is missing.
+        let admit = |b: &Budgets, w: &Who<'_>, id: &str| match b.admit(w, id, 10, 0, NOW) {
+            Err(Refusal::NoLease { .. } | Refusal::LeaseExpired) => {
+                grant_all(b);
+                b.admit(w, id, 10, 0, NOW)
+            }
+            other => other,
+        };
+        // The first admission asks for every lease: agent, label, model, key, user.
+        assert_eq!(
+            b.admit(&who("k1", "bot"), "r0", 10, 0, NOW).err(),
+            Some(Refusal::LeaseExpired)
+        );
+        grant_all(&b);
+        let kinds: std::collections::BTreeSet<_> = b
+            .lease_request("t", NOW)
+            .claims
+            .iter()
+            .map(|c| c.key.scope.kind)
+            .collect();
+        assert_eq!(kinds.len(), 5, "{kinds:?}");
+        grant_all(&b);
+        let mut held = Vec::new();
+        for i in 0..2 {
+            held.push(
+                b.admit(&who("k1", "bot"), &format!("r{i}"), 10, 0, NOW)
+                    .unwrap()
+                    .unwrap(),
+            );
+        }
+        // The label (two a minute) refuses k1's third; another key without the label passes,
+        // until the agent's three.
+        match b.admit(&who("k1", "bot"), "r2", 10, 0, NOW) {
+            Err(Refusal::Over {
+                budget,
+                limit: Limit::Rpm(2),
+                ..
+            }) => {
+                assert_eq!(
+                    budget,
+                    BudgetName {
+                        scope: Scope::new(ScopeKind::Label, "team=a"),
+                        default: false
+                    }
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        held.push(admit(&b, &who("k2", "bot"), "r3").unwrap().unwrap());
+        match admit(&b, &who("k2", "bot"), "r4") {
+            Err(Refusal::Over {
+                budget,
+                limit: Limit::Rpm(3),
+                ..
+            }) => {
+                assert_eq!(budget.scope, Scope::new(ScopeKind::Agent, "bot"));
+            }
+            other => panic!("{other:?}"),
+        }
+        // Another agent on k2: the model's weekly dollars (1,000 µ$) are spent by the three.
+        for r in held {
+            r.settle(400, 0);
+        }
+        match admit(&b, &who("k2", "other"), "r5") {
+            Err(Refusal::Over {
+                budget,
+                limit: Limit::Usd(1_000, Period::Week),
+                ..
+            }) => {
+                assert_eq!(budget.scope, Scope::new(ScopeKind::Model, "m"));
+            }
+            other => panic!("{other:?}"),
+        }
+        // No budget applies to a request of another model without a user on a default-less
+        // key: nothing is reserved.
+        let free = Budgets::default();
+        free.apply_feed(Feed {
+            epoch: 1,
+            full: true,
+            ..Default::default()
+        });
+        assert!(matches!(
+            free.admit(
+                &Who {
+                    key: "k",
+                    model: Some("x"),
+                    ..Who::default()
+                },
+                "r",
+                1,
+                1,
+                NOW
+            ),
+            Ok(None)
+        ));
+    }
+
+    #[test]
+    fn token_limits_reserve_and_settle_tokens() {
+        let b = Budgets::default();
+        b.apply_feed(Feed {
+            epoch: 1,
+            full: true,
+            overrides: vec![(
+                Scope::new(ScopeKind::Agent, "bot"),
+                BudgetRule {
+                    limit_micros: None,
+                    period: Period::Day,
+                    requests_per_minute: None,
+                    limit_tokens: Some(10_000),
+                    tokens_per_minute: Some(700),
+                },
+            )],
+            day: day_of(NOW),
+            month: month_of_day(day_of(NOW)),
+            ..Default::default()
+        });
+        let who = Who {
+            key: "k",
+            agent: Some("bot"),
+            ..Who::default()
+        };
+        let _ = b.admit(&who, "r0", 0, 600, NOW);
+        let req = b.lease_request("t", NOW);
+        let units: Vec<_> = req.claims.iter().map(|c| c.key.unit).collect();
+        assert!(units.contains(&LeaseUnit::Tokens) && units.contains(&LeaseUnit::MinuteTokens));
+        let granted = req.claims.iter().map(|_| 10_000).collect();
+        b.apply_grants(
+            &req,
+            &LeaseResponse {
+                granted,
+                ttl_ms: 60_000,
+            },
+            NOW,
+        );
+        // 600 reserved: a second fits (600 < 700), a third does not (1,200 per minute).
+        let r1 = b.admit(&who, "r1", 0, 600, NOW).unwrap().unwrap();
+        let r2 = b.admit(&who, "r2", 0, 600, NOW).unwrap().unwrap();
+        assert!(matches!(
+            b.admit(&who, "r3", 0, 600, NOW),
+            Err(Refusal::Over {
+                limit: Limit::Tpm(700),
+                ..
+            })
+        ));
+        // Short answers give the tokens back: 2 x 100 metered.
+        r1.settle(0, 100);
+        r2.settle(0, 100);
+        assert!(b.admit(&who, "r4", 0, 600, NOW).is_ok());
+    }
+
     proptest::proptest! {
         /// The running totals always equal a sum over the entries, whatever the order of
         /// admits, settlements, deliveries and retirements, across minute and day boundaries.
