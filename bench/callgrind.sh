@@ -30,6 +30,9 @@
 # unscoped bootstrap key: what the scope check costs. BUDGETS=0 sets no budget (requests skip
 # the budget path); the default, BUDGETS=1, a default end-user budget (dollars a day and
 # requests a minute, both far from reached) that every request passes, leases included.
+# BUDGETS=2..5 add budgets every request must also pass, each far from reached: the agent
+# `bench`, the model `gpt-4o-mini`, the default for keys, the env `production`. NM_ENV_HEADER=E
+# sends `NM-Env: E` with every request (give it to every run compared with BUDGETS=5).
 # Needs valgrind and wrk (Debian: apt-get install valgrind wrk). Prints the requests served, the
 # user-space instructions per request, and the costliest functions (inclusive).
 set -euo pipefail
@@ -77,10 +80,17 @@ listening() {
   done
   echo "callgrind.sh: no \"$2 listening\" in $1" >&2; cat "$1" >&2; exit 1
 }
-budget() {  # a budget rule, so every request takes the budget path (BUDGETS=0: none)
-  [ "${BUDGETS:-1}" = 0 ] && return 0
-  NM_CONTROLPLANE_URL=http://$1 NM_ADMIN_KEY=$key "$gateway" budgets set \
-    --default --usd-per-day 1000000 --rpm 1000000 >/dev/null
+budget() {  # budget rules every request passes (BUDGETS=0: none; N: the first N scopes)
+  local n=${BUDGETS:-1} i=0 scope
+  for scope in "--default" "--agent bench" "--model gpt-4o-mini" "--default-key" "--env production"; do
+    [ "$i" -ge "$n" ] && break
+    # shellcheck disable=SC2086
+    NM_CONTROLPLANE_URL=http://$1 NM_ADMIN_KEY=$key "$gateway" budgets set \
+      $scope --usd-per-day 1000000 --rpm 1000000 >/dev/null
+    i=$((i + 1))
+  done
+  [ "$n" -gt 0 ] && sleep 2   # every dataplane has the rules (a full state on change)
+  return 0
 }
 
 case "$target" in
@@ -161,6 +171,7 @@ wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer sk-bench"
 wrk.headers["NM-Key"] = "$reqkey"
 wrk.headers["NM-Agent"] = "bench"
+if "${NM_ENV_HEADER:-}" ~= "" then wrk.headers["NM-Env"] = "${NM_ENV_HEADER:-}" end
 sessions = $sessions
 n = 0
 request = function()

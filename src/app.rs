@@ -365,6 +365,7 @@ async fn dataplane(
         version: crate::VERSION,
         prices: settings.prices.clone(),
         reserve_output_tokens: settings.reserve_output_tokens,
+        tpm_default_max_tokens: settings.tpm_default_max_tokens,
         key_verifier,
         conn_limits: nm_dataplane::conns::ConnLimits {
             max_connections: crate::limits::connection_cap(settings.conn_limits.max_connections),

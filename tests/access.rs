@@ -498,6 +498,7 @@ async fn a_viewer_reads_but_changes_nothing_and_a_service_key_reads_nothing() {
                     key,
                     pb::GetBudgetRequest {
                         user_id: "u1".into(),
+                        ..Default::default()
                     },
                 ))
                 .await
@@ -733,6 +734,7 @@ async fn audit_trail(db: Db, shape: Shape) {
                 limit_micros: Some(5_000_000),
                 period: pb::BudgetPeriod::Day as i32,
                 requests_per_minute: None,
+                ..Default::default()
             },
         ))
         .await);
@@ -741,6 +743,7 @@ async fn audit_trail(db: Db, shape: Shape) {
             ADMIN_KEY,
             pb::DeleteBudgetRequest {
                 user_id: Some("alice".into()),
+                ..Default::default()
             },
         ))
         .await);

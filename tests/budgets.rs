@@ -29,6 +29,7 @@ async fn set_default(gw: &TestGateway, limit_micros: Option<u64>, rpm: Option<u3
             limit_micros,
             period: pb::BudgetPeriod::Day.into(),
             requests_per_minute: rpm,
+            ..Default::default()
         }))
         .await
         .unwrap_or_else(|e| panic!("set budget: {e}"));
@@ -39,6 +40,7 @@ async fn spent_today(gw: &TestGateway, user: &str) -> u64 {
     client
         .get_budget(admin(pb::GetBudgetRequest {
             user_id: user.to_owned(),
+            ..Default::default()
         }))
         .await
         .unwrap_or_else(|e| panic!("get budget: {e}"))
@@ -448,6 +450,7 @@ async fn status(gw: &TestGateway, user: &str) -> pb::BudgetStatus {
     BudgetsClient::new(gw.grpc_channel().await)
         .get_budget(admin(pb::GetBudgetRequest {
             user_id: user.to_owned(),
+            ..Default::default()
         }))
         .await
         .unwrap_or_else(|e| panic!("get budget: {e}"))
@@ -604,6 +607,7 @@ async fn an_idle_dataplane_gets_a_new_lease() {
             let s = budgets
                 .get_budget(admin(pb::GetBudgetRequest {
                     user_id: "jack".into(),
+                    ..Default::default()
                 }))
                 .await
                 .ok()?

@@ -7,6 +7,7 @@ mod access;
 mod alerts;
 mod analytics;
 mod answer_signals;
+mod budget_levels;
 mod budgets;
 mod docs;
 mod errors;

@@ -149,6 +149,7 @@ async fn nothing_stored(gw: &TestGateway) {
     let spent = budgets
         .get_budget(admin(pb::GetBudgetRequest {
             user_id: "victim".to_owned(),
+            ..Default::default()
         }))
         .await
         .unwrap_or_else(|e| panic!("{e}"))
@@ -562,6 +563,7 @@ async fn serve_split_and_split_over_tls_run_the_same_flow() {
                 limit_micros: Some(5_000),
                 period: pb::BudgetPeriod::Day.into(),
                 requests_per_minute: None,
+                ..Default::default()
             }))
             .await
             .unwrap();

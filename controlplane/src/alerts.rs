@@ -690,7 +690,7 @@ impl Alerts {
                         e = events.recv() => e,
                         _ = shutdown.wait_for(|stop| *stop) => break,
                     };
-                    let users: Vec<String> = match event {
+                    let scopes: Vec<nm_types::budget::Scope> = match event {
                         Ok(crate::budgets::FeedEvent::Delta(d)) => {
                             d.spend.iter().map(|(u, _)| u.clone()).collect()
                         }
@@ -698,8 +698,8 @@ impl Alerts {
                         Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
                         Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
                     };
-                    for user in users {
-                        if let Err(e) = this.check_budget(&budgets, &user, &mut announced).await {
+                    for scope in scopes {
+                        if let Err(e) = this.check_budget(&budgets, &scope, &mut announced).await {
                             warn!(error = %e, "budget alert not stored");
                         }
                     }
@@ -709,31 +709,30 @@ impl Alerts {
         )
     }
 
-    /// Emits the crossings of `user`'s budget not yet announced.
+    /// Emits the crossings of `scope`'s budget not yet announced.
     async fn check_budget(
         &self,
         budgets: &crate::Budgets,
-        user: &str,
+        scope: &nm_types::budget::Scope,
         announced: &mut std::collections::HashSet<String>,
     ) -> Result<()> {
         let now = now_ms();
-        let status = budgets.status(user, now)?;
+        let status = budgets.status(scope, now)?;
         let Some(budget) = &status.budget else {
             return Ok(());
         };
         let Some(limit) = budget.rule.limit_micros.filter(|l| *l > 0) else {
             return Ok(());
         };
-        let (spent, period) = match budget.rule.period {
-            nm_types::budget::Period::Day => (status.day_micros, "day"),
-            nm_types::budget::Period::Month => (status.month_micros, "month"),
-        };
+        let period = budget.rule.period.as_str();
+        let (spent, _) = status.spend.in_period(budget.rule.period);
+        let (kind, user) = (scope.kind.as_str(), scope.value.as_str());
         let index = budget.rule.period.index_of(now);
         for pct in BUDGET_THRESHOLDS {
             if u128::from(spent) * 100 < u128::from(limit) * u128::from(pct) {
                 break;
             }
-            let dedupe = format!("budget:user:{user}:{period}:{index}:{pct}");
+            let dedupe = format!("budget:{kind}:{user}:{period}:{index}:{pct}");
             if !announced.insert(dedupe.clone()) {
                 continue;
             }
@@ -742,15 +741,22 @@ impl Alerts {
             } else {
                 "their own budget"
             };
+            let who = if scope.kind == nm_types::budget::ScopeKind::User {
+                "end user"
+            } else {
+                kind
+            };
             let data = json!({
-                "budget": if status.is_default { "default" } else { "user" },
-                "user_id": user,
+                "budget": if status.is_default { "default" } else { kind },
+                "scope": kind,
+                "scope_value": user,
+                "user_id": (scope.kind == nm_types::budget::ScopeKind::User).then_some(user),
                 "period": period,
                 "threshold_percent": pct,
                 "spent_micros": spent,
                 "limit_micros": limit,
                 "message": format!(
-                    "end user {user} has spent {pct}% or more of {whose} ({} of {} this {period})",
+                    "{who} {user} has spent {pct}% or more of {whose} ({} of {} this {period})",
                     nm_types::money::format_usd(spent),
                     nm_types::money::format_usd(limit),
                 ),
@@ -876,15 +882,26 @@ mod tests {
             limit_micros: Some(100_000),
             period: nm_types::budget::Period::Day,
             requests_per_minute: None,
+            limit_tokens: None,
+            tokens_per_minute: None,
         };
-        budgets.set("key_admin", None, rule, now).await.unwrap();
+        budgets
+            .set(
+                "key_admin",
+                nm_types::budget::Subject::DefaultUser,
+                rule,
+                now,
+            )
+            .await
+            .unwrap();
         let alerts = Alerts::new(store.clone());
         let (_stop, shutdown) = watch::channel(false);
         let task = alerts.spawn_budget_watch(&budgets, shutdown);
         let spend = |micros: u64| crate::budgets::SpendItem {
-            user_id: "user-7".to_owned(),
+            scopes: vec![nm_types::budget::Scope::user("user-7")],
             started_at_ms: now_ms(),
             micros,
+            tokens: 0,
         };
         let events = || async {
             let sql = Sql::new(

@@ -1,57 +1,62 @@
-//! End-user budgets: the rules admins set, and every end user's spend in the current UTC day
-//! and month, fed to the dataplanes that enforce them.
+//! Budgets at every level: the rules admins set (for a key, a key label, an agent, a model, an
+//! env, an end user, and the defaults for keys and end users), and every scope's spend in the
+//! current UTC day, week and month, fed to the dataplanes that enforce them.
 //!
-//! The database is the source of truth: rules live in `budgets`, spend in the `user_spend` daily
-//! rollup, written in the same transaction as the request records it sums. In memory the
-//! controlplane keeps the current periods' totals and a sequence number, `seq`, that grows with
-//! every ingested batch ([`Budgets::apply`], called after the batch commits). Dataplanes watch a
-//! feed ([`Budgets::subscribe`]): a full state, then per-batch deltas naming the users whose spend
+//! The database is the source of truth: rules live in `budgets`, spend in the `budget_spend`
+//! daily rollup per scope, written in the same transaction as the request records it sums. A
+//! label's spend is its keys' spend (the keys holding the label now). In memory the controlplane
+//! keeps the current periods' totals and a sequence number, `seq`, that grows with every ingested
+//! batch ([`Budgets::apply`], called after the batch commits). Dataplanes watch a feed
+//! ([`Budgets::subscribe`]): a full state, then per-batch deltas naming the scopes whose spend
 //! changed. An ingest acknowledgement carries `(epoch, seq)`, so a dataplane knows when its own
 //! records' spend has reached the feed and can stop counting them locally.
 //!
 //! `epoch` is random per process start: after a restart, the feed's full state (reloaded from
 //! the database) includes everything committed before, whatever the old sequence numbers were.
+//!
+//! Every budget is enforced through the same leases ([`Budgets::lease`]), keyed by (scope,
+//! unit, period): see docs/budgets.md for the bound they give across dataplanes.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use nm_types::budget::{
-    BudgetRule, LeaseKey, LeaseRequest, LeaseResponse, LeaseUnit, MINUTE_MS, Period, day_of,
-    first_day_of_month, grant, minute_of, month_of_day,
+    BudgetRule, LeaseKey, LeaseRequest, LeaseResponse, LeaseUnit, MINUTE_MS, Period, Scope,
+    ScopeKind, Subject, check_scope_value, day_of, first_day_of_month, first_day_of_week, grant,
+    minute_of, month_of_day, week_of_day,
 };
-use nm_types::parse_user;
 use sea_orm::sea_query::{Expr, OnConflict};
 use sea_orm::{ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter};
 use tokio::sync::broadcast;
 
 use crate::error::{Error, Result};
 use crate::store::Store;
-use crate::store::entity::{budget, user_spend};
+use crate::store::entity::{api_key, budget, budget_spend};
 
-const DEFAULT_SUBJECT: &str = "default";
-const USER_PREFIX: &str = "user:";
 /// Deltas a slow watcher may fall behind before it is sent a full state instead.
 const FEED_BUFFER: usize = 1024;
 /// How long a dataplane's claims count without a new report: past it, the dataplane is taken
 /// for gone and its unused lease is free again (it stops spending it by then too).
 pub const LEASE_TTL_MS: u64 = 5_000;
 
-/// A budget as stored: for the default (`user_id` None) or one end user.
+/// A budget as stored: for a scope or one of the defaults.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredBudget {
-    pub user_id: Option<String>,
+    pub subject: Subject,
     pub rule: BudgetRule,
     pub updated_at_ms: i64,
 }
 
 pub use nm_types::budget::Spend;
 
-/// One freshly stored record that counts toward a budget.
+/// One freshly stored record that counts toward budgets: the scopes it belongs to (its key,
+/// agent, model, env and end user; labels follow from the key).
 #[derive(Debug, Clone)]
 pub struct SpendItem {
-    pub user_id: String,
+    pub scopes: Vec<Scope>,
     pub started_at_ms: i64,
     pub micros: u64,
+    pub tokens: u64,
 }
 
 /// Everything a dataplane needs at once.
@@ -62,17 +67,19 @@ pub struct FullState {
     pub day: i64,
     pub month: i64,
     pub budgets: Vec<StoredBudget>,
-    pub spend: Vec<(String, Spend)>,
+    /// The key ids holding each label a budget names.
+    pub label_keys: Vec<(String, Vec<String>)>,
+    pub spend: Vec<(Scope, Spend)>,
 }
 
-/// The users whose spend changed with one batch (their new totals).
+/// The scopes whose spend changed with one batch (their new totals).
 #[derive(Debug, Clone)]
 pub struct SpendDelta {
     pub epoch: u64,
     pub seq: u64,
     pub day: i64,
     pub month: i64,
-    pub spend: Vec<(String, Spend)>,
+    pub spend: Vec<(Scope, Spend)>,
 }
 
 /// What watchers hear.
@@ -83,12 +90,27 @@ pub enum FeedEvent {
     Reset,
 }
 
-/// A user's budget and spend, for `budgets show`.
+/// One limit of a budget now: the limit, what is spent, what remains, when the period ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitStatus {
+    pub unit: LeaseUnit,
+    pub limit: u64,
+    pub spent: u64,
+    pub remaining: u64,
+    pub period_end_ms: i64,
+    /// The dataplanes' claims on it, and how many hold one.
+    pub leased: u64,
+    pub holders: u32,
+}
+
+/// A scope's budget and spend, for `budgets show`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BudgetStatus {
-    pub user_id: String,
+    pub scope: Scope,
     pub budget: Option<StoredBudget>,
     pub is_default: bool,
+    pub spend: Spend,
+    pub limits: Vec<LimitStatus>,
     pub day_micros: u64,
     pub month_micros: u64,
     pub remaining_micros: Option<u64>,
@@ -103,12 +125,68 @@ struct State {
     epoch: u64,
     seq: u64,
     day: i64,
+    week: i64,
     month: i64,
-    default: Option<StoredBudget>,
-    overrides: BTreeMap<String, StoredBudget>,
-    spend: HashMap<String, Spend>,
+    rules: BTreeMap<Subject, StoredBudget>,
+    spend: HashMap<Scope, Spend>,
+    /// Labels named by a budget: the keys holding each, and per key its such labels.
+    label_keys: BTreeMap<String, Vec<String>>,
+    key_labels: HashMap<String, Vec<String>>,
     /// Each live dataplane process's claims, by its instance id.
     holders: HashMap<u64, Holder>,
+}
+
+impl State {
+    /// The budget in force for `scope`: its own, else the default for keys or end users.
+    fn rule_for(&self, scope: &Scope) -> Option<(&StoredBudget, bool)> {
+        if let Some(b) = self.rules.get(&Subject::Scope(scope.clone())) {
+            return Some((b, false));
+        }
+        let default = match scope.kind {
+            ScopeKind::User => Subject::DefaultUser,
+            ScopeKind::Key => Subject::DefaultKey,
+            _ => return None,
+        };
+        self.rules.get(&default).map(|b| (b, true))
+    }
+
+    /// The current period of `unit` under `rule`.
+    fn current(&self, unit: LeaseUnit, rule: &BudgetRule, now_ms: i64) -> i64 {
+        if unit.per_minute() {
+            minute_of(now_ms)
+        } else {
+            rule.period.index_of_day(self.day)
+        }
+    }
+
+    /// A label's spend: its keys' spend.
+    fn label_spend(&self, label: &str) -> Spend {
+        let mut total = Spend::default();
+        for key in self.label_keys.get(label).into_iter().flatten() {
+            if let Some(s) = self.spend.get(&Scope::new(ScopeKind::Key, key.as_str())) {
+                add_spend(&mut total, s);
+            }
+        }
+        total
+    }
+}
+
+fn add_spend(total: &mut Spend, s: &Spend) {
+    total.day_micros = total.day_micros.saturating_add(s.day_micros);
+    total.week_micros = total.week_micros.saturating_add(s.week_micros);
+    total.month_micros = total.month_micros.saturating_add(s.month_micros);
+    total.day_tokens = total.day_tokens.saturating_add(s.day_tokens);
+    total.week_tokens = total.week_tokens.saturating_add(s.week_tokens);
+    total.month_tokens = total.month_tokens.saturating_add(s.month_tokens);
+    if s.minute > total.minute {
+        total.minute = s.minute;
+        total.minute_requests = 0;
+        total.minute_tokens = 0;
+    }
+    if s.minute == total.minute {
+        total.minute_requests = total.minute_requests.saturating_add(s.minute_requests);
+        total.minute_tokens = total.minute_tokens.saturating_add(s.minute_tokens);
+    }
 }
 
 /// One dataplane process's claims, as it last reported them plus what was granted since.
@@ -126,50 +204,62 @@ pub struct Budgets {
 }
 
 impl Budgets {
-    /// Loads the rules and the current month's spend.
+    /// Loads the rules, the current month's (and week's) spend, and the labels' keys.
     pub async fn load(store: Store, now_ms: i64) -> Result<Self> {
         let day = day_of(now_ms);
+        let week = week_of_day(day);
         let month = month_of_day(day);
-        let mut default = None;
-        let mut overrides = BTreeMap::new();
+        let mut rules = BTreeMap::new();
         for row in budget::Entity::find().all(store.conn()).await? {
             let b = from_row(row)?;
-            match &b.user_id {
-                None => default = Some(b),
-                Some(u) => {
-                    overrides.insert(u.clone(), b);
-                }
-            }
+            rules.insert(b.subject.clone(), b);
         }
-        let mut spend: HashMap<String, Spend> = HashMap::new();
-        let rows = user_spend::Entity::find()
-            .filter(user_spend::Column::Day.gte(first_day_of_month(month)))
-            .filter(user_spend::Column::Day.lte(day))
+        let mut spend: HashMap<Scope, Spend> = HashMap::new();
+        let from = first_day_of_month(month).min(first_day_of_week(week));
+        let rows = budget_spend::Entity::find()
+            .filter(budget_spend::Column::Day.gte(from))
+            .filter(budget_spend::Column::Day.lte(day))
             .all(store.conn())
             .await?;
         for row in rows {
-            let s = spend.entry(row.user_id).or_default();
+            let Ok(kind) = row.scope_kind.parse::<ScopeKind>() else {
+                continue;
+            };
+            let s = spend.entry(Scope::new(kind, row.scope_value)).or_default();
             let micros = u64::try_from(row.cost_micros).unwrap_or(0);
-            s.month_micros = s.month_micros.saturating_add(micros);
+            let tokens = u64::try_from(row.tokens).unwrap_or(0);
+            if month_of_day(row.day) == month {
+                s.month_micros = s.month_micros.saturating_add(micros);
+                s.month_tokens = s.month_tokens.saturating_add(tokens);
+            }
+            if week_of_day(row.day) == week {
+                s.week_micros = s.week_micros.saturating_add(micros);
+                s.week_tokens = s.week_tokens.saturating_add(tokens);
+            }
             if row.day == day {
                 s.day_micros = s.day_micros.saturating_add(micros);
+                s.day_tokens = s.day_tokens.saturating_add(tokens);
             }
         }
         let (feed, _) = broadcast::channel(FEED_BUFFER);
-        Ok(Self {
+        let budgets = Self {
             store,
             state: Arc::new(Mutex::new(State {
                 epoch: rand::random::<u64>() | 1,
                 seq: 0,
                 day,
+                week,
                 month,
-                default,
-                overrides,
+                rules,
                 spend,
+                label_keys: BTreeMap::new(),
+                key_labels: HashMap::new(),
                 holders: HashMap::new(),
             })),
             feed,
-        })
+        };
+        budgets.refresh_labels().await?;
+        Ok(budgets)
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -177,37 +267,90 @@ impl Budgets {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Creates or replaces the default budget (`user_id` None) or a user's override.
+    /// Reads which keys hold the labels budgets name; when that changed, watchers get a full
+    /// state. Called at start, when budgets change, and every few seconds (key labels change).
+    pub async fn refresh_labels(&self) -> Result<()> {
+        let wanted: HashSet<String> = self
+            .lock()
+            .rules
+            .keys()
+            .filter_map(|s| match s {
+                Subject::Scope(Scope {
+                    kind: ScopeKind::Label,
+                    value,
+                }) => Some(value.clone()),
+                _ => None,
+            })
+            .collect();
+        let mut label_keys: BTreeMap<String, Vec<String>> =
+            wanted.iter().map(|l| (l.clone(), Vec::new())).collect();
+        if !wanted.is_empty() {
+            let keys = api_key::Entity::find()
+                .filter(api_key::Column::LabelsJson.is_not_null())
+                .all(self.store.conn())
+                .await?;
+            for k in keys {
+                for (name, value) in crate::keys::parse_labels(k.labels_json.as_deref()) {
+                    let label = format!("{name}={value}");
+                    if let Some(ids) = label_keys.get_mut(&label)
+                        && !ids.contains(&k.id)
+                    {
+                        ids.push(k.id.clone());
+                    }
+                }
+            }
+        }
+        let mut st = self.lock();
+        if st.label_keys == label_keys {
+            return Ok(());
+        }
+        let mut key_labels: HashMap<String, Vec<String>> = HashMap::new();
+        for (label, keys) in &label_keys {
+            for k in keys {
+                key_labels.entry(k.clone()).or_default().push(label.clone());
+            }
+        }
+        st.label_keys = label_keys;
+        st.key_labels = key_labels;
+        let labels: Vec<String> = st.label_keys.keys().cloned().collect();
+        st.spend.retain(|s, _| s.kind != ScopeKind::Label);
+        for label in labels {
+            let total = st.label_spend(&label);
+            st.spend.insert(Scope::new(ScopeKind::Label, label), total);
+        }
+        drop(st);
+        let _ = self.feed.send(FeedEvent::Reset);
+        Ok(())
+    }
+
+    /// Creates or replaces a budget.
     pub async fn set(
         &self,
         actor: &str,
-        user_id: Option<&str>,
+        subject: Subject,
         rule: BudgetRule,
         now_ms: i64,
     ) -> Result<StoredBudget> {
         rule.validate()
             .map_err(|why| Error::InvalidArgument(why.to_owned()))?;
-        if let Some(limit) = rule.limit_micros
-            && i64::try_from(limit).is_err()
-        {
-            return Err(Error::InvalidArgument("limit is too large".to_owned()));
-        }
-        let user_id = user_id.map(check_user).transpose()?;
+        check_subject(&subject)?;
         let stored = StoredBudget {
-            user_id: user_id.clone(),
+            subject: subject.clone(),
             rule,
             updated_at_ms: now_ms,
         };
+        let target = subject.to_stored();
         let row = budget::ActiveModel {
-            subject: Set(subject(user_id.as_deref())),
+            subject: Set(target.clone()),
             limit_micros: Set(rule.limit_micros.and_then(|l| i64::try_from(l).ok())),
             period: Set(rule.period.as_str().to_owned()),
             requests_per_minute: Set(rule
                 .requests_per_minute
                 .map(|r| i32::try_from(r).unwrap_or(i32::MAX))),
             updated_at_ms: Set(now_ms),
+            limit_tokens: Set(rule.limit_tokens.and_then(|l| i64::try_from(l).ok())),
+            tokens_per_minute: Set(rule.tokens_per_minute.and_then(|l| i64::try_from(l).ok())),
         };
-        let target = subject(user_id.as_deref());
         let txn = self.store.begin_write().await?;
         let before = budget::Entity::find_by_id(target.clone()).one(&txn).await?;
         budget::Entity::insert(row)
@@ -218,6 +361,8 @@ impl Budgets {
                         budget::Column::Period,
                         budget::Column::RequestsPerMinute,
                         budget::Column::UpdatedAtMs,
+                        budget::Column::LimitTokens,
+                        budget::Column::TokensPerMinute,
                     ])
                     .to_owned(),
             )
@@ -232,23 +377,16 @@ impl Budgets {
         };
         crate::audit::record(&txn, change, now_ms).await?;
         txn.commit().await?;
-        {
-            let mut st = self.lock();
-            match &user_id {
-                None => st.default = Some(stored.clone()),
-                Some(u) => {
-                    st.overrides.insert(u.clone(), stored.clone());
-                }
-            }
-        }
+        self.lock().rules.insert(subject, stored.clone());
         let _ = self.feed.send(FeedEvent::Reset);
+        self.refresh_labels().await?;
         Ok(stored)
     }
 
-    /// Removes the default budget or a user's override; false when there was none.
-    pub async fn delete(&self, actor: &str, user_id: Option<&str>) -> Result<bool> {
-        let user_id = user_id.map(check_user).transpose()?;
-        let target = subject(user_id.as_deref());
+    /// Removes a budget; false when there was none.
+    pub async fn delete(&self, actor: &str, subject: &Subject) -> Result<bool> {
+        check_subject(subject)?;
+        let target = subject.to_stored();
         let txn = self.store.begin_write().await?;
         let before = budget::Entity::find_by_id(target.clone()).one(&txn).await?;
         let res = budget::Entity::delete_by_id(target.clone())
@@ -265,77 +403,88 @@ impl Budgets {
             crate::audit::record(&txn, change, crate::now_ms()).await?;
         }
         txn.commit().await?;
-        {
-            let mut st = self.lock();
-            match &user_id {
-                None => st.default = None,
-                Some(u) => {
-                    st.overrides.remove(u);
-                }
-            }
-        }
+        self.lock().rules.remove(subject);
         let _ = self.feed.send(FeedEvent::Reset);
+        self.refresh_labels().await?;
         Ok(res.rows_affected > 0)
     }
 
-    /// The default budget and every override (by user id).
-    pub fn list(&self) -> (Option<StoredBudget>, Vec<StoredBudget>) {
+    /// Every budget: the defaults first, then by scope.
+    pub fn list(&self) -> Vec<StoredBudget> {
         let st = self.lock();
-        (st.default.clone(), st.overrides.values().cloned().collect())
+        let mut all: Vec<StoredBudget> = st.rules.values().cloned().collect();
+        all.sort_by_key(|b| match &b.subject {
+            Subject::DefaultUser => (0, None),
+            Subject::DefaultKey => (1, None),
+            Subject::Scope(s) => (2, Some(s.clone())),
+        });
+        all
     }
 
-    /// A user's effective budget and current spend.
-    pub fn status(&self, user_id: &str, now_ms: i64) -> Result<BudgetStatus> {
-        let user_id = check_user(user_id)?;
+    /// A scope's budget in force and current spend.
+    pub fn status(&self, scope: &Scope, now_ms: i64) -> Result<BudgetStatus> {
+        check_scope_value(scope.kind, &scope.value)
+            .map_err(|e| Error::InvalidArgument(format!("{}: {e}", scope.kind.as_str())))?;
         let mut st = self.lock();
         roll(&mut st, now_ms);
-        let (budget, is_default) = match st.overrides.get(&user_id) {
-            Some(b) => (Some(b.clone()), false),
-            None => (st.default.clone(), st.default.is_some()),
+        let (budget, is_default) = match st.rule_for(scope) {
+            Some((b, d)) => (Some(b.clone()), d),
+            None => (None, false),
         };
-        let spend = st.spend.get(&user_id).copied().unwrap_or_default();
-        let (remaining_micros, resets_at_ms) = match &budget {
-            Some(b) => {
-                let spent = match b.rule.period {
-                    Period::Day => spend.day_micros,
-                    Period::Month => spend.month_micros,
-                };
-                (
-                    b.rule.limit_micros.map(|l| l.saturating_sub(spent)),
-                    Some(b.rule.period.end_ms(now_ms)),
-                )
-            }
-            None => (None, None),
-        };
-        let (mut leased_micros, mut lease_holders) = (0u64, 0u32);
+        let spend = st.spend.get(scope).copied().unwrap_or_default();
+        let ttl = i64::try_from(LEASE_TTL_MS).unwrap_or(i64::MAX);
+        let mut limits = Vec::new();
         if let Some(b) = &budget {
-            let key = LeaseKey {
-                user: user_id.clone(),
-                unit: LeaseUnit::Micros,
-                period: b.rule.period.index_of(now_ms),
-            };
-            let ttl = i64::try_from(LEASE_TTL_MS).unwrap_or(i64::MAX);
-            for h in st.holders.values() {
-                if let Some(c) = h
-                    .claims
-                    .get(&key)
-                    .filter(|_| h.last_report_ms + ttl > now_ms)
-                {
-                    leased_micros = leased_micros.saturating_add(*c);
-                    lease_holders += 1;
+            for unit in LeaseUnit::ALL {
+                let Some(limit) = unit.limit(&b.rule) else {
+                    continue;
+                };
+                let current = st.current(unit, &b.rule, now_ms);
+                let spent = unit.recorded(&b.rule, &spend, current, current);
+                let key = LeaseKey {
+                    scope: scope.clone(),
+                    unit,
+                    period: current,
+                };
+                let (mut leased, mut holders) = (0u64, 0u32);
+                for h in st.holders.values() {
+                    if let Some(c) = h
+                        .claims
+                        .get(&key)
+                        .filter(|_| h.last_report_ms + ttl > now_ms)
+                    {
+                        leased = leased.saturating_add(*c);
+                        holders += 1;
+                    }
                 }
+                limits.push(LimitStatus {
+                    unit,
+                    limit,
+                    spent,
+                    remaining: limit.saturating_sub(spent),
+                    period_end_ms: if unit.per_minute() {
+                        (minute_of(now_ms) + 1) * MINUTE_MS
+                    } else {
+                        b.rule.period.end_ms(now_ms)
+                    },
+                    leased,
+                    holders,
+                });
             }
         }
+        let micros = limits.iter().find(|l| l.unit == LeaseUnit::Micros);
         Ok(BudgetStatus {
-            user_id,
-            budget,
-            leased_micros,
-            lease_holders,
+            scope: scope.clone(),
             is_default,
             day_micros: spend.day_micros,
             month_micros: spend.month_micros,
-            remaining_micros,
-            resets_at_ms,
+            remaining_micros: micros.map(|l| l.remaining),
+            resets_at_ms: budget.as_ref().map(|b| b.rule.period.end_ms(now_ms)),
+            leased_micros: micros.map_or(0, |l| l.leased),
+            lease_holders: micros.map_or(0, |l| l.holders),
+            budget,
+            spend,
+            limits,
         })
     }
 
@@ -388,40 +537,23 @@ impl Budgets {
             .filter(|c| c.claim > 0)
             .map(|c| (c.key.clone(), c.claim))
             .collect();
-        let minute = minute_of(now_ms);
         let mut granted = Vec::with_capacity(req.claims.len());
         for c in &req.claims {
             if c.want == 0 {
                 granted.push(0);
                 continue;
             }
-            let rule = st
-                .overrides
-                .get(&c.key.user)
-                .or(st.default.as_ref())
-                .map(|b| b.rule);
-            let spend = st.spend.get(&c.key.user).copied().unwrap_or_default();
-            let bounds = rule.and_then(|rule| match c.key.unit {
-                LeaseUnit::Micros => {
-                    let current = match rule.period {
-                        Period::Day => (st.day, spend.day_micros),
-                        Period::Month => (st.month, spend.month_micros),
-                    };
-                    rule.limit_micros.map(|l| (l, current))
-                }
-                LeaseUnit::Requests => rule.requests_per_minute.map(|rpm| {
-                    let spent = if spend.minute == c.key.period {
-                        u64::from(spend.minute_requests)
-                    } else {
-                        0
-                    };
-                    (u64::from(rpm), (minute, spent))
-                }),
+            let bounds = st.rule_for(&c.key.scope).and_then(|(b, _)| {
+                let rule = b.rule;
+                let limit = c.key.unit.limit(&rule)?;
+                let current = st.current(c.key.unit, &rule, now_ms);
+                let spend = st.spend.get(&c.key.scope).copied().unwrap_or_default();
+                let spent = c.key.unit.recorded(&rule, &spend, current, c.key.period);
+                Some((limit, current, spent))
             });
             let g = match bounds {
                 // A past period is over: nothing more to spend in it.
-                Some((limit, (current, spent))) if c.key.period >= current => {
-                    let spent = if c.key.period == current { spent } else { 0 };
+                Some((limit, current, spent)) if c.key.period >= current => {
                     let (mut others, mut holders) = (0u64, 0usize);
                     for (id, h) in &st.holders {
                         if *id == req.instance {
@@ -476,42 +608,62 @@ impl Budgets {
             let _ = self.feed.send(FeedEvent::Reset);
         }
         st.seq += 1;
-        let (day, month) = (st.day, st.month);
+        let (day, week, month) = (st.day, st.week, st.month);
         let now_minute = minute_of(now_ms);
-        // The users whose spend this batch changed, in first-seen order: a batch of a thousand
+        // The scopes whose spend this batch changed, in first-seen order: a batch of a thousand
         // records may name as many users, so membership is a set, not a scan of the list.
-        let mut changed: Vec<&str> = Vec::new();
-        let mut seen: HashSet<&str> = HashSet::new();
+        let mut changed: Vec<Scope> = Vec::new();
+        let mut seen: HashSet<Scope> = HashSet::new();
+        let st = &mut *st;
         for item in items {
             let item_day = day_of(item.started_at_ms);
             let item_month = month_of_day(item_day);
+            let item_week = week_of_day(item_day);
             let item_minute = minute_of(item.started_at_ms);
             // Old news (an earlier period, a spooled record replayed late) stays in the database
             // rollup but does not count toward the current periods.
-            if item_month != month && item_minute < now_minute - 1 {
+            if item_month != month && item_week != week && item_minute < now_minute - 1 {
                 continue;
             }
-            // Most items name a user already counted: look up before cloning the id for a new
-            // entry.
-            let s = match st.spend.get_mut(&item.user_id) {
-                Some(s) => s,
-                None => st.spend.entry(item.user_id.clone()).or_default(),
-            };
-            if item_month == month {
-                s.month_micros = s.month_micros.saturating_add(item.micros);
+            let labels = item
+                .scopes
+                .iter()
+                .filter(|s| s.kind == ScopeKind::Key)
+                .filter_map(|s| st.key_labels.get(&s.value))
+                .flatten()
+                .map(|l| Scope::new(ScopeKind::Label, l.as_str()));
+            let scopes: Vec<Scope> = item.scopes.iter().cloned().chain(labels).collect();
+            for scope in scopes {
+                // Most items name a scope already counted: look up before cloning it.
+                let s = match st.spend.get_mut(&scope) {
+                    Some(s) => s,
+                    None => st.spend.entry(scope.clone()).or_default(),
+                };
+                if item_month == month {
+                    s.month_micros = s.month_micros.saturating_add(item.micros);
+                    s.month_tokens = s.month_tokens.saturating_add(item.tokens);
+                }
+                if item_week == week {
+                    s.week_micros = s.week_micros.saturating_add(item.micros);
+                    s.week_tokens = s.week_tokens.saturating_add(item.tokens);
+                }
                 if item_day == day {
                     s.day_micros = s.day_micros.saturating_add(item.micros);
+                    s.day_tokens = s.day_tokens.saturating_add(item.tokens);
                 }
-            }
-            if item_minute > s.minute {
-                s.minute = item_minute;
-                s.minute_requests = 0;
-            }
-            if item_minute == s.minute {
-                s.minute_requests = s.minute_requests.saturating_add(1);
-            }
-            if seen.insert(&item.user_id) {
-                changed.push(&item.user_id);
+                if item_minute > s.minute {
+                    s.minute = item_minute;
+                    s.minute_requests = 0;
+                    s.minute_tokens = 0;
+                }
+                if item_minute == s.minute {
+                    s.minute_requests = s.minute_requests.saturating_add(1);
+                    s.minute_tokens = s.minute_tokens.saturating_add(item.tokens);
+                }
+                if !seen.contains(&scope) {
+                    seen.insert(scope.clone());
+                    changed.push(scope);
+                }
             }
         }
         let delta = SpendDelta {
@@ -521,50 +673,71 @@ impl Budgets {
             month,
             spend: changed
                 .into_iter()
-                .filter_map(|u| st.spend.get(u).map(|s| (u.to_owned(), *s)))
+                .filter_map(|u| st.spend.get(&u).map(|s| (u, *s)))
                 .collect(),
         };
         let at = (st.epoch, st.seq);
-        drop(st);
         let _ = self.feed.send(FeedEvent::Delta(Arc::new(delta)));
         at
     }
 }
 
-/// Adds a batch's spend to the daily rollup, inside the batch's transaction.
+/// Adds a batch's spend to the daily rollup per scope, inside the batch's transaction. Labels
+/// are not stored: a label's spend is its keys'.
 pub(crate) async fn add_to_rollup<C: ConnectionTrait>(db: &C, items: &[SpendItem]) -> Result<()> {
-    // One row per (user, day): PostgreSQL refuses an upsert that names a row twice.
-    let mut sums: BTreeMap<(&str, i64), (i64, i64)> = BTreeMap::new();
+    // One row per (scope, day): PostgreSQL refuses an upsert that names a row twice. Sorted, so
+    // concurrent batches lock rows in one order.
+    let mut sums: BTreeMap<(&str, &str, i64), (i64, i64, i64)> = BTreeMap::new();
     for item in items {
-        let e = sums
-            .entry((&item.user_id, day_of(item.started_at_ms)))
-            .or_default();
-        e.0 =
-            e.0.saturating_add(i64::try_from(item.micros).unwrap_or(i64::MAX));
-        e.1 += 1;
+        for scope in item.scopes.iter().filter(|s| s.kind != ScopeKind::Label) {
+            let e = sums
+                .entry((
+                    scope.kind.as_str(),
+                    scope.value.as_str(),
+                    day_of(item.started_at_ms),
+                ))
+                .or_default();
+            e.0 =
+                e.0.saturating_add(i64::try_from(item.micros).unwrap_or(i64::MAX));
+            e.1 =
+                e.1.saturating_add(i64::try_from(item.tokens).unwrap_or(i64::MAX));
+            e.2 += 1;
+        }
     }
     if sums.is_empty() {
         return Ok(());
     }
-    let rows = sums.into_iter().map(
-        |((user, day), (micros, requests))| user_spend::ActiveModel {
-            user_id: Set(user.to_owned()),
-            day: Set(day),
-            cost_micros: Set(micros),
-            requests: Set(requests),
-        },
-    );
-    let on_conflict = OnConflict::columns([user_spend::Column::UserId, user_spend::Column::Day])
-        .value(
-            user_spend::Column::CostMicros,
-            Expr::cust(r#""user_spend"."cost_micros" + "excluded"."cost_micros""#),
-        )
-        .value(
-            user_spend::Column::Requests,
-            Expr::cust(r#""user_spend"."requests" + "excluded"."requests""#),
-        )
-        .to_owned();
-    user_spend::Entity::insert_many(rows)
+    let rows = sums
+        .into_iter()
+        .map(
+            |((kind, value, day), (micros, tokens, requests))| budget_spend::ActiveModel {
+                scope_kind: Set(kind.to_owned()),
+                scope_value: Set(value.to_owned()),
+                day: Set(day),
+                cost_micros: Set(micros),
+                tokens: Set(tokens),
+                requests: Set(requests),
+            },
+        );
+    let on_conflict = OnConflict::columns([
+        budget_spend::Column::ScopeKind,
+        budget_spend::Column::ScopeValue,
+        budget_spend::Column::Day,
+    ])
+    .value(
+        budget_spend::Column::CostMicros,
+        Expr::cust(r#""budget_spend"."cost_micros" + "excluded"."cost_micros""#),
+    )
+    .value(
+        budget_spend::Column::Tokens,
+        Expr::cust(r#""budget_spend"."tokens" + "excluded"."tokens""#),
+    )
+    .value(
+        budget_spend::Column::Requests,
+        Expr::cust(r#""budget_spend"."requests" + "excluded"."requests""#),
+    )
+    .to_owned();
+    budget_spend::Entity::insert_many(rows)
         .on_conflict(on_conflict)
         .exec_without_returning(db)
         .await?;
@@ -577,17 +750,25 @@ fn roll(st: &mut State, now_ms: i64) -> bool {
     if day <= st.day {
         return false;
     }
+    let week = week_of_day(day);
     let month = month_of_day(day);
     for s in st.spend.values_mut() {
         s.day_micros = 0;
+        s.day_tokens = 0;
+        if week != st.week {
+            s.week_micros = 0;
+            s.week_tokens = 0;
+        }
         if month != st.month {
             s.month_micros = 0;
+            s.month_tokens = 0;
         }
     }
-    if month != st.month {
+    if month != st.month && week != st.week {
         st.spend.retain(|_, s| s.minute >= minute_of(now_ms) - 1);
     }
     st.day = day;
+    st.week = week;
     st.month = month;
     true
 }
@@ -598,11 +779,11 @@ fn full_state(st: &State) -> FullState {
         seq: st.seq,
         day: st.day,
         month: st.month,
-        budgets: st
-            .default
+        budgets: st.rules.values().cloned().collect(),
+        label_keys: st
+            .label_keys
             .iter()
-            .chain(st.overrides.values())
-            .cloned()
+            .map(|(l, k)| (l.clone(), k.clone()))
             .collect(),
         spend: st.spend.iter().map(|(u, s)| (u.clone(), *s)).collect(),
     }
@@ -613,54 +794,47 @@ fn budget_audit_json(b: &budget::Model) -> serde_json::Value {
     serde_json::json!({
         "subject": b.subject,
         "limit_micros": b.limit_micros,
+        "limit_tokens": b.limit_tokens,
         "period": b.period,
         "requests_per_minute": b.requests_per_minute,
+        "tokens_per_minute": b.tokens_per_minute,
     })
 }
 
 fn stored_audit_json(b: &StoredBudget) -> serde_json::Value {
     serde_json::json!({
-        "subject": subject(b.user_id.as_deref()),
+        "subject": b.subject.to_stored(),
         "limit_micros": b.rule.limit_micros,
+        "limit_tokens": b.rule.limit_tokens,
         "period": b.rule.period.as_str(),
         "requests_per_minute": b.rule.requests_per_minute,
+        "tokens_per_minute": b.rule.tokens_per_minute,
     })
 }
 
-fn subject(user_id: Option<&str>) -> String {
-    match user_id {
-        None => DEFAULT_SUBJECT.to_owned(),
-        Some(u) => format!("{USER_PREFIX}{u}"),
+fn check_subject(subject: &Subject) -> Result<()> {
+    match subject {
+        Subject::Scope(s) => check_scope_value(s.kind, &s.value)
+            .map_err(|e| Error::InvalidArgument(format!("{}: {e}", s.kind.as_str()))),
+        _ => Ok(()),
     }
 }
 
-fn check_user(user_id: &str) -> Result<String> {
-    parse_user(user_id)
-        .map_err(|e| Error::InvalidArgument(format!("user_id: {e}")))
-        .map(|u| u.to_string())
-}
-
 fn from_row(row: budget::Model) -> Result<StoredBudget> {
-    let user_id = if row.subject == DEFAULT_SUBJECT {
-        None
-    } else if let Some(u) = row.subject.strip_prefix(USER_PREFIX) {
-        Some(u.to_owned())
-    } else {
-        return Err(Error::Config(format!(
-            "budgets table: unknown subject {:?}",
-            row.subject
-        )));
-    };
+    let subject = Subject::from_stored(&row.subject)
+        .map_err(|e| Error::Config(format!("budgets table: {e}")))?;
     let period = row
         .period
         .parse::<Period>()
         .map_err(|e| Error::Config(format!("budgets table: {e}")))?;
     Ok(StoredBudget {
-        user_id,
+        subject,
         rule: BudgetRule {
             limit_micros: row.limit_micros.and_then(|l| u64::try_from(l).ok()),
             period,
             requests_per_minute: row.requests_per_minute.and_then(|r| u32::try_from(r).ok()),
+            limit_tokens: row.limit_tokens.and_then(|l| u64::try_from(l).ok()),
+            tokens_per_minute: row.tokens_per_minute.and_then(|l| u64::try_from(l).ok()),
         },
         updated_at_ms: row.updated_at_ms,
     })
@@ -685,10 +859,15 @@ mod tests {
 
     fn item(user: &str, at: i64, micros: u64) -> SpendItem {
         SpendItem {
-            user_id: user.to_owned(),
+            scopes: vec![Scope::user(user)],
             started_at_ms: at,
             micros,
+            tokens: 0,
         }
+    }
+
+    fn u(user: &str) -> Scope {
+        Scope::user(user)
     }
 
     #[tokio::test]
@@ -707,16 +886,16 @@ mod tests {
         txn.commit().await.unwrap();
         let (epoch, seq) = b.apply(&items, now);
         assert_eq!(seq, 1);
-        let s = b.status("u1", now).unwrap();
+        let s = b.status(&u("u1"), now).unwrap();
         assert_eq!((s.day_micros, s.month_micros), (700, 1000));
 
         let reloaded = Budgets::load(store, now).await.unwrap();
-        let s = reloaded.status("u1", now).unwrap();
+        let s = reloaded.status(&u("u1"), now).unwrap();
         assert_eq!((s.day_micros, s.month_micros), (700, 1000));
         assert_ne!(reloaded.full_state(now).epoch, epoch);
 
         // Next day: the day resets, the month goes on.
-        let s = reloaded.status("u1", now + DAY_MS).unwrap();
+        let s = reloaded.status(&u("u1"), now + DAY_MS).unwrap();
         assert_eq!((s.day_micros, s.month_micros), (0, 1000));
     }
 
@@ -737,16 +916,17 @@ mod tests {
         };
         let mut first_seen: Vec<&str> = Vec::new();
         for it in &items {
-            if !first_seen.contains(&it.user_id.as_str()) {
-                first_seen.push(&it.user_id);
+            let user = it.scopes[0].value.as_str();
+            if !first_seen.contains(&user) {
+                first_seen.push(user);
             }
         }
-        let named: Vec<&str> = delta.spend.iter().map(|(u, _)| u.as_str()).collect();
+        let named: Vec<&str> = delta.spend.iter().map(|(u, _)| u.value.as_str()).collect();
         assert_eq!(named, first_seen);
         for (user, spend) in &delta.spend {
             let (micros, requests) = items
                 .iter()
-                .filter(|it| &it.user_id == user)
+                .filter(|it| &it.scopes[0] == user)
                 .fold((0, 0), |(m, n), it| (m + it.micros, n + 1));
             assert_eq!((spend.day_micros, spend.month_micros), (micros, micros));
             assert_eq!(spend.minute_requests, requests);
@@ -762,11 +942,15 @@ mod tests {
             limit_micros: Some(5_000_000),
             period: Period::Day,
             requests_per_minute: Some(60),
+            limit_tokens: None,
+            tokens_per_minute: None,
         };
-        b.set("key_test", None, rule, 1).await.unwrap();
+        b.set("key_test", Subject::DefaultUser, rule, 1)
+            .await
+            .unwrap();
         b.set(
             "key_test",
-            Some("alice"),
+            Subject::Scope(u("alice")),
             BudgetRule {
                 limit_micros: Some(1),
                 ..rule
@@ -780,25 +964,38 @@ mod tests {
             limit_micros: None,
             period: Period::Day,
             requests_per_minute: None,
+            limit_tokens: None,
+            tokens_per_minute: None,
         };
         assert!(matches!(
-            b.set("key_test", None, bad, 3).await,
+            b.set("key_test", Subject::DefaultUser, bad, 3).await,
             Err(Error::InvalidArgument(_))
         ));
         let reloaded = Budgets::load(store, 0).await.unwrap();
-        let (default, overrides) = reloaded.list();
-        assert_eq!(default.map(|d| d.rule), Some(rule));
-        assert_eq!(overrides.len(), 1);
-        assert!(reloaded.status("bob", 0).unwrap().is_default);
-        assert!(!reloaded.status("alice", 0).unwrap().is_default);
-        assert!(reloaded.delete("key_test", Some("alice")).await.unwrap());
-        assert!(!reloaded.delete("key_test", Some("alice")).await.unwrap());
+        let all = reloaded.list();
+        assert_eq!(all[0].subject, Subject::DefaultUser);
+        assert_eq!(all[0].rule, rule);
+        assert_eq!(all.len(), 2);
+        assert!(reloaded.status(&u("bob"), 0).unwrap().is_default);
+        assert!(!reloaded.status(&u("alice"), 0).unwrap().is_default);
+        assert!(
+            reloaded
+                .delete("key_test", &Subject::Scope(u("alice")))
+                .await
+                .unwrap()
+        );
+        assert!(
+            !reloaded
+                .delete("key_test", &Subject::Scope(u("alice")))
+                .await
+                .unwrap()
+        );
     }
 
     fn claim(user: &str, unit: LeaseUnit, period: i64, claim: u64, want: u64) -> LeaseClaim {
         LeaseClaim {
             key: LeaseKey {
-                user: user.to_owned(),
+                scope: u(user),
                 unit,
                 period,
             },
@@ -824,8 +1021,12 @@ mod tests {
             limit_micros: Some(50_000),
             period: Period::Day,
             requests_per_minute: Some(10),
+            limit_tokens: None,
+            tokens_per_minute: None,
         };
-        b.set("key_test", None, rule, now).await.unwrap();
+        b.set("key_test", Subject::DefaultUser, rule, now)
+            .await
+            .unwrap();
         let day = day_of(now);
         // 10,000 recorded: 40,000 remain to lease.
         let txn = store.begin_write().await.unwrap();
@@ -884,7 +1085,7 @@ mod tests {
         assert_eq!(b.lease(&report(3, vec![past]), later).granted, [0]);
         // No budget for a user: nothing is leased (the dataplane does not ask for one then).
         let none = claim("zed", LeaseUnit::Micros, day, 0, 8);
-        b.delete("key_test", None).await.unwrap();
+        b.delete("key_test", &Subject::DefaultUser).await.unwrap();
         assert_eq!(b.lease(&report(4, vec![none]), later).granted, [0]);
     }
 }

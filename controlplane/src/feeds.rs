@@ -123,6 +123,13 @@ pub fn budget_feed(
                 _ = heartbeat.tick() => {
                     // An empty delta at the last position: "still here, nothing new".
                     budgets.tick(now_ms());
+                    // Keys gain and lose labels: a label budget follows (a full state if so).
+                    let b = budgets.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = b.refresh_labels().await {
+                            debug!(error = %e, "label budgets' keys not refreshed");
+                        }
+                    });
                     let (epoch, seq, day, month) = budgets.position();
                     if seq == last_seq {
                         next = Some(Feed { epoch, seq, day, month, ..Feed::default() });
@@ -137,12 +144,15 @@ pub fn budget_feed(
 }
 
 fn full_feed(f: FullState) -> Feed {
+    use nm_types::budget::Subject;
     let mut default = None;
+    let mut default_key = None;
     let mut overrides = Vec::new();
     for b in f.budgets {
-        match b.user_id {
-            None => default = Some(b.rule),
-            Some(user) => overrides.push((user, b.rule)),
+        match b.subject {
+            Subject::DefaultUser => default = Some(b.rule),
+            Subject::DefaultKey => default_key = Some(b.rule),
+            Subject::Scope(scope) => overrides.push((scope, b.rule)),
         }
     }
     Feed {
@@ -150,7 +160,9 @@ fn full_feed(f: FullState) -> Feed {
         seq: f.seq,
         full: true,
         default,
+        default_key,
         overrides,
+        label_keys: f.label_keys,
         spend: f.spend,
         day: f.day,
         month: f.month,

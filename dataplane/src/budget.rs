@@ -1,32 +1,38 @@
-//! Per-end-user budgets, enforced before forwarding, from memory.
+//! Budgets at every level, enforced before forwarding, from memory.
+//!
+//! A request passes every budget that applies to it: its key's (else the default for keys), its
+//! key's labels', its agent's, its model's, its env's, and its end user's (else the default for
+//! end users). Each budget has its own ledger, keyed by scope (kind and value); only scopes that
+//! have a budget are looked up, by borrowed `&str`, so a request no budget applies to costs a
+//! handful of empty-map probes and allocates nothing.
 //!
 //! The controlplane is the source of truth: it feeds each dataplane the budget rules and every
-//! end user's spend in the current UTC day and month ([`Budgets::apply_feed`]). What the feed
+//! scope's spend in the current UTC day, week and month ([`Budgets::apply_feed`]). What the feed
 //! cannot know yet is this dataplane's own recent traffic, so each admitted request leaves an
-//! entry in a local ledger:
+//! entry in a local ledger, counted toward each of its budgets' scopes:
 //!
 //! 1. **in flight**: it holds a reservation, an estimate of its cost from the request
-//!    (`max_tokens` times the output price, plus the prompt);
+//!    (`max_tokens` times the output price, plus the prompt) and of its tokens;
 //! 2. **settled**: the answer ended; the entry now holds what the request actually counts
-//!    (its cost when known, else its reservation);
+//!    (its cost and tokens when known, else its reservation);
 //! 3. **delivered**: its record was stored by the controlplane, whose acknowledgement says at
 //!    which feed position `(epoch, seq)` the spend is included;
 //! 4. gone, once the feed reaches that position (the spend is now in the feed's numbers).
 //!
-//! An end user's spend is then the feed's number plus their local entries, and a request is
-//! admitted while that is below the limit. Because every admitted request's reservation is
-//! counted before the next request is checked, concurrent requests cannot overshoot a budget by
-//! more than one request's reservation on one dataplane; across dataplanes, see ARCHITECTURE.md.
-//! Requests per minute are counted the same way: the feed's count for the user's latest minute
-//! plus the local entries started in this minute.
+//! A scope's spend is then the feed's number plus its local entries, and a request is admitted
+//! while that is below each limit. Because every admitted request's reservation is counted
+//! before the next request is checked, concurrent requests cannot overshoot a budget by more
+//! than one request's reservation on one dataplane. Requests and tokens per minute are counted
+//! the same way: the feed's count for the scope's latest minute plus the local entries started
+//! in this minute.
 //!
 //! Across dataplanes, the feed arrives too late to stop a burst spread over several of them, so
-//! a request must also fit this dataplane's **lease** of the budget (see
-//! `nm_types::budget::grant` and docs/budgets.md): per end user and period, the spend (and per
-//! minute, the requests) the controlplane let this dataplane add. A request is admitted while
-//! the unused lease is positive and takes its reservation from it; the answer's settlement gives
-//! back what it did not use. [`Budgets::lease_request`] builds the report a background task sends
-//! about once a second (and at once when a lease runs out, [`Budgets::wait_for_lease`]), and
+//! a request must also fit this dataplane's **lease** of every budget (see
+//! `nm_types::budget::grant` and docs/budgets.md): per scope, unit and period, what the
+//! controlplane let this dataplane add. A request is admitted while every unused lease it needs
+//! is positive and takes its reservation from each; the answer's settlement gives back what it
+//! did not use. [`Budgets::lease_request`] builds the report a background task sends twice a
+//! second (and at once when a lease runs out, [`Budgets::wait_for_lease`]), and
 //! [`Budgets::apply_grants`] adds what was granted. A lease not renewed within its time to live
 //! is not spent any more: a dataplane cut off from its controlplane spends at most what it held.
 
@@ -36,8 +42,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use nm_types::budget::{
-    BudgetRule, LeaseClaim, LeaseKey, LeaseRequest, LeaseResponse, MINUTE_MS, Period, day_of,
-    minute_of, month_of_day,
+    BudgetRule, LeaseClaim, LeaseKey, LeaseRequest, LeaseResponse, MINUTE_MS, Period, Scope,
+    ScopeKind, day_of, minute_of, month_of_day, week_of_day,
 };
 pub use nm_types::budget::{Feed, LeaseUnit, Spend};
 
@@ -49,23 +55,66 @@ const LEASE_LOW_WATER: u64 = 2;
 /// What a dataplane asks for at once: this many of its latest reservations, or twice what was
 /// taken since the last round.
 const LEASE_ASK: u64 = 4;
+const KINDS: usize = ScopeKind::ALL.len();
+const UNITS: usize = LeaseUnit::ALL.len();
+
+/// What a request is: the scopes budgets may name.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Who<'a> {
+    pub key: &'a str,
+    pub agent: Option<&'a str>,
+    pub model: Option<&'a str>,
+    pub env: Option<&'a str>,
+    pub user: Option<&'a str>,
+}
+
+/// The budget that refused a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BudgetName {
+    pub scope: Scope,
+    /// The default for keys or for end users (the scope has no budget of its own).
+    pub default: bool,
+}
+
+/// The limit of a budget that refused a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    Usd(u64, Period),
+    Tokens(u64, Period),
+    Rpm(u32),
+    Tpm(u64),
+}
+
+impl Limit {
+    /// A requests- or tokens-per-minute limit (`rate_limited`), else a budget per period.
+    pub fn is_rate(self) -> bool {
+        matches!(self, Limit::Rpm(_) | Limit::Tpm(_))
+    }
+
+    fn of(unit: LeaseUnit, rule: &BudgetRule) -> Limit {
+        match unit {
+            LeaseUnit::Micros => Limit::Usd(rule.limit_micros.unwrap_or(0), rule.period),
+            LeaseUnit::Tokens => Limit::Tokens(rule.limit_tokens.unwrap_or(0), rule.period),
+            LeaseUnit::Requests => Limit::Rpm(rule.requests_per_minute.unwrap_or(0)),
+            LeaseUnit::MinuteTokens => Limit::Tpm(rule.tokens_per_minute.unwrap_or(0)),
+        }
+    }
+}
 
 /// Why a request was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
-    /// The user's spend reached the limit; retry when the period resets.
-    Spent {
-        limit_micros: u64,
-        period: Period,
+    /// A budget's limit is reached; retry when its period (or minute) ends.
+    Over {
+        budget: BudgetName,
+        limit: Limit,
         retry_after: Duration,
     },
-    /// The user started `rpm` requests this minute.
-    Rate { rpm: u32, retry_after: Duration },
-    /// What this dataplane holds of the budget is used up: the rest is spent or leased to
-    /// other dataplanes. Wait for a lease round ([`Budgets::wait_for_lease`]) and ask again.
+    /// What this dataplane holds of a budget is used up: the rest is spent or leased to other
+    /// dataplanes. Wait for a lease round ([`Budgets::wait_for_lease`]) and ask again.
     NoLease {
-        unit: LeaseUnit,
-        rule: BudgetRule,
+        budget: BudgetName,
+        limit: Limit,
         retry_after: Duration,
     },
     /// This dataplane's leases expired: no lease round was answered for their time to live (or
@@ -83,53 +132,63 @@ enum EntryState {
     Delivered { epoch: u64, seq: u64 },
 }
 
+/// The lease periods a request took its reservation from, per unit.
+type Taken = [Option<i64>; UNITS];
+
 #[derive(Debug, Clone)]
 struct Entry {
     started_ms: i64,
     micros: u64,
+    tokens: u64,
     state: EntryState,
+    /// The budgets' scopes it counts toward, and the lease periods it took from each.
+    scopes: Vec<(Scope, Taken)>,
 }
 
-/// Running totals over one end user's entries, by the period each entry started in: buckets of
-/// `(period index, micros, entries)` — a handful at most, since entries live until the feed
-/// catches up, a second or so.
+/// Running totals over one scope's entries, by the period each entry started in: buckets of
+/// `(period index, micros, tokens, entries)` — a handful at most, since entries live until the
+/// feed catches up, a second or so.
 #[derive(Debug, Default)]
 struct Totals {
     days: Buckets,
+    weeks: Buckets,
     months: Buckets,
-    /// Micros unused: only the entry count matters per minute.
     minutes: Buckets,
 }
 
-/// `(period index, micros, entries)`.
-type Buckets = Vec<(i64, u64, u32)>;
+/// `(period index, micros, tokens, entries)`.
+type Buckets = Vec<(i64, u64, u64, u32)>;
 
 impl Totals {
-    fn buckets(&mut self, e: &Entry) -> [(&mut Buckets, i64); 3] {
+    fn buckets(&mut self, started_ms: i64) -> [(&mut Buckets, i64); 4] {
+        let day = day_of(started_ms);
         [
-            (&mut self.days, Period::Day.index_of(e.started_ms)),
-            (&mut self.months, Period::Month.index_of(e.started_ms)),
-            (&mut self.minutes, minute_of(e.started_ms)),
+            (&mut self.days, day),
+            (&mut self.weeks, week_of_day(day)),
+            (&mut self.months, month_of_day(day)),
+            (&mut self.minutes, minute_of(started_ms)),
         ]
     }
 
     fn add(&mut self, e: &Entry) {
-        for (buckets, key) in self.buckets(e) {
-            match buckets.iter_mut().find(|(k, _, _)| *k == key) {
-                Some((_, sum, n)) => {
+        for (buckets, key) in self.buckets(e.started_ms) {
+            match buckets.iter_mut().find(|b| b.0 == key) {
+                Some((_, sum, tokens, n)) => {
                     *sum = sum.saturating_add(e.micros);
+                    *tokens = tokens.saturating_add(e.tokens);
                     *n += 1;
                 }
-                None => buckets.push((key, e.micros, 1)),
+                None => buckets.push((key, e.micros, e.tokens, 1)),
             }
         }
     }
 
     fn remove(&mut self, e: &Entry) {
-        for (buckets, key) in self.buckets(e) {
-            if let Some(i) = buckets.iter().position(|(k, _, _)| *k == key) {
-                let (_, sum, n) = &mut buckets[i];
+        for (buckets, key) in self.buckets(e.started_ms) {
+            if let Some(i) = buckets.iter().position(|b| b.0 == key) {
+                let (_, sum, tokens, n) = &mut buckets[i];
                 *sum = sum.saturating_sub(e.micros);
+                *tokens = tokens.saturating_sub(e.tokens);
                 *n -= 1;
                 if *n == 0 {
                     buckets.swap_remove(i);
@@ -138,54 +197,99 @@ impl Totals {
         }
     }
 
-    fn bucket(buckets: &[(i64, u64, u32)], key: i64) -> (u64, u32) {
+    fn is_empty(&self) -> bool {
+        self.minutes.is_empty() && self.days.is_empty()
+    }
+
+    fn bucket(buckets: &Buckets, key: i64) -> (u64, u64, u32) {
         buckets
             .iter()
-            .find(|(k, _, _)| *k == key)
-            .map_or((0, 0), |(_, micros, n)| (*micros, *n))
+            .find(|b| b.0 == key)
+            .map_or((0, 0, 0), |b| (b.1, b.2, b.3))
     }
 
-    /// Micros of the entries started in `period`'s period containing `now_ms`.
-    fn spent(&self, period: Period, now_ms: i64) -> u64 {
+    #[cfg(test)]
+    /// `(micros, tokens)` of the entries started in `period`'s period containing `now_ms`.
+    fn spent(&self, period: Period, now_ms: i64) -> (u64, u64) {
         let buckets = match period {
             Period::Day => &self.days,
+            Period::Week => &self.weeks,
             Period::Month => &self.months,
         };
-        Self::bucket(buckets, period.index_of(now_ms)).0
+        let (m, t, _) = Self::bucket(buckets, period.index_of(now_ms));
+        (m, t)
     }
 
-    /// Entries started in the minute `minute`.
-    fn started_in(&self, minute: i64) -> u32 {
-        Self::bucket(&self.minutes, minute).1
+    /// `(entries, tokens)` started in the minute `minute`.
+    fn started_in(&self, minute: i64) -> (u32, u64) {
+        let (_, t, n) = Self::bucket(&self.minutes, minute);
+        (n, t)
+    }
+
+    /// What is counted locally in `unit` for `period` (a period number of `rule`).
+    fn unrecorded(&self, unit: LeaseUnit, rule: &BudgetRule, period: i64, now_ms: i64) -> u64 {
+        match unit {
+            LeaseUnit::Micros | LeaseUnit::Tokens => {
+                let buckets = match rule.period {
+                    Period::Day => &self.days,
+                    Period::Week => &self.weeks,
+                    Period::Month => &self.months,
+                };
+                let _ = now_ms;
+                let (m, t, _) = Self::bucket(buckets, period);
+                if unit == LeaseUnit::Micros { m } else { t }
+            }
+            LeaseUnit::Requests => u64::from(self.started_in(period).0),
+            LeaseUnit::MinuteTokens => self.started_in(period).1,
+        }
     }
 }
 
-/// One end user's local entries, by request id, with their running totals, so admitting,
-/// settling and retiring a request cost the same however many a user has in flight.
-#[derive(Debug, Default)]
-struct UserLedger {
-    entries: HashMap<String, Entry>,
-    totals: Totals,
+/// Per scope kind, values by borrowed `&str`: a lookup allocates nothing; a value is copied
+/// only when first inserted.
+#[derive(Debug)]
+struct ByScope<T>([HashMap<String, T>; KINDS]);
+
+impl<T> Default for ByScope<T> {
+    fn default() -> Self {
+        ByScope(std::array::from_fn(|_| HashMap::default()))
+    }
 }
 
-impl UserLedger {
-    fn insert(&mut self, request_id: &str, entry: Entry) {
-        self.totals.add(&entry);
-        if let Some(old) = self.entries.insert(request_id.to_owned(), entry) {
-            self.totals.remove(&old);
+impl<T> ByScope<T> {
+    fn get(&self, kind: ScopeKind, value: &str) -> Option<&T> {
+        let m = &self.0[kind.index()];
+        if m.is_empty() { None } else { m.get(value) }
+    }
+
+    fn get_mut(&mut self, kind: ScopeKind, value: &str) -> Option<&mut T> {
+        self.0[kind.index()].get_mut(value)
+    }
+
+    fn entry(&mut self, kind: ScopeKind, value: &str) -> &mut T
+    where
+        T: Default,
+    {
+        let m = &mut self.0[kind.index()];
+        if !m.contains_key(value) {
+            m.insert(value.to_owned(), T::default());
+        }
+        m.get_mut(value)
+            .unwrap_or_else(|| unreachable!("inserted above"))
+    }
+
+    fn insert(&mut self, kind: ScopeKind, value: String, v: T) {
+        self.0[kind.index()].insert(value, v);
+    }
+
+    fn clear(&mut self) {
+        for m in &mut self.0 {
+            m.clear();
         }
     }
 
-    /// Keeps the entries `keep` says to, keeping the totals right.
-    fn retain(&mut self, mut keep: impl FnMut(&Entry) -> bool) {
-        let UserLedger { entries, totals } = self;
-        entries.retain(|_, e| {
-            let kept = keep(e);
-            if !kept {
-                totals.remove(e);
-            }
-            kept
-        });
+    fn kind(&self, kind: ScopeKind) -> &HashMap<String, T> {
+        &self.0[kind.index()]
     }
 }
 
@@ -193,10 +297,23 @@ impl UserLedger {
 struct Remote {
     spend: Spend,
     day: i64,
-    month: i64,
 }
 
-/// This dataplane's lease of one end user's budget in one period.
+impl Remote {
+    /// What the feed counts in `unit` under `rule` now.
+    fn used(&self, unit: LeaseUnit, rule: &BudgetRule, now_ms: i64) -> u64 {
+        let day = day_of(now_ms);
+        let current = if unit.per_minute() {
+            minute_of(now_ms)
+        } else {
+            rule.period.index_of_day(day)
+        };
+        let feed_current = rule.period.index_of_day(self.day);
+        unit.recorded(rule, &self.spend, feed_current, current)
+    }
+}
+
+/// This dataplane's lease of one budget in one period.
 #[derive(Debug, Clone, Copy)]
 struct Slot {
     period: i64,
@@ -221,17 +338,13 @@ impl Slot {
     }
 }
 
-/// One end user's leases: of the spend limit and of the request rate.
+/// One scope's leases, per unit.
 #[derive(Debug, Default, Clone, Copy)]
-struct UserLeases {
-    micros: Option<Slot>,
-    requests: Option<Slot>,
-}
+struct Leases([Option<Slot>; UNITS]);
 
 #[derive(Debug, Default)]
 struct Ledger {
     synced: bool,
-    leases: HashMap<String, UserLeases>,
     /// Leases are spent only before this (Unix ms): the send time of the last answered report
     /// plus the lease time to live.
     lease_valid_until_ms: i64,
@@ -239,10 +352,60 @@ struct Ledger {
     seq: u64,
     /// The controlplane's current month.
     month: i64,
-    default: Option<BudgetRule>,
-    overrides: HashMap<String, BudgetRule>,
-    remote: HashMap<String, Remote>,
-    local: HashMap<String, UserLedger>,
+    default_user: Option<BudgetRule>,
+    default_key: Option<BudgetRule>,
+    rules: ByScope<BudgetRule>,
+    /// Per key id, the labels it holds that a budget names.
+    key_labels: HashMap<String, Vec<String>>,
+    remote: ByScope<Remote>,
+    totals: ByScope<Totals>,
+    entries: HashMap<String, Entry>,
+    leases: ByScope<Leases>,
+}
+
+impl Ledger {
+    /// The budget in force for a scope, and whether it is a default.
+    fn rule_for(&self, kind: ScopeKind, value: &str) -> Option<(BudgetRule, bool)> {
+        if let Some(r) = self.rules.get(kind, value) {
+            return Some((*r, false));
+        }
+        match kind {
+            ScopeKind::User => self.default_user.map(|r| (r, true)),
+            ScopeKind::Key => self.default_key.map(|r| (r, true)),
+            _ => None,
+        }
+    }
+
+    fn add_entry(&mut self, e: &Entry) {
+        for (scope, _) in &e.scopes {
+            self.totals.entry(scope.kind, &scope.value).add(e);
+        }
+    }
+
+    fn remove_entry(totals: &mut ByScope<Totals>, e: &Entry) {
+        for (scope, _) in &e.scopes {
+            if let Some(t) = totals.get_mut(scope.kind, &scope.value) {
+                t.remove(e);
+                if t.is_empty() {
+                    totals.0[scope.kind.index()].remove(scope.value.as_str());
+                }
+            }
+        }
+    }
+
+    /// Keeps the entries `keep` says to, keeping the totals right.
+    fn retain(&mut self, mut keep: impl FnMut(&Entry) -> bool) {
+        let Ledger {
+            entries, totals, ..
+        } = self;
+        entries.retain(|_, e| {
+            let kept = keep(e);
+            if !kept {
+                Self::remove_entry(totals, e);
+            }
+            kept
+        });
+    }
 }
 
 /// The dataplane's budget state. Cheap to clone.
@@ -278,16 +441,14 @@ impl Default for Budgets {
     }
 }
 
-/// An admitted request's hold on its user's budget. Settle it with what the request counts;
-/// dropping it unsettled counts the reservation.
+/// An admitted request's hold on its budgets. Settle it with what the request counts; dropping
+/// it unsettled counts the reservation.
 #[derive(Debug)]
 pub struct Reservation {
     budgets: Budgets,
-    user: String,
     request_id: String,
     reserved: u64,
-    /// The spend lease's period the reservation was taken from.
-    lease_period: Option<i64>,
+    reserved_tokens: u64,
     settled: bool,
 }
 
@@ -296,30 +457,50 @@ impl Reservation {
         self.reserved
     }
 
-    /// Replaces the reservation with what the request counts against the budget.
-    pub fn settle(mut self, micros: u64) {
+    pub fn reserved_tokens(&self) -> u64 {
+        self.reserved_tokens
+    }
+
+    /// Replaces the reservation with what the request counts against its budgets.
+    pub fn settle(mut self, micros: u64, tokens: u64) {
         self.settled = true;
-        self.budgets.settle(
-            &self.user,
-            &self.request_id,
-            micros,
-            self.reserved,
-            self.lease_period,
-        );
+        self.budgets.settle(&self.request_id, micros, tokens);
     }
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
         if !self.settled {
-            self.budgets.settle(
-                &self.user,
-                &self.request_id,
-                self.reserved,
-                self.reserved,
-                self.lease_period,
-            );
+            self.budgets
+                .settle(&self.request_id, self.reserved, self.reserved_tokens);
         }
+    }
+}
+
+/// One budget that applies to a request.
+#[derive(Debug, Clone, Copy)]
+struct Applied<'a> {
+    kind: ScopeKind,
+    value: &'a str,
+    rule: BudgetRule,
+    default: bool,
+}
+
+impl Applied<'_> {
+    fn name(&self) -> BudgetName {
+        BudgetName {
+            scope: Scope::new(self.kind, self.value),
+            default: self.default,
+        }
+    }
+}
+
+/// What a request reserves in a unit.
+fn amount(unit: LeaseUnit, micros: u64, tokens: u64) -> u64 {
+    match unit {
+        LeaseUnit::Micros => micros,
+        LeaseUnit::Requests => 1,
+        LeaseUnit::Tokens | LeaseUnit::MinuteTokens => tokens,
     }
 }
 
@@ -334,135 +515,218 @@ impl Budgets {
         self.lock().synced
     }
 
-    /// Admits or refuses a request of `user` that may cost up to `estimate_micros`. `Ok(None)`:
-    /// no budget applies to the user.
+    /// Admits or refuses a request that may cost up to `estimate_micros` and `estimate_tokens`.
+    /// `Ok(None)`: no budget applies to it.
     pub fn admit(
         &self,
-        user: &str,
+        who: &Who<'_>,
         request_id: &str,
         estimate_micros: u64,
+        estimate_tokens: u64,
         now_ms: i64,
     ) -> Result<Option<Reservation>, Refusal> {
-        let mut l = self.lock();
+        let mut guard = self.lock();
+        let l = &mut *guard;
         if !l.synced {
-            return Err(Refusal::NotLoaded);
+            // Before the first feed nothing is known; an end user's budget was always checked,
+            // so their requests wait; others pass.
+            return match who.user {
+                Some(_) => Err(Refusal::NotLoaded),
+                None => Ok(None),
+            };
         }
-        let Some(rule) = l.overrides.get(user).or(l.default.as_ref()).copied() else {
+        // The budgets that apply, found by borrowed keys (no allocation when none does).
+        let mut applied: Vec<Applied<'_>> = Vec::new();
+        let scopes = [
+            (ScopeKind::Key, Some(who.key)),
+            (ScopeKind::Agent, who.agent),
+            (ScopeKind::Model, who.model),
+            (ScopeKind::Env, who.env),
+            (ScopeKind::User, who.user),
+        ];
+        for (kind, value) in scopes {
+            let Some(value) = value else { continue };
+            if let Some((rule, default)) = l.rule_for(kind, value) {
+                applied.push(Applied {
+                    kind,
+                    value,
+                    rule,
+                    default,
+                });
+            }
+        }
+        if let Some(labels) = l.key_labels.get(who.key) {
+            for label in labels {
+                if let Some(rule) = l.rules.get(ScopeKind::Label, label) {
+                    applied.push(Applied {
+                        kind: ScopeKind::Label,
+                        value: label,
+                        rule: *rule,
+                        default: false,
+                    });
+                }
+            }
+        }
+        if applied.is_empty() {
             return Ok(None);
-        };
-        let (day, month, minute) = (
-            day_of(now_ms),
-            month_of_day(day_of(now_ms)),
-            minute_of(now_ms),
-        );
-        let remote = l.remote.get(user).copied().unwrap_or_default();
-        let totals = l.local.get(user).map(|u| &u.totals);
+        }
 
-        if let Some(limit) = rule.limit_micros {
-            let remote_spent = match rule.period {
-                Period::Day if remote.day == day => remote.spend.day_micros,
-                Period::Month if remote.month == month => remote.spend.month_micros,
-                _ => 0,
-            };
-            let local_spent = totals.map_or(0, |t| t.spent(rule.period, now_ms));
-            if remote_spent.saturating_add(local_spent) >= limit {
-                return Err(Refusal::Spent {
-                    limit_micros: limit,
-                    period: rule.period,
-                    retry_after: until(rule.period.end_ms(now_ms), now_ms),
+        // Every budget's limit, from the feed and the local entries.
+        for a in &applied {
+            let remote = l.remote.get(a.kind, a.value).copied().unwrap_or_default();
+            let totals = l.totals.get(a.kind, a.value);
+            for unit in LeaseUnit::ALL {
+                let Some(limit) = unit.limit(&a.rule) else {
+                    continue;
+                };
+                let local = totals.map_or(0, |t| {
+                    t.unrecorded(unit, &a.rule, unit.period_at(&a.rule, now_ms), now_ms)
                 });
+                if remote.used(unit, &a.rule, now_ms).saturating_add(local) >= limit {
+                    return Err(Refusal::Over {
+                        budget: a.name(),
+                        limit: Limit::of(unit, &a.rule),
+                        retry_after: until(period_end(unit, &a.rule, now_ms), now_ms),
+                    });
+                }
             }
         }
-        if let Some(rpm) = rule.requests_per_minute {
-            let remote_count = if remote.spend.minute == minute {
-                remote.spend.minute_requests
-            } else {
-                0
+
+        // Every lease: all must have some left before any is taken from.
+        let expired = l.lease_valid_until_ms <= now_ms;
+        let mut short = None;
+        for a in &applied {
+            let leases = match l.leases.get_mut(a.kind, a.value) {
+                Some(x) => x,
+                None => l.leases.entry(a.kind, a.value),
             };
-            let local_count = totals.map_or(0, |t| t.started_in(minute));
-            let used = u64::from(remote_count) + u64::from(local_count);
-            if used >= u64::from(rpm) {
-                return Err(Refusal::Rate {
-                    rpm,
-                    retry_after: until((minute + 1) * MINUTE_MS, now_ms),
-                });
+            for unit in LeaseUnit::ALL {
+                if unit.limit(&a.rule).is_none() {
+                    continue;
+                }
+                let period = unit.period_at(&a.rule, now_ms);
+                let reservation = amount(unit, estimate_micros, estimate_tokens);
+                let s = leases.0[unit as usize]
+                    .get_or_insert_with(|| Slot::new(period, reservation, now_ms));
+                if s.period != period {
+                    *s = Slot::new(period, reservation, now_ms);
+                }
+                s.last_reservation = reservation.max(1);
+                s.last_used_ms = now_ms;
+                if s.unused <= 0 && short.is_none() {
+                    short = Some((*a, unit));
+                }
             }
         }
-        let lease_period = take_leases(&mut l, user, rule, estimate_micros, now_ms)?;
-
+        if expired {
+            return Err(Refusal::LeaseExpired);
+        }
+        if let Some((a, unit)) = short {
+            // Others may give theirs back when idle: worth a retry before the period ends.
+            let retry = until(period_end(unit, &a.rule, now_ms), now_ms)
+                .min(Duration::from_millis(2 * LEASE_IDLE_MS as u64));
+            return Err(Refusal::NoLease {
+                budget: a.name(),
+                limit: Limit::of(unit, &a.rule),
+                retry_after: retry,
+            });
+        }
+        let mut scopes = Vec::with_capacity(applied.len());
+        for a in &applied {
+            let mut taken: Taken = [None; UNITS];
+            if let Some(leases) = l.leases.get_mut(a.kind, a.value) {
+                for unit in LeaseUnit::ALL {
+                    if unit.limit(&a.rule).is_none() {
+                        continue;
+                    }
+                    if let Some(s) = leases.0[unit as usize].as_mut() {
+                        let n = amount(unit, estimate_micros, estimate_tokens);
+                        s.unused = s
+                            .unused
+                            .saturating_sub(i64::try_from(n).unwrap_or(i64::MAX));
+                        s.taken = s.taken.saturating_add(n);
+                        taken[unit as usize] = Some(s.period);
+                    }
+                }
+            }
+            scopes.push((Scope::new(a.kind, a.value), taken));
+        }
         let entry = Entry {
             started_ms: now_ms,
             micros: estimate_micros,
+            tokens: estimate_tokens,
             state: EntryState::InFlight,
+            scopes,
         };
-        match l.local.get_mut(user) {
-            Some(u) => u.insert(request_id, entry),
-            None => {
-                let mut u = UserLedger::default();
-                u.insert(request_id, entry);
-                l.local.insert(user.to_owned(), u);
-            }
+        drop(applied);
+        l.add_entry(&entry);
+        if let Some(old) = l.entries.insert(request_id.to_owned(), entry) {
+            Ledger::remove_entry(&mut l.totals, &old);
         }
         Ok(Some(Reservation {
             budgets: self.clone(),
-            user: user.to_owned(),
             request_id: request_id.to_owned(),
             reserved: estimate_micros,
-            lease_period,
+            reserved_tokens: estimate_tokens,
             settled: false,
         }))
     }
 
-    fn settle(
-        &self,
-        user: &str,
-        request_id: &str,
-        micros: u64,
-        reserved: u64,
-        lease_period: Option<i64>,
-    ) {
-        let mut l = self.lock();
-        // What the request did not use goes back to the lease (what it used past its
-        // reservation comes out of it).
-        if let Some(slot) = l
-            .leases
-            .get_mut(user)
-            .and_then(|u| u.micros.as_mut())
-            .filter(|s| Some(s.period) == lease_period)
-        {
-            slot.unused = slot
-                .unused
-                .saturating_add(i64::try_from(reserved).unwrap_or(i64::MAX))
-                .saturating_sub(i64::try_from(micros).unwrap_or(i64::MAX));
-        }
-        let Some(u) = l.local.get_mut(user) else {
+    fn settle(&self, request_id: &str, micros: u64, tokens: u64) {
+        let mut guard = self.lock();
+        let l = &mut *guard;
+        let Some(e) = l.entries.get_mut(request_id) else {
             return;
         };
-        if let Some(e) = u.entries.get_mut(request_id)
-            && e.state == EntryState::InFlight
-        {
-            u.totals.remove(e);
-            e.micros = micros;
-            e.state = EntryState::Settled;
-            u.totals.add(e);
+        if e.state != EntryState::InFlight {
+            return;
         }
+        // What the request did not use goes back to each lease (what it used past its
+        // reservation comes out of it).
+        for (scope, taken) in &e.scopes {
+            let Some(leases) = l.leases.get_mut(scope.kind, &scope.value) else {
+                continue;
+            };
+            for unit in [
+                LeaseUnit::Micros,
+                LeaseUnit::Tokens,
+                LeaseUnit::MinuteTokens,
+            ] {
+                let (reserved, used) = if unit == LeaseUnit::Micros {
+                    (e.micros, micros)
+                } else {
+                    (e.tokens, tokens)
+                };
+                if let Some(s) = leases.0[unit as usize]
+                    .as_mut()
+                    .filter(|s| Some(s.period) == taken[unit as usize])
+                {
+                    s.unused = s
+                        .unused
+                        .saturating_add(i64::try_from(reserved).unwrap_or(i64::MAX))
+                        .saturating_sub(i64::try_from(used).unwrap_or(i64::MAX));
+                }
+            }
+        }
+        Ledger::remove_entry(&mut l.totals, e);
+        e.micros = micros;
+        e.tokens = tokens;
+        e.state = EntryState::Settled;
+        let e = e.clone();
+        l.add_entry(&e);
     }
 
-    /// The controlplane stored these `(user, request id)` records; their spend is in the feed
-    /// from position `(epoch, seq)` on.
+    /// The controlplane stored these requests' records; their spend is in the feed from
+    /// position `(epoch, seq)` on.
     pub fn delivered<'a>(
         &self,
-        records: impl IntoIterator<Item = (&'a str, &'a str)>,
+        request_ids: impl IntoIterator<Item = &'a str>,
         epoch: u64,
         seq: u64,
     ) {
         let mut l = self.lock();
-        for (user, request_id) in records {
-            if let Some(e) = l
-                .local
-                .get_mut(user)
-                .and_then(|u| u.entries.get_mut(request_id))
-            {
+        for request_id in request_ids {
+            if let Some(e) = l.entries.get_mut(request_id) {
                 e.state = EntryState::Delivered { epoch, seq };
             }
         }
@@ -471,97 +735,124 @@ impl Budgets {
 
     /// Applies one feed message.
     pub fn apply_feed(&self, feed: Feed) {
-        let mut l = self.lock();
+        let mut guard = self.lock();
+        let l = &mut *guard;
         if feed.full {
-            l.default = feed.default;
-            l.overrides = feed.overrides.into_iter().collect();
+            l.default_user = feed.default;
+            l.default_key = feed.default_key;
+            l.rules.clear();
+            for (scope, rule) in feed.overrides {
+                l.rules.insert(scope.kind, scope.value, rule);
+            }
+            l.key_labels.clear();
+            for (label, keys) in feed.label_keys {
+                for key in keys {
+                    l.key_labels.entry(key).or_default().push(label.clone());
+                }
+            }
             l.remote.clear();
             // A new epoch's full state was loaded from the database: it includes everything the
             // controlplane acknowledged before, whatever position it was acknowledged at.
             if feed.epoch != l.epoch {
-                for u in l.local.values_mut() {
-                    u.retain(|e| !matches!(e.state, EntryState::Delivered { .. }));
-                }
+                l.retain(|e| !matches!(e.state, EntryState::Delivered { .. }));
             }
         }
-        let (day, month) = (feed.day, feed.month);
-        for (user, spend) in feed.spend {
-            l.remote.insert(user, Remote { spend, day, month });
+        let day = feed.day;
+        for (scope, spend) in feed.spend {
+            // Only scopes a budget may name are kept: labels, agents, models and envs without
+            // one are dropped (a new budget comes with a full state).
+            let keep = match scope.kind {
+                ScopeKind::User => {
+                    l.default_user.is_some() || l.rules.get(scope.kind, &scope.value).is_some()
+                }
+                ScopeKind::Key => {
+                    l.default_key.is_some() || l.rules.get(scope.kind, &scope.value).is_some()
+                }
+                _ => l.rules.get(scope.kind, &scope.value).is_some(),
+            };
+            if keep {
+                *l.remote.entry(scope.kind, &scope.value) = Remote { spend, day };
+            }
         }
         l.epoch = feed.epoch;
         l.seq = feed.seq;
-        l.month = month;
+        l.month = feed.month;
         l.synced = true;
-        retire(&mut l);
+        retire(l);
     }
 
-    /// This dataplane's report for the next lease round: every end user's claim (admitted
-    /// spend not in the feed yet, plus the unused lease) and what more to ask for. Returns the
-    /// report; idle leases are given back and forgotten leases dropped first.
+    /// This dataplane's report for the next lease round: every budget's claim (admitted spend
+    /// not in the feed yet, plus the unused lease) and what more to ask for. Returns the report;
+    /// idle leases are given back and forgotten leases dropped first.
     pub fn lease_request(&self, dataplane: &str, now_ms: i64) -> LeaseRequest {
         self.leasing.started.fetch_add(1, Ordering::SeqCst);
-        let mut l = self.lock();
-        let l = &mut *l;
+        let mut guard = self.lock();
+        let l = &mut *guard;
         // Unanswered for the time to live: the controlplane has taken back what was unused, so
         // it must not be claimed (or spent) again.
         let expired = l.lease_valid_until_ms != 0 && l.lease_valid_until_ms <= now_ms;
         let mut claims = Vec::new();
-        l.leases.retain(|user, leases| {
-            let rule = l.overrides.get(user).or(l.default.as_ref());
-            let totals = l.local.get(user).map(|u| &u.totals);
-            for (slot, unit) in [
-                (&mut leases.micros, LeaseUnit::Micros),
-                (&mut leases.requests, LeaseUnit::Requests),
-            ] {
-                let Some(s) = slot else { continue };
-                let current = match (unit, rule) {
-                    (LeaseUnit::Micros, Some(r)) if r.limit_micros.is_some() => {
-                        Some(r.period.index_of(now_ms))
-                    }
-                    (LeaseUnit::Requests, Some(r)) if r.requests_per_minute.is_some() => {
-                        Some(minute_of(now_ms))
-                    }
+        for kind in ScopeKind::ALL {
+            let Ledger {
+                leases,
+                rules,
+                default_user,
+                default_key,
+                totals,
+                ..
+            } = &mut *l;
+            leases.0[kind.index()].retain(|value, scope_leases| {
+                let rule = rules.get(kind, value).copied().or(match kind {
+                    ScopeKind::User => *default_user,
+                    ScopeKind::Key => *default_key,
                     _ => None,
-                };
-                // The rule is gone or the period is over: the lease means nothing now.
-                if current != Some(s.period) {
-                    *slot = None;
-                    continue;
-                }
-                let idle = now_ms - s.last_used_ms >= LEASE_IDLE_MS;
-                if idle || expired {
-                    s.unused = s.unused.min(0);
-                }
-                let unrecorded = match (unit, rule) {
-                    (LeaseUnit::Micros, Some(r)) => totals.map_or(0, |t| t.spent(r.period, now_ms)),
-                    _ => totals.map_or(0, |t| u64::from(t.started_in(s.period))),
-                };
-                let unused = u64::try_from(s.unused).unwrap_or(0);
-                let claim = unrecorded.saturating_add(unused);
-                // Enough for two rounds at the pace of the last one, and a few requests at least.
-                let pace = std::mem::take(&mut s.taken);
-                let low = (LEASE_LOW_WATER * s.last_reservation).max(pace);
-                let want = if !idle && unused < low {
-                    (LEASE_ASK * s.last_reservation).max(pace.saturating_mul(2))
-                } else {
-                    0
-                };
-                if claim == 0 && want == 0 {
-                    *slot = None;
-                    continue;
-                }
-                claims.push(LeaseClaim {
-                    key: LeaseKey {
-                        user: user.clone(),
-                        unit,
-                        period: s.period,
-                    },
-                    claim,
-                    want,
                 });
-            }
-            leases.micros.is_some() || leases.requests.is_some()
-        });
+                let totals = totals.get(kind, value);
+                for unit in LeaseUnit::ALL {
+                    let slot = &mut scope_leases.0[unit as usize];
+                    let Some(s) = slot else { continue };
+                    let current = rule
+                        .filter(|r| unit.limit(r).is_some())
+                        .map(|r| unit.period_at(&r, now_ms));
+                    // The rule is gone or the period is over: the lease means nothing now.
+                    let (Some(rule), true) = (rule, current == Some(s.period)) else {
+                        *slot = None;
+                        continue;
+                    };
+                    let idle = now_ms - s.last_used_ms >= LEASE_IDLE_MS;
+                    if idle || expired {
+                        s.unused = s.unused.min(0);
+                    }
+                    let unrecorded =
+                        totals.map_or(0, |t| t.unrecorded(unit, &rule, s.period, now_ms));
+                    let unused = u64::try_from(s.unused).unwrap_or(0);
+                    let claim = unrecorded.saturating_add(unused);
+                    // Enough for two rounds at the pace of the last one, and a few requests at
+                    // least.
+                    let pace = std::mem::take(&mut s.taken);
+                    let low = (LEASE_LOW_WATER * s.last_reservation).max(pace);
+                    let want = if !idle && unused < low {
+                        (LEASE_ASK * s.last_reservation).max(pace.saturating_mul(2))
+                    } else {
+                        0
+                    };
+                    if claim == 0 && want == 0 {
+                        *slot = None;
+                        continue;
+                    }
+                    claims.push(LeaseClaim {
+                        key: LeaseKey {
+                            scope: Scope::new(kind, value.as_str()),
+                            unit,
+                            period: s.period,
+                        },
+                        claim,
+                        want,
+                    });
+                }
+                scope_leases.0.iter().any(Option::is_some)
+            });
+        }
         LeaseRequest {
             dataplane: dataplane.to_owned(),
             instance: self.leasing.instance,
@@ -577,13 +868,11 @@ impl Budgets {
             if *granted == 0 {
                 continue;
             }
+            let scope = &claim.key.scope;
             let slot = l
                 .leases
-                .get_mut(&claim.key.user)
-                .and_then(|u| match claim.key.unit {
-                    LeaseUnit::Micros => u.micros.as_mut(),
-                    LeaseUnit::Requests => u.requests.as_mut(),
-                });
+                .get_mut(scope.kind, &scope.value)
+                .and_then(|u| u.0[claim.key.unit as usize].as_mut());
             if let Some(s) = slot.filter(|s| s.period == claim.key.period) {
                 s.unused = s
                     .unused
@@ -628,7 +917,12 @@ impl Budgets {
         estimate_micros: u64,
         now_ms: i64,
     ) -> Result<Option<Reservation>, Refusal> {
-        match self.admit(user, request_id, estimate_micros, now_ms) {
+        let who = Who {
+            key: "key_test",
+            user: Some(user),
+            ..Who::default()
+        };
+        match self.admit(&who, request_id, estimate_micros, 0, now_ms) {
             Err(Refusal::NoLease { .. } | Refusal::LeaseExpired) => {
                 let req = self.lease_request("test", now_ms);
                 let granted = req.claims.iter().map(|c| c.want.max(1) * 1_000).collect();
@@ -637,117 +931,62 @@ impl Budgets {
                     ttl_ms: 40 * 86_400_000,
                 };
                 self.apply_grants(&req, &resp, now_ms);
-                self.admit(user, request_id, estimate_micros, now_ms)
+                self.admit(&who, request_id, estimate_micros, 0, now_ms)
             }
             other => other,
         }
     }
 
-    /// Rules in force: the default (if any) and the overrides.
+    /// Rules in force: the defaults (if any) and the budgets of scopes.
     pub fn rules(&self) -> usize {
         let l = self.lock();
-        usize::from(l.default.is_some()) + l.overrides.len()
+        usize::from(l.default_user.is_some())
+            + usize::from(l.default_key.is_some())
+            + ScopeKind::ALL
+                .iter()
+                .map(|k| l.rules.kind(*k).len())
+                .sum::<usize>()
     }
 
-    /// Entries counted toward a user right now (for tests and diagnostics).
+    /// Entries counted right now toward one end user (for tests and diagnostics).
     pub fn local_entries(&self, user: &str) -> usize {
-        self.lock().local.get(user).map_or(0, |u| u.entries.len())
+        let l = self.lock();
+        l.entries
+            .values()
+            .filter(|e| {
+                e.scopes
+                    .iter()
+                    .any(|(s, _)| s.kind == ScopeKind::User && s.value == user)
+            })
+            .count()
     }
 }
 
-/// Takes the request's reservation from the user's spend lease and one request from their
-/// rate lease, or refuses when either is used up; the spend lease's period when one was taken.
-fn take_leases(
-    l: &mut Ledger,
-    user: &str,
-    rule: BudgetRule,
-    estimate_micros: u64,
-    now_ms: i64,
-) -> Result<Option<i64>, Refusal> {
-    if rule.limit_micros.is_none() && rule.requests_per_minute.is_none() {
-        return Ok(None);
+/// When the period of `unit` under `rule` containing `now_ms` ends.
+fn period_end(unit: LeaseUnit, rule: &BudgetRule, now_ms: i64) -> i64 {
+    if unit.per_minute() {
+        (minute_of(now_ms) + 1) * MINUTE_MS
+    } else {
+        rule.period.end_ms(now_ms)
     }
-    // Unanswered for the time to live (or never answered): what is held may have been taken
-    // back, so nothing is spent before the next answered round.
-    let expired = l.lease_valid_until_ms <= now_ms;
-    let leases = match l.leases.get_mut(user) {
-        Some(u) => u,
-        None => l.leases.entry(user.to_owned()).or_default(),
-    };
-    let micros_period = rule.period.index_of(now_ms);
-    let minute = minute_of(now_ms);
-    let mut short = None;
-    if rule.limit_micros.is_some() {
-        let s = leases
-            .micros
-            .get_or_insert_with(|| Slot::new(micros_period, estimate_micros, now_ms));
-        if s.period != micros_period {
-            *s = Slot::new(micros_period, estimate_micros, now_ms);
-        }
-        s.last_reservation = estimate_micros.max(1);
-        s.last_used_ms = now_ms;
-        if s.unused <= 0 {
-            short = Some((LeaseUnit::Micros, rule.period.end_ms(now_ms)));
-        }
-    }
-    if rule.requests_per_minute.is_some() {
-        let s = leases
-            .requests
-            .get_or_insert_with(|| Slot::new(minute, 1, now_ms));
-        if s.period != minute {
-            *s = Slot::new(minute, 1, now_ms);
-        }
-        s.last_used_ms = now_ms;
-        if s.unused <= 0 && short.is_none() {
-            short = Some((LeaseUnit::Requests, (minute + 1) * MINUTE_MS));
-        }
-    }
-    if expired {
-        return Err(Refusal::LeaseExpired);
-    }
-    if let Some((unit, end_ms)) = short {
-        // Others may give theirs back when idle: worth a retry before the period ends.
-        let retry = until(end_ms, now_ms).min(Duration::from_millis(2 * LEASE_IDLE_MS as u64));
-        return Err(Refusal::NoLease {
-            unit,
-            rule,
-            retry_after: retry,
-        });
-    }
-    let mut taken = None;
-    if let Some(s) = leases
-        .micros
-        .as_mut()
-        .filter(|_| rule.limit_micros.is_some())
-    {
-        s.unused = s
-            .unused
-            .saturating_sub(i64::try_from(estimate_micros).unwrap_or(i64::MAX));
-        s.taken = s.taken.saturating_add(estimate_micros);
-        taken = Some(s.period);
-    }
-    if let Some(s) = leases
-        .requests
-        .as_mut()
-        .filter(|_| rule.requests_per_minute.is_some())
-    {
-        s.unused -= 1;
-        s.taken += 1;
-    }
-    Ok(taken)
 }
 
 /// Drops delivered entries the feed has caught up with, and entries of past months (their
 /// record never made it; they no longer count toward any period).
 fn retire(l: &mut Ledger) {
     let (epoch, seq, month) = (l.epoch, l.seq, l.month);
-    l.local.retain(|_, u| {
-        u.retain(|e| match e.state {
-            EntryState::Delivered { epoch: ep, seq: s } => !(ep == epoch && s <= seq),
-            _ => month_of_day(day_of(e.started_ms)) >= month,
-        });
-        !u.entries.is_empty()
+    l.retain(|e| match e.state {
+        EntryState::Delivered { epoch: ep, seq: s } => !(ep == epoch && s <= seq),
+        _ => {
+            let day = day_of(e.started_ms);
+            month_of_day(day) >= month
+                || week_of_day(day) >= week_of_day(day_of(month_start_ms(month)))
+        }
     });
+}
+
+fn month_start_ms(month: i64) -> i64 {
+    nm_types::budget::first_day_of_month(month) * nm_types::budget::DAY_MS
 }
 
 fn until(end_ms: i64, now_ms: i64) -> Duration {
@@ -775,18 +1014,28 @@ mod tests {
         b
     }
 
+    fn user(u: &str) -> Who<'_> {
+        Who {
+            key: "key_test",
+            user: Some(u),
+            ..Who::default()
+        }
+    }
+
     fn dollars(limit: u64) -> BudgetRule {
         BudgetRule {
             limit_micros: Some(limit),
             period: Period::Day,
             requests_per_minute: None,
+            limit_tokens: None,
+            tokens_per_minute: None,
         }
     }
 
     #[test]
     fn nothing_is_admitted_before_the_first_feed() {
         assert_eq!(
-            Budgets::default().admit("u", "r", 1, NOW).err(),
+            Budgets::default().admit(&user("u"), "r", 1, 0, NOW).err(),
             Some(Refusal::NotLoaded)
         );
     }
@@ -800,7 +1049,7 @@ mod tests {
             match b.admit_leased("u", &format!("r{i}"), 300, NOW) {
                 Ok(Some(r)) => held.push(r),
                 Ok(None) => panic!("a budget applies"),
-                Err(Refusal::Spent { retry_after, .. }) => {
+                Err(Refusal::Over { retry_after, .. }) => {
                     assert_eq!(retry_after, Duration::from_millis(12 * 3_600_000));
                     refused += 1;
                 }
@@ -811,7 +1060,7 @@ mod tests {
         assert_eq!((held.len(), refused), (4, 46));
         // Answers that cost less free the rest for others.
         for r in held {
-            r.settle(100);
+            r.settle(100, 0);
         }
         assert!(b.admit_leased("u", "next", 300, NOW).is_ok());
         // Another user is untouched.
@@ -824,15 +1073,15 @@ mod tests {
         b.admit_leased("u", "r1", 600, NOW)
             .unwrap()
             .unwrap()
-            .settle(700);
-        b.delivered([("u", "r1")], 7, 3);
+            .settle(700, 0);
+        b.delivered(["r1"], 7, 3);
         assert_eq!(b.local_entries("u"), 1, "feed not caught up yet");
         assert!(b.admit_leased("u", "r2", 1, NOW).is_ok());
         b.apply_feed(Feed {
             epoch: 7,
             seq: 3,
             spend: vec![(
-                "u".to_owned(),
+                Scope::user("u"),
                 Spend {
                     day_micros: 1_000,
                     month_micros: 1_000,
@@ -846,7 +1095,7 @@ mod tests {
         assert_eq!(b.local_entries("u"), 1, "r1 retired, r2 still in flight");
         assert!(matches!(
             b.admit_leased("u", "r3", 1, NOW),
-            Err(Refusal::Spent { .. })
+            Err(Refusal::Over { .. })
         ));
         // The next day starts from zero.
         let tomorrow = day_from_civil(2026, 11, 23) * DAY_MS;
@@ -859,8 +1108,8 @@ mod tests {
         b.admit_leased("u", "r1", 10, NOW)
             .unwrap()
             .unwrap()
-            .settle(10);
-        b.delivered([("u", "r1")], 7, 99);
+            .settle(10, 0);
+        b.delivered(["r1"], 7, 99);
         b.apply_feed(Feed {
             epoch: 8,
             seq: 0,
@@ -879,12 +1128,17 @@ mod tests {
             limit_micros: None,
             period: Period::Day,
             requests_per_minute: Some(2),
+            limit_tokens: None,
+            tokens_per_minute: None,
         });
         assert!(b.admit_leased("u", "1", 0, NOW).is_ok());
         assert!(b.admit_leased("u", "2", 0, NOW + 10).is_ok());
         assert!(matches!(
             b.admit_leased("u", "3", 0, NOW + 20),
-            Err(Refusal::Rate { rpm: 2, .. })
+            Err(Refusal::Over {
+                limit: Limit::Rpm(2),
+                ..
+            })
         ));
         assert!(b.admit_leased("u", "4", 0, NOW + MINUTE_MS).is_ok());
     }
@@ -895,7 +1149,7 @@ mod tests {
         b.apply_feed(Feed {
             epoch: 1,
             full: true,
-            overrides: vec![("vip".to_owned(), dollars(5))],
+            overrides: vec![(Scope::user("vip"), dollars(5))],
             day: day_of(NOW),
             month: month_of_day(day_of(NOW)),
             ..Default::default()
@@ -929,7 +1183,7 @@ mod tests {
         let b = budgets(dollars(1_000_000));
         // No lease round answered yet: refused, and the next round asks for four reservations.
         assert_eq!(
-            b.admit("u", "r0", 300, NOW).err(),
+            b.admit(&user("u"), "r0", 300, 0, NOW).err(),
             Some(Refusal::LeaseExpired)
         );
         let req = round(&b, NOW, &[700]);
@@ -941,10 +1195,14 @@ mod tests {
         assert_eq!(req.claims[0].key.period, day_of(NOW));
         // 700 leased: 300 and 300 fit, the third goes past by one reservation, then none.
         let held: Vec<_> = (1..=3)
-            .map(|i| b.admit("u", &format!("r{i}"), 300, NOW).unwrap().unwrap())
+            .map(|i| {
+                b.admit(&user("u"), &format!("r{i}"), 300, 0, NOW)
+                    .unwrap()
+                    .unwrap()
+            })
             .collect();
         assert!(matches!(
-            b.admit("u", "r4", 300, NOW),
+            b.admit(&user("u"), "r4", 300, 0, NOW),
             Err(Refusal::NoLease { .. })
         ));
         // The claim: 900 admitted and not in the feed, nothing unused; it asks for twice the
@@ -953,9 +1211,9 @@ mod tests {
         assert_eq!((req.claims[0].claim, req.claims[0].want), (900, 1_800));
         // Answers cheaper than reserved give the difference back to the lease.
         for r in held {
-            r.settle(100);
+            r.settle(100, 0);
         }
-        assert!(b.admit("u", "r5", 300, NOW + 2).is_ok());
+        assert!(b.admit(&user("u"), "r5", 300, 0, NOW + 2).is_ok());
         let req = round(&b, NOW + 3, &[]);
         // 300 + 3 x 100 admitted; 700 - 900 + 600 - 300 = 100 unused.
         assert_eq!(req.claims[0].claim, 600 + 100);
@@ -964,15 +1222,18 @@ mod tests {
     #[test]
     fn an_idle_lease_goes_back_and_an_unanswered_one_expires() {
         let b = budgets(dollars(1_000_000));
-        let _ = b.admit("u", "r0", 300, NOW);
+        let _ = b.admit(&user("u"), "r0", 300, 0, NOW);
         round(&b, NOW, &[10_000]);
-        b.admit("u", "r1", 300, NOW).unwrap().unwrap().settle(300);
+        b.admit(&user("u"), "r1", 300, 0, NOW)
+            .unwrap()
+            .unwrap()
+            .settle(300, 0);
         // Idle for LEASE_IDLE_MS: the unused lease is not claimed any more, only the spend the
         // feed has not counted yet.
         let req = round(&b, NOW + LEASE_IDLE_MS, &[]);
         assert_eq!((req.claims[0].claim, req.claims[0].want), (300, 0));
         // Once the feed has it, nothing is left to claim: the lease is dropped.
-        b.delivered([("u", "r1")], 7, 1);
+        b.delivered(["r1"], 7, 1);
         b.apply_feed(Feed {
             epoch: 7,
             seq: 1,
@@ -984,11 +1245,11 @@ mod tests {
 
         // A fresh lease, then the controlplane stops answering: spendable until its time to
         // live from the last answered round, then refused as expired (503, not 429).
-        let _ = b.admit("u", "r2", 300, NOW);
+        let _ = b.admit(&user("u"), "r2", 300, 0, NOW);
         round(&b, NOW, &[10_000]);
-        assert!(b.admit("u", "r3", 300, NOW + 4_999).is_ok());
+        assert!(b.admit(&user("u"), "r3", 300, 0, NOW + 4_999).is_ok());
         assert_eq!(
-            b.admit("u", "r4", 300, NOW + 5_000).err(),
+            b.admit(&user("u"), "r4", 300, 0, NOW + 5_000).err(),
             Some(Refusal::LeaseExpired)
         );
         // Its next report claims no unused lease (the controlplane took it back).
@@ -1002,20 +1263,22 @@ mod tests {
             limit_micros: None,
             period: Period::Day,
             requests_per_minute: Some(100),
+            limit_tokens: None,
+            tokens_per_minute: None,
         });
         assert_eq!(
-            b.admit("u", "r0", 0, NOW).err(),
+            b.admit(&user("u"), "r0", 0, 0, NOW).err(),
             Some(Refusal::LeaseExpired)
         );
         let req = round(&b, NOW, &[2]);
         assert_eq!(req.claims[0].key.unit, LeaseUnit::Requests);
         assert_eq!(req.claims[0].key.period, minute_of(NOW));
-        assert!(b.admit("u", "r1", 0, NOW).is_ok());
-        assert!(b.admit("u", "r2", 0, NOW).is_ok());
+        assert!(b.admit(&user("u"), "r1", 0, 0, NOW).is_ok());
+        assert!(b.admit(&user("u"), "r2", 0, 0, NOW).is_ok());
         assert!(matches!(
-            b.admit("u", "r3", 0, NOW),
+            b.admit(&user("u"), "r3", 0, 0, NOW),
             Err(Refusal::NoLease {
-                unit: LeaseUnit::Requests,
+                limit: Limit::Rpm(_),
                 ..
             })
         ));
@@ -1024,12 +1287,210 @@ mod tests {
         // (A round answered meanwhile keeps the leases spendable.)
         round(&b, next - 1_000, &[]);
         assert!(matches!(
-            b.admit("u", "r4", 0, next),
+            b.admit(&user("u"), "r4", 0, 0, next),
             Err(Refusal::NoLease { .. })
         ));
         let req = round(&b, next, &[1]);
         assert_eq!(req.claims.len(), 1, "the past minute's lease is dropped");
-        assert!(b.admit("u", "r5", 0, next).is_ok());
+        assert!(b.admit(&user("u"), "r5", 0, 0, next).is_ok());
+    }
+
+    #[test]
+    fn a_request_passes_every_budget_that_applies_and_a_refusal_names_its_own() {
+        let b = Budgets::default();
+        let rpm = |n| BudgetRule {
+            limit_micros: None,
+            period: Period::Day,
+            requests_per_minute: Some(n),
+            limit_tokens: None,
+            tokens_per_minute: None,
+        };
+        b.apply_feed(Feed {
+            epoch: 1,
+            full: true,
+            default: Some(rpm(100)),
+            default_key: Some(rpm(100)),
+            overrides: vec![
+                (Scope::new(ScopeKind::Agent, "bot"), rpm(3)),
+                (Scope::new(ScopeKind::Label, "team=a"), rpm(2)),
+                (
+                    Scope::new(ScopeKind::Model, "m"),
+                    BudgetRule::usd(1_000, Period::Week),
+                ),
+            ],
+            label_keys: vec![("team=a".to_owned(), vec!["k1".to_owned()])],
+            day: day_of(NOW),
+            month: month_of_day(day_of(NOW)),
+            ..Default::default()
+        });
+        let who = |key, agent| Who {
+            key,
+            agent: Some(agent),
+            model: Some("m"),
+            env: None,
+            user: Some("u"),
+        };
+        let grant_all = |b: &Budgets| {
+            let req = b.lease_request("t", NOW);
+            let granted = req.claims.iter().map(|c| c.want.max(1) * 1_000).collect();
+            b.apply_grants(
+                &req,
+                &LeaseResponse {
+                    granted,
+                    ttl_ms: 60_000,
+                },
+                NOW,
+            );
+        };
+        // Admits, with a lease round granting everything when a lease is missing.
+        let admit = |b: &Budgets, w: &Who<'_>, id: &str| match b.admit(w, id, 10, 0, NOW) {
+            Err(Refusal::NoLease { .. } | Refusal::LeaseExpired) => {
+                grant_all(b);
+                b.admit(w, id, 10, 0, NOW)
+            }
+            other => other,
+        };
+        // The first admission asks for every lease: agent, label, model, key, user.
+        assert_eq!(
+            b.admit(&who("k1", "bot"), "r0", 10, 0, NOW).err(),
+            Some(Refusal::LeaseExpired)
+        );
+        grant_all(&b);
+        let kinds: std::collections::BTreeSet<_> = b
+            .lease_request("t", NOW)
+            .claims
+            .iter()
+            .map(|c| c.key.scope.kind)
+            .collect();
+        assert_eq!(kinds.len(), 5, "{kinds:?}");
+        grant_all(&b);
+        let mut held = Vec::new();
+        for i in 0..2 {
+            held.push(
+                b.admit(&who("k1", "bot"), &format!("r{i}"), 10, 0, NOW)
+                    .unwrap()
+                    .unwrap(),
+            );
+        }
+        // The label (two a minute) refuses k1's third; another key without the label passes,
+        // until the agent's three.
+        match b.admit(&who("k1", "bot"), "r2", 10, 0, NOW) {
+            Err(Refusal::Over {
+                budget,
+                limit: Limit::Rpm(2),
+                ..
+            }) => {
+                assert_eq!(
+                    budget,
+                    BudgetName {
+                        scope: Scope::new(ScopeKind::Label, "team=a"),
+                        default: false
+                    }
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        held.push(admit(&b, &who("k2", "bot"), "r3").unwrap().unwrap());
+        match admit(&b, &who("k2", "bot"), "r4") {
+            Err(Refusal::Over {
+                budget,
+                limit: Limit::Rpm(3),
+                ..
+            }) => {
+                assert_eq!(budget.scope, Scope::new(ScopeKind::Agent, "bot"));
+            }
+            other => panic!("{other:?}"),
+        }
+        // Another agent on k2: the model's weekly dollars (1,000 µ$) are spent by the three.
+        for r in held {
+            r.settle(400, 0);
+        }
+        match admit(&b, &who("k2", "other"), "r5") {
+            Err(Refusal::Over {
+                budget,
+                limit: Limit::Usd(1_000, Period::Week),
+                ..
+            }) => {
+                assert_eq!(budget.scope, Scope::new(ScopeKind::Model, "m"));
+            }
+            other => panic!("{other:?}"),
+        }
+        // No budget applies to a request of another model without a user on a default-less
+        // key: nothing is reserved.
+        let free = Budgets::default();
+        free.apply_feed(Feed {
+            epoch: 1,
+            full: true,
+            ..Default::default()
+        });
+        assert!(matches!(
+            free.admit(
+                &Who {
+                    key: "k",
+                    model: Some("x"),
+                    ..Who::default()
+                },
+                "r",
+                1,
+                1,
+                NOW
+            ),
+            Ok(None)
+        ));
+    }
+
+    #[test]
+    fn token_limits_reserve_and_settle_tokens() {
+        let b = Budgets::default();
+        b.apply_feed(Feed {
+            epoch: 1,
+            full: true,
+            overrides: vec![(
+                Scope::new(ScopeKind::Agent, "bot"),
+                BudgetRule {
+                    limit_micros: None,
+                    period: Period::Day,
+                    requests_per_minute: None,
+                    limit_tokens: Some(10_000),
+                    tokens_per_minute: Some(700),
+                },
+            )],
+            day: day_of(NOW),
+            month: month_of_day(day_of(NOW)),
+            ..Default::default()
+        });
+        let who = Who {
+            key: "k",
+            agent: Some("bot"),
+            ..Who::default()
+        };
+        let _ = b.admit(&who, "r0", 0, 600, NOW);
+        let req = b.lease_request("t", NOW);
+        let units: Vec<_> = req.claims.iter().map(|c| c.key.unit).collect();
+        assert!(units.contains(&LeaseUnit::Tokens) && units.contains(&LeaseUnit::MinuteTokens));
+        let granted = req.claims.iter().map(|_| 10_000).collect();
+        b.apply_grants(
+            &req,
+            &LeaseResponse {
+                granted,
+                ttl_ms: 60_000,
+            },
+            NOW,
+        );
+        // 600 reserved: a second fits (600 < 700), a third does not (1,200 per minute).
+        let r1 = b.admit(&who, "r1", 0, 600, NOW).unwrap().unwrap();
+        let r2 = b.admit(&who, "r2", 0, 600, NOW).unwrap().unwrap();
+        assert!(matches!(
+            b.admit(&who, "r3", 0, 600, NOW),
+            Err(Refusal::Over {
+                limit: Limit::Tpm(700),
+                ..
+            })
+        ));
+        // Short answers give the tokens back: 2 x 100 metered.
+        r1.settle(0, 100);
+        r2.settle(0, 100);
+        assert!(b.admit(&who, "r4", 0, 600, NOW).is_ok());
     }
 
     proptest::proptest! {
@@ -1041,6 +1502,8 @@ mod tests {
                 limit_micros: Some(u64::MAX),
                 period: Period::Day,
                 requests_per_minute: None,
+                limit_tokens: None,
+                tokens_per_minute: None,
             });
             let mut held = Vec::new();
             let mut seq = 0;
@@ -1055,24 +1518,27 @@ mod tests {
                     }
                     1 => {
                         if !held.is_empty() {
-                            held.swap_remove(usize::try_from(id).unwrap() % held.len()).settle(micros);
+                            held.swap_remove(usize::try_from(id).unwrap() % held.len()).settle(micros, 0);
                         }
                     }
                     2 => {
                         seq += 1;
-                        b.delivered([("u", format!("r{id}").as_str())], 7, seq);
+                        b.delivered([format!("r{id}").as_str()], 7, seq);
                     }
                     _ => b.apply_feed(Feed { epoch: 7, seq, day: day_of(at), month: month_of_day(day_of(at)), ..Default::default() }),
                 }
                 let l = b.lock();
-                if let Some(u) = l.local.get("u") {
+                let entries: Vec<&Entry> = l.entries.values().collect();
+                let totals = l.totals.get(ScopeKind::User, "u");
+                proptest::prop_assert_eq!(totals.is_none(), entries.is_empty());
+                if let Some(u) = totals {
                     for t in [NOW, at, at + DAY_MS] {
-                        for period in [Period::Day, Period::Month] {
-                            let want: u64 = u.entries.values().filter(|e| period.index_of(e.started_ms) == period.index_of(t)).map(|e| e.micros).sum();
-                            proptest::prop_assert_eq!(u.totals.spent(period, t), want);
+                        for period in [Period::Day, Period::Week, Period::Month] {
+                            let want: u64 = entries.iter().filter(|e| period.index_of(e.started_ms) == period.index_of(t)).map(|e| e.micros).sum();
+                            proptest::prop_assert_eq!(u.spent(period, t).0, want);
                         }
-                        let want = u.entries.values().filter(|e| minute_of(e.started_ms) == minute_of(t)).count();
-                        proptest::prop_assert_eq!(u.totals.started_in(minute_of(t)) as usize, want);
+                        let want = entries.iter().filter(|e| minute_of(e.started_ms) == minute_of(t)).count();
+                        proptest::prop_assert_eq!(u.started_in(minute_of(t)).0 as usize, want);
                     }
                 }
             }

@@ -281,7 +281,7 @@ impl RequestEvent {
         );
     }
 
-    /// Settles the end user's budget hold, if the request took one.
+    /// Settles the request's budget hold, if it took one.
     fn settle(&mut self, ending: Ending) {
         let Some(hold) = self.reservation.take() else {
             return;
@@ -297,7 +297,15 @@ impl RequestEvent {
                 0
             }),
         };
-        hold.settle(charge);
+        // Tokens as metered; unknown (or nothing sent) like the charge.
+        let tokens = match ending {
+            Ending::Refused { .. } => 0,
+            _ => match (r.usage.input_tokens, r.usage.output_tokens) {
+                (None, None) if (200..300).contains(&r.status) => hold.reserved_tokens(),
+                (i, o) => i.unwrap_or(0).saturating_add(o.unwrap_or(0)),
+            },
+        };
+        hold.settle(charge, tokens);
         r.budget_micros = Some(charge);
     }
 
@@ -441,11 +449,7 @@ mod tests {
         let budgets = Budgets::default();
         budgets.apply_feed(Feed {
             full: true,
-            default: Some(BudgetRule {
-                limit_micros: Some(1_000_000),
-                period: Period::Day,
-                requests_per_minute: None,
-            }),
+            default: Some(BudgetRule::usd(1_000_000, Period::Day)),
             day: day_of(now),
             month: month_of_day(day_of(now)),
             ..Default::default()

@@ -77,6 +77,9 @@ pub struct DataplaneConfig {
     pub prices: pricing::PriceTable,
     /// Answer length (tokens) assumed for a budget reservation when a request sets no cap.
     pub reserve_output_tokens: u64,
+    /// Answer length (tokens) a token budget (per minute or period) reserves when a request
+    /// sets no `max_tokens`.
+    pub tpm_default_max_tokens: u64,
     /// Makes the verifiers the controlplane's key snapshots hold (from the link secret).
     pub key_verifier: nm_types::VerifierKey,
     /// Client connections: header timeout, cap, request-body pace ([`conns`], [`pace`]).
@@ -97,6 +100,8 @@ pub struct DataplaneConfig {
 
 /// Answer length assumed for a budget reservation when a request sets no `max_tokens`.
 pub const DEFAULT_RESERVE_OUTPUT_TOKENS: u64 = 4096;
+/// Default of `tpm_default_max_tokens`.
+pub const DEFAULT_TPM_DEFAULT_MAX_TOKENS: u64 = 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -148,6 +153,7 @@ impl Dataplane {
             budgets: budget::Budgets::default(),
             metrics,
             reserve_output_tokens: config.reserve_output_tokens,
+            tpm_default_max_tokens: config.tpm_default_max_tokens,
             hot_path,
             tracing: config.tracing,
             access_log: config.access_log,

@@ -29,7 +29,7 @@ use nm_types::access::Scope;
 
 use crate::attribution::Attribution;
 use crate::body::{GatewayBody, ObservedBody, RequestBody, UpstreamBody};
-use crate::budget::{LeaseUnit, Refusal, Reservation};
+use crate::budget::{BudgetName, Limit, Refusal, Reservation, Who};
 use crate::edge;
 use crate::error::ProxyError;
 use crate::event::{Ending, RequestEvent};
@@ -46,6 +46,7 @@ use crate::providers::{Provider, WireFormat};
 use crate::records;
 use crate::state::State;
 use crate::usage::{Framing, Meter};
+use nm_types::budget::ScopeKind;
 
 /// Handles one proxy request: its event is opened once the key and provider are known, filled
 /// as the request goes, and ended by the answer's body (or here, when the gateway answers with
@@ -167,97 +168,135 @@ const MAX_RESERVED_INPUT_TOKENS: u64 = 200_000;
 /// How long a request whose end user's lease ran out waits for a lease round.
 const LEASE_WAIT: Duration = Duration::from_secs(1);
 
-/// The end user's budget check: admits with a reservation of the request's estimated cost, or
-/// refuses with 429 until the period resets.
+/// The budget check of every budget that applies (key, labels, agent, model, env, end user):
+/// admits with a reservation of the request's estimated cost and tokens, or refuses with 429
+/// until the period (or minute) ends.
 fn check_budget(
     state: &State,
     provider: &Provider,
-    model: Option<&str>,
+    who: &Who<'_>,
     max_output_tokens: Option<u64>,
     body_len: usize,
-    user: &str,
     request_id: &str,
 ) -> Result<Option<Reservation>, Refusal> {
     let input = (body_len.div_ceil(BYTES_PER_TOKEN) as u64).min(MAX_RESERVED_INPUT_TOKENS);
     let output = max_output_tokens.unwrap_or(state.reserve_output_tokens);
-    let estimate = model
+    let estimate = who
+        .model
         .and_then(|m| {
             state
                 .prices
                 .estimate_micros(&provider.name, m, input, output)
         })
         .unwrap_or(0);
+    // Tokens: the prompt's estimate plus `max_tokens`, else the configured default.
+    let tokens = input.saturating_add(max_output_tokens.unwrap_or(state.tpm_default_max_tokens));
     let now_ms = SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-    state.budgets.admit(user, request_id, estimate, now_ms)
+    state
+        .budgets
+        .admit(who, request_id, estimate, tokens, now_ms)
 }
 
 /// The limit that refused a request (the refusals metric's `reason`); None when the budgets are
 /// not loaded yet, which is no refusal of the user's.
 fn refused_by(refusal: &Refusal) -> Option<&'static str> {
     match refusal {
-        Refusal::Spent { .. } => Some("spend"),
-        Refusal::Rate { .. } => Some("rate"),
-        Refusal::NoLease {
-            unit: LeaseUnit::Micros,
-            ..
-        } => Some("spend"),
-        Refusal::NoLease {
-            unit: LeaseUnit::Requests,
-            ..
-        } => Some("rate"),
+        Refusal::Over { limit, .. } | Refusal::NoLease { limit, .. } => {
+            Some(if limit.is_rate() { "rate" } else { "spend" })
+        }
         Refusal::NotLoaded | Refusal::LeaseExpired => None,
     }
 }
 
-fn refusal_error(refusal: Refusal) -> ProxyError {
-    match refusal {
-        Refusal::Spent {
-            limit_micros,
-            period,
-            retry_after,
-        } => ProxyError::BudgetExceeded {
-            reason: format!(
-                "this end user's budget of {} per {} is spent",
-                nm_types::money::format_usd(limit_micros),
-                period.as_str()
-            ),
-            retry_after,
-        },
-        Refusal::Rate { rpm, retry_after } => ProxyError::RateLimited {
-            reason: format!("this end user may start {rpm} requests per minute"),
-            retry_after,
-        },
-        Refusal::NoLease {
-            unit: LeaseUnit::Micros,
-            rule,
-            retry_after,
-        } => ProxyError::BudgetExceeded {
-            reason: format!(
-                "this end user's budget of {} per {} is spent or held by other dataplanes",
-                nm_types::money::format_usd(rule.limit_micros.unwrap_or(0)),
-                rule.period.as_str()
-            ),
-            retry_after,
-        },
-        Refusal::NoLease {
-            unit: LeaseUnit::Requests,
-            rule,
-            retry_after,
-        } => ProxyError::RateLimited {
-            reason: format!(
-                "this end user may start {} requests per minute (this minute's rest is held \
-                 by other dataplanes)",
-                rule.requests_per_minute.unwrap_or(0)
-            ),
-            retry_after,
-        },
-        Refusal::NotLoaded => ProxyError::Unavailable(
-            "end-user budgets not loaded from the controlplane yet".to_owned(),
+/// "this end user's budget", "the agent support budget", "the default key budget (key k1)".
+fn budget_name(b: &BudgetName) -> String {
+    match (b.scope.kind, b.default) {
+        (ScopeKind::User, _) => "this end user's budget".to_owned(),
+        (ScopeKind::Key, true) => format!("the default key budget (key {})", b.scope.value),
+        (kind, _) => format!("the {} {} budget", kind.as_str(), b.scope.value),
+    }
+}
+
+/// "$0.05 per day", "10000 tokens per week", "10 requests per minute".
+fn limit_text(limit: Limit) -> String {
+    match limit {
+        Limit::Usd(micros, period) => format!(
+            "{} per {}",
+            nm_types::money::format_usd(micros),
+            period.as_str()
         ),
+        Limit::Tokens(n, period) => format!("{n} tokens per {}", period.as_str()),
+        Limit::Rpm(n) => format!("{n} requests per minute"),
+        Limit::Tpm(n) => format!("{n} tokens per minute"),
+    }
+}
+
+fn refusal_error(refusal: Refusal) -> ProxyError {
+    let reason = |budget: &BudgetName, limit: Limit, held: bool| {
+        let rest = if held {
+            " (this minute's rest is held by other dataplanes)"
+        } else {
+            ""
+        };
+        if limit.is_rate() {
+            if budget.scope.kind == ScopeKind::User {
+                format!("this end user may start {}{rest}", limit_text(limit))
+            } else {
+                format!("{} allows {}{rest}", budget_name(budget), limit_text(limit))
+            }
+        } else {
+            let spent = if held {
+                "is spent or held by other dataplanes"
+            } else {
+                "is spent"
+            };
+            format!("{} of {} {spent}", budget_name(budget), limit_text(limit))
+        }
+    };
+    match refusal {
+        Refusal::Over {
+            budget,
+            limit,
+            retry_after,
+        } => {
+            let reason = reason(&budget, limit, false);
+            if limit.is_rate() {
+                ProxyError::RateLimited {
+                    reason,
+                    retry_after,
+                }
+            } else {
+                ProxyError::BudgetExceeded {
+                    reason,
+                    retry_after,
+                }
+            }
+        }
+        Refusal::NoLease {
+            budget,
+            limit,
+            retry_after,
+        } => {
+            let reason = reason(&budget, limit, true);
+            if limit.is_rate() {
+                ProxyError::RateLimited {
+                    reason,
+                    retry_after,
+                }
+            } else {
+                ProxyError::BudgetExceeded {
+                    reason,
+                    retry_after,
+                }
+            }
+        }
+        Refusal::NotLoaded => {
+            ProxyError::Unavailable("budgets not loaded from the controlplane yet".to_owned())
+        }
         Refusal::LeaseExpired => ProxyError::Unavailable(
-            "this end user's budget cannot be checked: the controlplane has not renewed this \
+            "this request's budgets cannot be checked: the controlplane has not renewed this \
              dataplane's budget leases"
                 .to_owned(),
         ),
@@ -357,15 +396,21 @@ async fn forward(
         }
         variant = Some(served.variant.clone());
     }
-    if let Some(user) = &record.user_id {
+    {
+        let who = Who {
+            key: &record.key_id,
+            agent: record.agent.as_deref(),
+            model: record.model.as_deref(),
+            env: record.env.map(|e| e.as_str()),
+            user: record.user_id.as_deref(),
+        };
         let check = || {
             check_budget(
                 state,
                 provider,
-                record.model.as_deref(),
+                &who,
                 facts.max_output_tokens,
                 body.len(),
-                user,
                 &record.request_id,
             )
         };

@@ -29,6 +29,8 @@ pub struct State {
     pub metrics: crate::metrics::Metrics,
     /// Answer length assumed for a budget reservation when the request sets no cap.
     pub reserve_output_tokens: u64,
+    /// Answer length (tokens) a token budget reserves when the request sets no `max_tokens`.
+    pub tpm_default_max_tokens: u64,
     /// Client connection limits (header timeout, cap, request-body pace).
     pub conn_limits: crate::conns::ConnLimits,
     /// The per-thread mechanisms in force ([`crate::hot_path`]).

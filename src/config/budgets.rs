@@ -25,4 +25,11 @@ declare! { Group::Budgets;
         default: Default::Is(Lit::Int(nm_dataplane::DEFAULT_RESERVE_OUTPUT_TOKENS)),
         chart: Chart::Value("reserveOutputTokens"),
     };
+    /// answer length (tokens) a token budget (per minute or per period) reserves when a request sets no `max_tokens`; settled from the metered usage
+    TPM_DEFAULT_MAX_TOKENS: u64 => parse::whole, {
+        env: "NM_TPM_DEFAULT_MAX_TOKENS",
+        file: Some(("tpm_default_max_tokens", Kind::Int)),
+        default: Default::Is(Lit::Int(nm_dataplane::DEFAULT_TPM_DEFAULT_MAX_TOKENS)),
+        chart: Chart::No,
+    };
 }

@@ -177,6 +177,7 @@ pub struct Settings {
     pub record_durability: nm_dataplane::journal::Durability,
     /// Answer length assumed for a budget reservation when a request sets no cap.
     pub reserve_output_tokens: u64,
+    pub tpm_default_max_tokens: u64,
     pub prices: nm_dataplane::pricing::PriceTable,
     /// Interval of the scheduled analytics recomputation (controlplane); `None`: off.
     pub analytics_interval: Option<Duration>,
@@ -345,6 +346,7 @@ pub fn resolve(
     let spool_max_bytes = src.get(&storage::SPOOL_MAX_BYTES)?;
     let record_durability = src.get(&storage::RECORD_DURABILITY)?;
     let reserve_output_tokens = src.get(&budgets::RESERVE_OUTPUT_TOKENS)?;
+    let tpm_default_max_tokens = src.get(&budgets::TPM_DEFAULT_MAX_TOKENS)?;
     let analytics_interval = src.get(&storage::ANALYTICS_INTERVAL)?;
     let alert_retry = src.get(&storage::ALERT_RETRY)?;
     let spool_dir = src.get(&storage::SPOOL_DIR)?;
@@ -431,6 +433,7 @@ pub fn resolve(
         spool_max_bytes,
         record_durability,
         reserve_output_tokens,
+        tpm_default_max_tokens,
         prices,
         analytics_interval,
         alert_retry,

@@ -172,18 +172,56 @@ pub fn range_ms(r: Option<&pb::TimeRange>) -> (Option<i64>, Option<i64>) {
 // === budgets ===
 
 pub fn budget_to_pb(b: &nm_controlplane::budgets::StoredBudget) -> pb::Budget {
+    use nm_types::budget::{ScopeKind, Subject};
+    let (scope, scope_value) = subject_to_pb(&b.subject);
     pb::Budget {
-        user_id: b.user_id.clone(),
+        user_id: match &b.subject {
+            Subject::Scope(s) if s.kind == ScopeKind::User => Some(s.value.clone()),
+            _ => None,
+        },
         limit_micros: b.rule.limit_micros,
         period: period_to_pb(b.rule.period).into(),
         requests_per_minute: b.rule.requests_per_minute,
         updated_at: Some(ms_to_timestamp(b.updated_at_ms)),
+        scope,
+        scope_value,
+        limit_tokens: b.rule.limit_tokens,
+        tokens_per_minute: b.rule.tokens_per_minute,
+    }
+}
+
+/// `(scope, scope_value)` of a budget's subject.
+pub fn subject_to_pb(s: &nm_types::budget::Subject) -> (String, String) {
+    use nm_types::budget::Subject;
+    match s {
+        Subject::DefaultUser => ("default".to_owned(), String::new()),
+        Subject::DefaultKey => ("default-key".to_owned(), String::new()),
+        Subject::Scope(s) => (s.kind.as_str().to_owned(), s.value.clone()),
+    }
+}
+
+/// The subject a request names: by `scope` and `scope_value`, else (no scope) by `user_id`.
+pub fn subject_from_pb(
+    scope: &str,
+    scope_value: &str,
+    user_id: Option<&str>,
+) -> Result<nm_types::budget::Subject, String> {
+    use nm_types::budget::{Scope, ScopeKind, Subject};
+    match (scope, user_id) {
+        ("", Some(u)) => Ok(Subject::Scope(Scope::user(u))),
+        ("" | "default", _) => Ok(Subject::DefaultUser),
+        ("default-key", _) => Ok(Subject::DefaultKey),
+        (kind, _) => Ok(Subject::Scope(Scope::new(
+            kind.parse::<ScopeKind>()?,
+            scope_value,
+        ))),
     }
 }
 
 pub fn period_to_pb(p: nm_types::budget::Period) -> pb::BudgetPeriod {
     match p {
         nm_types::budget::Period::Day => pb::BudgetPeriod::Day,
+        nm_types::budget::Period::Week => pb::BudgetPeriod::Week,
         nm_types::budget::Period::Month => pb::BudgetPeriod::Month,
     }
 }
@@ -192,7 +230,19 @@ pub fn period_to_pb(p: nm_types::budget::Period) -> pb::BudgetPeriod {
 pub fn period_from_pb(p: pb::BudgetPeriod) -> nm_types::budget::Period {
     match p {
         pb::BudgetPeriod::Month => nm_types::budget::Period::Month,
+        pb::BudgetPeriod::Week => nm_types::budget::Period::Week,
         pb::BudgetPeriod::Day | pb::BudgetPeriod::Unspecified => nm_types::budget::Period::Day,
+    }
+}
+
+/// The name of one limit of a budget, as `BudgetLimit.limit` and the CLI give it.
+pub fn limit_name(unit: nm_types::budget::LeaseUnit, period: nm_types::budget::Period) -> String {
+    use nm_types::budget::LeaseUnit;
+    match unit {
+        LeaseUnit::Micros => format!("usd_per_{}", period.as_str()),
+        LeaseUnit::Tokens => format!("tokens_per_{}", period.as_str()),
+        LeaseUnit::Requests => "rpm".to_owned(),
+        LeaseUnit::MinuteTokens => "tpm".to_owned(),
     }
 }
 

@@ -239,14 +239,18 @@ impl BudgetsApi for BudgetsService {
             limit_micros: r.limit_micros,
             period: convert::period_from_pb(r.period()),
             requests_per_minute: r.requests_per_minute,
+            limit_tokens: r.limit_tokens,
+            tokens_per_minute: r.tokens_per_minute,
         };
+        let subject = convert::subject_from_pb(&r.scope, &r.scope_value, r.user_id.as_deref())
+            .map_err(Status::invalid_argument)?;
         let stored = self
             .0
             .budgets
-            .set(&admin.id, r.user_id.as_deref(), rule, now_ms())
+            .set(&admin.id, subject, rule, now_ms())
             .await
             .map_err(to_status)?;
-        info!(by = %admin.id, user = ?stored.user_id, ?rule, "budget set");
+        info!(by = %admin.id, subject = ?stored.subject, ?rule, "budget set");
         Ok(Response::new(convert::budget_to_pb(&stored)))
     }
 
@@ -255,10 +259,32 @@ impl BudgetsApi for BudgetsService {
         req: Request<pb::GetBudgetRequest>,
     ) -> Result<Response<pb::BudgetStatus>, Status> {
         require_reader(&self.0.keys, &req)?;
-        let user = req.into_inner().user_id;
-        let s = self.0.budgets.status(&user, now_ms()).map_err(to_status)?;
+        let r = req.into_inner();
+        let user = (!r.user_id.is_empty() || r.scope.is_empty()).then_some(r.user_id.as_str());
+        let scope = match convert::subject_from_pb(&r.scope, &r.scope_value, user)
+            .map_err(Status::invalid_argument)?
+        {
+            nm_types::budget::Subject::Scope(s) => s,
+            _ => {
+                return Err(Status::invalid_argument(
+                    "show a scope's budget in force (a key, label, agent, model, env or end user); \
+                     list shows the defaults",
+                ));
+            }
+        };
+        let s = self.0.budgets.status(&scope, now_ms()).map_err(to_status)?;
+        let period = s
+            .budget
+            .as_ref()
+            .map_or(nm_types::budget::Period::Day, |b| b.rule.period);
+        let (scope_kind, scope_value) =
+            convert::subject_to_pb(&nm_types::budget::Subject::Scope(s.scope.clone()));
         Ok(Response::new(pb::BudgetStatus {
-            user_id: s.user_id,
+            user_id: if s.scope.kind == nm_types::budget::ScopeKind::User {
+                s.scope.value.clone()
+            } else {
+                String::new()
+            },
             budget: s.budget.as_ref().map(convert::budget_to_pb),
             is_default: s.is_default,
             day_micros: s.day_micros,
@@ -267,6 +293,21 @@ impl BudgetsApi for BudgetsService {
             resets_at: s.resets_at_ms.map(convert::ms_to_timestamp),
             leased_micros: s.leased_micros,
             lease_holders: s.lease_holders,
+            scope: scope_kind,
+            scope_value,
+            limits: s
+                .limits
+                .iter()
+                .map(|l| pb::BudgetLimit {
+                    limit: convert::limit_name(l.unit, period),
+                    value: l.limit,
+                    spent: l.spent,
+                    remaining: l.remaining,
+                    period_end: Some(convert::ms_to_timestamp(l.period_end_ms)),
+                    leased: l.leased,
+                    lease_holders: l.holders,
+                })
+                .collect(),
         }))
     }
 
@@ -274,11 +315,20 @@ impl BudgetsApi for BudgetsService {
         &self,
         req: Request<pb::ListBudgetsRequest>,
     ) -> Result<Response<pb::ListBudgetsResponse>, Status> {
+        use nm_types::budget::{ScopeKind, Subject};
         require_reader(&self.0.keys, &req)?;
-        let (default, overrides) = self.0.budgets.list();
+        let all = self.0.budgets.list();
         Ok(Response::new(pb::ListBudgetsResponse {
-            default_budget: default.as_ref().map(convert::budget_to_pb),
-            overrides: overrides.iter().map(convert::budget_to_pb).collect(),
+            default_budget: all
+                .iter()
+                .find(|b| b.subject == Subject::DefaultUser)
+                .map(convert::budget_to_pb),
+            overrides: all
+                .iter()
+                .filter(|b| matches!(&b.subject, Subject::Scope(s) if s.kind == ScopeKind::User))
+                .map(convert::budget_to_pb)
+                .collect(),
+            budgets: all.iter().map(convert::budget_to_pb).collect(),
         }))
     }
 
@@ -287,14 +337,16 @@ impl BudgetsApi for BudgetsService {
         req: Request<pb::DeleteBudgetRequest>,
     ) -> Result<Response<pb::DeleteBudgetResponse>, Status> {
         let admin = require_admin(&self.0.keys, &req)?;
-        let user = req.into_inner().user_id;
+        let r = req.into_inner();
+        let subject = convert::subject_from_pb(&r.scope, &r.scope_value, r.user_id.as_deref())
+            .map_err(Status::invalid_argument)?;
         let deleted = self
             .0
             .budgets
-            .delete(&admin.id, user.as_deref())
+            .delete(&admin.id, &subject)
             .await
             .map_err(to_status)?;
-        info!(by = %admin.id, ?user, deleted, "budget deleted");
+        info!(by = %admin.id, ?subject, deleted, "budget deleted");
         Ok(Response::new(pb::DeleteBudgetResponse { deleted }))
     }
 }

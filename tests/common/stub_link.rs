@@ -206,6 +206,7 @@ impl Link for Service {
                 spend: Vec::new(),
                 day,
                 month: nm_types::budget::month_of_day(day),
+                ..Default::default()
             })
         };
         let first = tokio_stream::once(Ok(feed(true)));

@@ -1,10 +1,11 @@
-//! End-user budgets: the rule both halves agree on, and UTC periods as integers, so the
-//! dataplane and the controlplane count a request's spend toward the same day and month and
-//! agree on when a period resets.
+//! Budgets at every level: the rule both halves agree on, the scopes a budget can name, and UTC
+//! periods as integers, so the dataplane and the controlplane count a request's spend toward the
+//! same day, week and month and agree on when a period resets.
 //!
-//! A day is a count of UTC days since the Unix epoch; a month is `year * 12 + (month - 1)`.
-//! Conversions use Howard Hinnant's civil-date algorithms (exact for the proleptic Gregorian
-//! calendar), so no calendar library is needed on the hot path.
+//! A day is a count of UTC days since the Unix epoch; a week (ISO, starting Monday) is a count of
+//! weeks since Monday 1969-12-29; a month is `year * 12 + (month - 1)`. Conversions use Howard
+//! Hinnant's civil-date algorithms (exact for the proleptic Gregorian calendar), so no calendar
+//! library is needed on the hot path.
 
 pub const DAY_MS: i64 = 86_400_000;
 pub const MINUTE_MS: i64 = 60_000;
@@ -14,6 +15,7 @@ pub const MINUTE_MS: i64 = 60_000;
 #[serde(rename_all = "lowercase")]
 pub enum Period {
     Day,
+    Week,
     Month,
 }
 
@@ -21,15 +23,26 @@ impl Period {
     pub fn as_str(self) -> &'static str {
         match self {
             Period::Day => "day",
+            Period::Week => "week",
             Period::Month => "month",
         }
     }
 
-    /// The period containing `ms` (Unix milliseconds): a day number or a month number.
+    /// The period containing `ms` (Unix milliseconds): a day, week or month number.
     pub fn index_of(self, ms: i64) -> i64 {
         match self {
             Period::Day => day_of(ms),
+            Period::Week => week_of_day(day_of(ms)),
             Period::Month => month_of_day(day_of(ms)),
+        }
+    }
+
+    /// The period containing day number `day`.
+    pub fn index_of_day(self, day: i64) -> i64 {
+        match self {
+            Period::Day => day,
+            Period::Week => week_of_day(day),
+            Period::Month => month_of_day(day),
         }
     }
 
@@ -37,29 +50,197 @@ impl Period {
     pub fn end_ms(self, ms: i64) -> i64 {
         match self {
             Period::Day => (day_of(ms) + 1) * DAY_MS,
+            Period::Week => first_day_of_week(week_of_day(day_of(ms)) + 1) * DAY_MS,
             Period::Month => first_day_of_month(month_of_day(day_of(ms)) + 1) * DAY_MS,
         }
     }
 }
 
-/// A budget: at most `limit_micros` of spend per `period`, and/or at most `requests_per_minute`.
+/// What a budget names: requests of one key, of keys with a label, of an agent, a model, an env,
+/// or of one end user.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ScopeKind {
+    User,
+    Key,
+    Label,
+    Agent,
+    Model,
+    Env,
+}
+
+impl ScopeKind {
+    pub const ALL: [ScopeKind; 6] = [
+        ScopeKind::User,
+        ScopeKind::Key,
+        ScopeKind::Label,
+        ScopeKind::Agent,
+        ScopeKind::Model,
+        ScopeKind::Env,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScopeKind::User => "user",
+            ScopeKind::Key => "key",
+            ScopeKind::Label => "label",
+            ScopeKind::Agent => "agent",
+            ScopeKind::Model => "model",
+            ScopeKind::Env => "env",
+        }
+    }
+
+    /// Its index in [`Self::ALL`] (tables indexed by kind).
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl std::str::FromStr for ScopeKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        ScopeKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| {
+                format!("scope must be user, key, label, agent, model or env, got {s:?}")
+            })
+    }
+}
+
+/// One budget's ledger: a scope kind and its value (an end user, a key id, `name=value` of a
+/// key label, an agent, a model, an env). Defaults have no ledger of their own: the default for
+/// keys counts each key on its own ledger, the default for end users each end user.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Scope {
+    pub kind: ScopeKind,
+    pub value: String,
+}
+
+impl Scope {
+    pub fn new(kind: ScopeKind, value: impl Into<String>) -> Self {
+        Scope {
+            kind,
+            value: value.into(),
+        }
+    }
+
+    pub fn user(value: impl Into<String>) -> Self {
+        Scope::new(ScopeKind::User, value)
+    }
+}
+
+impl std::fmt::Display for Scope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.kind.as_str(), self.value)
+    }
+}
+
+/// What a budget is set on: a scope, or the default of every key or every end user without a
+/// budget of its own.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Subject {
+    Scope(Scope),
+    DefaultKey,
+    DefaultUser,
+}
+
+impl Subject {
+    /// The stored form: `default` (end users), `default-key`, or `<kind>:<value>`.
+    pub fn to_stored(&self) -> String {
+        match self {
+            Subject::DefaultUser => "default".to_owned(),
+            Subject::DefaultKey => "default-key".to_owned(),
+            Subject::Scope(s) => format!("{}:{}", s.kind.as_str(), s.value),
+        }
+    }
+
+    pub fn from_stored(s: &str) -> Result<Self, String> {
+        match s {
+            "default" => Ok(Subject::DefaultUser),
+            "default-key" => Ok(Subject::DefaultKey),
+            _ => {
+                let (kind, value) = s
+                    .split_once(':')
+                    .ok_or_else(|| format!("unknown budget subject {s:?}"))?;
+                Ok(Subject::Scope(Scope::new(kind.parse()?, value)))
+            }
+        }
+    }
+}
+
+/// Checks a scope value a client or an admin sends: 1 to 128 printable characters.
+pub fn check_scope_value(kind: ScopeKind, value: &str) -> Result<(), String> {
+    if kind == ScopeKind::User {
+        return crate::parse_user(value)
+            .map(|_| ())
+            .map_err(|e| e.to_string());
+    }
+    if value.is_empty() || value.len() > 128 || value.chars().any(char::is_control) {
+        return Err(format!(
+            "a {} must be 1 to 128 printable characters",
+            kind.as_str()
+        ));
+    }
+    if kind == ScopeKind::Label && !value.contains('=') {
+        return Err("a label budget names a key label as name=value".to_owned());
+    }
+    Ok(())
+}
+
+/// A budget: per `period`, at most `limit_micros` of spend and/or `limit_tokens` tokens; per
+/// minute, at most `requests_per_minute` requests and/or `tokens_per_minute` tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct BudgetRule {
     pub limit_micros: Option<u64>,
     pub period: Period,
     pub requests_per_minute: Option<u32>,
+    #[serde(default)]
+    pub limit_tokens: Option<u64>,
+    #[serde(default)]
+    pub tokens_per_minute: Option<u64>,
 }
 
 impl BudgetRule {
+    /// A rule with only a spend limit.
+    pub fn usd(limit_micros: u64, period: Period) -> Self {
+        BudgetRule {
+            limit_micros: Some(limit_micros),
+            period,
+            requests_per_minute: None,
+            limit_tokens: None,
+            tokens_per_minute: None,
+        }
+    }
+
     /// A rule must limit something.
     pub fn validate(&self) -> Result<(), &'static str> {
-        if self.limit_micros.is_none() && self.requests_per_minute.is_none() {
-            return Err("a budget needs a spend limit, a requests-per-minute limit, or both");
+        if self.limit_micros.is_none()
+            && self.requests_per_minute.is_none()
+            && self.limit_tokens.is_none()
+            && self.tokens_per_minute.is_none()
+        {
+            return Err(
+                "a budget needs a spend, token, requests-per-minute or tokens-per-minute limit",
+            );
         }
-        if self.requests_per_minute == Some(0) {
-            return Err("requests_per_minute must be at least 1 (delete the budget instead)");
+        if self.requests_per_minute == Some(0) || self.tokens_per_minute == Some(0) {
+            return Err("a per-minute limit must be at least 1 (delete the budget instead)");
+        }
+        for limit in [self.limit_micros, self.limit_tokens, self.tokens_per_minute]
+            .into_iter()
+            .flatten()
+        {
+            if i64::try_from(limit).is_err() {
+                return Err("a limit is too large");
+            }
         }
         Ok(())
+    }
+
+    /// Whether the rule limits anything per period (dollars or tokens).
+    pub fn has_period_limit(&self) -> bool {
+        self.limit_micros.is_some() || self.limit_tokens.is_some()
     }
 }
 
@@ -69,10 +250,21 @@ impl std::str::FromStr for Period {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "day" | "daily" => Ok(Period::Day),
+            "week" | "weekly" => Ok(Period::Week),
             "month" | "monthly" => Ok(Period::Month),
-            other => Err(format!("period must be day or month, got {other:?}")),
+            other => Err(format!("period must be day, week or month, got {other:?}")),
         }
     }
+}
+
+/// ISO week number (weeks since Monday 1969-12-29, day -3) of a day number.
+pub fn week_of_day(day: i64) -> i64 {
+    (day + 3).div_euclid(7)
+}
+
+/// First day number (a Monday) of a week number.
+pub fn first_day_of_week(week: i64) -> i64 {
+    week * 7 - 3
 }
 
 /// UTC day number of Unix milliseconds `ms`.
@@ -158,7 +350,64 @@ mod tests {
         assert_eq!(day_of(-1), -1);
     }
 
+    #[test]
+    fn weeks_start_on_monday_utc() {
+        // 2026-11-23 is a Monday; 2026-11-29 a Sunday.
+        let monday = day_from_civil(2026, 11, 23);
+        assert_eq!(week_of_day(monday), week_of_day(monday + 6));
+        assert_eq!(week_of_day(monday) + 1, week_of_day(monday + 7));
+        assert_eq!(week_of_day(monday - 1) + 1, week_of_day(monday));
+        assert_eq!(first_day_of_week(week_of_day(monday + 4)), monday);
+        // The last millisecond of Sunday is in the week; Monday 00:00 UTC starts the next.
+        let sunday_end = (monday + 7) * DAY_MS - 1;
+        assert_eq!(Period::Week.end_ms(sunday_end), (monday + 7) * DAY_MS);
+        assert_eq!(
+            Period::Week.end_ms((monday + 7) * DAY_MS),
+            (monday + 14) * DAY_MS
+        );
+        assert_eq!(
+            Period::Week.index_of(sunday_end) + 1,
+            Period::Week.index_of(sunday_end + 1)
+        );
+        // A week across a year's end (2026-12-28 Monday .. 2027-01-03 Sunday) is one week.
+        assert_eq!(
+            week_of_day(day_from_civil(2026, 12, 28)),
+            week_of_day(day_from_civil(2027, 1, 3))
+        );
+        // 1970-01-01 was a Thursday: its week began Monday 1969-12-29.
+        assert_eq!(
+            first_day_of_week(week_of_day(0)),
+            day_from_civil(1969, 12, 29)
+        );
+        assert_eq!(week_of_day(-4), -1);
+    }
+
+    #[test]
+    fn subjects_round_trip_their_stored_form() {
+        for s in [
+            Subject::DefaultUser,
+            Subject::DefaultKey,
+            Subject::Scope(Scope::user("alice")),
+            Subject::Scope(Scope::new(ScopeKind::Label, "team=search")),
+            Subject::Scope(Scope::new(ScopeKind::Model, "gpt-4o:latest")),
+        ] {
+            assert_eq!(Subject::from_stored(&s.to_stored()), Ok(s));
+        }
+        assert!(Subject::from_stored("nope:x").is_err());
+        assert!(check_scope_value(ScopeKind::Label, "team").is_err());
+        assert!(check_scope_value(ScopeKind::Agent, "").is_err());
+    }
+
     proptest! {
+        #[test]
+        fn weeks_have_seven_days(day in -1_000_000i64..1_000_000) {
+            let w = week_of_day(day);
+            prop_assert!(first_day_of_week(w) <= day && day < first_day_of_week(w + 1));
+            prop_assert_eq!(first_day_of_week(w + 1) - first_day_of_week(w), 7);
+            // Monday: 1970-01-05 (day 4) was one.
+            prop_assert_eq!((first_day_of_week(w) - 4).rem_euclid(7), 0);
+        }
+
         #[test]
         fn civil_round_trips(day in -1_000_000i64..1_000_000) {
             let (y, m, d) = civil_from_day(day);
@@ -172,19 +421,35 @@ mod tests {
 
 // === the budget feed ===
 
-/// One end user's spend in the current periods, and their admitted requests in the current
-/// minute, as the controlplane counts them.
+/// One scope's spend and tokens in the current periods, and its admitted requests and tokens in
+/// the current minute, as the controlplane counts them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Spend {
     pub day_micros: u64,
     pub month_micros: u64,
-    /// UTC minute (Unix minutes) that `minute_requests` counts.
+    /// UTC minute (Unix minutes) that `minute_requests` and `minute_tokens` count.
     pub minute: i64,
     pub minute_requests: u32,
+    pub week_micros: u64,
+    pub day_tokens: u64,
+    pub week_tokens: u64,
+    pub month_tokens: u64,
+    pub minute_tokens: u64,
+}
+
+impl Spend {
+    /// `(micros, tokens)` in the current `period`.
+    pub fn in_period(&self, period: Period) -> (u64, u64) {
+        match period {
+            Period::Day => (self.day_micros, self.day_tokens),
+            Period::Week => (self.week_micros, self.week_tokens),
+            Period::Month => (self.month_micros, self.month_tokens),
+        }
+    }
 }
 
 /// One message of the controlplane's budget feed to its dataplanes: a full state (rules and
-/// every user's spend), or the users whose spend changed, or (empty) a heartbeat.
+/// every scope's spend), or the scopes whose spend changed, or (empty) a heartbeat.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Feed {
     /// Changes whenever the controlplane restarts; `seq` counts ingested batches within it.
@@ -192,11 +457,14 @@ pub struct Feed {
     pub seq: u64,
     /// Replaces everything known (rules and spend).
     pub full: bool,
-    /// With `full`: the default rule and the per-user overrides.
+    /// With `full`: the default for end users, the default for keys, and the budgets of scopes.
     pub default: Option<BudgetRule>,
-    pub overrides: Vec<(String, BudgetRule)>,
-    pub spend: Vec<(String, Spend)>,
-    /// The controlplane's current day and month the spend counts toward.
+    pub default_key: Option<BudgetRule>,
+    pub overrides: Vec<(Scope, BudgetRule)>,
+    /// With `full`: the key ids holding each label a budget names (`name=value`).
+    pub label_keys: Vec<(String, Vec<String>)>,
+    pub spend: Vec<(Scope, Spend)>,
+    /// The controlplane's current day and month the spend counts toward (the week is the day's).
     pub day: i64,
     pub month: i64,
 }
@@ -214,17 +482,75 @@ pub struct Feed {
 /// What a lease counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum LeaseUnit {
-    /// Micro-dollars in the period of the rule's spend limit (`period` is its day or month
+    /// Micro-dollars in the period of the rule's spend limit (`period` is its day, week or month
     /// number).
     Micros,
     /// Requests started in one UTC minute (`period` is the minute number).
     Requests,
+    /// Tokens in the period of the rule's token limit.
+    Tokens,
+    /// Tokens of requests started in one UTC minute.
+    MinuteTokens,
 }
 
-/// One budget in one period: an end user's spend limit or request rate.
+impl LeaseUnit {
+    pub const ALL: [LeaseUnit; 4] = [
+        LeaseUnit::Micros,
+        LeaseUnit::Requests,
+        LeaseUnit::Tokens,
+        LeaseUnit::MinuteTokens,
+    ];
+
+    /// Whether the unit counts per minute (else per the rule's period).
+    pub fn per_minute(self) -> bool {
+        matches!(self, LeaseUnit::Requests | LeaseUnit::MinuteTokens)
+    }
+
+    /// The rule's limit in this unit, if it has one.
+    pub fn limit(self, rule: &BudgetRule) -> Option<u64> {
+        match self {
+            LeaseUnit::Micros => rule.limit_micros,
+            LeaseUnit::Requests => rule.requests_per_minute.map(u64::from),
+            LeaseUnit::Tokens => rule.limit_tokens,
+            LeaseUnit::MinuteTokens => rule.tokens_per_minute,
+        }
+    }
+
+    /// The period a lease of this unit under `rule` counts toward at `now_ms`.
+    pub fn period_at(self, rule: &BudgetRule, now_ms: i64) -> i64 {
+        if self.per_minute() {
+            minute_of(now_ms)
+        } else {
+            rule.period.index_of(now_ms)
+        }
+    }
+
+    /// What `spend` (the controlplane's) holds in this unit for `period` under `rule`: 0 for a
+    /// period other than the spend's current one.
+    pub fn recorded(self, rule: &BudgetRule, spend: &Spend, current: i64, period: i64) -> u64 {
+        match self {
+            LeaseUnit::Micros | LeaseUnit::Tokens => {
+                if period != current {
+                    return 0;
+                }
+                let (micros, tokens) = spend.in_period(rule.period);
+                if self == LeaseUnit::Micros {
+                    micros
+                } else {
+                    tokens
+                }
+            }
+            LeaseUnit::Requests if spend.minute == period => u64::from(spend.minute_requests),
+            LeaseUnit::MinuteTokens if spend.minute == period => spend.minute_tokens,
+            _ => 0,
+        }
+    }
+}
+
+/// One budget in one period: a scope's spend, token or rate limit.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LeaseKey {
-    pub user: String,
+    pub scope: Scope,
     pub unit: LeaseUnit,
     pub period: i64,
 }

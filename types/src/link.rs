@@ -19,7 +19,8 @@ use prost_types::Timestamp;
 
 use crate::access::{Role, Scope};
 use crate::budget::{
-    BudgetRule, Feed, LeaseClaim, LeaseKey, LeaseRequest, LeaseResponse, LeaseUnit, Period, Spend,
+    BudgetRule, Feed, LeaseClaim, LeaseKey, LeaseRequest, LeaseResponse, LeaseUnit, Period,
+    Scope as BudgetScope, ScopeKind, Spend,
 };
 use crate::experiment::{Live, LiveArm, Salt, Variant};
 use crate::record::{Inferred, RequestRecord, TraceRef};
@@ -410,33 +411,58 @@ pub fn key_verifiers_from_pb(k: pb::KeySnapshot) -> KeyVerifiers {
     }
 }
 
-fn rule_to_pb(user_id: Option<String>, r: &BudgetRule) -> pb::BudgetRule {
+fn scope_kind_from_pb(scope: &str) -> Result<ScopeKind, String> {
+    if scope.is_empty() {
+        Ok(ScopeKind::User)
+    } else {
+        scope.parse()
+    }
+}
+
+fn rule_to_pb(user_id: Option<String>, scope: ScopeKind, r: &BudgetRule) -> pb::BudgetRule {
     pb::BudgetRule {
         user_id,
         limit_micros: r.limit_micros,
         monthly: r.period == Period::Month,
         requests_per_minute: r.requests_per_minute,
+        scope: scope.as_str().to_owned(),
+        weekly: r.period == Period::Week,
+        limit_tokens: r.limit_tokens,
+        tokens_per_minute: r.tokens_per_minute,
     }
 }
 
 fn rule_from_pb(r: &pb::BudgetRule) -> BudgetRule {
     BudgetRule {
         limit_micros: r.limit_micros,
-        period: if r.monthly {
+        period: if r.weekly {
+            Period::Week
+        } else if r.monthly {
             Period::Month
         } else {
             Period::Day
         },
         requests_per_minute: r.requests_per_minute,
+        limit_tokens: r.limit_tokens,
+        tokens_per_minute: r.tokens_per_minute,
     }
 }
 
 pub fn feed_to_pb(f: Feed) -> pb::BudgetFeed {
-    let mut rules: Vec<_> = f.default.iter().map(|r| rule_to_pb(None, r)).collect();
+    let mut rules: Vec<_> = f
+        .default
+        .iter()
+        .map(|r| rule_to_pb(None, ScopeKind::User, r))
+        .collect();
+    rules.extend(
+        f.default_key
+            .iter()
+            .map(|r| rule_to_pb(None, ScopeKind::Key, r)),
+    );
     rules.extend(
         f.overrides
             .iter()
-            .map(|(u, r)| rule_to_pb(Some(u.clone()), r)),
+            .map(|(s, r)| rule_to_pb(Some(s.value.clone()), s.kind, r)),
     );
     pb::BudgetFeed {
         epoch: f.epoch,
@@ -446,27 +472,45 @@ pub fn feed_to_pb(f: Feed) -> pb::BudgetFeed {
         spend: f
             .spend
             .into_iter()
-            .map(|(user_id, s)| pb::UserSpend {
-                user_id,
+            .map(|(scope, s)| pb::UserSpend {
+                user_id: scope.value,
                 day_micros: s.day_micros,
                 month_micros: s.month_micros,
                 minute: s.minute,
                 minute_requests: s.minute_requests,
+                scope: scope.kind.as_str().to_owned(),
+                week_micros: s.week_micros,
+                day_tokens: s.day_tokens,
+                week_tokens: s.week_tokens,
+                month_tokens: s.month_tokens,
+                minute_tokens: s.minute_tokens,
             })
             .collect(),
         day: f.day,
         month: f.month,
+        label_keys: f
+            .label_keys
+            .into_iter()
+            .map(|(label, key_ids)| pb::LabelKeys { label, key_ids })
+            .collect(),
     }
 }
 
+/// The feed a message carries; rules and spend of unknown scopes (a newer controlplane's) are
+/// left out.
 pub fn feed_from_pb(msg: pb::BudgetFeed) -> Feed {
     let mut default = None;
+    let mut default_key = None;
     let mut overrides = Vec::new();
     for r in &msg.rules {
         let rule = rule_from_pb(r);
-        match &r.user_id {
-            None => default = Some(rule),
-            Some(u) => overrides.push((u.clone(), rule)),
+        let Ok(kind) = scope_kind_from_pb(&r.scope) else {
+            continue;
+        };
+        match (&r.user_id, kind) {
+            (None, ScopeKind::Key) => default_key = Some(rule),
+            (None, _) => default = Some(rule),
+            (Some(v), kind) => overrides.push((BudgetScope::new(kind, v.clone()), rule)),
         }
     }
     Feed {
@@ -474,20 +518,32 @@ pub fn feed_from_pb(msg: pb::BudgetFeed) -> Feed {
         seq: msg.seq,
         full: msg.full,
         default,
+        default_key,
         overrides,
+        label_keys: msg
+            .label_keys
+            .into_iter()
+            .map(|l| (l.label, l.key_ids))
+            .collect(),
         spend: msg
             .spend
             .into_iter()
-            .map(|s| {
-                (
-                    s.user_id,
+            .filter_map(|s| {
+                let kind = scope_kind_from_pb(&s.scope).ok()?;
+                Some((
+                    BudgetScope::new(kind, s.user_id),
                     Spend {
                         day_micros: s.day_micros,
                         month_micros: s.month_micros,
                         minute: s.minute,
                         minute_requests: s.minute_requests,
+                        week_micros: s.week_micros,
+                        day_tokens: s.day_tokens,
+                        week_tokens: s.week_tokens,
+                        month_tokens: s.month_tokens,
+                        minute_tokens: s.minute_tokens,
                     },
-                )
+                ))
             })
             .collect(),
         day: msg.day,
@@ -506,10 +562,13 @@ pub fn lease_request_to_pb(r: &LeaseRequest) -> pb::LeaseRequest {
             .claims
             .iter()
             .map(|c| pb::LeaseClaim {
-                user_id: c.key.user.clone(),
+                user_id: c.key.scope.value.clone(),
+                scope: c.key.scope.kind.as_str().to_owned(),
                 unit: match c.key.unit {
                     LeaseUnit::Micros => pb::LeaseUnit::Micros,
                     LeaseUnit::Requests => pb::LeaseUnit::Requests,
+                    LeaseUnit::Tokens => pb::LeaseUnit::Tokens,
+                    LeaseUnit::MinuteTokens => pb::LeaseUnit::MinuteTokens,
                 }
                 .into(),
                 period: c.key.period,
@@ -532,12 +591,16 @@ pub fn lease_request_from_pb(msg: pb::LeaseRequest) -> Result<LeaseRequest, Stri
             let unit = match pb::LeaseUnit::try_from(c.unit) {
                 Ok(pb::LeaseUnit::Micros) => LeaseUnit::Micros,
                 Ok(pb::LeaseUnit::Requests) => LeaseUnit::Requests,
+                Ok(pb::LeaseUnit::Tokens) => LeaseUnit::Tokens,
+                Ok(pb::LeaseUnit::MinuteTokens) => LeaseUnit::MinuteTokens,
                 _ => return Err("claim: unknown unit".to_owned()),
             };
-            crate::parse_user(&c.user_id).map_err(|e| format!("claim: user_id: {e}"))?;
+            let kind = scope_kind_from_pb(&c.scope).map_err(|e| format!("claim: {e}"))?;
+            crate::budget::check_scope_value(kind, &c.user_id)
+                .map_err(|e| format!("claim: user_id: {e}"))?;
             Ok(LeaseClaim {
                 key: LeaseKey {
-                    user: c.user_id,
+                    scope: BudgetScope::new(kind, c.user_id),
                     unit,
                     period: c.period,
                 },
@@ -659,7 +722,7 @@ mod tests {
             claims: vec![
                 LeaseClaim {
                     key: LeaseKey {
-                        user: "alice".to_owned(),
+                        scope: BudgetScope::user("alice"),
                         unit: LeaseUnit::Micros,
                         period: 20_779,
                     },
@@ -668,8 +731,8 @@ mod tests {
                 },
                 LeaseClaim {
                     key: LeaseKey {
-                        user: "bob".to_owned(),
-                        unit: LeaseUnit::Requests,
+                        scope: BudgetScope::new(ScopeKind::Agent, "bob"),
+                        unit: LeaseUnit::MinuteTokens,
                         period: 29_921_760,
                     },
                     claim: 0,

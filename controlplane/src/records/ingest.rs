@@ -121,20 +121,40 @@ impl Records {
                 rollup::rebuild_session(&txn, &session_id, &agent).await?;
             }
         }
-        let spend: Vec<SpendItem> = fresh
-            .iter()
-            .filter_map(|r| {
-                Some(SpendItem {
-                    user_id: r.user_id.clone()?,
-                    started_at_ms: r.started_at_ms,
-                    micros: r.budget_micros?,
-                })
-            })
-            .collect();
+        let spend: Vec<SpendItem> = fresh.iter().map(|r| spend_item(r)).collect();
         add_to_rollup(&txn, &spend).await?;
         txn.commit().await?;
         (outcome.epoch, outcome.seq) = self.budgets.apply(&spend, crate::now_ms());
         Ok(outcome)
+    }
+}
+
+/// What a record counts toward budgets: its key, agent, model, env and end user; what its end
+/// user's budget counted (else its cost) and its metered tokens.
+fn spend_item(r: &RequestRecord) -> SpendItem {
+    use nm_types::budget::{Scope, ScopeKind};
+    let mut scopes = vec![Scope::new(ScopeKind::Key, &*r.key_id)];
+    if let Some(a) = &r.agent {
+        scopes.push(Scope::new(ScopeKind::Agent, a.as_str()));
+    }
+    if let Some(m) = &r.model {
+        scopes.push(Scope::new(ScopeKind::Model, m.as_str()));
+    }
+    if let Some(e) = r.env {
+        scopes.push(Scope::new(ScopeKind::Env, e.as_str()));
+    }
+    if let Some(u) = &r.user_id {
+        scopes.push(Scope::user(u.as_str()));
+    }
+    SpendItem {
+        scopes,
+        started_at_ms: r.started_at_ms,
+        micros: r.budget_micros.or(r.cost_micros).unwrap_or(0),
+        tokens: r
+            .usage
+            .input_tokens
+            .unwrap_or(0)
+            .saturating_add(r.usage.output_tokens.unwrap_or(0)),
     }
 }
 

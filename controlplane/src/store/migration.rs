@@ -24,6 +24,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0009_signal_source::Migration),
             Box::new(m0010_key_scopes_audit::Migration),
             Box::new(m0011_experiments::Migration),
+            Box::new(m0012_budget_scopes::Migration),
             Box::new(m0013_alerts::Migration),
             Box::new(m0101_write_probe::Migration),
             Box::new(m0014_usage_rollups::Migration),
@@ -1133,6 +1134,70 @@ mod m0101_write_probe {
 
 /// Alerts: webhooks, the events sent to them (unique by their dedupe key: an event seen twice is
 /// sent once) and one delivery row per (event, webhook), due by `next_at_ms`.
+/// Budgets at every level: token limits on `budgets` (subjects now also `default-key` and
+/// `<kind>:<value>` for keys, labels, agents, models and envs), and `budget_spend`, the daily
+/// rollup per scope that replaces `user_spend` (its rows are moved over as `user` scopes).
+mod m0012_budget_scopes {
+    use super::*;
+
+    pub struct Migration;
+
+    impl MigrationName for Migration {
+        fn name(&self) -> &str {
+            "m0012_budget_scopes"
+        }
+    }
+
+    const UP: [&str; 5] = [
+        "ALTER TABLE budgets ADD COLUMN limit_tokens BIGINT",
+        "ALTER TABLE budgets ADD COLUMN tokens_per_minute BIGINT",
+        "CREATE TABLE IF NOT EXISTS budget_spend (\
+         scope_kind TEXT NOT NULL, \
+         scope_value TEXT NOT NULL, \
+         day BIGINT NOT NULL, \
+         cost_micros BIGINT NOT NULL, \
+         tokens BIGINT NOT NULL, \
+         requests BIGINT NOT NULL, \
+         PRIMARY KEY (scope_kind, scope_value, day))",
+        "CREATE INDEX IF NOT EXISTS idx_budget_spend_day ON budget_spend (day)",
+        "INSERT INTO budget_spend (scope_kind, scope_value, day, cost_micros, tokens, requests) \
+         SELECT 'user', user_id, day, cost_micros, 0, requests FROM user_spend",
+    ];
+
+    #[async_trait::async_trait]
+    impl MigrationTrait for Migration {
+        async fn up(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            let db = m.get_connection();
+            for sql in UP {
+                db.execute_unprepared(sql).await?;
+            }
+            db.execute_unprepared("DELETE FROM user_spend").await?;
+            Ok(())
+        }
+
+        async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            let db = m.get_connection();
+            db.execute_unprepared(
+                "INSERT INTO user_spend (user_id, day, cost_micros, requests) \
+                 SELECT scope_value, day, cost_micros, requests FROM budget_spend \
+                 WHERE scope_kind = 'user'",
+            )
+            .await?;
+            db.execute_unprepared("DROP TABLE IF EXISTS budget_spend")
+                .await?;
+            db.execute_unprepared(
+                "DELETE FROM budgets WHERE subject NOT LIKE 'user:%' AND subject <> 'default'",
+            )
+            .await?;
+            for column in ["limit_tokens", "tokens_per_minute"] {
+                db.execute_unprepared(&format!("ALTER TABLE budgets DROP COLUMN {column}"))
+                    .await?;
+            }
+            Ok(())
+        }
+    }
+}
+
 mod m0013_alerts {
     use super::*;
 

@@ -409,7 +409,7 @@ impl Shipper {
         }
         let budgeted = records.iter().filter_map(|r| {
             r.budget_micros?;
-            Some((r.user_id.as_deref()?, r.request_id.as_str()))
+            Some(r.request_id.as_str())
         });
         self.budgets
             .delivered(budgeted, ingested.epoch, ingested.seq);

@@ -4,6 +4,7 @@ pub mod analytics_result;
 pub mod api_key;
 pub mod audit_event;
 pub mod budget;
+pub mod budget_spend;
 pub mod experiment;
 pub mod experiment_arm;
 pub mod experiment_event;
