@@ -57,6 +57,7 @@ async fn forget_replaces_the_user_everywhere(db: Db) {
             limit_micros: Some(50_000_000),
             period: pb::BudgetPeriod::Day.into(),
             requests_per_minute: None,
+            ..Default::default()
         }))
         .await
         .unwrap_or_else(|e| panic!("set budget: {e}"));
@@ -121,6 +122,21 @@ async fn forget_replaces_the_user_everywhere(db: Db) {
         ))
         .await,
         3
+    );
+    // The budgets' daily spend: the user's rows are the token's now.
+    assert_eq!(
+        gw.count(&format!(
+            "SELECT COUNT(*) AS n FROM budget_spend WHERE scope_value = '{USER}'"
+        ))
+        .await,
+        0
+    );
+    assert_eq!(
+        gw.count(&format!(
+            "SELECT COUNT(*) AS n FROM budget_spend WHERE scope_kind = 'user' AND scope_value = '{token}'"
+        ))
+        .await,
+        1
     );
     assert_eq!(
         gw.count("SELECT COUNT(*) AS n FROM budgets WHERE subject LIKE '%alice%'")

@@ -935,95 +935,110 @@ async fn usage(c: &Call<'_>) -> Page {
         .list_budgets(c.req(pb::ListBudgetsRequest {}))
         .await?
         .into_inner();
+    // Each budget of a scope, in force now (the defaults have no ledger of their own).
     let mut statuses = Vec::new();
-    for b in list.overrides.iter().take(MAX_ROWS) {
-        if let Some(user) = &b.user_id {
-            let st = s
-                .budgets
-                .get_budget(c.req(pb::GetBudgetRequest {
-                    user_id: user.clone(),
-                }))
-                .await?
-                .into_inner();
-            statuses.push(st);
-        }
+    for b in list
+        .budgets
+        .iter()
+        .filter(|b| !b.scope.starts_with("default"))
+        .take(MAX_ROWS)
+    {
+        let st = s
+            .budgets
+            .get_budget(c.req(pb::GetBudgetRequest {
+                user_id: String::new(),
+                scope: b.scope.clone(),
+                scope_value: b.scope_value.clone(),
+            }))
+            .await?
+            .into_inner();
+        statuses.push(st);
     }
     h.push_str(&budgets(&list, &statuses));
     Ok(("Usage and budgets".into(), Nav::Usage, h))
 }
 
-/// The budgets section: each budget's limit and period and, for each override, its burn in the
-/// current period. (Kept in one function: the budget messages are being extended.)
+/// The budgets section: the defaults' limits, then each scope's budget with every limit's burn
+/// in the current period (or minute).
 fn budgets(list: &pb::ListBudgetsResponse, statuses: &[pb::BudgetStatus]) -> String {
     let mut h = String::from("<section><h2>Budgets</h2>");
     let period = |b: &pb::Budget| match b.period() {
         pb::BudgetPeriod::Day => "day",
+        pb::BudgetPeriod::Week => "week",
         pb::BudgetPeriod::Month => "month",
         pb::BudgetPeriod::Unspecified => "period",
     };
-    let limit = |b: &pb::Budget| {
-        let spend = b
-            .limit_micros
-            .map(|l| format!("{} per {}", usd(l), period(b)));
-        let rate = b
-            .requests_per_minute
-            .map(|r| format!("{r} requests a minute"));
-        let parts: Vec<String> = spend.into_iter().chain(rate).collect();
+    let limits = |b: &pb::Budget| {
+        let parts: Vec<String> = [
+            b.limit_micros
+                .map(|l| format!("{} per {}", usd(l), period(b))),
+            b.limit_tokens
+                .map(|t| format!("{} tokens per {}", count(t), period(b))),
+            b.requests_per_minute
+                .map(|r| format!("{r} requests a minute")),
+            b.tokens_per_minute
+                .map(|t| format!("{} tokens a minute", count(t))),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
         if parts.is_empty() {
             "no limit".to_owned()
         } else {
             parts.join(", ")
         }
     };
-    match &list.default_budget {
-        Some(b) => {
-            let _ = write!(
-                h,
-                "<p>Default budget of every end user: {}.</p>",
-                escape(&limit(b))
-            );
+    for (scope, who) in [
+        ("default", "every end user without a budget of their own"),
+        ("default-key", "every key without a budget of its own"),
+    ] {
+        match list.budgets.iter().find(|b| b.scope == scope) {
+            Some(b) => {
+                let _ = write!(h, "<p>Default for {who}: {}.</p>", escape(&limits(b)));
+            }
+            None => {
+                let _ = write!(h, "<p>No default for {who}.</p>");
+            }
         }
-        None => h.push_str(
-            "<p>No default budget: end users without their own budget are not limited.</p>",
-        ),
     }
     if statuses.is_empty() {
-        h.push_str("<p>No end user has a budget of their own.</p></section>");
+        h.push_str("<p>No key, label, agent, model, env or end user has a budget of its own.</p></section>");
         return h;
     }
-    h.push_str("<table class=\"list\"><caption>End users' budgets: spend in the current period</caption><thead><tr><th scope=\"col\">User</th><th scope=\"col\">Limit</th><th scope=\"col\">Spent</th><th scope=\"col\">Burn</th><th scope=\"col\">Resets</th></tr></thead><tbody>");
+    h.push_str("<table class=\"list\"><caption>Budgets in force: each limit's use in its current period</caption><thead><tr><th scope=\"col\">Budget</th><th scope=\"col\">Limit</th><th scope=\"col\">Used</th><th scope=\"col\">Burn</th><th scope=\"col\">Resets</th></tr></thead><tbody>");
     for st in statuses {
-        let Some(b) = &st.budget else { continue };
-        let spent = match b.period() {
-            pb::BudgetPeriod::Month => st.month_micros,
-            _ => st.day_micros,
-        };
-        let burn = b
-            .limit_micros
-            .filter(|l| *l > 0)
-            .map(|l| spent as f64 / l as f64);
-        let meter = burn.map_or_else(
-            || "–".to_owned(),
-            |r| {
-                format!(
-                    "<meter min=\"0\" max=\"1\" low=\"0.8\" high=\"0.95\" optimum=\"0\" value=\"{:.4}\" aria-label=\"burn of {}\">{}</meter> {}",
-                    r.min(1.0),
-                    escape(&st.user_id),
-                    pct(r),
-                    pct(r)
-                )
-            },
-        );
-        let _ = write!(
-            h,
-            "<tr data-user=\"{}\"><th scope=\"row\">{}</th><td>{}</td><td class=\"num\">{}</td><td>{}</td><td>{}</td></tr>",
-            escape(&st.user_id),
-            escape(&st.user_id),
-            escape(&limit(b)),
-            usd(spent),
-            meter,
-            time(st.resets_at.as_ref())
-        );
+        let name = format!("{} {}", st.scope, st.scope_value);
+        for l in &st.limits {
+            let money = l.limit.starts_with("usd");
+            let amount = |v: u64| if money { usd(v) } else { count(v) };
+            let burn = (l.value > 0).then(|| l.spent as f64 / l.value as f64);
+            let meter = burn.map_or_else(
+                || "–".to_owned(),
+                |r| {
+                    format!(
+                        "<meter min=\"0\" max=\"1\" low=\"0.8\" high=\"0.95\" optimum=\"0\" value=\"{:.4}\" aria-label=\"burn of {} {}\">{}</meter> {}",
+                        r.min(1.0),
+                        escape(&name),
+                        escape(&l.limit),
+                        pct(r),
+                        pct(r)
+                    )
+                },
+            );
+            let _ = write!(
+                h,
+                "<tr data-scope=\"{}\" data-value=\"{}\" data-limit=\"{}\"><th scope=\"row\">{}</th><td>{} {}</td><td class=\"num\">{}</td><td>{}</td><td>{}</td></tr>",
+                escape(&st.scope),
+                escape(&st.scope_value),
+                escape(&l.limit),
+                escape(&name),
+                amount(l.value),
+                escape(&l.limit),
+                amount(l.spent),
+                meter,
+                time(l.period_end.as_ref())
+            );
+        }
     }
     h.push_str("</tbody></table></section>");
     h

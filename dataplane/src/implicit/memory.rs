@@ -74,7 +74,8 @@ impl Session {
 
 #[derive(Debug, Default)]
 struct Shard {
-    sessions: HashMap<u64, Session>,
+    /// The keys are keyed hashes already: a cheap hasher spreads them.
+    sessions: HashMap<u64, Session, foldhash::fast::RandomState>,
     /// Sessions by age of their last write: `(session, stamp)`; an entry whose stamp is no
     /// longer its session's is stale and skipped.
     ages: VecDeque<(u64, u64, Instant)>,
