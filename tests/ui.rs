@@ -9,8 +9,8 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use nm_gateway::grpc::pb::{
-    self, agents_client::AgentsClient, analytics_client::AnalyticsClient, keys_client::KeysClient,
-    usage_client::UsageClient,
+    self, agents_client::AgentsClient, analytics_client::AnalyticsClient,
+    budgets_client::BudgetsClient, keys_client::KeysClient, usage_client::UsageClient,
 };
 use nm_gateway::ui::html::{count, pct, usd};
 use tonic::transport::Channel;
@@ -401,6 +401,61 @@ async fn pages_equal_grpc_and_refuse_what_they_should(db: Db) {
         )),
         "usage total"
     );
+    // Budgets: a budget of another scope than an end user, its limits and use as gRPC says.
+    let mut budgets = BudgetsClient::new(channel.clone());
+    ok(budgets
+        .set_budget(with_key(
+            ADMIN_KEY,
+            pb::SetBudgetRequest {
+                scope: "agent".to_owned(),
+                scope_value: first.to_owned(),
+                limit_micros: Some(25_000_000),
+                period: pb::BudgetPeriod::Week.into(),
+                tokens_per_minute: Some(90_000),
+                ..Default::default()
+            },
+        ))
+        .await);
+    let status = ok(budgets
+        .get_budget(with_key(
+            &viewer,
+            pb::GetBudgetRequest {
+                scope: "agent".to_owned(),
+                scope_value: first.to_owned(),
+                ..Default::default()
+            },
+        ))
+        .await);
+    let page = text(&b.get("/usage").await);
+    assert_eq!(status.limits.len(), 2, "{status:?}");
+    for l in &status.limits {
+        let money = l.limit.starts_with("usd");
+        let amount = |v: u64| if money { usd(v) } else { count(v) };
+        let row = format!(
+            "data-scope=\"agent\" data-value=\"{}\" data-limit=\"{}\"",
+            nm_gateway::ui::html::escape(first),
+            l.limit
+        );
+        let at = page
+            .find(&row)
+            .unwrap_or_else(|| panic!("no row {row} on the page"));
+        let tail = &page[at..];
+        let end = tail.find("</tr>").unwrap_or(tail.len());
+        let cells = &tail[..end];
+        assert!(
+            cells.contains(&format!("{} {}", amount(l.value), l.limit)),
+            "{cells}"
+        );
+        assert!(
+            cells.contains(&format!("<td class=\"num\">{}</td>", amount(l.spent))),
+            "{cells}"
+        );
+    }
+    assert!(
+        page.contains("every end user without a budget of their own"),
+        "the default for end users shown (set or not)"
+    );
+
     assert_eq!(b.get("/experiments").await.status, 200);
 
     // Hostile names: escaped, bounded, decoded safely.
