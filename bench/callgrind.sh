@@ -18,8 +18,7 @@
 # sends each request in one of N sessions (`NM-Session`), alternating per session between the
 # question and the question with the mock's answer brought back, so the implicit rules fire on
 # every request (a `reask`, then a `continued`); NM_IMPLICIT_RULES=off measures the same load
-# with the rules off.
-# exports every request's spans (sampler always_on) to nm-bench's OTLP collector. SCOPED=1 sends
+# with the rules off. SCOPED=1 sends
 # the requests with a service key scoped to provider openai, models gpt-4o* and agent bench
 # (created through the CLI once the gateway runs; gateway and dataplane targets) instead of the
 # unscoped bootstrap key: what the scope check costs. EXPERIMENT=1 creates an experiment on agent
@@ -27,7 +26,7 @@
 # gpt-4o and gpt-4.1, so every request's model is rewritten) and sends the requests in SESSIONS
 # sessions (100 unless set): what assignment and the rewrite cost. Compare with SESSIONS=100
 # alone. The script checks that an answer names its arm (NM-Variant) before it measures.
-# unscoped bootstrap key: what the scope check costs. BUDGETS=0 sets no budget (requests skip
+# BUDGETS=0 sets no budget (requests skip
 # the budget path); the default, BUDGETS=1, a default end-user budget (dollars a day and
 # requests a minute, both far from reached) that every request passes, leases included.
 # BUDGETS=2..5 add budgets every request must also pass, each far from reached: the agent

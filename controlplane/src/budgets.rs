@@ -845,6 +845,81 @@ pub fn next_minute_ms(ms: i64) -> i64 {
     (minute_of(ms) + 1) * MINUTE_MS
 }
 
+/// End-user erasure (`crate::forget`), on the forgetting transaction: the user's daily spend
+/// moves to `token` (totals unchanged; the legacy `user_spend` table too, emptied by m0012 but
+/// written by older builds) and the user's own budget is deleted, so a user coming back under
+/// the same id starts afresh. Returns (rows changed, budgets deleted).
+pub(crate) async fn forget_user(
+    txn: &impl ConnectionTrait,
+    user: &str,
+    token: &str,
+) -> Result<(u64, u64)> {
+    let backend = txn.get_database_backend();
+    let user_kind = ScopeKind::User.as_str();
+    let mut sql = crate::sql::Sql::new(
+        backend,
+        "INSERT INTO budget_spend (scope_kind, scope_value, day, cost_micros, tokens, requests) \
+         SELECT scope_kind, ",
+    );
+    sql.bind(token.to_owned())
+        .push(", day, cost_micros, tokens, requests FROM budget_spend WHERE scope_kind = ")
+        .bind(user_kind.to_owned())
+        .push(" AND scope_value = ")
+        .bind(user.to_owned())
+        .push(
+            " ON CONFLICT (scope_kind, scope_value, day) DO UPDATE SET \
+             cost_micros = budget_spend.cost_micros + excluded.cost_micros, \
+             tokens = budget_spend.tokens + excluded.tokens, \
+             requests = budget_spend.requests + excluded.requests",
+        );
+    txn.execute_raw(sql.build()).await?;
+    let spend = budget_spend::Entity::delete_many()
+        .filter(budget_spend::Column::ScopeKind.eq(user_kind))
+        .filter(budget_spend::Column::ScopeValue.eq(user))
+        .exec(txn)
+        .await?
+        .rows_affected;
+    let mut legacy = crate::sql::Sql::new(
+        backend,
+        "INSERT INTO user_spend (user_id, day, cost_micros, requests) SELECT ",
+    );
+    legacy
+        .bind(token.to_owned())
+        .push(", day, cost_micros, requests FROM user_spend WHERE user_id = ")
+        .bind(user.to_owned())
+        .push(
+            " ON CONFLICT (user_id, day) DO UPDATE SET \
+             cost_micros = user_spend.cost_micros + excluded.cost_micros, \
+             requests = user_spend.requests + excluded.requests",
+        );
+    txn.execute_raw(legacy.build()).await?;
+    let legacy_spend = user_spend::Entity::delete_many()
+        .filter(user_spend::Column::UserId.eq(user))
+        .exec(txn)
+        .await?
+        .rows_affected;
+    let own = Subject::Scope(Scope::user(user)).to_stored();
+    let budgets = budget::Entity::delete_by_id(own)
+        .exec(txn)
+        .await?
+        .rows_affected;
+    Ok((spend + legacy_spend + budgets, budgets))
+}
+
+impl Budgets {
+    /// After [`forget_user`] committed: the user's rule and spend leave memory, and every
+    /// dataplane is sent a full state.
+    pub fn forget_user_in_memory(&self, user: &str) {
+        {
+            let mut st = self.lock();
+            let scope = Scope::user(user);
+            st.rules.remove(&Subject::Scope(scope.clone()));
+            st.spend.remove(&scope);
+        }
+        let _ = self.feed.send(FeedEvent::Reset);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1087,80 +1162,5 @@ mod tests {
         let none = claim("zed", LeaseUnit::Micros, day, 0, 8);
         b.delete("key_test", &Subject::DefaultUser).await.unwrap();
         assert_eq!(b.lease(&report(4, vec![none]), later).granted, [0]);
-    }
-}
-
-/// End-user erasure (`crate::forget`), on the forgetting transaction: the user's daily spend
-/// moves to `token` (totals unchanged; the legacy `user_spend` table too, emptied by m0012 but
-/// written by older builds) and the user's own budget is deleted, so a user coming back under
-/// the same id starts afresh. Returns (rows changed, budgets deleted).
-pub(crate) async fn forget_user(
-    txn: &impl ConnectionTrait,
-    user: &str,
-    token: &str,
-) -> Result<(u64, u64)> {
-    let backend = txn.get_database_backend();
-    let user_kind = ScopeKind::User.as_str();
-    let mut sql = crate::sql::Sql::new(
-        backend,
-        "INSERT INTO budget_spend (scope_kind, scope_value, day, cost_micros, tokens, requests) \
-         SELECT scope_kind, ",
-    );
-    sql.bind(token.to_owned())
-        .push(", day, cost_micros, tokens, requests FROM budget_spend WHERE scope_kind = ")
-        .bind(user_kind.to_owned())
-        .push(" AND scope_value = ")
-        .bind(user.to_owned())
-        .push(
-            " ON CONFLICT (scope_kind, scope_value, day) DO UPDATE SET \
-             cost_micros = budget_spend.cost_micros + excluded.cost_micros, \
-             tokens = budget_spend.tokens + excluded.tokens, \
-             requests = budget_spend.requests + excluded.requests",
-        );
-    txn.execute_raw(sql.build()).await?;
-    let spend = budget_spend::Entity::delete_many()
-        .filter(budget_spend::Column::ScopeKind.eq(user_kind))
-        .filter(budget_spend::Column::ScopeValue.eq(user))
-        .exec(txn)
-        .await?
-        .rows_affected;
-    let mut legacy = crate::sql::Sql::new(
-        backend,
-        "INSERT INTO user_spend (user_id, day, cost_micros, requests) SELECT ",
-    );
-    legacy
-        .bind(token.to_owned())
-        .push(", day, cost_micros, requests FROM user_spend WHERE user_id = ")
-        .bind(user.to_owned())
-        .push(
-            " ON CONFLICT (user_id, day) DO UPDATE SET \
-             cost_micros = user_spend.cost_micros + excluded.cost_micros, \
-             requests = user_spend.requests + excluded.requests",
-        );
-    txn.execute_raw(legacy.build()).await?;
-    let legacy_spend = user_spend::Entity::delete_many()
-        .filter(user_spend::Column::UserId.eq(user))
-        .exec(txn)
-        .await?
-        .rows_affected;
-    let own = Subject::Scope(Scope::user(user)).to_stored();
-    let budgets = budget::Entity::delete_by_id(own)
-        .exec(txn)
-        .await?
-        .rows_affected;
-    Ok((spend + legacy_spend + budgets, budgets))
-}
-
-impl Budgets {
-    /// After [`forget_user`] committed: the user's rule and spend leave memory, and every
-    /// dataplane is sent a full state.
-    pub fn forget_user_in_memory(&self, user: &str) {
-        {
-            let mut st = self.lock();
-            let scope = Scope::user(user);
-            st.rules.remove(&Subject::Scope(scope.clone()));
-            st.spend.remove(&scope);
-        }
-        let _ = self.feed.send(FeedEvent::Reset);
     }
 }
