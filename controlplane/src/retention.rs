@@ -156,9 +156,7 @@ impl Retainer {
         }
         let started = Instant::now();
         warn!("retention: switching the SQLite file to incremental vacuum (one VACUUM)");
-        db.execute_unprepared("PRAGMA auto_vacuum = INCREMENTAL")
-            .await?;
-        db.execute_unprepared("VACUUM").await?;
+        self.store.vacuum_to_incremental().await?;
         let mode = pragma(db, "PRAGMA auto_vacuum").await?;
         info!(
             ms = started.elapsed().as_millis() as u64,

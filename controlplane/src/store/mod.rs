@@ -47,6 +47,19 @@ pub struct Store {
     kept_writer: Arc<KeptWriter>,
 }
 
+/// Whether a SQLite URL names a file that does not exist yet, or is empty (or memory).
+fn sqlite_file_is_new(url: &str) -> bool {
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+        .unwrap_or(url);
+    let path = rest.split('?').next().unwrap_or_default();
+    if path.is_empty() || path == ":memory:" {
+        return true;
+    }
+    std::fs::metadata(path).map_or(true, |m| m.len() == 0)
+}
+
 impl Store {
     /// Connects to `url` (`sqlite://PATH?mode=rwc` or `postgres://...`) and brings the schema up
     /// to date. For SQLite the parent directory is created, and the database runs in WAL mode
@@ -74,11 +87,18 @@ impl Store {
         if backend == "sqlite" {
             // SQLite serialises writers; a few connections serve concurrent readers.
             opts.max_connections(8).min_connections(1);
-            opts.map_sqlx_sqlite_opts(|o| {
-                // Incremental: pages freed by retention go back to the file system
-                // (`crate::retention`); takes effect on a new file, an old one needs a VACUUM.
-                o.auto_vacuum(SqliteAutoVacuum::Incremental)
-                    .journal_mode(SqliteJournalMode::Wal)
+            // Incremental: pages freed by retention go back to the file system
+            // (`crate::retention`). Only for a new file: on an existing one the pragma is a write
+            // (a read-only database could not even be opened), and takes effect only after a
+            // VACUUM, which retention runs.
+            let fresh = sqlite_file_is_new(url);
+            opts.map_sqlx_sqlite_opts(move |o| {
+                let o = if fresh {
+                    o.auto_vacuum(SqliteAutoVacuum::Incremental)
+                } else {
+                    o
+                };
+                o.journal_mode(SqliteJournalMode::Wal)
                     .synchronous(SqliteSynchronous::Full)
                     .busy_timeout(Duration::from_secs(10))
                     .foreign_keys(true)
@@ -160,6 +180,20 @@ impl Store {
         let pool = self.db.get_postgres_connection_pool();
         let txn = PgWrite::begin(pool, self.writability.clone()).await?;
         Ok(WriteTxn::Postgres(txn))
+    }
+
+    /// SQLite: switches the file to incremental vacuum with one `VACUUM`, both on one connection
+    /// (the pragma is a connection's until the `VACUUM` writes it into the file).
+    pub async fn vacuum_to_incremental(&self) -> Result<()> {
+        let pool = self.db.get_sqlite_connection_pool();
+        let mut conn = pool.acquire().await.map_err(sqlx_bridge::exec_err)?;
+        for sql in ["PRAGMA auto_vacuum = INCREMENTAL", "VACUUM"] {
+            sea_orm::sqlx::query(sql)
+                .execute(&mut *conn)
+                .await
+                .map_err(sqlx_bridge::exec_err)?;
+        }
+        Ok(())
     }
 
     /// True when the database answers a trivial query.
