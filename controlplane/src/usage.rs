@@ -276,22 +276,12 @@ impl UsageReports {
                 nulls.join(", "),
                 totals_sql(backend)
             ));
-            for row in db.query_all_raw(sql.build()).await? {
-                if row.try_get::<i32>("", "total_row")? == 1 {
-                    total = measures(&row, Vec::new())?;
-                    continue;
-                }
-                let key = dims
-                    .iter()
-                    .zip(&key_names)
-                    .map(|(d, name)| key_value(&row, *d, name))
-                    .collect::<Result<Vec<_>>>()?;
-                rows.push(measures(&row, key)?);
-            }
-            if rows.len() > limit as usize {
-                rows.truncate(limit as usize);
-                truncated = true;
-            }
+            (rows, total, truncated) = grouped(
+                db.query_all_raw(sql.build()).await?,
+                dims,
+                &key_names,
+                limit,
+            )?;
         }
 
         let mut sql = Sql::new(
@@ -376,22 +366,12 @@ impl UsageReports {
                 nulls.join(", "),
                 totals_sql(backend)
             ));
-            for row in db.query_all_raw(sql.build()).await? {
-                if row.try_get::<i32>("", "total_row")? == 1 {
-                    total = measures(&row, Vec::new())?;
-                    continue;
-                }
-                let key = dims
-                    .iter()
-                    .zip(&key_names)
-                    .map(|(d, name)| key_value(&row, *d, name))
-                    .collect::<Result<Vec<_>>>()?;
-                rows.push(measures(&row, key)?);
-            }
-            if rows.len() > limit as usize {
-                rows.truncate(limit as usize);
-                truncated = true;
-            }
+            (rows, total, truncated) = grouped(
+                db.query_all_raw(sql.build()).await?,
+                dims,
+                &key_names,
+                limit,
+            )?;
         }
         let mut sql = Sql::new(backend, "WITH u AS (");
         push_union(&mut sql, filter);
@@ -489,6 +469,33 @@ fn push_filter(sql: &mut Sql, time: &str, f: &UsageFilter) {
         sql.push(" AND COALESCE(answered_model, model) = ")
             .bind(m.clone());
     }
+}
+
+/// A grouped report's answer: its rows (the first `limit`, and whether more were cut) and the
+/// total row (`total_row = 1`).
+fn grouped(
+    answer: Vec<QueryResult>,
+    dims: &[Dimension],
+    key_names: &[String],
+    limit: u32,
+) -> Result<(Vec<UsageRow>, UsageRow, bool)> {
+    let mut rows = Vec::new();
+    let mut total = UsageRow::default();
+    for row in answer {
+        if row.try_get::<i32>("", "total_row")? == 1 {
+            total = measures(&row, Vec::new())?;
+            continue;
+        }
+        let key = dims
+            .iter()
+            .zip(key_names)
+            .map(|(d, name)| key_value(&row, *d, name))
+            .collect::<Result<Vec<_>>>()?;
+        rows.push(measures(&row, key)?);
+    }
+    let truncated = rows.len() > limit as usize;
+    rows.truncate(limit as usize);
+    Ok((rows, total, truncated))
 }
 
 fn key_value(row: &QueryResult, dim: Dimension, col: &str) -> Result<Option<String>> {

@@ -239,27 +239,8 @@ async fn records_page(
     after: Option<&(i64, String)>,
 ) -> Result<Page> {
     use request::Column as C;
-    // The lower bound is the cursor's time, not the day's start: the index range then begins
-    // at the cursor, and a page costs the same at the day's end as at its start.
-    let from = after.map_or(start, |(at, _)| (*at).max(start));
-    let mut q = request::Entity::find()
-        .filter(C::StartedAtMs.gte(from))
-        .filter(C::StartedAtMs.lt(end));
-    if let Some((at, id)) = after {
-        q = q.filter(
-            Condition::any().add(C::StartedAtMs.gt(*at)).add(
-                Condition::all()
-                    .add(C::StartedAtMs.eq(*at))
-                    .add(C::RequestId.gt(id.clone())),
-            ),
-        );
-    }
-    let models = q
-        .order_by_asc(C::StartedAtMs)
-        .order_by_asc(C::RequestId)
-        .limit(PAGE_ROWS)
-        .all(store.conn())
-        .await?;
+    let models =
+        page::<request::Entity>(store, (C::StartedAtMs, C::RequestId), (start, end), after).await?;
     let last_key = models
         .last()
         .map(|m| (m.started_at_ms, m.request_id.clone()));
@@ -276,32 +257,38 @@ async fn signals_page(
     after: Option<&(i64, String)>,
 ) -> Result<Page> {
     use signal::Column as C;
-    // The lower bound is the cursor's time, not the day's start: the index range then begins
-    // at the cursor, and a page costs the same at the day's end as at its start.
-    let from = after.map_or(start, |(at, _)| (*at).max(start));
-    let mut q = signal::Entity::find()
-        .filter(C::ReceivedAtMs.gte(from))
-        .filter(C::ReceivedAtMs.lt(end));
-    if let Some((at, id)) = after {
-        q = q.filter(
-            Condition::any().add(C::ReceivedAtMs.gt(*at)).add(
-                Condition::all()
-                    .add(C::ReceivedAtMs.eq(*at))
-                    .add(C::Id.gt(id.clone())),
-            ),
-        );
-    }
-    let models = q
-        .order_by_asc(C::ReceivedAtMs)
-        .order_by_asc(C::Id)
-        .limit(PAGE_ROWS)
-        .all(store.conn())
-        .await?;
+    let models =
+        page::<signal::Entity>(store, (C::ReceivedAtMs, C::Id), (start, end), after).await?;
     let last_key = models.last().map(|m| (m.received_at_ms, m.id.clone()));
     Ok(Page {
         rows: models.into_iter().map(columns::signal_row).collect(),
         last_key,
     })
+}
+
+/// One page of `E`'s rows of `[start, end)` by `time`, in (time, id) order, after the cursor.
+async fn page<E: EntityTrait>(
+    store: &Store,
+    (time, id): (E::Column, E::Column),
+    (start, end): (i64, i64),
+    after: Option<&(i64, String)>,
+) -> Result<Vec<E::Model>> {
+    // The lower bound is the cursor's time, not the day's start: the index range then begins
+    // at the cursor, and a page costs the same at the day's end as at its start.
+    let from = after.map_or(start, |(at, _)| (*at).max(start));
+    let mut q = E::find().filter(time.gte(from)).filter(time.lt(end));
+    if let Some((at, last)) = after {
+        q = q.filter(
+            Condition::any()
+                .add(time.gt(*at))
+                .add(Condition::all().add(time.eq(*at)).add(id.gt(last.clone()))),
+        );
+    }
+    Ok(q.order_by_asc(time)
+        .order_by_asc(id)
+        .limit(PAGE_ROWS)
+        .all(store.conn())
+        .await?)
 }
 
 /// Runs file work off the async workers.
