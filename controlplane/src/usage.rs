@@ -292,16 +292,7 @@ impl UsageReports {
         // Served by the partial index idx_requests_unpriced: only unpriced rows are read.
         push_filter(&mut sql, "started_at_ms", filter);
         sql.push(" GROUP BY 1, 2 ORDER BY n DESC LIMIT 100");
-        let mut unpriced_models = Vec::new();
-        for row in db.query_all_raw(sql.build()).await? {
-            unpriced_models.push(UnpricedModel {
-                provider: row.try_get("", "provider")?,
-                model: row
-                    .try_get::<Option<String>>("", "m")?
-                    .unwrap_or_else(|| "(unknown)".to_owned()),
-                requests: count(&row, "n")?,
-            });
-        }
+        let unpriced_models = unpriced(db.query_all_raw(sql.build()).await?)?;
 
         Ok(UsageReport {
             rows,
@@ -380,16 +371,7 @@ impl UsageReports {
              GROUP BY 1, 2 ORDER BY n DESC LIMIT 100",
             sum(backend, "unpriced")
         ));
-        let mut unpriced_models = Vec::new();
-        for row in db.query_all_raw(sql.build()).await? {
-            unpriced_models.push(UnpricedModel {
-                provider: row.try_get("", "provider")?,
-                model: row
-                    .try_get::<Option<String>>("", "m")?
-                    .unwrap_or_else(|| "(unknown)".to_owned()),
-                requests: count(&row, "n")?,
-            });
-        }
+        let unpriced_models = unpriced(db.query_all_raw(sql.build()).await?)?;
         Ok(UsageReport {
             rows,
             truncated,
@@ -469,6 +451,22 @@ fn push_filter(sql: &mut Sql, time: &str, f: &UsageFilter) {
         sql.push(" AND COALESCE(answered_model, model) = ")
             .bind(m.clone());
     }
+}
+
+/// The unpriced models' rows (`provider`, `m`, `n`).
+fn unpriced(answer: Vec<QueryResult>) -> Result<Vec<UnpricedModel>> {
+    answer
+        .iter()
+        .map(|row| {
+            Ok(UnpricedModel {
+                provider: row.try_get("", "provider")?,
+                model: row
+                    .try_get::<Option<String>>("", "m")?
+                    .unwrap_or_else(|| "(unknown)".to_owned()),
+                requests: count(row, "n")?,
+            })
+        })
+        .collect()
 }
 
 /// A grouped report's answer: its rows (the first `limit`, and whether more were cut) and the

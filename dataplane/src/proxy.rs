@@ -255,31 +255,20 @@ fn refusal_error(refusal: Refusal) -> ProxyError {
             format!("{} of {} {spent}", budget_name(budget), limit_text(limit))
         }
     };
+    // A lease refused: the rest of the limit is held by other dataplanes.
+    let held_elsewhere = matches!(refusal, Refusal::NoLease { .. });
     match refusal {
         Refusal::Over {
             budget,
             limit,
             retry_after,
-        } => {
-            let reason = reason(&budget, limit, false);
-            if limit.is_rate() {
-                ProxyError::RateLimited {
-                    reason,
-                    retry_after,
-                }
-            } else {
-                ProxyError::BudgetExceeded {
-                    reason,
-                    retry_after,
-                }
-            }
         }
-        Refusal::NoLease {
+        | Refusal::NoLease {
             budget,
             limit,
             retry_after,
         } => {
-            let reason = reason(&budget, limit, true);
+            let reason = reason(&budget, limit, held_elsewhere);
             if limit.is_rate() {
                 ProxyError::RateLimited {
                     reason,
