@@ -29,6 +29,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0101_write_probe::Migration),
             Box::new(m0014_usage_rollups::Migration),
             Box::new(m0015_secrets::Migration),
+            Box::new(m0016_signals_by_time::Migration),
         ]
     }
 }
@@ -1341,6 +1342,39 @@ mod m0015_secrets {
         async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
             m.get_connection()
                 .execute_unprepared("DROP TABLE IF EXISTS controlplane_secrets")
+                .await?;
+            Ok(())
+        }
+    }
+}
+
+/// Signals by the time they were received: retention deletes the oldest and the export pages a
+/// day in (time, id) order; without it both walk the whole table.
+mod m0016_signals_by_time {
+    use super::*;
+
+    pub struct Migration;
+
+    impl MigrationName for Migration {
+        fn name(&self) -> &str {
+            "m0016_signals_by_time"
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl MigrationTrait for Migration {
+        async fn up(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            m.get_connection()
+                .execute_unprepared(
+                    "CREATE INDEX IF NOT EXISTS idx_signals_received ON signals (received_at_ms, id)",
+                )
+                .await?;
+            Ok(())
+        }
+
+        async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            m.get_connection()
+                .execute_unprepared("DROP INDEX IF EXISTS idx_signals_received")
                 .await?;
             Ok(())
         }
