@@ -80,15 +80,16 @@ fn message(a: &Answer) -> String {
         .to_owned()
 }
 
-/// Waits until at least 20 s are left in the current UTC minute, so that a burst stays in one.
+/// Makes sure at least 20 s are left in the current UTC minute, so that a burst stays in one:
+/// when fewer are, waits for the next minute to begin (computed, not polled).
 async fn early_in_a_minute() {
-    let second = || {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs() % 60)
-    };
-    while second() > 40 {
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    let into_minute = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(Duration::ZERO, |d| {
+            Duration::from_millis(u64::try_from(d.as_millis() % 60_000).unwrap_or(0))
+        });
+    if into_minute > Duration::from_secs(40) {
+        tokio::time::sleep(Duration::from_secs(60).saturating_sub(into_minute)).await;
     }
 }
 

@@ -254,7 +254,6 @@ impl UsageReports {
                 .map(|(i, d)| format!("{} AS k{i}", d.expr()))
                 .collect();
             let key_names: Vec<String> = (0..dims.len()).map(|i| format!("k{i}")).collect();
-            let nulls: Vec<&str> = dims.iter().map(|_| "NULL").collect();
             let group: Vec<String> = (1..=dims.len()).map(|i| i.to_string()).collect();
             let mut sql = Sql::new(
                 backend,
@@ -265,17 +264,8 @@ impl UsageReports {
                 ),
             );
             push_filter(&mut sql, time, filter);
-            sql.push(&format!(
-                " GROUP BY {}) \
-                 SELECT 0 AS total_row, t.* FROM (SELECT * FROM g ORDER BY cost_micros DESC, requests DESC LIMIT ",
-                group.join(", ")
-            ))
-            .bind(i64::from(limit) + 1)
-            .push(&format!(
-                ") AS t UNION ALL SELECT 1, {}, {} FROM g",
-                nulls.join(", "),
-                totals_sql(backend)
-            ));
+            sql.push(&format!(" GROUP BY {})", group.join(", ")));
+            push_top_and_total(&mut sql, backend, dims.len(), limit);
             (rows, total, truncated) = grouped(
                 db.query_all_raw(sql.build()).await?,
                 dims,
@@ -342,21 +332,14 @@ impl UsageReports {
                 .map(|(i, d)| format!("{} AS k{i}", d.column()))
                 .collect();
             let key_names: Vec<String> = (0..dims.len()).map(|i| format!("k{i}")).collect();
-            let nulls: Vec<&str> = dims.iter().map(|_| "NULL").collect();
             let group: Vec<String> = (1..=dims.len()).map(|i| i.to_string()).collect();
             sql.push(&format!(
-                "), g AS MATERIALIZED (SELECT {}, {} FROM u GROUP BY {}) \
-                 SELECT 0 AS total_row, t.* FROM (SELECT * FROM g ORDER BY cost_micros DESC, requests DESC LIMIT ",
+                "), g AS MATERIALIZED (SELECT {}, {} FROM u GROUP BY {})",
                 keys.join(", "),
                 totals_sql(backend),
                 group.join(", ")
-            ))
-            .bind(i64::from(limit) + 1)
-            .push(&format!(
-                ") AS t UNION ALL SELECT 1, {}, {} FROM g",
-                nulls.join(", "),
-                totals_sql(backend)
             ));
+            push_top_and_total(&mut sql, backend, dims.len(), limit);
             (rows, total, truncated) = grouped(
                 db.query_all_raw(sql.build()).await?,
                 dims,
@@ -451,6 +434,21 @@ fn push_filter(sql: &mut Sql, time: &str, f: &UsageFilter) {
         sql.push(" AND COALESCE(answered_model, model) = ")
             .bind(m.clone());
     }
+}
+
+/// A grouped report's query after its groups `g` (`groups` key columns): the first `limit` + 1
+/// groups by cost, then the total over all groups (`total_row = 1`), as [`grouped`] reads them.
+fn push_top_and_total(sql: &mut Sql, backend: DatabaseBackend, groups: usize, limit: u32) {
+    sql.push(
+        " SELECT 0 AS total_row, t.* FROM \
+         (SELECT * FROM g ORDER BY cost_micros DESC, requests DESC LIMIT ",
+    )
+    .bind(i64::from(limit) + 1)
+    .push(&format!(
+        ") AS t UNION ALL SELECT 1, {}, {} FROM g",
+        vec!["NULL"; groups].join(", "),
+        totals_sql(backend)
+    ));
 }
 
 /// The unpriced models' rows (`provider`, `m`, `n`).
