@@ -37,13 +37,14 @@
 //! is not spent any more: a dataplane cut off from its controlplane spends at most what it held.
 
 use foldhash::HashMap;
+use smallvec::SmallVec;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use nm_types::budget::{
     BudgetRule, LeaseClaim, LeaseKey, LeaseRequest, LeaseResponse, MINUTE_MS, Period, Scope,
-    ScopeKind, day_of, minute_of, month_of_day, week_of_day,
+    ScopeKind, day_of, first_day_of_month, minute_of, month_of_day, week_of_day,
 };
 pub use nm_types::budget::{Feed, LeaseUnit, Spend};
 
@@ -125,6 +126,43 @@ pub enum Refusal {
     NotLoaded,
 }
 
+/// The periods a moment falls in, computed once per request (a month needs calendar arithmetic).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Periods {
+    day: i64,
+    week: i64,
+    month: i64,
+    minute: i64,
+}
+
+impl Periods {
+    fn of_day(day: i64, minute: i64) -> Self {
+        Periods {
+            day,
+            week: week_of_day(day),
+            month: month_of_day(day),
+            minute,
+        }
+    }
+
+    fn index(&self, period: Period) -> i64 {
+        match period {
+            Period::Day => self.day,
+            Period::Week => self.week,
+            Period::Month => self.month,
+        }
+    }
+
+    /// The period a lease of `unit` under a rule of `period` counts toward.
+    fn of_unit(&self, unit: LeaseUnit, period: Period) -> i64 {
+        if unit.per_minute() {
+            self.minute
+        } else {
+            self.index(period)
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum EntryState {
     InFlight,
@@ -132,17 +170,43 @@ enum EntryState {
     Delivered { epoch: u64, seq: u64 },
 }
 
-/// The lease periods a request took its reservation from, per unit.
-type Taken = [Option<i64>; UNITS];
+/// A request's id as a ledger key: the UUID the gateway gives every request as 128 bits, so
+/// keeping and finding an entry copies no string (any other text is kept as it is).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum EntryKey {
+    Uuid(u128),
+    Other(Box<str>),
+}
+
+impl EntryKey {
+    fn of(request_id: &str) -> Self {
+        match uuid::Uuid::try_parse(request_id) {
+            // Only the hyphenated form: other spellings of the same UUID are other ids.
+            Ok(u) if request_id.len() == 36 => EntryKey::Uuid(u.as_u128()),
+            _ => EntryKey::Other(request_id.into()),
+        }
+    }
+}
+
+/// One budget an entry counts toward: its scope, the units it took a lease of (a bit per
+/// unit) and the rule's period then (which, with the entry's start, names the lease periods).
+#[derive(Debug, Clone, Copy)]
+struct Counted {
+    scope: u32,
+    taken: u8,
+    period: Period,
+}
 
 #[derive(Debug, Clone)]
 struct Entry {
+    /// When it started (the tests check `at` against it).
+    #[cfg(test)]
     started_ms: i64,
+    at: Periods,
     micros: u64,
     tokens: u64,
     state: EntryState,
-    /// The budgets' scopes it counts toward, and the lease periods it took from each.
-    scopes: Vec<(Scope, Taken)>,
+    scopes: SmallVec<[Counted; 4]>,
 }
 
 /// Running totals over one scope's entries, by the period each entry started in: buckets of
@@ -160,39 +224,48 @@ struct Totals {
 type Buckets = Vec<(i64, u64, u64, u32)>;
 
 impl Totals {
-    fn buckets(&mut self, started_ms: i64) -> [(&mut Buckets, i64); 4] {
-        let day = day_of(started_ms);
+    fn buckets(&mut self, at: &Periods) -> [(&mut Buckets, i64); 4] {
         [
-            (&mut self.days, day),
-            (&mut self.weeks, week_of_day(day)),
-            (&mut self.months, month_of_day(day)),
-            (&mut self.minutes, minute_of(started_ms)),
+            (&mut self.days, at.day),
+            (&mut self.weeks, at.week),
+            (&mut self.months, at.month),
+            (&mut self.minutes, at.minute),
         ]
     }
 
-    fn add(&mut self, e: &Entry) {
-        for (buckets, key) in self.buckets(e.started_ms) {
+    fn add(&mut self, at: &Periods, micros: u64, tokens: u64) {
+        for (buckets, key) in self.buckets(at) {
             match buckets.iter_mut().find(|b| b.0 == key) {
-                Some((_, sum, tokens, n)) => {
-                    *sum = sum.saturating_add(e.micros);
-                    *tokens = tokens.saturating_add(e.tokens);
+                Some((_, sum, t, n)) => {
+                    *sum = sum.saturating_add(micros);
+                    *t = t.saturating_add(tokens);
                     *n += 1;
                 }
-                None => buckets.push((key, e.micros, e.tokens, 1)),
+                None => buckets.push((key, micros, tokens, 1)),
             }
         }
     }
 
-    fn remove(&mut self, e: &Entry) {
-        for (buckets, key) in self.buckets(e.started_ms) {
+    fn remove(&mut self, at: &Periods, micros: u64, tokens: u64) {
+        for (buckets, key) in self.buckets(at) {
             if let Some(i) = buckets.iter().position(|b| b.0 == key) {
-                let (_, sum, tokens, n) = &mut buckets[i];
-                *sum = sum.saturating_sub(e.micros);
-                *tokens = tokens.saturating_sub(e.tokens);
+                let (_, sum, t, n) = &mut buckets[i];
+                *sum = sum.saturating_sub(micros);
+                *t = t.saturating_sub(tokens);
                 *n -= 1;
                 if *n == 0 {
                     buckets.swap_remove(i);
                 }
+            }
+        }
+    }
+
+    /// Replaces one entry's amounts, the entry staying counted.
+    fn change(&mut self, at: &Periods, from: (u64, u64), to: (u64, u64)) {
+        for (buckets, key) in self.buckets(at) {
+            if let Some((_, sum, t, _)) = buckets.iter_mut().find(|b| b.0 == key) {
+                *sum = sum.saturating_sub(from.0).saturating_add(to.0);
+                *t = t.saturating_sub(from.1).saturating_add(to.1);
             }
         }
     }
@@ -226,21 +299,20 @@ impl Totals {
         (n, t)
     }
 
-    /// What is counted locally in `unit` for `period` (a period number of `rule`).
-    fn unrecorded(&self, unit: LeaseUnit, rule: &BudgetRule, period: i64, now_ms: i64) -> u64 {
+    /// What is counted locally in `unit` for `index`, a period of a rule of `period`.
+    fn unrecorded(&self, unit: LeaseUnit, period: Period, index: i64) -> u64 {
         match unit {
             LeaseUnit::Micros | LeaseUnit::Tokens => {
-                let buckets = match rule.period {
+                let buckets = match period {
                     Period::Day => &self.days,
                     Period::Week => &self.weeks,
                     Period::Month => &self.months,
                 };
-                let _ = now_ms;
-                let (m, t, _) = Self::bucket(buckets, period);
+                let (m, t, _) = Self::bucket(buckets, index);
                 if unit == LeaseUnit::Micros { m } else { t }
             }
-            LeaseUnit::Requests => u64::from(self.started_in(period).0),
-            LeaseUnit::MinuteTokens => self.started_in(period).1,
+            LeaseUnit::Requests => u64::from(self.started_in(index).0),
+            LeaseUnit::MinuteTokens => self.started_in(index).1,
         }
     }
 }
@@ -262,54 +334,27 @@ impl<T> ByScope<T> {
         if m.is_empty() { None } else { m.get(value) }
     }
 
-    fn get_mut(&mut self, kind: ScopeKind, value: &str) -> Option<&mut T> {
-        self.0[kind.index()].get_mut(value)
-    }
-
-    fn entry(&mut self, kind: ScopeKind, value: &str) -> &mut T
-    where
-        T: Default,
-    {
-        let m = &mut self.0[kind.index()];
-        if !m.contains_key(value) {
-            m.insert(value.to_owned(), T::default());
-        }
-        m.get_mut(value)
-            .unwrap_or_else(|| unreachable!("inserted above"))
-    }
-
     fn insert(&mut self, kind: ScopeKind, value: String, v: T) {
         self.0[kind.index()].insert(value, v);
     }
 
-    fn clear(&mut self) {
-        for m in &mut self.0 {
-            m.clear();
-        }
-    }
-
-    fn kind(&self, kind: ScopeKind) -> &HashMap<String, T> {
-        &self.0[kind.index()]
+    fn remove(&mut self, kind: ScopeKind, value: &str) {
+        self.0[kind.index()].remove(value);
     }
 }
 
+/// The feed's spend of one scope, and the periods of the feed's day.
 #[derive(Debug, Clone, Copy, Default)]
 struct Remote {
     spend: Spend,
-    day: i64,
+    at: Periods,
 }
 
 impl Remote {
     /// What the feed counts in `unit` under `rule` now.
-    fn used(&self, unit: LeaseUnit, rule: &BudgetRule, now_ms: i64) -> u64 {
-        let day = day_of(now_ms);
-        let current = if unit.per_minute() {
-            minute_of(now_ms)
-        } else {
-            rule.period.index_of_day(day)
-        };
-        let feed_current = rule.period.index_of_day(self.day);
-        unit.recorded(rule, &self.spend, feed_current, current)
+    fn used(&self, unit: LeaseUnit, rule: &BudgetRule, now: &Periods) -> u64 {
+        let current = now.of_unit(unit, rule.period);
+        unit.recorded(rule, &self.spend, self.at.index(rule.period), current)
     }
 }
 
@@ -342,6 +387,32 @@ impl Slot {
 #[derive(Debug, Default, Clone, Copy)]
 struct Leases([Option<Slot>; UNITS]);
 
+/// Everything the ledger knows of one scope a budget applies to: its own budget, the feed's
+/// spend, the local entries' totals and the leases. Found once per request by its name;
+/// entries then refer to it by number.
+#[derive(Debug)]
+struct ScopeState {
+    kind: ScopeKind,
+    value: String,
+    /// Its own budget (else a default may apply).
+    rule: Option<BudgetRule>,
+    remote: Option<Remote>,
+    totals: Totals,
+    leases: Leases,
+    live: bool,
+}
+
+impl ScopeState {
+    /// Nothing refers to it any more: no budget of its own, no spend in the feed, no entry, no
+    /// lease.
+    fn is_idle(&self) -> bool {
+        self.rule.is_none()
+            && self.remote.is_none()
+            && self.totals.is_empty()
+            && self.leases.0.iter().all(Option::is_none)
+    }
+}
+
 #[derive(Debug, Default)]
 struct Ledger {
     synced: bool,
@@ -354,54 +425,155 @@ struct Ledger {
     month: i64,
     default_user: Option<BudgetRule>,
     default_key: Option<BudgetRule>,
-    rules: ByScope<BudgetRule>,
-    /// Per key id, the labels it holds that a budget names.
-    key_labels: HashMap<String, Vec<String>>,
-    remote: ByScope<Remote>,
-    totals: ByScope<Totals>,
-    entries: HashMap<String, Entry>,
-    leases: ByScope<Leases>,
+    /// Scope kinds with at least one budget of their own.
+    ruled: [bool; KINDS],
+    /// Per key id, the scopes of its labels that have a budget.
+    key_labels: HashMap<String, Vec<u32>>,
+    /// Scopes by kind and name, and their states (freed ones reused).
+    index: ByScope<u32>,
+    scopes: Vec<ScopeState>,
+    free: Vec<u32>,
+    entries: HashMap<EntryKey, Entry>,
+    /// The last day whose periods were computed, and them.
+    today: Option<(i64, Periods)>,
+}
+
+/// One budget that applies to a request.
+#[derive(Debug, Clone, Copy)]
+struct Applied {
+    scope: u32,
+    rule: BudgetRule,
+    default: bool,
 }
 
 impl Ledger {
-    /// The budget in force for a scope, and whether it is a default.
-    fn rule_for(&self, kind: ScopeKind, value: &str) -> Option<(BudgetRule, bool)> {
-        if let Some(r) = self.rules.get(kind, value) {
-            return Some((*r, false));
+    /// The periods of `now_ms` (the month's calendar arithmetic once a day).
+    fn periods(&mut self, now_ms: i64) -> Periods {
+        let day = day_of(now_ms);
+        let minute = minute_of(now_ms);
+        match self.today {
+            Some((d, p)) if d == day => Periods { minute, ..p },
+            _ => {
+                let p = Periods::of_day(day, minute);
+                self.today = Some((day, p));
+                p
+            }
         }
+    }
+
+    fn find(&self, kind: ScopeKind, value: &str) -> Option<u32> {
+        self.index.get(kind, value).copied()
+    }
+
+    fn scope(&self, id: u32) -> &ScopeState {
+        &self.scopes[id as usize]
+    }
+
+    fn scope_mut(&mut self, id: u32) -> &mut ScopeState {
+        &mut self.scopes[id as usize]
+    }
+
+    /// The scope's state, made when first needed.
+    fn slot(&mut self, kind: ScopeKind, value: &str) -> u32 {
+        if let Some(id) = self.find(kind, value) {
+            return id;
+        }
+        let id = match self.free.pop() {
+            Some(id) => {
+                let s = self.scope_mut(id);
+                s.kind = kind;
+                s.value.clear();
+                s.value.push_str(value);
+                s.live = true;
+                id
+            }
+            None => {
+                self.scopes.push(ScopeState {
+                    kind,
+                    value: value.to_owned(),
+                    rule: None,
+                    remote: None,
+                    totals: Totals::default(),
+                    leases: Leases::default(),
+                    live: true,
+                });
+                u32::try_from(self.scopes.len() - 1).unwrap_or(u32::MAX)
+            }
+        };
+        self.index.insert(kind, value.to_owned(), id);
+        id
+    }
+
+    /// Frees the states nothing refers to any more.
+    fn collect(&mut self) {
+        for (id, s) in self.scopes.iter_mut().enumerate() {
+            if s.live && s.is_idle() {
+                s.live = false;
+                s.leases = Leases::default();
+                self.index.remove(s.kind, &s.value);
+                self.free.push(u32::try_from(id).unwrap_or(u32::MAX));
+            }
+        }
+    }
+
+    fn default_for(&self, kind: ScopeKind) -> Option<BudgetRule> {
         match kind {
-            ScopeKind::User => self.default_user.map(|r| (r, true)),
-            ScopeKind::Key => self.default_key.map(|r| (r, true)),
+            ScopeKind::User => self.default_user,
+            ScopeKind::Key => self.default_key,
             _ => None,
         }
     }
 
-    fn add_entry(&mut self, e: &Entry) {
-        for (scope, _) in &e.scopes {
-            self.totals.entry(scope.kind, &scope.value).add(e);
+    /// The budget in force for a scope, if one applies: its own, else a default.
+    fn applies(&mut self, kind: ScopeKind, value: &str) -> Option<Applied> {
+        let default = self.default_for(kind);
+        if !self.ruled[kind.index()] && default.is_none() {
+            return None;
+        }
+        let found = self.find(kind, value);
+        let own = found.and_then(|id| self.scope(id).rule);
+        let (rule, default) = match (own, default) {
+            (Some(rule), _) => (rule, false),
+            (None, Some(rule)) => (rule, true),
+            (None, None) => return None,
+        };
+        let scope = match found {
+            Some(id) => id,
+            None => self.slot(kind, value),
+        };
+        Some(Applied {
+            scope,
+            rule,
+            default,
+        })
+    }
+
+    fn name(&self, a: &Applied) -> BudgetName {
+        let s = self.scope(a.scope);
+        BudgetName {
+            scope: Scope::new(s.kind, s.value.as_str()),
+            default: a.default,
         }
     }
 
-    fn remove_entry(totals: &mut ByScope<Totals>, e: &Entry) {
-        for (scope, _) in &e.scopes {
-            if let Some(t) = totals.get_mut(scope.kind, &scope.value) {
-                t.remove(e);
-                if t.is_empty() {
-                    totals.0[scope.kind.index()].remove(scope.value.as_str());
-                }
-            }
+    /// Takes an entry out of its scopes' totals.
+    fn uncount(scopes: &mut [ScopeState], e: &Entry) {
+        for c in &e.scopes {
+            scopes[c.scope as usize]
+                .totals
+                .remove(&e.at, e.micros, e.tokens);
         }
     }
 
     /// Keeps the entries `keep` says to, keeping the totals right.
     fn retain(&mut self, mut keep: impl FnMut(&Entry) -> bool) {
         let Ledger {
-            entries, totals, ..
+            entries, scopes, ..
         } = self;
         entries.retain(|_, e| {
             let kept = keep(e);
             if !kept {
-                Self::remove_entry(totals, e);
+                Self::uncount(scopes, e);
             }
             kept
         });
@@ -446,7 +618,7 @@ impl Default for Budgets {
 #[derive(Debug)]
 pub struct Reservation {
     budgets: Budgets,
-    request_id: String,
+    key: EntryKey,
     reserved: u64,
     reserved_tokens: u64,
     settled: bool,
@@ -464,7 +636,7 @@ impl Reservation {
     /// Replaces the reservation with what the request counts against its budgets.
     pub fn settle(mut self, micros: u64, tokens: u64) {
         self.settled = true;
-        self.budgets.settle(&self.request_id, micros, tokens);
+        self.budgets.settle(&self.key, micros, tokens);
     }
 }
 
@@ -472,25 +644,7 @@ impl Drop for Reservation {
     fn drop(&mut self) {
         if !self.settled {
             self.budgets
-                .settle(&self.request_id, self.reserved, self.reserved_tokens);
-        }
-    }
-}
-
-/// One budget that applies to a request.
-#[derive(Debug, Clone, Copy)]
-struct Applied<'a> {
-    kind: ScopeKind,
-    value: &'a str,
-    rule: BudgetRule,
-    default: bool,
-}
-
-impl Applied<'_> {
-    fn name(&self) -> BudgetName {
-        BudgetName {
-            scope: Scope::new(self.kind, self.value),
-            default: self.default,
+                .settle(&self.key, self.reserved, self.reserved_tokens);
         }
     }
 }
@@ -502,6 +656,10 @@ fn amount(unit: LeaseUnit, micros: u64, tokens: u64) -> u64 {
         LeaseUnit::Requests => 1,
         LeaseUnit::Tokens | LeaseUnit::MinuteTokens => tokens,
     }
+}
+
+fn bit(unit: LeaseUnit) -> u8 {
+    1 << (unit as u8)
 }
 
 impl Budgets {
@@ -535,8 +693,9 @@ impl Budgets {
                 None => Ok(None),
             };
         }
-        // The budgets that apply, found by borrowed keys (no allocation when none does).
-        let mut applied: Vec<Applied<'_>> = Vec::new();
+        // The budgets that apply, found by borrowed names: one probe per kind that has a
+        // budget, none for the others.
+        let mut applied: SmallVec<[Applied; 6]> = SmallVec::new();
         let scopes = [
             (ScopeKind::Key, Some(who.key)),
             (ScopeKind::Agent, who.agent),
@@ -545,23 +704,19 @@ impl Budgets {
             (ScopeKind::User, who.user),
         ];
         for (kind, value) in scopes {
-            let Some(value) = value else { continue };
-            if let Some((rule, default)) = l.rule_for(kind, value) {
-                applied.push(Applied {
-                    kind,
-                    value,
-                    rule,
-                    default,
-                });
+            if let Some(a) = value.and_then(|v| l.applies(kind, v)) {
+                applied.push(a);
             }
         }
-        if let Some(labels) = l.key_labels.get(who.key) {
-            for label in labels {
-                if let Some(rule) = l.rules.get(ScopeKind::Label, label) {
+        if let Some(labels) = (!l.key_labels.is_empty())
+            .then(|| l.key_labels.get(who.key))
+            .flatten()
+        {
+            for &scope in labels {
+                if let Some(rule) = l.scope(scope).rule {
                     applied.push(Applied {
-                        kind: ScopeKind::Label,
-                        value: label,
-                        rule: *rule,
+                        scope,
+                        rule,
                         default: false,
                     });
                 }
@@ -570,21 +725,22 @@ impl Budgets {
         if applied.is_empty() {
             return Ok(None);
         }
+        let now = l.periods(now_ms);
 
         // Every budget's limit, from the feed and the local entries.
         for a in &applied {
-            let remote = l.remote.get(a.kind, a.value).copied().unwrap_or_default();
-            let totals = l.totals.get(a.kind, a.value);
+            let s = l.scope(a.scope);
+            let remote = s.remote.unwrap_or_default();
             for unit in LeaseUnit::ALL {
                 let Some(limit) = unit.limit(&a.rule) else {
                     continue;
                 };
-                let local = totals.map_or(0, |t| {
-                    t.unrecorded(unit, &a.rule, unit.period_at(&a.rule, now_ms), now_ms)
-                });
-                if remote.used(unit, &a.rule, now_ms).saturating_add(local) >= limit {
+                let local =
+                    s.totals
+                        .unrecorded(unit, a.rule.period, now.of_unit(unit, a.rule.period));
+                if remote.used(unit, &a.rule, &now).saturating_add(local) >= limit {
                     return Err(Refusal::Over {
-                        budget: a.name(),
+                        budget: l.name(a),
                         limit: Limit::of(unit, &a.rule),
                         retry_after: until(period_end(unit, &a.rule, now_ms), now_ms),
                     });
@@ -596,15 +752,12 @@ impl Budgets {
         let expired = l.lease_valid_until_ms <= now_ms;
         let mut short = None;
         for a in &applied {
-            let leases = match l.leases.get_mut(a.kind, a.value) {
-                Some(x) => x,
-                None => l.leases.entry(a.kind, a.value),
-            };
+            let leases = &mut l.scope_mut(a.scope).leases;
             for unit in LeaseUnit::ALL {
                 if unit.limit(&a.rule).is_none() {
                     continue;
                 }
-                let period = unit.period_at(&a.rule, now_ms);
+                let period = now.of_unit(unit, a.rule.period);
                 let reservation = amount(unit, estimate_micros, estimate_tokens);
                 let s = leases.0[unit as usize]
                     .get_or_insert_with(|| Slot::new(period, reservation, now_ms));
@@ -626,94 +779,102 @@ impl Budgets {
             let retry = until(period_end(unit, &a.rule, now_ms), now_ms)
                 .min(Duration::from_millis(2 * LEASE_IDLE_MS as u64));
             return Err(Refusal::NoLease {
-                budget: a.name(),
+                budget: l.name(&a),
                 limit: Limit::of(unit, &a.rule),
                 retry_after: retry,
             });
         }
-        let mut scopes = Vec::with_capacity(applied.len());
+        let mut counted = SmallVec::new();
         for a in &applied {
-            let mut taken: Taken = [None; UNITS];
-            if let Some(leases) = l.leases.get_mut(a.kind, a.value) {
-                for unit in LeaseUnit::ALL {
-                    if unit.limit(&a.rule).is_none() {
-                        continue;
-                    }
-                    if let Some(s) = leases.0[unit as usize].as_mut() {
-                        let n = amount(unit, estimate_micros, estimate_tokens);
-                        s.unused = s
-                            .unused
-                            .saturating_sub(i64::try_from(n).unwrap_or(i64::MAX));
-                        s.taken = s.taken.saturating_add(n);
-                        taken[unit as usize] = Some(s.period);
-                    }
+            let s = l.scope_mut(a.scope);
+            let mut taken = 0;
+            for unit in LeaseUnit::ALL {
+                if unit.limit(&a.rule).is_none() {
+                    continue;
+                }
+                if let Some(slot) = s.leases.0[unit as usize].as_mut() {
+                    let n = amount(unit, estimate_micros, estimate_tokens);
+                    slot.unused = slot
+                        .unused
+                        .saturating_sub(i64::try_from(n).unwrap_or(i64::MAX));
+                    slot.taken = slot.taken.saturating_add(n);
+                    taken |= bit(unit);
                 }
             }
-            scopes.push((Scope::new(a.kind, a.value), taken));
+            s.totals.add(&now, estimate_micros, estimate_tokens);
+            counted.push(Counted {
+                scope: a.scope,
+                taken,
+                period: a.rule.period,
+            });
         }
+        let key = EntryKey::of(request_id);
         let entry = Entry {
+            #[cfg(test)]
             started_ms: now_ms,
+            at: now,
             micros: estimate_micros,
             tokens: estimate_tokens,
             state: EntryState::InFlight,
-            scopes,
+            scopes: counted,
         };
-        drop(applied);
-        l.add_entry(&entry);
-        if let Some(old) = l.entries.insert(request_id.to_owned(), entry) {
-            Ledger::remove_entry(&mut l.totals, &old);
+        if let Some(old) = l.entries.insert(key.clone(), entry) {
+            Ledger::uncount(&mut l.scopes, &old);
         }
         Ok(Some(Reservation {
             budgets: self.clone(),
-            request_id: request_id.to_owned(),
+            key,
             reserved: estimate_micros,
             reserved_tokens: estimate_tokens,
             settled: false,
         }))
     }
 
-    fn settle(&self, request_id: &str, micros: u64, tokens: u64) {
+    fn settle(&self, key: &EntryKey, micros: u64, tokens: u64) {
         let mut guard = self.lock();
-        let l = &mut *guard;
-        let Some(e) = l.entries.get_mut(request_id) else {
+        let Ledger {
+            entries, scopes, ..
+        } = &mut *guard;
+        let Some(e) = entries.get_mut(key) else {
             return;
         };
         if e.state != EntryState::InFlight {
             return;
         }
-        // What the request did not use goes back to each lease (what it used past its
-        // reservation comes out of it).
-        for (scope, taken) in &e.scopes {
-            let Some(leases) = l.leases.get_mut(scope.kind, &scope.value) else {
-                continue;
-            };
+        for c in &e.scopes {
+            let s = &mut scopes[c.scope as usize];
+            // What the request did not use goes back to each lease (what it used past its
+            // reservation comes out of it).
             for unit in [
                 LeaseUnit::Micros,
                 LeaseUnit::Tokens,
                 LeaseUnit::MinuteTokens,
             ] {
+                if c.taken & bit(unit) == 0 {
+                    continue;
+                }
                 let (reserved, used) = if unit == LeaseUnit::Micros {
                     (e.micros, micros)
                 } else {
                     (e.tokens, tokens)
                 };
-                if let Some(s) = leases.0[unit as usize]
+                let period = e.at.of_unit(unit, c.period);
+                if let Some(slot) = s.leases.0[unit as usize]
                     .as_mut()
-                    .filter(|s| Some(s.period) == taken[unit as usize])
+                    .filter(|slot| slot.period == period)
                 {
-                    s.unused = s
+                    slot.unused = slot
                         .unused
                         .saturating_add(i64::try_from(reserved).unwrap_or(i64::MAX))
                         .saturating_sub(i64::try_from(used).unwrap_or(i64::MAX));
                 }
             }
+            s.totals
+                .change(&e.at, (e.micros, e.tokens), (micros, tokens));
         }
-        Ledger::remove_entry(&mut l.totals, e);
         e.micros = micros;
         e.tokens = tokens;
         e.state = EntryState::Settled;
-        let e = e.clone();
-        l.add_entry(&e);
     }
 
     /// The controlplane stored these requests' records; their spend is in the feed from
@@ -726,7 +887,7 @@ impl Budgets {
     ) {
         let mut l = self.lock();
         for request_id in request_ids {
-            if let Some(e) = l.entries.get_mut(request_id) {
+            if let Some(e) = l.entries.get_mut(&EntryKey::of(request_id)) {
                 e.state = EntryState::Delivered { epoch, seq };
             }
         }
@@ -740,38 +901,44 @@ impl Budgets {
         if feed.full {
             l.default_user = feed.default;
             l.default_key = feed.default_key;
-            l.rules.clear();
+            for s in &mut l.scopes {
+                s.rule = None;
+                s.remote = None;
+            }
+            l.ruled = [false; KINDS];
             for (scope, rule) in feed.overrides {
-                l.rules.insert(scope.kind, scope.value, rule);
+                let id = l.slot(scope.kind, &scope.value);
+                l.scope_mut(id).rule = Some(rule);
+                l.ruled[scope.kind.index()] = true;
             }
             l.key_labels.clear();
             for (label, keys) in feed.label_keys {
+                let Some(id) = l
+                    .find(ScopeKind::Label, &label)
+                    .filter(|id| l.scope(*id).rule.is_some())
+                else {
+                    continue;
+                };
                 for key in keys {
-                    l.key_labels.entry(key).or_default().push(label.clone());
+                    l.key_labels.entry(key).or_default().push(id);
                 }
             }
-            l.remote.clear();
             // A new epoch's full state was loaded from the database: it includes everything the
             // controlplane acknowledged before, whatever position it was acknowledged at.
             if feed.epoch != l.epoch {
                 l.retain(|e| !matches!(e.state, EntryState::Delivered { .. }));
             }
         }
-        let day = feed.day;
+        let at = Periods::of_day(feed.day, 0);
         for (scope, spend) in feed.spend {
             // Only scopes a budget may name are kept: labels, agents, models and envs without
             // one are dropped (a new budget comes with a full state).
-            let keep = match scope.kind {
-                ScopeKind::User => {
-                    l.default_user.is_some() || l.rules.get(scope.kind, &scope.value).is_some()
-                }
-                ScopeKind::Key => {
-                    l.default_key.is_some() || l.rules.get(scope.kind, &scope.value).is_some()
-                }
-                _ => l.rules.get(scope.kind, &scope.value).is_some(),
-            };
-            if keep {
-                *l.remote.entry(scope.kind, &scope.value) = Remote { spend, day };
+            let own = l
+                .find(scope.kind, &scope.value)
+                .is_some_and(|id| l.scope(id).rule.is_some());
+            if own || l.default_for(scope.kind).is_some() {
+                let id = l.slot(scope.kind, &scope.value);
+                l.scope_mut(id).remote = Some(Remote { spend, at });
             }
         }
         l.epoch = feed.epoch;
@@ -791,68 +958,57 @@ impl Budgets {
         // Unanswered for the time to live: the controlplane has taken back what was unused, so
         // it must not be claimed (or spent) again.
         let expired = l.lease_valid_until_ms != 0 && l.lease_valid_until_ms <= now_ms;
+        let (default_user, default_key) = (l.default_user, l.default_key);
         let mut claims = Vec::new();
-        for kind in ScopeKind::ALL {
-            let Ledger {
-                leases,
-                rules,
-                default_user,
-                default_key,
-                totals,
-                ..
-            } = &mut *l;
-            leases.0[kind.index()].retain(|value, scope_leases| {
-                let rule = rules.get(kind, value).copied().or(match kind {
-                    ScopeKind::User => *default_user,
-                    ScopeKind::Key => *default_key,
-                    _ => None,
-                });
-                let totals = totals.get(kind, value);
-                for unit in LeaseUnit::ALL {
-                    let slot = &mut scope_leases.0[unit as usize];
-                    let Some(s) = slot else { continue };
-                    let current = rule
-                        .filter(|r| unit.limit(r).is_some())
-                        .map(|r| unit.period_at(&r, now_ms));
-                    // The rule is gone or the period is over: the lease means nothing now.
-                    let (Some(rule), true) = (rule, current == Some(s.period)) else {
-                        *slot = None;
-                        continue;
-                    };
-                    let idle = now_ms - s.last_used_ms >= LEASE_IDLE_MS;
-                    if idle || expired {
-                        s.unused = s.unused.min(0);
-                    }
-                    let unrecorded =
-                        totals.map_or(0, |t| t.unrecorded(unit, &rule, s.period, now_ms));
-                    let unused = u64::try_from(s.unused).unwrap_or(0);
-                    let claim = unrecorded.saturating_add(unused);
-                    // Enough for two rounds at the pace of the last one, and a few requests at
-                    // least.
-                    let pace = std::mem::take(&mut s.taken);
-                    let low = (LEASE_LOW_WATER * s.last_reservation).max(pace);
-                    let want = if !idle && unused < low {
-                        (LEASE_ASK * s.last_reservation).max(pace.saturating_mul(2))
-                    } else {
-                        0
-                    };
-                    if claim == 0 && want == 0 {
-                        *slot = None;
-                        continue;
-                    }
-                    claims.push(LeaseClaim {
-                        key: LeaseKey {
-                            scope: Scope::new(kind, value.as_str()),
-                            unit,
-                            period: s.period,
-                        },
-                        claim,
-                        want,
-                    });
-                }
-                scope_leases.0.iter().any(Option::is_some)
+        for s in l.scopes.iter_mut().filter(|s| s.live) {
+            let rule = s.rule.or(match s.kind {
+                ScopeKind::User => default_user,
+                ScopeKind::Key => default_key,
+                _ => None,
             });
+            for unit in LeaseUnit::ALL {
+                let slot = &mut s.leases.0[unit as usize];
+                let Some(lease) = slot else { continue };
+                let current = rule
+                    .filter(|r| unit.limit(r).is_some())
+                    .map(|r| unit.period_at(&r, now_ms));
+                // The rule is gone or the period is over: the lease means nothing now.
+                let (Some(rule), true) = (rule, current == Some(lease.period)) else {
+                    *slot = None;
+                    continue;
+                };
+                let idle = now_ms - lease.last_used_ms >= LEASE_IDLE_MS;
+                if idle || expired {
+                    lease.unused = lease.unused.min(0);
+                }
+                let unrecorded = s.totals.unrecorded(unit, rule.period, lease.period);
+                let unused = u64::try_from(lease.unused).unwrap_or(0);
+                let claim = unrecorded.saturating_add(unused);
+                // Enough for two rounds at the pace of the last one, and a few requests at
+                // least.
+                let pace = std::mem::take(&mut lease.taken);
+                let low = (LEASE_LOW_WATER * lease.last_reservation).max(pace);
+                let want = if !idle && unused < low {
+                    (LEASE_ASK * lease.last_reservation).max(pace.saturating_mul(2))
+                } else {
+                    0
+                };
+                if claim == 0 && want == 0 {
+                    *slot = None;
+                    continue;
+                }
+                claims.push(LeaseClaim {
+                    key: LeaseKey {
+                        scope: Scope::new(s.kind, s.value.as_str()),
+                        unit,
+                        period: lease.period,
+                    },
+                    claim,
+                    want,
+                });
+            }
         }
+        l.collect();
         LeaseRequest {
             dataplane: dataplane.to_owned(),
             instance: self.leasing.instance,
@@ -863,16 +1019,17 @@ impl Budgets {
     /// Adds what a round granted (`request` is the report sent at `sent_ms`), and keeps the
     /// leases spendable for the answer's time to live from then.
     pub fn apply_grants(&self, request: &LeaseRequest, response: &LeaseResponse, sent_ms: i64) {
-        let mut l = self.lock();
+        let mut guard = self.lock();
+        let l = &mut *guard;
         for (claim, granted) in request.claims.iter().zip(&response.granted) {
             if *granted == 0 {
                 continue;
             }
             let scope = &claim.key.scope;
-            let slot = l
-                .leases
-                .get_mut(scope.kind, &scope.value)
-                .and_then(|u| u.0[claim.key.unit as usize].as_mut());
+            let Some(id) = l.find(scope.kind, &scope.value) else {
+                continue;
+            };
+            let slot = l.scope_mut(id).leases.0[claim.key.unit as usize].as_mut();
             if let Some(s) = slot.filter(|s| s.period == claim.key.period) {
                 s.unused = s
                     .unused
@@ -942,22 +1099,21 @@ impl Budgets {
         let l = self.lock();
         usize::from(l.default_user.is_some())
             + usize::from(l.default_key.is_some())
-            + ScopeKind::ALL
+            + l.scopes
                 .iter()
-                .map(|k| l.rules.kind(*k).len())
-                .sum::<usize>()
+                .filter(|s| s.live && s.rule.is_some())
+                .count()
     }
 
     /// Entries counted right now toward one end user (for tests and diagnostics).
     pub fn local_entries(&self, user: &str) -> usize {
         let l = self.lock();
+        let Some(id) = l.find(ScopeKind::User, user) else {
+            return 0;
+        };
         l.entries
             .values()
-            .filter(|e| {
-                e.scopes
-                    .iter()
-                    .any(|(s, _)| s.kind == ScopeKind::User && s.value == user)
-            })
+            .filter(|e| e.scopes.iter().any(|c| c.scope == id))
             .count()
     }
 }
@@ -975,18 +1131,12 @@ fn period_end(unit: LeaseUnit, rule: &BudgetRule, now_ms: i64) -> i64 {
 /// record never made it; they no longer count toward any period).
 fn retire(l: &mut Ledger) {
     let (epoch, seq, month) = (l.epoch, l.seq, l.month);
+    // A week that began in the previous month still counts this month's first days.
+    let first_week = week_of_day(first_day_of_month(month));
     l.retain(|e| match e.state {
         EntryState::Delivered { epoch: ep, seq: s } => !(ep == epoch && s <= seq),
-        _ => {
-            let day = day_of(e.started_ms);
-            month_of_day(day) >= month
-                || week_of_day(day) >= week_of_day(day_of(month_start_ms(month)))
-        }
+        _ => e.at.month >= month || e.at.week >= first_week,
     });
-}
-
-fn month_start_ms(month: i64) -> i64 {
-    nm_types::budget::first_day_of_month(month) * nm_types::budget::DAY_MS
 }
 
 fn until(end_ms: i64, now_ms: i64) -> Duration {
@@ -1255,6 +1405,44 @@ mod tests {
         // Its next report claims no unused lease (the controlplane took it back).
         let req = b.lease_request("test", NOW + 5_000);
         assert_eq!(req.claims[0].claim, 300);
+    }
+
+    #[test]
+    fn a_scope_nothing_refers_to_is_freed_and_its_state_is_not_inherited() {
+        let b = budgets(dollars(1_000));
+        b.admit_leased("u", "r1", 900, NOW)
+            .unwrap()
+            .unwrap()
+            .settle(900, 0);
+        b.delivered(["r1"], 7, 1);
+        b.apply_feed(Feed {
+            epoch: 7,
+            seq: 1,
+            day: day_of(NOW),
+            month: month_of_day(day_of(NOW)),
+            ..Default::default()
+        });
+        // No entry, no spend in the feed, an idle lease: the round drops the lease and frees
+        // the scope.
+        round(&b, NOW + LEASE_IDLE_MS, &[]);
+        round(&b, NOW + LEASE_IDLE_MS, &[]);
+        let freed = b.lock().free.len();
+        assert_eq!(freed, 1, "u's scope is free");
+        // Another end user takes the freed state: nothing of u's counts toward v.
+        b.admit_leased("v", "r2", 900, NOW)
+            .unwrap()
+            .unwrap()
+            .settle(900, 0);
+        assert_eq!((b.local_entries("u"), b.local_entries("v")), (0, 1));
+        assert_eq!(b.lock().free.len(), 0, "reused");
+        // And u starts afresh (its spend reached the feed, which no longer names it).
+        assert!(b.admit_leased("u", "r3", 900, NOW).unwrap().is_some());
+        // v's own 900 is below the limit (u's 900 on top would not be), and then it is not.
+        let _r4 = b.admit_leased("v", "r4", 900, NOW).unwrap().unwrap();
+        assert!(matches!(
+            b.admit_leased("v", "r5", 900, NOW),
+            Err(Refusal::Over { .. })
+        ));
     }
 
     #[test]
@@ -1529,8 +1717,13 @@ mod tests {
                 }
                 let l = b.lock();
                 let entries: Vec<&Entry> = l.entries.values().collect();
-                let totals = l.totals.get(ScopeKind::User, "u");
-                proptest::prop_assert_eq!(totals.is_none(), entries.is_empty());
+                for e in &entries {
+                    // The periods computed once per request (a month through the day's cache).
+                    let day = day_of(e.started_ms);
+                    proptest::prop_assert_eq!(e.at, Periods::of_day(day, minute_of(e.started_ms)));
+                }
+                let totals = l.find(ScopeKind::User, "u").map(|id| &l.scope(id).totals);
+                proptest::prop_assert_eq!(totals.is_none_or(Totals::is_empty), entries.is_empty());
                 if let Some(u) = totals {
                     for t in [NOW, at, at + DAY_MS] {
                         for period in [Period::Day, Period::Week, Period::Month] {
