@@ -27,6 +27,7 @@ mod otel;
 mod otel_harness;
 mod process;
 mod proxy;
+mod partitions;
 mod records;
 mod retention;
 mod routes;
