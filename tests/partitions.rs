@@ -125,7 +125,11 @@ async fn postgres_partitions_take_an_old_database_over_and_retention_drops_whole
     Migrator::up_through(&db, "m0016_signals_by_time")
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    assert!(!partitions::is_partitioned(&db, "requests").await.unwrap_or(true));
+    assert!(
+        !partitions::is_partitioned(&db, "requests")
+            .await
+            .unwrap_or(true)
+    );
     for back in OLD_DAYS.into_iter().chain([0]) {
         let at = (today - back) * DAY_MS + 1_000;
         for j in 0..2 {
@@ -157,12 +161,18 @@ async fn postgres_partitions_take_an_old_database_over_and_retention_drops_whole
     let _ = db.close().await;
 
     // Migrated by the controlplane's start.
-    let store = Store::connect(&url)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let store = Store::connect(&url).await.unwrap_or_else(|e| panic!("{e}"));
     let db = store.conn().clone();
-    assert!(partitions::is_partitioned(&db, "requests").await.unwrap_or(false));
-    assert!(partitions::is_partitioned(&db, "signals").await.unwrap_or(false));
+    assert!(
+        partitions::is_partitioned(&db, "requests")
+            .await
+            .unwrap_or(false)
+    );
+    assert!(
+        partitions::is_partitioned(&db, "signals")
+            .await
+            .unwrap_or(false)
+    );
     assert_eq!(count(&db, "SELECT COUNT(*) FROM requests").await, 8);
     assert_eq!(count(&db, "SELECT COUNT(*) FROM signals").await, 4);
     for back in OLD_DAYS.into_iter().chain([0]) {
@@ -277,7 +287,14 @@ async fn postgres_partitions_take_an_old_database_over_and_retention_drops_whole
             assert!(!exists(&db, &name).await, "{name}");
         }
     }
-    assert!(attached(&db, "requests", &partitions::partition_name("requests", today)).await);
+    assert!(
+        attached(
+            &db,
+            "requests",
+            &partitions::partition_name("requests", today)
+        )
+        .await
+    );
     assert_eq!(count(&db, "SELECT COUNT(*) FROM requests").await, 4);
     assert_eq!(count(&db, "SELECT COUNT(*) FROM signals").await, 2);
     // The Idempotency-Keys of the signals gone are gone with them.

@@ -218,10 +218,7 @@ pub async fn drop_partition(
     let table = p.table;
     let txn = store.conn().begin().await?;
     lock(&txn).await?;
-    let still = attached(&txn, table)
-        .await?
-        .iter()
-        .any(|(_, n)| n == name);
+    let still = attached(&txn, table).await?.iter().any(|(_, n)| n == name);
     if !still {
         txn.commit().await?;
         return Ok(None);
@@ -263,7 +260,7 @@ mod tests {
     fn partitions_are_named_by_their_utc_date_and_read_back() {
         let day = day_of_ms(1_796_000_000_000);
         let name = partition_name("requests", day);
-        assert_eq!(name, "requests_p20261201");
+        assert_eq!(name, "requests_p20261130");
         assert_eq!(day_of_partition("requests", &name), Some(day));
         assert_eq!(day_of_partition("signals", &name), None);
         assert_eq!(day_of_partition("requests", "requests_default"), None);

@@ -153,7 +153,9 @@ impl Retainer {
                     match crate::partitions::ensure_ahead(&self.store, crate::now_ms()).await {
                         Ok(0) => {}
                         Ok(made) => info!(made, "partitions: next days' partitions made"),
-                        Err(e) => warn!(error = %e, "partitions: cannot make the next days' partitions; the next run tries again"),
+                        Err(e) => {
+                            warn!(error = %e, "partitions: cannot make the next days' partitions; the next run tries again")
+                        }
                     }
                 }
                 if self.retention.is_off() {

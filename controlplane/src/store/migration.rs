@@ -16,7 +16,8 @@ impl Migrator {
         let Some(at) = Self::migrations().iter().position(|m| m.name() == name) else {
             return Err(DbErr::Custom(format!("no migration named {name}")));
         };
-        Self::up(db, Some(u32::try_from(at + 1).unwrap_or(u32::MAX))).await
+        let steps = <u32 as TryFrom<usize>>::try_from(at + 1).unwrap_or(u32::MAX);
+        Self::up(db, Some(steps)).await
     }
 }
 
@@ -1479,7 +1480,9 @@ mod m0017_partitions {
         let rows = db
             .query_all_raw(Statement::from_string(DatabaseBackend::Postgres, sql))
             .await?;
-        rows.iter().map(|r| r.try_get_by_index::<String>(0)).collect()
+        rows.iter()
+            .map(|r| r.try_get_by_index::<String>(0))
+            .collect()
     }
 
     /// Index definitions of `table` but its primary key's, as `CREATE INDEX ... ON table ...`
@@ -1552,10 +1555,13 @@ mod m0017_partitions {
             sql.push(format!("ALTER TABLE {table} DROP CONSTRAINT \"{name}\""));
         }
         sql.push(format!("ALTER TABLE {table} RENAME TO {old}"));
-        let like = format!("CREATE TABLE {table} (LIKE {old} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)");
+        let like =
+            format!("CREATE TABLE {table} (LIKE {old} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)");
         if partitioned {
             sql.push(format!("{like} PARTITION BY RANGE ({time})"));
-            sql.push(format!("CREATE TABLE {table}_default PARTITION OF {table} DEFAULT"));
+            sql.push(format!(
+                "CREATE TABLE {table}_default PARTITION OF {table} DEFAULT"
+            ));
             for day in days {
                 sql.push(format!(
                     "CREATE TABLE {} PARTITION OF {table} FOR VALUES FROM ({}) TO ({})",
