@@ -128,16 +128,16 @@ impl Retainer {
         }
         Some(tokio::spawn(async move {
             let every = self.retention.interval();
-            info!(
-                records = ?self.retention.records,
-                signals = ?self.retention.signals,
-                interval_secs = every.as_secs(),
-                "retention started"
-            );
-            if self.retention.is_off() {
-                // Nothing to delete: the loop only makes partitions.
-            } else if let Err(e) = self.switch_to_incremental_vacuum().await {
-                warn!(error = %e, "retention: cannot switch SQLite to incremental vacuum");
+            if !self.retention.is_off() {
+                info!(
+                    records = ?self.retention.records,
+                    signals = ?self.retention.signals,
+                    interval_secs = every.as_secs(),
+                    "retention started"
+                );
+                if let Err(e) = self.switch_to_incremental_vacuum().await {
+                    warn!(error = %e, "retention: cannot switch SQLite to incremental vacuum");
+                }
             }
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
