@@ -2,7 +2,7 @@
 //! database (`NM_TEST_POSTGRES_URL`; skipped without): a database left by the version before
 //! (m0016) with rows keeps every row when migrated, and a resent record or signal is still stored
 //! once; a row of a day without a partition is kept in DEFAULT and moves into its day's partition
-//! when that is made; retention drops whole old days (gone from `pg_inherits` and `pg_class`)
+//! when that is made, and a missing day ahead is made again; retention drops whole old days (gone from `pg_inherits` and `pg_class`)
 //! and the usage reports for those days stay the same, answered from the rollups.
 
 use std::time::Duration;
@@ -262,6 +262,16 @@ async fn postgres_partitions_take_an_old_database_over_and_retention_drops_whole
             .await
             .unwrap_or_else(|e| panic!("{e}"))
     );
+
+    // The upkeep makes a missing day ahead again.
+    let last = partitions::partition_name("signals", today + partitions::AHEAD_DAYS);
+    exec(&db, &format!("DROP TABLE {last}")).await;
+    assert!(!attached(&db, "signals", &last).await);
+    let made = partitions::ensure_ahead(&store, now)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(made, 1);
+    assert!(attached(&db, "signals", &last).await);
 
     // Retention of a day drops the three old days whole, records and signals.
     let before = reports(&store).await;
