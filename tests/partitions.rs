@@ -17,7 +17,7 @@ use nm_types::record::RequestRecord;
 use nm_types::signal::Signal;
 use sea_orm::{ConnectionTrait, DatabaseConnection, Statement};
 
-use crate::common::gateway::fresh_postgres_db;
+use crate::common::gateway::{drop_postgres_db, fresh_postgres_db};
 
 const DAY_MS: i64 = 86_400_000;
 /// Days before today that hold rows in the old database (today holds some too).
@@ -314,4 +314,5 @@ async fn postgres_partitions_take_an_old_database_over_and_retention_drops_whole
     );
     assert_eq!(reports(&store).await, before);
     store.close().await.unwrap_or_else(|e| panic!("{e}"));
+    drop_postgres_db(&url).await;
 }

@@ -1626,4 +1626,104 @@ mod m0017_partitions {
             Ok(())
         }
     }
+
+    #[cfg(test)]
+    mod tests {
+        use sea_orm::{ConnectionTrait, Database, DatabaseConnection};
+        use sea_orm_migration::MigratorTrait;
+
+        use super::super::Migrator;
+        use crate::scratch::ScratchPg;
+
+        async fn one(db: &DatabaseConnection, sql: &str) -> i64 {
+            db.query_one_raw(sea_orm::Statement::from_string(
+                sea_orm::DatabaseBackend::Postgres,
+                sql,
+            ))
+            .await
+            .unwrap()
+            .unwrap()
+            .try_get_by_index::<i64>(0)
+            .unwrap()
+        }
+
+        async fn partitioned(db: &DatabaseConnection) -> i64 {
+            one(
+                db,
+                "SELECT COUNT(*) FROM pg_class WHERE relname IN ('requests', 'signals') \
+                 AND relkind = 'p'",
+            )
+            .await
+        }
+
+        /// Down and up again keep every row; down gives back plain tables with their unique keys.
+        #[tokio::test]
+        async fn down_and_up_again_keep_every_row_postgres() {
+            let Some(pg) = ScratchPg::for_tests().await else {
+                return;
+            };
+            let db = Database::connect(&pg.url).await.unwrap();
+            Migrator::up(&db, None).await.unwrap();
+            assert_eq!(partitioned(&db).await, 2);
+            let now = chrono::Utc::now().timestamp_millis();
+            for (id, at) in [("r1", now), ("r2", 1_000)] {
+                db.execute_unprepared(&format!(
+                    "INSERT INTO requests (request_id, started_at_ms, key_id, provider, method, \
+                     path, status, latency_ms, streamed, response_bytes) VALUES \
+                     ('{id}', {at}, 'k', 'openai', 'POST', '/', 200, 1, false, 1)"
+                ))
+                .await
+                .unwrap();
+            }
+            let signal = |id: &str| {
+                format!(
+                    "INSERT INTO signals (id, received_at_ms, session_id, action, key_id, \
+                     idempotency_key, attributed_by_session) VALUES \
+                     ('{id}', {now}, 's', 'accepted', 'k', 'idem', false) ON CONFLICT DO NOTHING"
+                )
+            };
+            assert_eq!(
+                db.execute_unprepared(&signal("s1"))
+                    .await
+                    .unwrap()
+                    .rows_affected(),
+                1
+            );
+            assert_eq!(
+                db.execute_unprepared(&signal("s2"))
+                    .await
+                    .unwrap()
+                    .rows_affected(),
+                0
+            );
+            // The row before any partition's day is kept in DEFAULT.
+            assert_eq!(one(&db, "SELECT COUNT(*) FROM requests_default").await, 1);
+
+            Migrator::down(&db, Some(1)).await.unwrap();
+            assert_eq!(partitioned(&db).await, 0);
+            assert_eq!(one(&db, "SELECT COUNT(*) FROM requests").await, 2);
+            assert_eq!(one(&db, "SELECT COUNT(*) FROM signals").await, 1);
+            assert_eq!(
+                db.execute_unprepared(&signal("s3"))
+                    .await
+                    .unwrap()
+                    .rows_affected(),
+                0
+            );
+
+            Migrator::up(&db, None).await.unwrap();
+            assert_eq!(partitioned(&db).await, 2);
+            assert_eq!(one(&db, "SELECT COUNT(*) FROM requests").await, 2);
+            assert_eq!(one(&db, "SELECT COUNT(*) FROM signals").await, 1);
+            assert_eq!(
+                db.execute_unprepared(&signal("s4"))
+                    .await
+                    .unwrap()
+                    .rows_affected(),
+                0
+            );
+            db.close().await.unwrap();
+            pg.drop_it().await.unwrap();
+        }
+    }
 }
