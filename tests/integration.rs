@@ -25,6 +25,7 @@ mod link_rules;
 mod metrics;
 mod otel;
 mod otel_harness;
+mod partitions;
 mod process;
 mod proxy;
 mod records;

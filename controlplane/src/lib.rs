@@ -38,6 +38,8 @@ mod lock_order_tests;
 #[forbid(unsafe_code)]
 pub mod otel;
 #[forbid(unsafe_code)]
+pub mod partitions;
+#[forbid(unsafe_code)]
 pub mod records;
 #[forbid(unsafe_code)]
 pub mod retention;

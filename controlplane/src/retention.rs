@@ -18,7 +18,14 @@
 //! deleted rows, the free pages go back to the file system in steps (`PRAGMA
 //! incremental_vacuum`), so the file stops growing. A database created before keeps its mode
 //! until one `VACUUM`, which the task runs once at its start (it rewrites the file: logged
-//! with its duration). PostgreSQL reuses the deleted rows' space after autovacuum.
+//! with its duration).
+//!
+//! **PostgreSQL partitions.** There `requests` and `signals` are partitioned by UTC day
+//! ([`crate::partitions`]). A run first drops the day partitions that lie wholly before the
+//! cutoff, a day of records folded into `usage_rollups` in the transaction that drops it; then
+//! the batches above delete what remains before the cutoff (the day the cutoff falls in, and any
+//! old row that landed in the DEFAULT partition), folded as above. The task runs on PostgreSQL
+//! even without a retention setting: each tick gives the next days their partitions.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,6 +36,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::error::Result;
+use crate::partitions;
 use crate::sql::Sql;
 use crate::store::Store;
 
@@ -79,6 +87,8 @@ pub struct Deleted {
     pub batches: u64,
     /// SQLite pages given back to the file system.
     pub pages_freed: u64,
+    /// PostgreSQL day partitions dropped (their rows are counted in `records` and `signals`).
+    pub partitions: u64,
 }
 
 /// Running totals since start, for logs and tests.
@@ -110,21 +120,24 @@ impl Retainer {
     }
 
     /// Runs at start and then every [`Retention::interval`] until `shutdown`. Does nothing when
-    /// everything is kept.
+    /// everything is kept, but on PostgreSQL, where it keeps the next days' partitions made.
     pub fn spawn(self, mut shutdown: watch::Receiver<bool>) -> Option<tokio::task::JoinHandle<()>> {
-        if self.retention.is_off() {
+        let upkeep = self.store.backend() == DatabaseBackend::Postgres;
+        if self.retention.is_off() && !upkeep {
             return None;
         }
         Some(tokio::spawn(async move {
             let every = self.retention.interval();
-            info!(
-                records = ?self.retention.records,
-                signals = ?self.retention.signals,
-                interval_secs = every.as_secs(),
-                "retention started"
-            );
-            if let Err(e) = self.switch_to_incremental_vacuum().await {
-                warn!(error = %e, "retention: cannot switch SQLite to incremental vacuum");
+            if !self.retention.is_off() {
+                info!(
+                    records = ?self.retention.records,
+                    signals = ?self.retention.signals,
+                    interval_secs = every.as_secs(),
+                    "retention started"
+                );
+                if let Err(e) = self.switch_to_incremental_vacuum().await {
+                    warn!(error = %e, "retention: cannot switch SQLite to incremental vacuum");
+                }
             }
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -135,6 +148,18 @@ impl Retainer {
                 }
                 if *shutdown.borrow() {
                     return;
+                }
+                if upkeep {
+                    match crate::partitions::ensure_ahead(&self.store, crate::now_ms()).await {
+                        Ok(0) => {}
+                        Ok(made) => info!(made, "partitions: next days' partitions made"),
+                        Err(e) => {
+                            warn!(error = %e, "partitions: cannot make the next days' partitions; the next run tries again")
+                        }
+                    }
+                }
+                if self.retention.is_off() {
+                    continue;
                 }
                 if let Err(e) = self.run(crate::now_ms(), &shutdown).await {
                     warn!(error = %e, "retention run failed; the next one tries again");
@@ -172,6 +197,11 @@ impl Retainer {
         let mut done = Deleted::default();
         if let Some(keep) = self.retention.records {
             let cutoff = cutoff(now_ms, keep);
+            let (rows, dropped) = self
+                .drop_partitions(partitions::REQUESTS, cutoff, shutdown)
+                .await?;
+            done.records += rows;
+            done.partitions += dropped;
             while !*shutdown.borrow() {
                 let took = Instant::now();
                 let n = self.records_batch(cutoff).await?;
@@ -197,6 +227,11 @@ impl Retainer {
         }
         if let Some(keep) = self.retention.signals {
             let cutoff = cutoff(now_ms, keep);
+            let (rows, dropped) = self
+                .drop_partitions(partitions::SIGNALS, cutoff, shutdown)
+                .await?;
+            done.signals += rows;
+            done.partitions += dropped;
             while !*shutdown.borrow() {
                 let took = Instant::now();
                 let n = self
@@ -208,6 +243,20 @@ impl Retainer {
                     break;
                 }
                 pause(took.elapsed()).await;
+            }
+            // PostgreSQL: the (key, Idempotency-Key) pairs of the signals gone (m0017).
+            if partitions::is_partitioned(self.store.conn(), partitions::SIGNALS.table).await? {
+                while !*shutdown.borrow() {
+                    let took = Instant::now();
+                    let n = self
+                        .delete_batch("signal_idempotency", "received_at_ms", cutoff)
+                        .await?;
+                    done.batches += 1;
+                    if n == 0 {
+                        break;
+                    }
+                    pause(took.elapsed()).await;
+                }
             }
         }
         if done.records + done.signals + done.sessions > 0 {
@@ -226,12 +275,51 @@ impl Retainer {
                 signals = done.signals,
                 sessions = done.sessions,
                 batches = done.batches,
+                partitions = done.partitions,
                 pages_freed = done.pages_freed,
                 ms = started.elapsed().as_millis() as u64,
                 "retention: old rows deleted"
             );
         }
         Ok(done)
+    }
+
+    /// PostgreSQL: drops the day partitions of `p` wholly before `cutoff`, oldest first, a day of
+    /// request records folded into the rollups in the transaction that drops it. Returns the
+    /// rows and the partitions dropped. A day whose detach could not get its lock in time ends
+    /// the run with that error (logged); the next run tries again.
+    async fn drop_partitions(
+        &self,
+        p: partitions::Partitioned,
+        cutoff: i64,
+        shutdown: &watch::Receiver<bool>,
+    ) -> Result<(u64, u64)> {
+        let (mut rows, mut dropped) = (0, 0);
+        for name in partitions::expired(&self.store, p, cutoff).await? {
+            if *shutdown.borrow() {
+                break;
+            }
+            let took = Instant::now();
+            let fold = (p == partitions::REQUESTS).then(|| {
+                format!(
+                    "{} WHERE 1 = 1{}",
+                    fold_head(DatabaseBackend::Postgres, &name),
+                    fold_tail()
+                )
+            });
+            if let Some(n) = partitions::drop_partition(&self.store, p, &name, fold).await? {
+                rows += n;
+                dropped += 1;
+                info!(
+                    partition = %name,
+                    rows = n,
+                    ms = took.elapsed().as_millis() as u64,
+                    "retention: partition dropped"
+                );
+            }
+            pause(took.elapsed()).await;
+        }
+        Ok((rows, dropped))
     }
 
     /// The time below which a batch of at most [`BATCH`] rows of `table` lies: `cutoff`, or
@@ -261,6 +349,9 @@ impl Retainer {
     async fn records_batch(&self, cutoff: i64) -> Result<u64> {
         let txn = self.store.begin_write().await?;
         let backend = txn.get_database_backend();
+        if backend == DatabaseBackend::Postgres {
+            partitions::lock_shared(&txn).await?;
+        }
         let bound = self
             .batch_bound(&txn, "requests", "started_at_ms", cutoff)
             .await?;
@@ -299,6 +390,9 @@ impl Retainer {
     /// Deletes one batch of rows of `table` whose `time` is before `cutoff`.
     async fn delete_batch(&self, table: &str, time: &str, cutoff: i64) -> Result<u64> {
         let txn = self.store.begin_write().await?;
+        if txn.get_database_backend() == DatabaseBackend::Postgres {
+            partitions::lock_shared(&txn).await?;
+        }
         let bound = self.batch_bound(&txn, table, time, cutoff).await?;
         let mut sql = Sql::new(
             txn.get_database_backend(),

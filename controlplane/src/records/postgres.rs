@@ -38,7 +38,8 @@ impl PostgresRows {
 }
 
 /// `INSERT INTO requests (...) SELECT * FROM UNNEST($1::text[], ...) ON CONFLICT DO NOTHING`:
-/// each column's array type follows its cells' kind.
+/// each column's array type follows its cells' kind. The key is (request_id, started_at_ms), the
+/// table being partitioned by time (migration m0017): a resent record has the same time.
 fn unnest_insert() -> String {
     let mut sql = format!(
         "INSERT INTO requests ({}) SELECT * FROM UNNEST(",
@@ -57,7 +58,7 @@ fn unnest_insert() -> String {
             Cell::Bool(_) => "::bool[]",
         });
     }
-    sql.push_str(") ON CONFLICT (request_id) DO NOTHING");
+    sql.push_str(") ON CONFLICT (request_id, started_at_ms) DO NOTHING");
     sql
 }
 

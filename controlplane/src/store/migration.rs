@@ -9,6 +9,18 @@ use sea_orm_migration::prelude::*;
 
 pub struct Migrator;
 
+impl Migrator {
+    /// Applies the migrations up to and including the one named `name`, no further: a database
+    /// as an older version left it, for the tests of an upgrade.
+    pub async fn up_through(db: &sea_orm::DatabaseConnection, name: &str) -> Result<(), DbErr> {
+        let Some(at) = Self::migrations().iter().position(|m| m.name() == name) else {
+            return Err(DbErr::Custom(format!("no migration named {name}")));
+        };
+        let steps = <u32 as TryFrom<usize>>::try_from(at + 1).unwrap_or(u32::MAX);
+        Self::up(db, Some(steps)).await
+    }
+}
+
 #[async_trait::async_trait]
 impl MigratorTrait for Migrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
@@ -30,6 +42,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0014_usage_rollups::Migration),
             Box::new(m0015_secrets::Migration),
             Box::new(m0016_signals_by_time::Migration),
+            Box::new(m0017_partitions::Migration),
         ]
     }
 }
@@ -1377,6 +1390,340 @@ mod m0016_signals_by_time {
                 .execute_unprepared("DROP INDEX IF EXISTS idx_signals_received")
                 .await?;
             Ok(())
+        }
+    }
+}
+
+/// PostgreSQL: `requests` (by `started_at_ms`) and `signals` (by `received_at_ms`) become tables
+/// partitioned by range, one partition per UTC day (`requests_p20261129`, bounds in Unix ms), plus
+/// a DEFAULT partition (`requests_default`) for any row whose day has no partition: nothing
+/// accepted is refused or lost. Retention then drops whole days (`crate::partitions`). Each
+/// table is rebuilt in this migration's transaction: the old one renamed, a partitioned one
+/// made like it, a partition for every day that holds rows and for today and the next
+/// [`AHEAD`] days, the rows copied, the old table dropped, the primary key and the indexes made
+/// again. A primary key of a partitioned table must hold the partition key: `requests` is keyed
+/// by (request_id, started_at_ms) and `signals` by (id, received_at_ms); a resent record or
+/// signal carries the same time, so it is still stored once. The one unique index that cannot
+/// hold the time, a signal's (key, `Idempotency-Key`), moves to its own small table,
+/// `signal_idempotency`, filled by a trigger that skips a signal whose pair is already there
+/// (what `ON CONFLICT DO NOTHING` did with the index). SQLite: nothing changes.
+mod m0017_partitions {
+    use super::*;
+    use sea_orm::{DatabaseBackend, Statement};
+
+    pub struct Migration;
+
+    impl MigrationName for Migration {
+        fn name(&self) -> &str {
+            "m0017_partitions"
+        }
+    }
+
+    const DAY_MS: i64 = 86_400_000;
+    /// Days after today that get their partition now (the controlplane keeps making them).
+    const AHEAD: i64 = 7;
+    /// Days whose rows get a partition: 1970 to 2243; rows outside go to DEFAULT.
+    const LAST_DAY: i64 = 100_000;
+
+    /// A partitioned table: its name, its time column, the rest of its primary key.
+    const TABLES: [(&str, &str, &str); 2] = [
+        ("requests", "started_at_ms", "request_id"),
+        ("signals", "received_at_ms", "id"),
+    ];
+
+    const IDEMPOTENCY_INDEX: &str = "idx_signals_idempotency";
+
+    const IDEMPOTENCY_UP: [&str; 5] = [
+        "CREATE TABLE signal_idempotency (key_id TEXT NOT NULL, idempotency_key TEXT NOT NULL, \
+         signal_id TEXT NOT NULL, received_at_ms BIGINT NOT NULL, \
+         PRIMARY KEY (key_id, idempotency_key))",
+        "CREATE INDEX idx_signal_idempotency_received ON signal_idempotency (received_at_ms)",
+        "INSERT INTO signal_idempotency (key_id, idempotency_key, signal_id, received_at_ms) \
+         SELECT key_id, idempotency_key, id, received_at_ms FROM signals \
+         WHERE idempotency_key IS NOT NULL",
+        // A row the trigger answers NULL for is skipped, as a conflict of `ON CONFLICT DO
+        // NOTHING` is: not inserted, not returned. Concurrent inserts of one pair wait on the
+        // primary key of `signal_idempotency`, so exactly one is stored. The signal that owns
+        // the pair passes (an UPDATE that moves it to another partition inserts it again).
+        "CREATE FUNCTION nm_signal_idempotency() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN \
+           IF NEW.idempotency_key IS NULL THEN RETURN NEW; END IF; \
+           INSERT INTO signal_idempotency (key_id, idempotency_key, signal_id, received_at_ms) \
+             VALUES (NEW.key_id, NEW.idempotency_key, NEW.id, NEW.received_at_ms) \
+             ON CONFLICT DO NOTHING; \
+           IF FOUND THEN RETURN NEW; END IF; \
+           IF EXISTS (SELECT 1 FROM signal_idempotency WHERE key_id = NEW.key_id \
+             AND idempotency_key = NEW.idempotency_key AND signal_id = NEW.id) THEN \
+             RETURN NEW; \
+           END IF; \
+           RETURN NULL; \
+         END $$",
+        "CREATE TRIGGER signals_idempotency BEFORE INSERT ON signals \
+         FOR EACH ROW EXECUTE FUNCTION nm_signal_idempotency()",
+    ];
+
+    const IDEMPOTENCY_DOWN: [&str; 3] = [
+        "DROP TRIGGER IF EXISTS signals_idempotency ON signals",
+        "DROP FUNCTION IF EXISTS nm_signal_idempotency()",
+        "DROP TABLE IF EXISTS signal_idempotency",
+    ];
+
+    /// `requests_p20261129`: the partition of `table` for UTC day `day` (days since the epoch).
+    fn partition_name(table: &str, day: i64) -> String {
+        let date = chrono::DateTime::from_timestamp(day.saturating_mul(86_400), 0)
+            .unwrap_or_default()
+            .format("%Y%m%d");
+        format!("{table}_p{date}")
+    }
+
+    async fn strings(db: &SchemaManagerConnection<'_>, sql: String) -> Result<Vec<String>, DbErr> {
+        let rows = db
+            .query_all_raw(Statement::from_string(DatabaseBackend::Postgres, sql))
+            .await?;
+        rows.iter()
+            .map(|r| r.try_get_by_index::<String>(0))
+            .collect()
+    }
+
+    /// Index definitions of `table` but its primary key's, as `CREATE INDEX ... ON table ...`
+    /// (valid again once the rebuilt table has the name).
+    async fn indexes(
+        db: &SchemaManagerConnection<'_>,
+        table: &str,
+    ) -> Result<Vec<(String, String)>, DbErr> {
+        let rows = db
+            .query_all_raw(Statement::from_string(
+                DatabaseBackend::Postgres,
+                format!(
+                    "SELECT indexname, indexdef FROM pg_indexes \
+                     WHERE schemaname = current_schema() AND tablename = '{table}' \
+                     AND indexname NOT IN (SELECT conname FROM pg_constraint \
+                     WHERE conrelid = '{table}'::regclass AND contype = 'p') ORDER BY indexname"
+                ),
+            ))
+            .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get_by_index(0)?, r.try_get_by_index(1)?)))
+            .collect()
+    }
+
+    /// Rebuilds `table` partitioned by `time` (or, `partitioned` false, back as a plain table),
+    /// with its rows, its primary key (`key`, plus `time` when partitioned) and its indexes.
+    async fn rebuild(
+        db: &SchemaManagerConnection<'_>,
+        (table, time, key): (&str, &str, &str),
+        partitioned: bool,
+    ) -> Result<(), DbErr> {
+        let old = format!("{table}_m0017_old");
+        let defs = indexes(db, table).await?;
+        let pkey = strings(
+            db,
+            format!(
+                "SELECT conname FROM pg_constraint WHERE conrelid = '{table}'::regclass \
+                 AND contype = 'p'"
+            ),
+        )
+        .await?;
+        let days: Vec<i64> = if partitioned {
+            let today = chrono::Utc::now().timestamp_millis().div_euclid(DAY_MS);
+            let rows = db
+                .query_all_raw(Statement::from_string(
+                    DatabaseBackend::Postgres,
+                    format!(
+                        "SELECT DISTINCT CAST(FLOOR({time} / {DAY_MS}.0) AS BIGINT) FROM {table} \
+                         WHERE {time} >= 0 AND {time} < {} ORDER BY 1",
+                        LAST_DAY * DAY_MS
+                    ),
+                ))
+                .await?;
+            let mut days = rows
+                .iter()
+                .map(|r| r.try_get_by_index::<i64>(0))
+                .collect::<Result<Vec<_>, _>>()?;
+            days.extend(today..=today + AHEAD);
+            days.sort_unstable();
+            days.dedup();
+            days
+        } else {
+            Vec::new()
+        };
+        let mut sql = Vec::new();
+        for (name, _) in &defs {
+            sql.push(format!("DROP INDEX \"{name}\""));
+        }
+        for name in &pkey {
+            sql.push(format!("ALTER TABLE {table} DROP CONSTRAINT \"{name}\""));
+        }
+        sql.push(format!("ALTER TABLE {table} RENAME TO {old}"));
+        let like =
+            format!("CREATE TABLE {table} (LIKE {old} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)");
+        if partitioned {
+            sql.push(format!("{like} PARTITION BY RANGE ({time})"));
+            sql.push(format!(
+                "CREATE TABLE {table}_default PARTITION OF {table} DEFAULT"
+            ));
+            for day in days {
+                sql.push(format!(
+                    "CREATE TABLE {} PARTITION OF {table} FOR VALUES FROM ({}) TO ({})",
+                    partition_name(table, day),
+                    day * DAY_MS,
+                    (day + 1) * DAY_MS
+                ));
+            }
+        } else {
+            sql.push(like);
+        }
+        sql.push(format!("INSERT INTO {table} SELECT * FROM {old}"));
+        sql.push(format!("DROP TABLE {old}"));
+        sql.push(if partitioned {
+            format!("ALTER TABLE {table} ADD PRIMARY KEY ({key}, {time})")
+        } else {
+            format!("ALTER TABLE {table} ADD PRIMARY KEY ({key})")
+        });
+        for (name, def) in defs {
+            if name != IDEMPOTENCY_INDEX {
+                sql.push(def);
+            }
+        }
+        if table == "signals" && !partitioned {
+            sql.push(format!(
+                "CREATE UNIQUE INDEX {IDEMPOTENCY_INDEX} ON signals (key_id, idempotency_key)"
+            ));
+        }
+        for s in sql {
+            db.execute_unprepared(&s).await?;
+        }
+        Ok(())
+    }
+
+    #[async_trait::async_trait]
+    impl MigrationTrait for Migration {
+        async fn up(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            let db = m.get_connection();
+            if db.get_database_backend() != DatabaseBackend::Postgres {
+                return Ok(());
+            }
+            for t in TABLES {
+                rebuild(db, t, true).await?;
+            }
+            for sql in IDEMPOTENCY_UP {
+                db.execute_unprepared(sql).await?;
+            }
+            Ok(())
+        }
+
+        async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            let db = m.get_connection();
+            if db.get_database_backend() != DatabaseBackend::Postgres {
+                return Ok(());
+            }
+            for sql in IDEMPOTENCY_DOWN {
+                db.execute_unprepared(sql).await?;
+            }
+            for t in TABLES {
+                rebuild(db, t, false).await?;
+            }
+            Ok(())
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use sea_orm::{ConnectionTrait, Database, DatabaseConnection};
+        use sea_orm_migration::MigratorTrait;
+
+        use super::super::Migrator;
+        use crate::scratch::ScratchPg;
+
+        async fn one(db: &DatabaseConnection, sql: &str) -> i64 {
+            db.query_one_raw(sea_orm::Statement::from_string(
+                sea_orm::DatabaseBackend::Postgres,
+                sql,
+            ))
+            .await
+            .unwrap()
+            .unwrap()
+            .try_get_by_index::<i64>(0)
+            .unwrap()
+        }
+
+        async fn partitioned(db: &DatabaseConnection) -> i64 {
+            one(
+                db,
+                "SELECT COUNT(*) FROM pg_class WHERE relname IN ('requests', 'signals') \
+                 AND relkind = 'p'",
+            )
+            .await
+        }
+
+        /// Down and up again keep every row; down gives back plain tables with their unique keys.
+        #[tokio::test]
+        async fn down_and_up_again_keep_every_row_postgres() {
+            let Some(pg) = ScratchPg::for_tests().await else {
+                return;
+            };
+            let db = Database::connect(&pg.url).await.unwrap();
+            Migrator::up(&db, None).await.unwrap();
+            assert_eq!(partitioned(&db).await, 2);
+            let now = chrono::Utc::now().timestamp_millis();
+            for (id, at) in [("r1", now), ("r2", 1_000)] {
+                db.execute_unprepared(&format!(
+                    "INSERT INTO requests (request_id, started_at_ms, key_id, provider, method, \
+                     path, status, latency_ms, streamed, response_bytes) VALUES \
+                     ('{id}', {at}, 'k', 'openai', 'POST', '/', 200, 1, false, 1)"
+                ))
+                .await
+                .unwrap();
+            }
+            let signal = |id: &str| {
+                format!(
+                    "INSERT INTO signals (id, received_at_ms, session_id, action, key_id, \
+                     idempotency_key, attributed_by_session) VALUES \
+                     ('{id}', {now}, 's', 'accepted', 'k', 'idem', false) ON CONFLICT DO NOTHING"
+                )
+            };
+            assert_eq!(
+                db.execute_unprepared(&signal("s1"))
+                    .await
+                    .unwrap()
+                    .rows_affected(),
+                1
+            );
+            assert_eq!(
+                db.execute_unprepared(&signal("s2"))
+                    .await
+                    .unwrap()
+                    .rows_affected(),
+                0
+            );
+            // The row before any partition's day is kept in DEFAULT.
+            assert_eq!(one(&db, "SELECT COUNT(*) FROM requests_default").await, 1);
+
+            Migrator::down(&db, Some(1)).await.unwrap();
+            assert_eq!(partitioned(&db).await, 0);
+            assert_eq!(one(&db, "SELECT COUNT(*) FROM requests").await, 2);
+            assert_eq!(one(&db, "SELECT COUNT(*) FROM signals").await, 1);
+            assert_eq!(
+                db.execute_unprepared(&signal("s3"))
+                    .await
+                    .unwrap()
+                    .rows_affected(),
+                0
+            );
+
+            Migrator::up(&db, None).await.unwrap();
+            assert_eq!(partitioned(&db).await, 2);
+            assert_eq!(one(&db, "SELECT COUNT(*) FROM requests").await, 2);
+            assert_eq!(one(&db, "SELECT COUNT(*) FROM signals").await, 1);
+            assert_eq!(
+                db.execute_unprepared(&signal("s4"))
+                    .await
+                    .unwrap()
+                    .rows_affected(),
+                0
+            );
+            db.close().await.unwrap();
+            pg.drop_it().await.unwrap();
         }
     }
 }
