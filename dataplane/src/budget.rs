@@ -54,8 +54,10 @@ const LEASE_IDLE_MS: i64 = 3_000;
 /// than was taken since the last round).
 const LEASE_LOW_WATER: u64 = 2;
 /// What a dataplane asks for at once: this many of its latest reservations, or twice what was
-/// taken since the last round.
-const LEASE_ASK: u64 = 4;
+/// taken since the last round. Eight, not fewer: a budget of an end user taking a few requests a
+/// round ran out before the next one often enough to double the rounds (each a call, and a
+/// wait for the request that ran out).
+const LEASE_ASK: u64 = 8;
 const KINDS: usize = ScopeKind::ALL.len();
 const UNITS: usize = LeaseUnit::ALL.len();
 
@@ -727,17 +729,19 @@ impl Budgets {
         }
         let now = l.periods(now_ms);
 
-        // Every budget's limit, from the feed and the local entries.
+        // Every budget's limit, from the feed and the local entries; and every lease: all must
+        // have some left before any is taken from.
+        let expired = l.lease_valid_until_ms <= now_ms;
+        let mut short = None;
         for a in &applied {
-            let s = l.scope(a.scope);
+            let s = &mut l.scopes[a.scope as usize];
             let remote = s.remote.unwrap_or_default();
             for unit in LeaseUnit::ALL {
                 let Some(limit) = unit.limit(&a.rule) else {
                     continue;
                 };
-                let local =
-                    s.totals
-                        .unrecorded(unit, a.rule.period, now.of_unit(unit, a.rule.period));
+                let period = now.of_unit(unit, a.rule.period);
+                let local = s.totals.unrecorded(unit, a.rule.period, period);
                 if remote.used(unit, &a.rule, &now).saturating_add(local) >= limit {
                     return Err(Refusal::Over {
                         budget: l.name(a),
@@ -745,28 +749,15 @@ impl Budgets {
                         retry_after: until(period_end(unit, &a.rule, now_ms), now_ms),
                     });
                 }
-            }
-        }
-
-        // Every lease: all must have some left before any is taken from.
-        let expired = l.lease_valid_until_ms <= now_ms;
-        let mut short = None;
-        for a in &applied {
-            let leases = &mut l.scope_mut(a.scope).leases;
-            for unit in LeaseUnit::ALL {
-                if unit.limit(&a.rule).is_none() {
-                    continue;
-                }
-                let period = now.of_unit(unit, a.rule.period);
                 let reservation = amount(unit, estimate_micros, estimate_tokens);
-                let s = leases.0[unit as usize]
+                let lease = s.leases.0[unit as usize]
                     .get_or_insert_with(|| Slot::new(period, reservation, now_ms));
-                if s.period != period {
-                    *s = Slot::new(period, reservation, now_ms);
+                if lease.period != period {
+                    *lease = Slot::new(period, reservation, now_ms);
                 }
-                s.last_reservation = reservation.max(1);
-                s.last_used_ms = now_ms;
-                if s.unused <= 0 && short.is_none() {
+                lease.last_reservation = reservation.max(1);
+                lease.last_used_ms = now_ms;
+                if lease.unused <= 0 && short.is_none() {
                     short = Some((*a, unit));
                 }
             }
@@ -1331,7 +1322,7 @@ mod tests {
     #[test]
     fn a_lease_admits_while_unused_and_asks_for_more_when_low() {
         let b = budgets(dollars(1_000_000));
-        // No lease round answered yet: refused, and the next round asks for four reservations.
+        // No lease round answered yet: refused, and the next round asks for eight reservations.
         assert_eq!(
             b.admit(&user("u"), "r0", 300, 0, NOW).err(),
             Some(Refusal::LeaseExpired)
@@ -1355,10 +1346,10 @@ mod tests {
             b.admit(&user("u"), "r4", 300, 0, NOW),
             Err(Refusal::NoLease { .. })
         ));
-        // The claim: 900 admitted and not in the feed, nothing unused; it asks for twice the
-        // 900 taken since the last round.
+        // The claim: 900 admitted and not in the feed, nothing unused; it asks for eight
+        // reservations (more than twice the 900 taken since the last round).
         let req = round(&b, NOW + 1, &[]);
-        assert_eq!((req.claims[0].claim, req.claims[0].want), (900, 1_800));
+        assert_eq!((req.claims[0].claim, req.claims[0].want), (900, 2_400));
         // Answers cheaper than reserved give the difference back to the lease.
         for r in held {
             r.settle(100, 0);

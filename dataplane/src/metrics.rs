@@ -346,6 +346,8 @@ struct Inner {
     spool_bytes: Gauge,
     budget_rules: Gauge,
     implicit_signals: Family<RuleLabel, Counter>,
+    /// Each rule's series of `implicit_signals`, once it has one (a lookup by label hashes it).
+    implicit_by_rule: [std::sync::OnceLock<Counter>; 4],
     implicit_memory_bytes: Gauge,
     implicit_memory_evicted: Family<Reason, Counter>,
     connections_closed: Family<Reason, Counter>,
@@ -618,6 +620,7 @@ impl Default for Metrics {
                 spool_bytes,
                 budget_rules,
                 implicit_signals,
+                implicit_by_rule: Default::default(),
                 implicit_memory_bytes,
                 implicit_memory_evicted,
             }),
@@ -635,9 +638,17 @@ impl Metrics {
 
     /// An implicit signal put on a record ([`crate::implicit`]).
     pub fn implicit_inferred(&self, rule: nm_types::signal::Rule) {
-        self.inner
-            .implicit_signals
-            .get_or_create(&RuleLabel { rule: rule.name() })
+        let i = &self.inner;
+        let index = nm_types::signal::Rule::ALL
+            .iter()
+            .position(|r| *r == rule)
+            .unwrap_or_default();
+        i.implicit_by_rule[index]
+            .get_or_init(|| {
+                i.implicit_signals
+                    .get_or_create(&RuleLabel { rule: rule.name() })
+                    .clone()
+            })
             .inc();
     }
 

@@ -60,6 +60,28 @@ impl RequestId {
     }
 }
 
+/// A [`RequestId`] kept without a heap allocation: the 36 bytes of its canonical form (the
+/// implicit rules' memory holds many).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RequestIdBytes([u8; 36]);
+
+impl RequestIdBytes {
+    /// `s` as bytes, if it is a request id.
+    pub fn parse(s: &str) -> Option<Self> {
+        let bytes = <[u8; 36]>::try_from(s.as_bytes()).ok()?;
+        RequestId::is_valid(s).then_some(Self(bytes))
+    }
+
+    pub fn as_str(&self) -> &str {
+        // Checked to be ASCII when made.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+
+    pub fn to_id(self) -> RequestId {
+        RequestId(self.as_str().to_owned())
+    }
+}
+
 impl FromStr for RequestId {
     type Err = &'static str;
 

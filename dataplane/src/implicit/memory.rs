@@ -18,7 +18,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use nm_types::signal::RequestId;
+use nm_types::signal::RequestIdBytes;
 
 use crate::metrics::Metrics;
 use crate::usage::text::TextKeys;
@@ -30,26 +30,26 @@ pub const MAX_ASKED: usize = 16;
 /// What a session costs beyond its text, counted against the cap: the map entry, its age-queue
 /// entries, the asked list's allocation.
 const SESSION_BYTES: usize = 256;
-const ASKED_BYTES: usize = std::mem::size_of::<Asked>() + 40;
+const ASKED_BYTES: usize = std::mem::size_of::<Asked>();
 
 /// A conversation asked.
 #[derive(Debug, Clone)]
 pub struct Asked {
     pub key: u64,
-    pub answer: RequestId,
+    pub answer: RequestIdBytes,
     pub at: Instant,
 }
 
 /// The last complete answer of a session.
 #[derive(Debug, Clone)]
 pub struct Last {
-    pub answer: RequestId,
+    pub answer: RequestIdBytes,
     /// The hash of the conversation it answered.
     pub asked: u64,
     pub chars: u64,
     pub hash: u64,
     /// Its first characters (`history_edit` on).
-    pub kept: Option<Arc<str>>,
+    pub kept: Option<String>,
 }
 
 #[derive(Debug)]
@@ -87,7 +87,7 @@ struct Shard {
 #[derive(Debug, Default)]
 pub struct Recalled {
     /// The newest answer to the same conversation within the window.
-    pub regenerated: Option<RequestId>,
+    pub regenerated: Option<RequestIdBytes>,
     pub last: Option<Arc<Last>>,
 }
 
@@ -147,7 +147,7 @@ impl Memory {
                 .iter()
                 .rev()
                 .find(|a| a.key == key && now.saturating_duration_since(a.at) <= window)
-                .map(|a| a.answer.clone())
+                .map(|a| a.answer)
         });
         Recalled {
             regenerated,

@@ -38,7 +38,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use nm_types::record::Inferred;
-use nm_types::signal::{RequestId, Rule};
+use nm_types::signal::{RequestIdBytes, Rule};
 
 use crate::metrics::Metrics;
 use crate::usage::text::{AnswerText, Digest, MAX_KEPT_CHARS, TextKeys};
@@ -265,7 +265,7 @@ impl Implicit {
         if let Some(answer) = recalled.regenerated {
             out.push(Inferred {
                 rule: Rule::Reask,
-                answer,
+                answer: answer.to_id(),
                 edit_distance: None,
             });
         }
@@ -302,7 +302,7 @@ impl Implicit {
         let Some(session) = pending.session.filter(|_| delivered) else {
             return;
         };
-        let Ok(answer) = answer.parse::<RequestId>() else {
+        let Some(answer) = RequestIdBytes::parse(answer) else {
             return;
         };
         let asked = pending
@@ -310,7 +310,7 @@ impl Implicit {
             .filter(|_| pending.rules.has(Rule::Reask))
             .map(|key| Asked {
                 key,
-                answer: answer.clone(),
+                answer,
                 at: now,
             });
         let last = match (pending.asked, text) {
@@ -322,10 +322,7 @@ impl Implicit {
                     asked,
                     chars: text.chars,
                     hash: text.hash,
-                    kept: text
-                        .kept
-                        .filter(|_| pending.rules.has(Rule::HistoryEdit))
-                        .map(Into::into),
+                    kept: text.kept.filter(|_| pending.rules.has(Rule::HistoryEdit)),
                 })
             }
             _ => None,
@@ -342,7 +339,7 @@ fn judge(rules: Rules, last: &Last, came: Digest) -> Option<Inferred> {
     if came.chars == last.chars && came.hash == last.hash {
         return rules.has(Rule::Continued).then(|| Inferred {
             rule: Rule::Continued,
-            answer: last.answer.clone(),
+            answer: last.answer.to_id(),
             edit_distance: None,
         });
     }
@@ -358,7 +355,7 @@ fn judge(rules: Rules, last: &Last, came: Digest) -> Option<Inferred> {
         .clamp(1, nm_types::signal::MAX_EDIT_DISTANCE);
     Some(Inferred {
         rule: Rule::HistoryEdit,
-        answer: last.answer.clone(),
+        answer: last.answer.to_id(),
         edit_distance: Some(d),
     })
 }
