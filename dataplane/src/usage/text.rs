@@ -139,11 +139,20 @@ impl AnswerText {
     /// Appends a piece of text.
     pub fn push(&mut self, piece: &str) {
         self.hash(piece.as_bytes());
-        let n = piece.chars().count() as u64;
+        // ASCII (most answers) has as many characters as bytes: a check of a word at a time,
+        // not a count of each character.
+        let n = if piece.is_ascii() {
+            piece.len()
+        } else {
+            piece.chars().count()
+        } as u64;
         if let Some(kept) = &mut self.kept {
             let room = MAX_KEPT_CHARS.saturating_sub(self.chars as usize);
             // Fewer bytes than room means fewer characters: the piece fits whole.
             if piece.len() <= room {
+                // One allocation of the right size for a whole answer, not a string doubled
+                // from empty.
+                kept.reserve(piece.len());
                 kept.push_str(piece);
             } else if room > 0 {
                 let end = piece
