@@ -404,8 +404,14 @@ async fn pages_equal_grpc_and_refuse_what_they_should(db: Db) {
             },
         ))
         .await);
-    assert!(!latency.rows.is_empty(), "the demo's requests have latencies");
-    assert!(html.contains("<title id=\"latency-t\">"), "the latency chart");
+    assert!(
+        !latency.rows.is_empty(),
+        "the demo's requests have latencies"
+    );
+    assert!(
+        html.contains("<title id=\"latency-t\">"),
+        "the latency chart"
+    );
     let key = |k: &[pb::UsageKey], i: usize| {
         k.get(i)
             .and_then(|k| k.value.clone())
@@ -421,7 +427,12 @@ async fn pages_equal_grpc_and_refuse_what_they_should(db: Db) {
         None => "<td>–</td><td>–</td><td>–</td>".to_owned(),
     };
     for r in latency.rows.iter().take(200) {
-        let arm = format!("{} · {} · {}", key(&r.key, 0), key(&r.key, 1), key(&r.key, 2));
+        let arm = format!(
+            "{} · {} · {}",
+            key(&r.key, 0),
+            key(&r.key, 1),
+            key(&r.key, 2)
+        );
         let want = format!(
             "<tr data-arm=\"{arm}\" data-week=\"{week}\"><th scope=\"row\">{arm}</th><td>{week}</td>\
              <td class=\"num\">{}</td>{}{}</tr>",
@@ -464,7 +475,10 @@ async fn pages_equal_grpc_and_refuse_what_they_should(db: Db) {
     );
     // Spend by key: every key's 30 days equal the gRPC report by key.
     let page = text(&a);
-    assert!(page.contains("<title id=\"spend-key-t\">"), "spend by key over time");
+    assert!(
+        page.contains("<title id=\"spend-key-t\">"),
+        "spend by key over time"
+    );
     let by_key = ok(UsageClient::new(channel.clone())
         .get_usage(with_key(
             &viewer,

@@ -631,6 +631,75 @@ mod tests {
         assert!(!by_day.truncated);
     }
 
+    /// By key and by week, past the records' retention: the rollups of deleted records keep
+    /// the key, and their day falls in its week.
+    #[tokio::test]
+    async fn by_key_and_week_include_the_rollups() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/k.db?mode=rwc", dir.path().display());
+        let store = Store::connect(&url).await.unwrap();
+        let records = Records::new(
+            store.clone(),
+            Budgets::load(store.clone(), 0).await.unwrap(),
+        );
+        // Day 20779 is Sunday 2026-11-22; day 20772 the Sunday before.
+        records
+            .ingest(&[rec("1", "a", "gpt-4o", Some(100), Some(500))])
+            .await
+            .unwrap();
+        store
+            .conn()
+            .execute_unprepared(
+                "INSERT INTO usage_rollups (day, agent, user_id, env, provider, model, key_id, \
+                 requests, input_tokens, output_tokens, cached_input_tokens, reasoning_tokens, \
+                 cost_micros, unpriced, unmetered, errors) VALUES \
+                 (20772, 'a', '', '', 'openai', 'gpt-4o', 'key_2', 3, 30, 15, 0, 0, 900, 0, 0, 1)",
+            )
+            .await
+            .unwrap();
+        let r = UsageReports::new(store)
+            .report(
+                &[Dimension::Key, Dimension::Week],
+                &UsageFilter {
+                    since_ms: Some(86_400_000 * 20_700),
+                    ..Default::default()
+                },
+                0,
+            )
+            .await
+            .unwrap();
+        let keys: Vec<(Option<String>, Option<String>, u64, u64)> = r
+            .rows
+            .iter()
+            .map(|row| {
+                (
+                    row.key[0].clone(),
+                    row.key[1].clone(),
+                    row.requests,
+                    row.cost_micros,
+                )
+            })
+            .collect();
+        assert_eq!(
+            keys,
+            vec![
+                (
+                    Some("key_2".to_owned()),
+                    Some("2026-11-09".to_owned()),
+                    3,
+                    900
+                ),
+                (
+                    Some("key_1".to_owned()),
+                    Some("2026-11-16".to_owned()),
+                    1,
+                    500
+                ),
+            ]
+        );
+        assert_eq!((r.total.requests, r.total.errors), (4, 1));
+    }
+
     /// Sums past a 64-bit integer saturate instead of failing the report (rows written
     /// straight into the table: the ingest's caps keep real sums far from this).
     async fn huge_sums_saturate_on(url: &str) {

@@ -315,7 +315,9 @@ fn percentiles_to_pb(p: nm_controlplane::usage::latency::Percentiles) -> pb::Lat
     }
 }
 
-pub fn latency_report_to_pb(r: nm_controlplane::usage::latency::LatencyReport) -> pb::LatencyReport {
+pub fn latency_report_to_pb(
+    r: nm_controlplane::usage::latency::LatencyReport,
+) -> pb::LatencyReport {
     pb::LatencyReport {
         rows: r
             .rows

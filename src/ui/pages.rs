@@ -349,23 +349,25 @@ async fn agent(c: &Call<'_>, name: &str) -> Page {
                 range: since(WEEKS * 7),
                 limit: 10_000,
             })),
-        s.usage.get_latency(c.req(pb::GetLatencyRequest {
-            range: since(WEEKS * 7),
-            group_by: [
-                pb::UsageDimension::Model,
-                pb::UsageDimension::Provider,
-                pb::UsageDimension::Env,
-                pb::UsageDimension::Week,
-            ]
-            .into_iter()
-            .map(|d| d as i32)
-            .collect(),
-            filter: Some(pb::UsageFilter {
-                agent: Some(name.to_owned()),
-                ..Default::default()
-            }),
-            limit: 10_000,
-        })),
+        s.usage.get_latency(
+            c.req(pb::GetLatencyRequest {
+                range: since(WEEKS * 7),
+                group_by: [
+                    pb::UsageDimension::Model,
+                    pb::UsageDimension::Provider,
+                    pb::UsageDimension::Env,
+                    pb::UsageDimension::Week,
+                ]
+                .into_iter()
+                .map(|d| d as i32)
+                .collect(),
+                filter: Some(pb::UsageFilter {
+                    agent: Some(name.to_owned()),
+                    ..Default::default()
+                }),
+                limit: 10_000,
+            })
+        ),
     );
     let a = a?.into_inner();
     let signals = signals?.into_inner();
@@ -684,7 +686,8 @@ fn latency_section(h: &mut String, report: &pb::LatencyReport) {
             "latency",
             "Latency by arm",
             "from the request's start to the end of its answer",
-            (|r: &pb::LatencyRow| r.latency) as fn(&pb::LatencyRow) -> Option<pb::LatencyPercentiles>,
+            (|r: &pb::LatencyRow| r.latency)
+                as fn(&pb::LatencyRow) -> Option<pb::LatencyPercentiles>,
         ),
         (
             "ttfb",
@@ -715,7 +718,11 @@ fn latency_section(h: &mut String, report: &pb::LatencyReport) {
             })
             .collect();
         if series.iter().all(|s| s.points.iter().all(Option::is_none)) {
-            let _ = write!(h, "<p>No {} measured in the last {WEEKS} weeks.</p>", escape(&title.to_lowercase()));
+            let _ = write!(
+                h,
+                "<p>No {} measured in the last {WEEKS} weeks.</p>",
+                escape(&title.to_lowercase())
+            );
             continue;
         }
         h.push_str(&chart::lines(

@@ -283,7 +283,11 @@ mod tests {
         let (f, s) = (row("fast"), row("slow"));
         assert_eq!(f.key[1].as_deref(), Some("2026-11-16"), "the Monday");
         assert_eq!((f.requests, s.requests), (400, 200));
-        for (got, want) in [(&f.latency, &fast), (&s.latency, &slow), (&s.ttfb, &slow_ttfb)] {
+        for (got, want) in [
+            (&f.latency, &fast),
+            (&s.latency, &slow),
+            (&s.ttfb, &slow_ttfb),
+        ] {
             assert_eq!(got.count, want.len() as u64);
             assert_eq!(got.p50_ms, exact(want, 0.50));
             assert_eq!(got.p90_ms, exact(want, 0.90));
