@@ -629,8 +629,8 @@ pub fn weekly_rows(rows: &[pb::OutcomeRow], i: usize) -> Vec<pb::OutcomeRow> {
             key: vec![pb::UsageKey { value: k(i) }, pb::UsageKey { value: k(3) }],
             ..Default::default()
         });
-        e.sessions += r.sessions;
-        e.successes += r.successes;
+        e.sessions = e.sessions.saturating_add(r.sessions);
+        e.successes = e.successes.saturating_add(r.successes);
     }
     sums.into_values()
         .map(|mut r| {
@@ -969,28 +969,69 @@ async fn usage(c: &Call<'_>) -> Page {
             limit,
         }))
     };
-    // The six reports at once: each is one aggregate query of its own.
-    let (by_day, by_day_key, by_model, by_provider, by_agent, by_user) = tokio::join!(
-        report(
-            vec![pb::UsageDimension::Day, pb::UsageDimension::Model],
-            10_000,
-        ),
-        report(
-            vec![pb::UsageDimension::Day, pb::UsageDimension::Key],
-            10_000,
-        ),
-        report(vec![pb::UsageDimension::Model], 20),
-        report(vec![pb::UsageDimension::Provider], 20),
-        report(vec![pb::UsageDimension::Agent], 20),
-        report(vec![pb::UsageDimension::User], 20),
+    // Two queries: the usage by day, model, provider, agent and key, from which every chart and
+    // table but the end users' is summed (a sum of finer groups is what the coarser report
+    // gives), and the end users' (too many to cross with the rest). Past 10,000 rows (a very
+    // busy month), each chart and table is a report of its own.
+    let fine = [
+        pb::UsageDimension::Day,
+        pb::UsageDimension::Model,
+        pb::UsageDimension::Provider,
+        pb::UsageDimension::Agent,
+        pb::UsageDimension::Key,
+    ];
+    let (fine, by_user) = tokio::join!(
+        report(fine.to_vec(), 10_000),
+        report(vec![pb::UsageDimension::User], 20)
     );
-    let by_day = by_day?.into_inner();
-    let by_day_key = by_day_key?.into_inner();
+    let (fine, by_user) = (fine?.into_inner(), by_user?.into_inner());
+    let (by_day, by_day_key, by_model, by_provider, by_agent) = if fine.truncated {
+        let (by_day, by_day_key, by_model, by_provider, by_agent) = tokio::join!(
+            report(
+                vec![pb::UsageDimension::Day, pb::UsageDimension::Model],
+                10_000,
+            ),
+            report(
+                vec![pb::UsageDimension::Day, pb::UsageDimension::Key],
+                10_000,
+            ),
+            report(vec![pb::UsageDimension::Model], 20),
+            report(vec![pb::UsageDimension::Provider], 20),
+            report(vec![pb::UsageDimension::Agent], 20),
+        );
+        (
+            by_day?.into_inner(),
+            by_day_key?.into_inner(),
+            by_model?.into_inner(),
+            by_provider?.into_inner(),
+            by_agent?.into_inner(),
+        )
+    } else {
+        let by_day = pb::UsageReport {
+            rows: regroup(&fine.rows, &[0, 1]),
+            ..fine.clone()
+        };
+        let by_day_key = pb::UsageReport {
+            rows: regroup(&fine.rows, &[0, 4]),
+            ..pb::UsageReport::default()
+        };
+        let top = |at: usize| {
+            let mut rows = regroup(&fine.rows, &[at]);
+            let truncated = rows.len() > 20;
+            rows.truncate(20);
+            pb::UsageReport {
+                rows,
+                truncated,
+                ..pb::UsageReport::default()
+            }
+        };
+        (by_day, by_day_key, top(1), top(2), top(3))
+    };
     let mut tables = vec![
-        (by_model?.into_inner(), "Model"),
-        (by_provider?.into_inner(), "Provider"),
-        (by_agent?.into_inner(), "Agent"),
-        (by_user?.into_inner(), "User"),
+        (by_model, "Model"),
+        (by_provider, "Provider"),
+        (by_agent, "Agent"),
+        (by_user, "User"),
     ];
     let mut h = String::with_capacity(16 * 1024);
     let total = by_day.total.clone().unwrap_or_default();
@@ -1145,6 +1186,41 @@ async fn usage(c: &Call<'_>) -> Page {
     Ok(("Usage and budgets".into(), Nav::Usage, h))
 }
 
+/// `rows` grouped by their keys at positions `at` (in that order), the measures summed,
+/// costliest first: the rows a report grouped by those dimensions alone gives.
+fn regroup(rows: &[pb::UsageRow], at: &[usize]) -> Vec<pb::UsageRow> {
+    let mut sums: BTreeMap<Vec<Option<String>>, pb::UsageRow> = BTreeMap::new();
+    for r in rows {
+        let key: Vec<Option<String>> = at
+            .iter()
+            .map(|&i| r.key.get(i).and_then(|k| k.value.clone()))
+            .collect();
+        let e = sums.entry(key.clone()).or_insert_with(|| pb::UsageRow {
+            key: key
+                .into_iter()
+                .map(|value| pb::UsageKey { value })
+                .collect(),
+            ..Default::default()
+        });
+        e.requests = e.requests.saturating_add(r.requests);
+        e.input_tokens = e.input_tokens.saturating_add(r.input_tokens);
+        e.output_tokens = e.output_tokens.saturating_add(r.output_tokens);
+        e.cached_input_tokens = e.cached_input_tokens.saturating_add(r.cached_input_tokens);
+        e.reasoning_tokens = e.reasoning_tokens.saturating_add(r.reasoning_tokens);
+        e.cost_micros = e.cost_micros.saturating_add(r.cost_micros);
+        e.unpriced_requests = e.unpriced_requests.saturating_add(r.unpriced_requests);
+        e.unmetered_requests = e.unmetered_requests.saturating_add(r.unmetered_requests);
+        e.errors = e.errors.saturating_add(r.errors);
+    }
+    let mut out: Vec<pb::UsageRow> = sums.into_values().collect();
+    out.sort_by(|a, b| {
+        b.cost_micros
+            .cmp(&a.cost_micros)
+            .then(b.requests.cmp(&a.requests))
+    });
+    out
+}
+
 /// A report by (day, something) as series over `days`: the six costliest somethings' spend and
 /// tokens per day, and every something's totals (costliest first).
 struct PerDay {
@@ -1177,11 +1253,11 @@ fn per_day(rows: &[pb::UsageRow], days: &[String]) -> PerDay {
                 vec![None; days.len()],
             )
         });
-        e.0.requests += r.requests;
-        e.0.input_tokens += r.input_tokens;
-        e.0.output_tokens += r.output_tokens;
-        e.0.cost_micros += r.cost_micros;
-        e.0.errors += r.errors;
+        e.0.requests = e.0.requests.saturating_add(r.requests);
+        e.0.input_tokens = e.0.input_tokens.saturating_add(r.input_tokens);
+        e.0.output_tokens = e.0.output_tokens.saturating_add(r.output_tokens);
+        e.0.cost_micros = e.0.cost_micros.saturating_add(r.cost_micros);
+        e.0.errors = e.0.errors.saturating_add(r.errors);
         e.1[d] = Some((r.cost_micros as f64 / 1e6, None));
         e.2[d] = Some(((r.input_tokens + r.output_tokens) as f64, None));
     }
