@@ -1,8 +1,10 @@
 //! The pages, each a few admin gRPC calls ([`super::Services`], with the signed-in key) turned
 //! into HTML: `/agents`, `/agents/<agent>`, `/experiments`, `/usage`. No page reads the
-//! database itself; every figure is a field of a gRPC answer (the confidence bands of the
-//! weekly success rates are the controlplane's own `confidence_sequence` over the weekly counts
-//! the gRPC answer gives).
+//! database itself; every figure is a field of a gRPC answer, or a sum of the rows of one grouped
+//! finer (the weekly rates per model, provider and env from one answer by all three and week;
+//! /usage's charts and tables from one answer by day, model, provider, agent and key), and the
+//! confidence bands of the weekly success rates are the controlplane's own
+//! `confidence_sequence` over the weekly counts the gRPC answer gives.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
