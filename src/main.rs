@@ -94,8 +94,8 @@ enum Command {
         #[command(subcommand)]
         command: ExperimentsCommand,
     },
-    /// Usage and cost over a time range, grouped by agent, session, user, env, provider, model
-    /// or day (needs NM_ADMIN_KEY).
+    /// Usage and cost over a time range, grouped by agent, session, user, env, provider, model,
+    /// key, day or week (needs NM_ADMIN_KEY).
     Usage {
         #[command(flatten)]
         client: ClientArgs,

@@ -372,6 +372,78 @@ async fn pages_equal_grpc_and_refuse_what_they_should(db: Db) {
         html.contains("<svg") && html.contains("<title id=\"weekly-model-t\">"),
         "a chart with a title"
     );
+    // Latency bands: every arm's weekly percentiles equal the gRPC answer.
+    let days_ago = |days: i64| {
+        Some(pb::TimeRange {
+            since: Some(prost_types::Timestamp {
+                seconds: chrono::Utc::now().timestamp() - days * 86_400,
+                nanos: 0,
+            }),
+            until: None,
+        })
+    };
+    let latency = ok(UsageClient::new(channel.clone())
+        .get_latency(with_key(
+            &viewer,
+            pb::GetLatencyRequest {
+                range: days_ago(12 * 7),
+                group_by: [
+                    pb::UsageDimension::Model,
+                    pb::UsageDimension::Provider,
+                    pb::UsageDimension::Env,
+                    pb::UsageDimension::Week,
+                ]
+                .into_iter()
+                .map(|d| d as i32)
+                .collect(),
+                filter: Some(pb::UsageFilter {
+                    agent: Some(first.clone()),
+                    ..Default::default()
+                }),
+                limit: 10_000,
+            },
+        ))
+        .await);
+    assert!(
+        !latency.rows.is_empty(),
+        "the demo's requests have latencies"
+    );
+    assert!(
+        html.contains("<title id=\"latency-t\">"),
+        "the latency chart"
+    );
+    let key = |k: &[pb::UsageKey], i: usize| {
+        k.get(i)
+            .and_then(|k| k.value.clone())
+            .unwrap_or_else(|| "(none)".to_owned())
+    };
+    let cells = |p: Option<pb::LatencyPercentiles>| match p.filter(|p| p.count > 0) {
+        Some(p) => format!(
+            "<td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>",
+            count(p.p50_ms),
+            count(p.p90_ms),
+            count(p.p99_ms)
+        ),
+        None => "<td>–</td><td>–</td><td>–</td>".to_owned(),
+    };
+    for r in latency.rows.iter().take(200) {
+        let arm = format!(
+            "{} · {} · {}",
+            key(&r.key, 0),
+            key(&r.key, 1),
+            key(&r.key, 2)
+        );
+        let want = format!(
+            "<tr data-arm=\"{arm}\" data-week=\"{week}\"><th scope=\"row\">{arm}</th><td>{week}</td>\
+             <td class=\"num\">{}</td>{}{}</tr>",
+            count(r.requests),
+            cells(r.latency),
+            cells(r.ttfb),
+            arm = nm_gateway::ui::html::escape(&arm),
+            week = key(&r.key, 3),
+        );
+        assert!(html.contains(&want), "{want}");
+    }
 
     // Usage: the 30-day total equals the gRPC answer.
     let a = b.get("/usage").await;
@@ -401,6 +473,41 @@ async fn pages_equal_grpc_and_refuse_what_they_should(db: Db) {
         )),
         "usage total"
     );
+    // Spend by key: every key's 30 days equal the gRPC report by key.
+    let page = text(&a);
+    assert!(
+        page.contains("<title id=\"spend-key-t\">"),
+        "spend by key over time"
+    );
+    let by_key = ok(UsageClient::new(channel.clone())
+        .get_usage(with_key(
+            &viewer,
+            pb::GetUsageRequest {
+                range: Some(pb::TimeRange {
+                    since: Some(since),
+                    until: None,
+                }),
+                group_by: vec![pb::UsageDimension::Key as i32],
+                limit: 200,
+                ..Default::default()
+            },
+        ))
+        .await);
+    assert!(!by_key.rows.is_empty(), "the demo's requests have keys");
+    for r in &by_key.rows {
+        let want = format!(
+            "<tr><th scope=\"row\">{}</th><td class=\"num\">{}</td><td class=\"num\">{}</td>\
+             <td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td></tr>",
+            nm_gateway::ui::html::escape(r.key[0].value.as_deref().unwrap_or("(none)")),
+            count(r.requests),
+            count(r.input_tokens),
+            count(r.output_tokens),
+            usd(r.cost_micros),
+            count(r.errors)
+        );
+        let section = &page[page.find("data-usage=\"key\"").unwrap_or(0)..];
+        assert!(section.contains(&want), "{want}");
+    }
     // Budgets: a budget of another scope than an end user, its limits and use as gRPC says.
     let mut budgets = BudgetsClient::new(channel.clone());
     ok(budgets
@@ -542,7 +649,8 @@ async fn ui_pages_postgres() {
 /// and signals again, over 28 days): how long the pages take, first (the analytics computed)
 /// and then (stored). Slow to fill (minutes in a debug build): run by hand,
 /// `cargo nextest run -E 'test(ui_million)' --run-ignored only --no-capture`;
-/// `NM_UI_BENCH_SIGNALS` changes the count. The numbers are in docs/ui.md.
+/// `NM_UI_BENCH_SIGNALS` changes the count; `NM_UI_BENCH_DB=<file>` only fills that file and
+/// keeps it. The numbers are in docs/ui.md.
 #[tokio::test]
 #[ignore = "fills a million signals: a measurement, run by hand"]
 async fn ui_million_signals_agent_page() {
@@ -552,7 +660,12 @@ async fn ui_million_signals_agent_page() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(1_000_000);
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let url = format!("sqlite://{}/big.db?mode=rwc", dir.path().display());
+    // `NM_UI_BENCH_DB=<file>`: fill that file and keep it (to time another build's pages on it).
+    let kept = std::env::var("NM_UI_BENCH_DB").ok();
+    let url = match &kept {
+        Some(file) => format!("sqlite://{file}?mode=rwc"),
+        None => format!("sqlite://{}/big.db?mode=rwc", dir.path().display()),
+    };
     let store = nm_controlplane::Store::connect(&url)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -578,6 +691,9 @@ async fn ui_million_signals_agent_page() {
     .unwrap_or_else(|e| panic!("{e:#}"));
     eprintln!("ui bench: stored {written:?} in {:?}", started.elapsed());
     let _ = store.close().await;
+    if kept.is_some() {
+        return;
+    }
     let gw = TestGateway::builder()
         .env("NM_DATABASE_URL", &url)
         .env("NM_UI_ADDR", "127.0.0.1:0")

@@ -1,5 +1,6 @@
 //! Usage and cost aggregates over the `requests` table, grouped by any of agent, session, user,
-//! env, provider, model and day, computed by the database in one `GROUP BY` per report.
+//! env, provider, model, key, day and week, computed by the database in one `GROUP BY` per
+//! report; and the latency percentiles of the same records ([`latency`]).
 //!
 //! Unknown stays unknown: costs are summed over the records whose cost is known, and the report
 //! counts apart the requests whose usage was reported but whose model has no price
@@ -10,6 +11,8 @@ use sea_orm::{ConnectionTrait, DatabaseBackend, QueryResult};
 use crate::error::{Error, Result};
 use crate::sql::{Sql, count};
 use crate::store::Store;
+
+pub mod latency;
 
 /// Most rows one report returns.
 pub const MAX_ROWS: u32 = 10_000;
@@ -27,6 +30,10 @@ pub enum Dimension {
     Model,
     /// UTC day of the request's start, as `YYYY-MM-DD`.
     Day,
+    /// The key's id.
+    Key,
+    /// The UTC week (from Monday) of the request's start, as the Monday's `YYYY-MM-DD`.
+    Week,
 }
 
 impl Dimension {
@@ -40,6 +47,9 @@ impl Dimension {
             Dimension::Provider => "provider",
             Dimension::Model => "COALESCE(answered_model, model)",
             Dimension::Day => "(started_at_ms / 86400000)",
+            Dimension::Key => "key_id",
+            // The Monday's day: Unix day 0 is a Thursday.
+            Dimension::Week => "((started_at_ms / 86400000 + 3) / 7 * 7 - 3)",
         }
     }
 
@@ -53,6 +63,8 @@ impl Dimension {
             Dimension::Provider => "provider",
             Dimension::Model => "model",
             Dimension::Day => "day",
+            Dimension::Key => "key_id",
+            Dimension::Week => "((day + 3) / 7 * 7 - 3)",
         }
     }
 }
@@ -381,7 +393,7 @@ fn push_days(sql: &mut Sql, f: &UsageFilter) {
 fn push_union(sql: &mut Sql, f: &UsageFilter) {
     sql.push(&format!(
         "SELECT agent, session_id, user_id, env, provider, \
-         COALESCE(answered_model, model) AS model, started_at_ms / 86400000 AS day, \
+         COALESCE(answered_model, model) AS model, key_id, started_at_ms / 86400000 AS day, \
          1 AS requests, input_tokens, output_tokens, cached_input_tokens, reasoning_tokens, \
          cost_micros, {UNPRICED} AS unpriced, {UNMETERED} AS unmetered, {ERRORS} AS errors \
          FROM requests WHERE 1 = 1"
@@ -389,7 +401,7 @@ fn push_union(sql: &mut Sql, f: &UsageFilter) {
     push_filter(sql, "started_at_ms", f);
     sql.push(
         " UNION ALL SELECT NULLIF(agent, ''), CAST(NULL AS TEXT), NULLIF(user_id, ''), \
-         NULLIF(env, ''), provider, NULLIF(model, ''), day, requests, input_tokens, \
+         NULLIF(env, ''), provider, NULLIF(model, ''), key_id, day, requests, input_tokens, \
          output_tokens, cached_input_tokens, reasoning_tokens, cost_micros, unpriced, \
          unmetered, errors FROM usage_rollups WHERE 1 = 1",
     );
@@ -496,7 +508,7 @@ fn grouped(
 
 fn key_value(row: &QueryResult, dim: Dimension, col: &str) -> Result<Option<String>> {
     Ok(match dim {
-        Dimension::Day => row.try_get::<Option<i64>>("", col)?.map(|day| {
+        Dimension::Day | Dimension::Week => row.try_get::<Option<i64>>("", col)?.map(|day| {
             let (y, m, d) = nm_types::budget::civil_from_day(day);
             format!("{y:04}-{m:02}-{d:02}")
         }),
@@ -617,6 +629,75 @@ mod tests {
         assert_eq!(by_day.rows[0].key, vec![Some("2026-11-22".to_owned())]);
         assert_eq!(by_day.rows[0].requests, 3);
         assert!(!by_day.truncated);
+    }
+
+    /// By key and by week, past the records' retention: the rollups of deleted records keep
+    /// the key, and their day falls in its week.
+    #[tokio::test]
+    async fn by_key_and_week_include_the_rollups() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/k.db?mode=rwc", dir.path().display());
+        let store = Store::connect(&url).await.unwrap();
+        let records = Records::new(
+            store.clone(),
+            Budgets::load(store.clone(), 0).await.unwrap(),
+        );
+        // Day 20779 is Sunday 2026-11-22; day 20772 the Sunday before.
+        records
+            .ingest(&[rec("1", "a", "gpt-4o", Some(100), Some(500))])
+            .await
+            .unwrap();
+        store
+            .conn()
+            .execute_unprepared(
+                "INSERT INTO usage_rollups (day, agent, user_id, env, provider, model, key_id, \
+                 requests, input_tokens, output_tokens, cached_input_tokens, reasoning_tokens, \
+                 cost_micros, unpriced, unmetered, errors) VALUES \
+                 (20772, 'a', '', '', 'openai', 'gpt-4o', 'key_2', 3, 30, 15, 0, 0, 900, 0, 0, 1)",
+            )
+            .await
+            .unwrap();
+        let r = UsageReports::new(store)
+            .report(
+                &[Dimension::Key, Dimension::Week],
+                &UsageFilter {
+                    since_ms: Some(86_400_000 * 20_700),
+                    ..Default::default()
+                },
+                0,
+            )
+            .await
+            .unwrap();
+        let keys: Vec<(Option<String>, Option<String>, u64, u64)> = r
+            .rows
+            .iter()
+            .map(|row| {
+                (
+                    row.key[0].clone(),
+                    row.key[1].clone(),
+                    row.requests,
+                    row.cost_micros,
+                )
+            })
+            .collect();
+        assert_eq!(
+            keys,
+            vec![
+                (
+                    Some("key_2".to_owned()),
+                    Some("2026-11-09".to_owned()),
+                    3,
+                    900
+                ),
+                (
+                    Some("key_1".to_owned()),
+                    Some("2026-11-16".to_owned()),
+                    1,
+                    500
+                ),
+            ]
+        );
+        assert_eq!((r.total.requests, r.total.errors), (4, 1));
     }
 
     /// Sums past a 64-bit integer saturate instead of failing the report (rows written

@@ -14,7 +14,8 @@ use crate::grpc::pb::{self, usage_client::UsageClient};
 /// `nm-gateway usage [--by ...] [filters]`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct UsageArgs {
-    /// Group by these, comma-separated: agent, session, user, env, provider, model, day.
+    /// Group by these, comma-separated: agent, session, user, env, provider, model, key, day,
+    /// week.
     #[arg(long, value_delimiter = ',')]
     by: Vec<String>,
     #[command(flatten)]
@@ -50,9 +51,11 @@ fn dimension(name: &str) -> Result<pb::UsageDimension, UsageError> {
         "provider" => pb::UsageDimension::Provider,
         "model" => pb::UsageDimension::Model,
         "day" => pb::UsageDimension::Day,
+        "key" => pb::UsageDimension::Key,
+        "week" => pb::UsageDimension::Week,
         other => {
             return Err(UsageError(format!(
-                "--by {other:?}: use agent, session, user, env, provider, model or day"
+                "--by {other:?}: use agent, session, user, env, provider, model, key, day or week"
             )));
         }
     })
@@ -198,6 +201,8 @@ fn dim_name(d: pb::UsageDimension) -> &'static str {
         pb::UsageDimension::Provider => "provider",
         pb::UsageDimension::Model => "model",
         pb::UsageDimension::Day => "day",
+        pb::UsageDimension::Key => "key",
+        pb::UsageDimension::Week => "week",
         pb::UsageDimension::Unspecified => "?",
     }
 }

@@ -260,6 +260,8 @@ pub fn dimension_from_pb(
         pb::UsageDimension::Provider => D::Provider,
         pb::UsageDimension::Model => D::Model,
         pb::UsageDimension::Day => D::Day,
+        pb::UsageDimension::Key => D::Key,
+        pb::UsageDimension::Week => D::Week,
         pb::UsageDimension::Unspecified => {
             return Err(tonic::Status::invalid_argument(
                 "group_by: unspecified dimension",
@@ -301,5 +303,36 @@ pub fn usage_report_to_pb(r: nm_controlplane::usage::UsageReport) -> pb::UsageRe
                 requests: m.requests,
             })
             .collect(),
+    }
+}
+
+fn percentiles_to_pb(p: nm_controlplane::usage::latency::Percentiles) -> pb::LatencyPercentiles {
+    pb::LatencyPercentiles {
+        count: p.count,
+        p50_ms: p.p50_ms,
+        p90_ms: p.p90_ms,
+        p99_ms: p.p99_ms,
+    }
+}
+
+pub fn latency_report_to_pb(
+    r: nm_controlplane::usage::latency::LatencyReport,
+) -> pb::LatencyReport {
+    pb::LatencyReport {
+        rows: r
+            .rows
+            .into_iter()
+            .map(|row| pb::LatencyRow {
+                key: row
+                    .key
+                    .into_iter()
+                    .map(|value| pb::UsageKey { value })
+                    .collect(),
+                requests: row.requests,
+                latency: Some(percentiles_to_pb(row.latency)),
+                ttfb: Some(percentiles_to_pb(row.ttfb)),
+            })
+            .collect(),
+        truncated: r.truncated,
     }
 }

@@ -368,18 +368,7 @@ impl UsageApi for UsageService {
             .group_by()
             .map(convert::dimension_from_pb)
             .collect::<Result<Vec<_>, _>>()?;
-        let (since_ms, until_ms) = convert::range_ms(r.range.as_ref());
-        let f = r.filter.unwrap_or_default();
-        let filter = nm_controlplane::usage::UsageFilter {
-            since_ms,
-            until_ms,
-            agent: f.agent,
-            session_id: f.session_id,
-            user_id: f.user_id,
-            env: f.env,
-            provider: f.provider,
-            model: f.model,
-        };
+        let filter = usage_filter(r.range.as_ref(), r.filter.unwrap_or_default());
         let report = self
             .0
             .usage
@@ -387,6 +376,43 @@ impl UsageApi for UsageService {
             .await
             .map_err(to_status)?;
         Ok(Response::new(convert::usage_report_to_pb(report)))
+    }
+
+    async fn get_latency(
+        &self,
+        req: Request<pb::GetLatencyRequest>,
+    ) -> Result<Response<pb::LatencyReport>, Status> {
+        require_reader(&self.0.keys, &req)?;
+        let r = req.into_inner();
+        let dims = r
+            .group_by()
+            .map(convert::dimension_from_pb)
+            .collect::<Result<Vec<_>, _>>()?;
+        let filter = usage_filter(r.range.as_ref(), r.filter.unwrap_or_default());
+        let report = self
+            .0
+            .usage
+            .latency(&dims, &filter, r.limit)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(convert::latency_report_to_pb(report)))
+    }
+}
+
+fn usage_filter(
+    range: Option<&pb::TimeRange>,
+    f: pb::UsageFilter,
+) -> nm_controlplane::usage::UsageFilter {
+    let (since_ms, until_ms) = convert::range_ms(range);
+    nm_controlplane::usage::UsageFilter {
+        since_ms,
+        until_ms,
+        agent: f.agent,
+        session_id: f.session_id,
+        user_id: f.user_id,
+        env: f.env,
+        provider: f.provider,
+        model: f.model,
     }
 }
 

@@ -1,8 +1,10 @@
 //! The pages, each a few admin gRPC calls ([`super::Services`], with the signed-in key) turned
 //! into HTML: `/agents`, `/agents/<agent>`, `/experiments`, `/usage`. No page reads the
-//! database itself; every figure is a field of a gRPC answer (the confidence bands of the
-//! weekly success rates are the controlplane's own `confidence_sequence` over the weekly counts
-//! the gRPC answer gives).
+//! database itself; every figure is a field of a gRPC answer, or a sum of the rows of one grouped
+//! finer (the weekly rates per model, provider and env from one answer by all three and week;
+//! /usage's charts and tables from one answer by day, model, provider, agent and key), and the
+//! confidence bands of the weekly success rates are the controlplane's own
+//! `confidence_sequence` over the weekly counts the gRPC answer gives.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -328,17 +330,10 @@ fn sources_text(by_source: &[pb::SourceCounts]) -> String {
 
 async fn agent(c: &Call<'_>, name: &str) -> Page {
     let s = &c.ui.services;
-    let rates = |dim: pb::OutcomeDimension| {
-        s.analytics
-            .get_outcome_rates(c.req(pb::GetOutcomeRatesRequest {
-                agent: name.to_owned(),
-                group_by: vec![dim as i32, pb::OutcomeDimension::Week as i32],
-                range: since(WEEKS * 7),
-                limit: 10_000,
-            }))
-    };
-    // The calls at once: each is a query of its own.
-    let (a, signals, by_model, by_provider, by_env) = tokio::join!(
+    // Every arm at once: one outcome-rate query grouped by model, provider, env and week (each
+    // dimension's weekly rates are sums of its rows, as a query by that dimension alone would
+    // count them), and one latency query grouped the same way.
+    let (a, signals, rates, latency) = tokio::join!(
         s.analytics
             .get_recommendations(c.req(pb::GetRecommendationsRequest {
                 agent: name.to_owned(),
@@ -349,17 +344,37 @@ async fn agent(c: &Call<'_>, name: &str) -> Page {
                 agent: name.to_owned(),
                 ..Default::default()
             })),
-        rates(pb::OutcomeDimension::Model),
-        rates(pb::OutcomeDimension::Provider),
-        rates(pb::OutcomeDimension::Env),
+        s.analytics
+            .get_outcome_rates(c.req(pb::GetOutcomeRatesRequest {
+                agent: name.to_owned(),
+                group_by: ARM_WEEK.iter().map(|d| *d as i32).collect(),
+                range: since(WEEKS * 7),
+                limit: 10_000,
+            })),
+        s.usage.get_latency(
+            c.req(pb::GetLatencyRequest {
+                range: since(WEEKS * 7),
+                group_by: [
+                    pb::UsageDimension::Model,
+                    pb::UsageDimension::Provider,
+                    pb::UsageDimension::Env,
+                    pb::UsageDimension::Week,
+                ]
+                .into_iter()
+                .map(|d| d as i32)
+                .collect(),
+                filter: Some(pb::UsageFilter {
+                    agent: Some(name.to_owned()),
+                    ..Default::default()
+                }),
+                limit: 10_000,
+            })
+        ),
     );
     let a = a?.into_inner();
     let signals = signals?.into_inner();
-    let weekly = [
-        (by_model?.into_inner(), "model"),
-        (by_provider?.into_inner(), "provider"),
-        (by_env?.into_inner(), "env"),
-    ];
+    let rates = rates?.into_inner();
+    let latency = latency?.into_inner();
     let mut h = String::with_capacity(16 * 1024);
     let _ = write!(
         h,
@@ -401,10 +416,11 @@ async fn agent(c: &Call<'_>, name: &str) -> Page {
     recommendations(&mut h, &a, c.ui.trace_url.as_deref());
     // Success rate over time per arm.
     h.push_str("<section><h2>Success rate over time</h2><p>Weekly success rate of the agent's sessions per model, provider and env, with its 95% anytime-valid band (a confidence sequence: valid however often the page is looked at).</p>");
-    for (rates, label) in &weekly {
-        h.push_str(&weekly_chart(label, &rates.rows));
+    for (i, label) in ["model", "provider", "env"].into_iter().enumerate() {
+        h.push_str(&weekly_chart(label, &weekly_rows(&rates.rows, i)));
     }
     h.push_str("</section>");
+    latency_section(&mut h, &latency);
     // Outcome mix.
     h.push_str("<section><h2>Outcome mix</h2>");
     if let Some(sum) = &a.summary {
@@ -595,6 +611,165 @@ fn recommendations(h: &mut String, a: &pb::AgentAnalytics, trace_url: Option<&st
         h.push_str("</article>");
     }
     h.push_str("</section>");
+}
+
+/// The outcome rates' dimensions on one agent's page: the arm (model, provider, env) and week.
+const ARM_WEEK: [pb::OutcomeDimension; 4] = [
+    pb::OutcomeDimension::Model,
+    pb::OutcomeDimension::Provider,
+    pb::OutcomeDimension::Env,
+    pb::OutcomeDimension::Week,
+];
+
+/// The rows by (arm dimension `i`, week), summed from rows by ([`ARM_WEEK`]): the counts a
+/// query grouped by that dimension and week gives, and its success rate from them.
+pub fn weekly_rows(rows: &[pb::OutcomeRow], i: usize) -> Vec<pb::OutcomeRow> {
+    let mut sums: BTreeMap<(Option<String>, Option<String>), pb::OutcomeRow> = BTreeMap::new();
+    for r in rows {
+        let k = |j: usize| r.key.get(j).and_then(|k| k.value.clone());
+        let e = sums.entry((k(i), k(3))).or_insert_with(|| pb::OutcomeRow {
+            key: vec![pb::UsageKey { value: k(i) }, pb::UsageKey { value: k(3) }],
+            ..Default::default()
+        });
+        e.sessions = e.sessions.saturating_add(r.sessions);
+        e.successes = e.successes.saturating_add(r.successes);
+    }
+    sums.into_values()
+        .map(|mut r| {
+            r.success_rate = if r.sessions == 0 {
+                0.0
+            } else {
+                r.successes as f64 / r.sessions as f64
+            };
+            r
+        })
+        .collect()
+}
+
+/// An arm's name: its model, provider and env.
+fn arm_name(key: &[pb::UsageKey]) -> String {
+    format!(
+        "{} · {} · {}",
+        key_value(key, 0),
+        key_value(key, 1),
+        key_value(key, 2)
+    )
+}
+
+fn ms(v: f64) -> String {
+    format!("{} ms", count(v.round() as u64))
+}
+
+/// The latency section: per arm (model, provider, env) the weekly median latency and time to
+/// first byte with the band up to their 90th percentile, and every percentile in a table.
+fn latency_section(h: &mut String, report: &pb::LatencyReport) {
+    h.push_str(&format!(
+        "<section><h2>Latency</h2><p>Per arm (model · provider · env), week by week (Monday's date): \
+         the median (p50) as a line, shaded up to the 90th percentile, of the time from the \
+         request's start to the end of its answer, and to its first byte (streamed answers). \
+         Percentiles of the stored records, to two significant digits; the six busiest arms of the \
+         last {WEEKS} weeks.</p>"
+    ));
+    if report.rows.is_empty() {
+        h.push_str("<p>No requests in the last weeks.</p></section>");
+        return;
+    }
+    let weeks: BTreeSet<String> = report.rows.iter().map(|r| key_value(&r.key, 3)).collect();
+    let weeks: Vec<String> = weeks.into_iter().collect();
+    let mut arms: BTreeMap<String, u64> = BTreeMap::new();
+    for r in &report.rows {
+        *arms.entry(arm_name(&r.key)).or_default() += r.requests;
+    }
+    let mut arms: Vec<(String, u64)> = arms.into_iter().collect();
+    arms.sort_by_key(|a| std::cmp::Reverse(a.1));
+    arms.truncate(6);
+    for (id, title, what, pick) in [
+        (
+            "latency",
+            "Latency by arm",
+            "from the request's start to the end of its answer",
+            (|r: &pb::LatencyRow| r.latency)
+                as fn(&pb::LatencyRow) -> Option<pb::LatencyPercentiles>,
+        ),
+        (
+            "ttfb",
+            "Time to first byte by arm",
+            "from the request's start to the first byte of its answer",
+            |r: &pb::LatencyRow| r.ttfb,
+        ),
+    ] {
+        let mut max = 0.0_f64;
+        let series: Vec<Series> = arms
+            .iter()
+            .map(|(arm, _)| {
+                let mut points = vec![None; weeks.len()];
+                for r in report.rows.iter().filter(|r| arm_name(&r.key) == *arm) {
+                    let Some(p) = pick(r).filter(|p| p.count > 0) else {
+                        continue;
+                    };
+                    let Some(w) = weeks.iter().position(|x| *x == key_value(&r.key, 3)) else {
+                        continue;
+                    };
+                    max = max.max(p.p90_ms as f64);
+                    points[w] = Some((p.p50_ms as f64, Some((p.p50_ms as f64, p.p90_ms as f64))));
+                }
+                Series {
+                    name: arm.clone(),
+                    points,
+                }
+            })
+            .collect();
+        if series.iter().all(|s| s.points.iter().all(Option::is_none)) {
+            let _ = write!(
+                h,
+                "<p>No {} measured in the last {WEEKS} weeks.</p>",
+                escape(&title.to_lowercase())
+            );
+            continue;
+        }
+        h.push_str(&chart::lines(
+            id,
+            title,
+            &format!(
+                "Weekly median (line) and 90th percentile (top of the band) of the time {what}, in milliseconds, per arm."
+            ),
+            &weeks,
+            "milliseconds",
+            max * 1.1,
+            ms,
+            &series,
+        ));
+    }
+    h.push_str(
+        "<details><summary>Latency percentiles by arm and week</summary><table class=\"list\" data-latency=\"arms\">\
+         <caption>Percentiles by arm and week, in milliseconds</caption><thead><tr>\
+         <th scope=\"col\">Arm</th><th scope=\"col\">Week</th><th scope=\"col\">Requests</th>\
+         <th scope=\"col\">Latency p50</th><th scope=\"col\">p90</th><th scope=\"col\">p99</th>\
+         <th scope=\"col\">First byte p50</th><th scope=\"col\">p90</th><th scope=\"col\">p99</th></tr></thead><tbody>",
+    );
+    let pcts = |p: Option<pb::LatencyPercentiles>| match p.filter(|p| p.count > 0) {
+        Some(p) => format!(
+            "<td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>",
+            count(p.p50_ms),
+            count(p.p90_ms),
+            count(p.p99_ms)
+        ),
+        None => "<td>–</td><td>–</td><td>–</td>".to_owned(),
+    };
+    for r in report.rows.iter().take(MAX_ROWS) {
+        let _ = write!(
+            h,
+            "<tr data-arm=\"{}\" data-week=\"{}\"><th scope=\"row\">{}</th><td>{}</td><td class=\"num\">{}</td>{}{}</tr>",
+            escape(&arm_name(&r.key)),
+            escape(&key_value(&r.key, 3)),
+            escape(&arm_name(&r.key)),
+            escape(&key_value(&r.key, 3)),
+            count(r.requests),
+            pcts(r.latency),
+            pcts(r.ttfb)
+        );
+    }
+    h.push_str("</tbody></table></details></section>");
 }
 
 /// The weekly success rate of each group (the first key), with its band, as a line chart.
@@ -796,23 +971,69 @@ async fn usage(c: &Call<'_>) -> Page {
             limit,
         }))
     };
-    // The five reports at once: each is one aggregate query of its own.
-    let (by_day, by_model, by_provider, by_agent, by_user) = tokio::join!(
-        report(
-            vec![pb::UsageDimension::Day, pb::UsageDimension::Model],
-            10_000,
-        ),
-        report(vec![pb::UsageDimension::Model], 20),
-        report(vec![pb::UsageDimension::Provider], 20),
-        report(vec![pb::UsageDimension::Agent], 20),
-        report(vec![pb::UsageDimension::User], 20),
+    // Two queries: the usage by day, model, provider, agent and key, from which every chart and
+    // table but the end users' is summed (a sum of finer groups is what the coarser report
+    // gives), and the end users' (too many to cross with the rest). Past 10,000 rows (a very
+    // busy month), each chart and table is a report of its own.
+    let fine = [
+        pb::UsageDimension::Day,
+        pb::UsageDimension::Model,
+        pb::UsageDimension::Provider,
+        pb::UsageDimension::Agent,
+        pb::UsageDimension::Key,
+    ];
+    let (fine, by_user) = tokio::join!(
+        report(fine.to_vec(), 10_000),
+        report(vec![pb::UsageDimension::User], 20)
     );
-    let by_day = by_day?.into_inner();
+    let (fine, by_user) = (fine?.into_inner(), by_user?.into_inner());
+    let (by_day, by_day_key, by_model, by_provider, by_agent) = if fine.truncated {
+        let (by_day, by_day_key, by_model, by_provider, by_agent) = tokio::join!(
+            report(
+                vec![pb::UsageDimension::Day, pb::UsageDimension::Model],
+                10_000,
+            ),
+            report(
+                vec![pb::UsageDimension::Day, pb::UsageDimension::Key],
+                10_000,
+            ),
+            report(vec![pb::UsageDimension::Model], 20),
+            report(vec![pb::UsageDimension::Provider], 20),
+            report(vec![pb::UsageDimension::Agent], 20),
+        );
+        (
+            by_day?.into_inner(),
+            by_day_key?.into_inner(),
+            by_model?.into_inner(),
+            by_provider?.into_inner(),
+            by_agent?.into_inner(),
+        )
+    } else {
+        let by_day = pb::UsageReport {
+            rows: regroup(&fine.rows, &[0, 1]),
+            ..fine.clone()
+        };
+        let by_day_key = pb::UsageReport {
+            rows: regroup(&fine.rows, &[0, 4]),
+            ..pb::UsageReport::default()
+        };
+        let top = |at: usize| {
+            let mut rows = regroup(&fine.rows, &[at]);
+            let truncated = rows.len() > 20;
+            rows.truncate(20);
+            pb::UsageReport {
+                rows,
+                truncated,
+                ..pb::UsageReport::default()
+            }
+        };
+        (by_day, by_day_key, top(1), top(2), top(3))
+    };
     let mut tables = vec![
-        (by_model?.into_inner(), "Model"),
-        (by_provider?.into_inner(), "Provider"),
-        (by_agent?.into_inner(), "Agent"),
-        (by_user?.into_inner(), "User"),
+        (by_model, "Model"),
+        (by_provider, "Provider"),
+        (by_agent, "Agent"),
+        (by_user, "User"),
     ];
     let mut h = String::with_capacity(16 * 1024);
     let total = by_day.total.clone().unwrap_or_default();
@@ -824,43 +1045,16 @@ async fn usage(c: &Call<'_>) -> Page {
         count(total.input_tokens),
         count(total.output_tokens)
     );
-    let days: BTreeSet<String> = by_day.rows.iter().map(|r| key_value(&r.key, 0)).collect();
+    let days: BTreeSet<String> = by_day
+        .rows
+        .iter()
+        .chain(&by_day_key.rows)
+        .map(|r| key_value(&r.key, 0))
+        .collect();
     let days: Vec<String> = days.into_iter().collect();
-    let mut models: BTreeMap<String, (u64, Vec<chart::Point>, Vec<chart::Point>)> = BTreeMap::new();
-    for r in &by_day.rows {
-        let Some(d) = days.iter().position(|x| *x == key_value(&r.key, 0)) else {
-            continue;
-        };
-        let e = models
-            .entry(key_value(&r.key, 1))
-            .or_insert_with(|| (0, vec![None; days.len()], vec![None; days.len()]));
-        e.0 += r.cost_micros;
-        e.1[d] = Some((r.cost_micros as f64 / 1e6, None));
-        e.2[d] = Some(((r.input_tokens + r.output_tokens) as f64, None));
-    }
-    let mut models: Vec<_> = models.into_iter().collect();
-    models.sort_by_key(|m| std::cmp::Reverse(m.1.0));
-    models.truncate(6);
+    let models = per_day(&by_day.rows, &days);
+    let keys = per_day(&by_day_key.rows, &days);
     if !models.is_empty() {
-        let spend: Vec<Series> = models
-            .iter()
-            .map(|(n, (_, p, _))| Series {
-                name: n.clone(),
-                points: p.clone(),
-            })
-            .collect();
-        let tokens: Vec<Series> = models
-            .iter()
-            .map(|(n, (_, _, t))| Series {
-                name: n.clone(),
-                points: t.clone(),
-            })
-            .collect();
-        let max = |ss: &[Series]| {
-            ss.iter()
-                .flat_map(|s| s.points.iter().flatten().map(|p| p.0))
-                .fold(0.0_f64, f64::max)
-        };
         h.push_str("<section><h2>Spend and tokens over time</h2>");
         h.push_str(&chart::lines(
             "spend",
@@ -868,9 +1062,9 @@ async fn usage(c: &Call<'_>) -> Page {
             "Known cost of each day's requests (UTC) for the six costliest models.",
             &days,
             "USD per day",
-            max(&spend) * 1.1,
+            series_max(&models.spend) * 1.1,
             |v| format!("${v:.2}"),
-            &spend,
+            &models.spend,
         ));
         h.push_str(&chart::lines(
             "tokens",
@@ -878,12 +1072,48 @@ async fn usage(c: &Call<'_>) -> Page {
             "Input plus output tokens of each day's requests (UTC) for the six costliest models.",
             &days,
             "tokens per day",
-            max(&tokens) * 1.1,
+            series_max(&models.tokens) * 1.1,
             |v| count(v as u64),
-            &tokens,
+            &models.tokens,
         ));
+        if !keys.is_empty() {
+            h.push_str(&chart::lines(
+                "spend-key",
+                "Spend per day by key",
+                "Known cost of each day's requests (UTC) made with each of the six costliest keys (by key id).",
+                &days,
+                "USD per day",
+                series_max(&keys.spend) * 1.1,
+                |v| format!("${v:.2}"),
+                &keys.spend,
+            ));
+        }
         h.push_str("</section>");
     }
+    // The keys' totals are the sums of their days (the report by day and key covers them all
+    // unless cut at its limit, which the caption says).
+    let _ = write!(
+        h,
+        "<section><h2>Spend by key</h2><table class=\"list\" data-usage=\"key\"><caption>By key (last {USAGE_DAYS} days{})</caption><thead><tr><th scope=\"col\">Key</th><th scope=\"col\">Requests</th><th scope=\"col\">Input tokens</th><th scope=\"col\">Output tokens</th><th scope=\"col\">Cost</th><th scope=\"col\">Errors</th></tr></thead><tbody>",
+        if by_day_key.truncated {
+            ", from the 10,000 costliest days and keys"
+        } else {
+            ""
+        }
+    );
+    for row in keys.totals.iter().take(MAX_ROWS) {
+        let _ = write!(
+            h,
+            "<tr><th scope=\"row\">{}</th><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td></tr>",
+            escape(&key_value(&row.key, 0)),
+            count(row.requests),
+            count(row.input_tokens),
+            count(row.output_tokens),
+            usd(row.cost_micros),
+            count(row.errors)
+        );
+    }
+    h.push_str("</tbody></table></section>");
     h.push_str("<section><h2>Spend by model, provider, agent and user</h2>");
     for (r, label) in tables.drain(..) {
         let _ = write!(
@@ -956,6 +1186,115 @@ async fn usage(c: &Call<'_>) -> Page {
     }
     h.push_str(&budgets(&list, &statuses));
     Ok(("Usage and budgets".into(), Nav::Usage, h))
+}
+
+/// `rows` grouped by their keys at positions `at` (in that order), the measures summed,
+/// costliest first: the rows a report grouped by those dimensions alone gives.
+fn regroup(rows: &[pb::UsageRow], at: &[usize]) -> Vec<pb::UsageRow> {
+    let mut sums: BTreeMap<Vec<Option<String>>, pb::UsageRow> = BTreeMap::new();
+    for r in rows {
+        let key: Vec<Option<String>> = at
+            .iter()
+            .map(|&i| r.key.get(i).and_then(|k| k.value.clone()))
+            .collect();
+        let e = sums.entry(key.clone()).or_insert_with(|| pb::UsageRow {
+            key: key
+                .into_iter()
+                .map(|value| pb::UsageKey { value })
+                .collect(),
+            ..Default::default()
+        });
+        e.requests = e.requests.saturating_add(r.requests);
+        e.input_tokens = e.input_tokens.saturating_add(r.input_tokens);
+        e.output_tokens = e.output_tokens.saturating_add(r.output_tokens);
+        e.cached_input_tokens = e.cached_input_tokens.saturating_add(r.cached_input_tokens);
+        e.reasoning_tokens = e.reasoning_tokens.saturating_add(r.reasoning_tokens);
+        e.cost_micros = e.cost_micros.saturating_add(r.cost_micros);
+        e.unpriced_requests = e.unpriced_requests.saturating_add(r.unpriced_requests);
+        e.unmetered_requests = e.unmetered_requests.saturating_add(r.unmetered_requests);
+        e.errors = e.errors.saturating_add(r.errors);
+    }
+    let mut out: Vec<pb::UsageRow> = sums.into_values().collect();
+    out.sort_by(|a, b| {
+        b.cost_micros
+            .cmp(&a.cost_micros)
+            .then(b.requests.cmp(&a.requests))
+    });
+    out
+}
+
+/// A report by (day, something) as series over `days`: the six costliest somethings' spend and
+/// tokens per day, and every something's totals (costliest first).
+struct PerDay {
+    spend: Vec<Series>,
+    tokens: Vec<Series>,
+    totals: Vec<pb::UsageRow>,
+}
+
+impl PerDay {
+    fn is_empty(&self) -> bool {
+        self.totals.is_empty()
+    }
+}
+
+fn per_day(rows: &[pb::UsageRow], days: &[String]) -> PerDay {
+    let mut by: BTreeMap<String, (pb::UsageRow, Vec<chart::Point>, Vec<chart::Point>)> =
+        BTreeMap::new();
+    for r in rows {
+        let Some(d) = days.iter().position(|x| *x == key_value(&r.key, 0)) else {
+            continue;
+        };
+        let name = key_value(&r.key, 1);
+        let e = by.entry(name.clone()).or_insert_with(|| {
+            (
+                pb::UsageRow {
+                    key: vec![pb::UsageKey { value: Some(name) }],
+                    ..Default::default()
+                },
+                vec![None; days.len()],
+                vec![None; days.len()],
+            )
+        });
+        e.0.requests = e.0.requests.saturating_add(r.requests);
+        e.0.input_tokens = e.0.input_tokens.saturating_add(r.input_tokens);
+        e.0.output_tokens = e.0.output_tokens.saturating_add(r.output_tokens);
+        e.0.cost_micros = e.0.cost_micros.saturating_add(r.cost_micros);
+        e.0.errors = e.0.errors.saturating_add(r.errors);
+        e.1[d] = Some((r.cost_micros as f64 / 1e6, None));
+        e.2[d] = Some(((r.input_tokens + r.output_tokens) as f64, None));
+    }
+    let mut by: Vec<_> = by.into_values().collect();
+    by.sort_by(|a, b| {
+        b.0.cost_micros
+            .cmp(&a.0.cost_micros)
+            .then(b.0.requests.cmp(&a.0.requests))
+    });
+    let name = |r: &pb::UsageRow| key_value(&r.key, 0);
+    PerDay {
+        spend: by
+            .iter()
+            .take(6)
+            .map(|(r, p, _)| Series {
+                name: name(r),
+                points: p.clone(),
+            })
+            .collect(),
+        tokens: by
+            .iter()
+            .take(6)
+            .map(|(r, _, t)| Series {
+                name: name(r),
+                points: t.clone(),
+            })
+            .collect(),
+        totals: by.into_iter().map(|(r, _, _)| r).collect(),
+    }
+}
+
+fn series_max(ss: &[Series]) -> f64 {
+    ss.iter()
+        .flat_map(|s| s.points.iter().flatten().map(|p| p.0))
+        .fold(0.0_f64, f64::max)
 }
 
 /// The budgets section: the defaults' limits, then each scope's budget with every limit's burn
