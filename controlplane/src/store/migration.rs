@@ -43,6 +43,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0015_secrets::Migration),
             Box::new(m0016_signals_by_time::Migration),
             Box::new(m0017_partitions::Migration),
+            Box::new(m0018_signal_rollups::Migration),
         ]
     }
 }
@@ -1388,6 +1389,54 @@ mod m0016_signals_by_time {
         async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
             m.get_connection()
                 .execute_unprepared("DROP INDEX IF EXISTS idx_signals_received")
+                .await?;
+            Ok(())
+        }
+    }
+}
+
+/// The signals that retention deleted (`crate::retention`), per agent and UTC day, as the
+/// analytics' progress counts them (`crate::analytics::Analytics::progress`): for each of the
+/// three evidence settings, how many signals it counts and the first and the last of their
+/// times (`explicit_*`: setting `explicit`; `implicit_*`: `explicit+implicit`; `continued_*`:
+/// `explicit+implicit+continued`; a time is NULL when the setting counts none that day). The
+/// progress counts add these rows to the signals still stored. Signals without an agent are not
+/// kept (no agent's progress counts them).
+mod m0018_signal_rollups {
+    use super::*;
+
+    pub struct Migration;
+
+    impl MigrationName for Migration {
+        fn name(&self) -> &str {
+            "m0018_signal_rollups"
+        }
+    }
+
+    const UP: &str = "CREATE TABLE IF NOT EXISTS signal_rollups (\
+         agent TEXT NOT NULL, \
+         day BIGINT NOT NULL, \
+         explicit_signals BIGINT NOT NULL, \
+         explicit_first_ms BIGINT, \
+         explicit_last_ms BIGINT, \
+         implicit_signals BIGINT NOT NULL, \
+         implicit_first_ms BIGINT, \
+         implicit_last_ms BIGINT, \
+         continued_signals BIGINT NOT NULL, \
+         continued_first_ms BIGINT, \
+         continued_last_ms BIGINT, \
+         PRIMARY KEY (agent, day))";
+
+    #[async_trait::async_trait]
+    impl MigrationTrait for Migration {
+        async fn up(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            m.get_connection().execute_unprepared(UP).await?;
+            Ok(())
+        }
+
+        async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            m.get_connection()
+                .execute_unprepared("DROP TABLE IF EXISTS signal_rollups")
                 .await?;
             Ok(())
         }
