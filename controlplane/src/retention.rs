@@ -673,6 +673,30 @@ mod tests {
     }
 
     #[test]
+    fn the_signal_fold_counts_with_each_settings_own_filter() {
+        let sql = format!(
+            "{} WHERE agent IS NOT NULL{}",
+            signal_fold_head(DatabaseBackend::Sqlite, "signals"),
+            signal_fold_tail()
+        );
+        for (prefix, evidence) in SIGNAL_ROLLUPS {
+            assert_eq!(signal_rollup_prefix(evidence), prefix);
+            assert!(
+                sql.contains(&format!(
+                    "SUM(CASE WHEN {} THEN 1 ELSE 0 END)",
+                    evidence.signal_filter()
+                )),
+                "{prefix}"
+            );
+            let n = format!("{prefix}_signals");
+            assert!(sql.contains(&format!("{n} = signal_rollups.{n} + excluded.{n}")));
+        }
+        let keys: std::collections::BTreeSet<_> =
+            SIGNAL_ROLLUPS.iter().map(|(_, e)| e.key()).collect();
+        assert_eq!(keys.len(), SIGNAL_ROLLUPS.len());
+    }
+
+    #[test]
     fn the_fold_adds_every_measure_the_reports_sum() {
         let sql = format!(
             "{} WHERE 1 = 1{}",
