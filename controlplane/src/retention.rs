@@ -9,8 +9,11 @@
 //! SQLite inside the batch's `BEGIN IMMEDIATE` transaction, which no other writer can enter. So
 //! the rollups hold exactly the usage of the deleted records, a record that arrives late for an
 //! old day is folded in by the next run, and `crate::usage` adds the rollups to the stored
-//! records. Signals need no new rollup: the agent analytics keep one row per session
-//! (`session_rollups`), written with each signal; retention never deletes those.
+//! records. A batch of signals is folded the same way into `signal_rollups` (per agent and UTC
+//! day, the signals each evidence setting counts, with their first and last times), which the
+//! analytics' progress counts add to the signals still stored. The rest of the agent analytics
+//! reads one row per session (`session_rollups`), written with each signal; retention never
+//! deletes those.
 //! The sessions table (`sessions`, one row per session for attribution) loses the sessions not
 //! seen since the records' cutoff.
 //!
@@ -22,7 +25,8 @@
 //!
 //! **PostgreSQL partitions.** There `requests` and `signals` are partitioned by UTC day
 //! ([`crate::partitions`]). A run first drops the day partitions that lie wholly before the
-//! cutoff, a day of records folded into `usage_rollups` in the transaction that drops it; then
+//! cutoff, a day of records (signals) folded into `usage_rollups` (`signal_rollups`) in the
+//! transaction that drops it; then
 //! the batches above delete what remains before the cutoff (the day the cutoff falls in, and any
 //! old row that landed in the DEFAULT partition), folded as above. The task runs on PostgreSQL
 //! even without a retention setting: each tick gives the next days their partitions.
@@ -35,6 +39,7 @@ use sea_orm::{ConnectionTrait, DatabaseBackend};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+use crate::analytics::Evidence;
 use crate::error::Result;
 use crate::partitions;
 use crate::sql::Sql;
@@ -234,9 +239,7 @@ impl Retainer {
             done.partitions += dropped;
             while !*shutdown.borrow() {
                 let took = Instant::now();
-                let n = self
-                    .delete_batch("signals", "received_at_ms", cutoff)
-                    .await?;
+                let n = self.signals_batch(cutoff).await?;
                 done.signals += n;
                 done.batches += 1;
                 if n == 0 {
@@ -285,7 +288,7 @@ impl Retainer {
     }
 
     /// PostgreSQL: drops the day partitions of `p` wholly before `cutoff`, oldest first, a day of
-    /// request records folded into the rollups in the transaction that drops it. Returns the
+    /// request records or signals folded into its rollups in the transaction that drops it. Returns the
     /// rows and the partitions dropped. A day whose detach could not get its lock in time ends
     /// the run with that error (logged); the next run tries again.
     async fn drop_partitions(
@@ -300,13 +303,21 @@ impl Retainer {
                 break;
             }
             let took = Instant::now();
-            let fold = (p == partitions::REQUESTS).then(|| {
-                format!(
+            let fold = if p == partitions::REQUESTS {
+                Some(format!(
                     "{} WHERE 1 = 1{}",
                     fold_head(DatabaseBackend::Postgres, &name),
                     fold_tail()
-                )
-            });
+                ))
+            } else if p == partitions::SIGNALS {
+                Some(format!(
+                    "{} WHERE agent IS NOT NULL{}",
+                    signal_fold_head(DatabaseBackend::Postgres, &name),
+                    signal_fold_tail()
+                ))
+            } else {
+                None
+            };
             if let Some(n) = partitions::drop_partition(&self.store, p, &name, fold).await? {
                 rows += n;
                 dropped += 1;
@@ -380,6 +391,46 @@ impl Retainer {
                 .push(&fold_tail());
             txn.execute_raw(fold.build()).await?;
             let mut del = Sql::new(backend, "DELETE FROM requests WHERE started_at_ms < ");
+            del.bind(bound);
+            txn.execute_raw(del.build()).await?.rows_affected()
+        };
+        txn.commit().await?;
+        Ok(n)
+    }
+
+    /// Deletes one batch of signals before `cutoff`, their counts added to `signal_rollups` in
+    /// the same transaction (as [`Retainer::records_batch`] does with the usage).
+    async fn signals_batch(&self, cutoff: i64) -> Result<u64> {
+        let txn = self.store.begin_write().await?;
+        let backend = txn.get_database_backend();
+        if backend == DatabaseBackend::Postgres {
+            partitions::lock_shared(&txn).await?;
+        }
+        let bound = self
+            .batch_bound(&txn, "signals", "received_at_ms", cutoff)
+            .await?;
+        let n = if backend == DatabaseBackend::Postgres {
+            let mut sql = Sql::new(
+                backend,
+                "WITH gone AS (DELETE FROM signals WHERE received_at_ms < ",
+            );
+            sql.bind(bound)
+                .push(" RETURNING agent, received_at_ms, source, rule), folded AS (")
+                .push(&signal_fold_head(backend, "gone"))
+                .push(" WHERE agent IS NOT NULL")
+                .push(&signal_fold_tail())
+                .push(" RETURNING 1) SELECT CAST(COUNT(*) AS BIGINT) AS n FROM gone");
+            match txn.query_one_raw(sql.build()).await? {
+                Some(row) => u64::try_from(row.try_get::<i64>("", "n")?).unwrap_or(0),
+                None => 0,
+            }
+        } else {
+            let mut fold = Sql::new(backend, &signal_fold_head(backend, "signals"));
+            fold.push(" WHERE agent IS NOT NULL AND received_at_ms < ")
+                .bind(bound)
+                .push(&signal_fold_tail());
+            txn.execute_raw(fold.build()).await?;
+            let mut del = Sql::new(backend, "DELETE FROM signals WHERE received_at_ms < ");
             del.bind(bound);
             txn.execute_raw(del.build()).await?.rows_affected()
         };
@@ -506,6 +557,95 @@ fn fold_tail() -> String {
     )
 }
 
+/// The evidence settings whose counts `signal_rollups` keeps, with their columns' prefix
+/// (`explicit_signals`, `explicit_first_ms`, `explicit_last_ms`, ...).
+pub(crate) const SIGNAL_ROLLUPS: [(&str, Evidence); 3] = [
+    (
+        "explicit",
+        Evidence {
+            implicit: false,
+            continued: false,
+        },
+    ),
+    (
+        "implicit",
+        Evidence {
+            implicit: true,
+            continued: false,
+        },
+    ),
+    (
+        "continued",
+        Evidence {
+            implicit: true,
+            continued: true,
+        },
+    ),
+];
+
+/// The prefix of the `signal_rollups` columns that hold the signals `evidence` counts.
+pub(crate) fn signal_rollup_prefix(evidence: Evidence) -> &'static str {
+    SIGNAL_ROLLUPS
+        .iter()
+        .find(|(_, e)| e.key() == evidence.key())
+        .map_or("explicit", |(prefix, _)| prefix)
+}
+
+/// `INSERT INTO signal_rollups` of the signals of `from` (`signals`, a partition or the CTE of
+/// the deleted rows), up to its `WHERE`: per agent and UTC day, for each evidence setting, the
+/// signals its filter ([`Evidence::signal_filter`], the very condition the progress counts use)
+/// keeps, and their first and last times. [`signal_fold_tail`] follows the filter.
+fn signal_fold_head(backend: DatabaseBackend, from: &str) -> String {
+    let mut columns = Vec::new();
+    let mut measures = Vec::new();
+    for (prefix, evidence) in SIGNAL_ROLLUPS {
+        let filter = evidence.signal_filter();
+        columns.push(format!(
+            "{prefix}_signals, {prefix}_first_ms, {prefix}_last_ms"
+        ));
+        let n = format!("SUM(CASE WHEN {filter} THEN 1 ELSE 0 END)");
+        measures.push(format!(
+            "{}, MIN(CASE WHEN {filter} THEN received_at_ms END), \
+             MAX(CASE WHEN {filter} THEN received_at_ms END)",
+            match backend {
+                DatabaseBackend::Postgres => format!("CAST({n} AS BIGINT)"),
+                _ => n,
+            }
+        ));
+    }
+    format!(
+        "INSERT INTO signal_rollups (agent, day, {}) SELECT agent, received_at_ms / {DAY_MS}, {} \
+         FROM {from}",
+        columns.join(", "),
+        measures.join(", "),
+    )
+}
+
+/// The grouping and the addition to the rows already there (the earlier first time, the later
+/// last time; NULL where a side has none).
+fn signal_fold_tail() -> String {
+    let mut set = Vec::new();
+    for (prefix, _) in SIGNAL_ROLLUPS {
+        let (n, first, last) = (
+            format!("{prefix}_signals"),
+            format!("{prefix}_first_ms"),
+            format!("{prefix}_last_ms"),
+        );
+        set.push(format!("{n} = signal_rollups.{n} + excluded.{n}"));
+        for (c, keep_old) in [(&first, "<="), (&last, ">=")] {
+            set.push(format!(
+                "{c} = CASE WHEN excluded.{c} IS NULL OR (signal_rollups.{c} IS NOT NULL \
+                 AND signal_rollups.{c} {keep_old} excluded.{c}) THEN signal_rollups.{c} \
+                 ELSE excluded.{c} END"
+            ));
+        }
+    }
+    format!(
+        " GROUP BY 1, 2 ON CONFLICT (agent, day) DO UPDATE SET {}",
+        set.join(", ")
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -530,6 +670,30 @@ mod tests {
     fn cutoff_saturates() {
         assert_eq!(cutoff(100_000, Duration::from_secs(30)), 70_000);
         assert_eq!(cutoff(i64::MIN + 5, Duration::from_secs(1)), i64::MIN);
+    }
+
+    #[test]
+    fn the_signal_fold_counts_with_each_settings_own_filter() {
+        let sql = format!(
+            "{} WHERE agent IS NOT NULL{}",
+            signal_fold_head(DatabaseBackend::Sqlite, "signals"),
+            signal_fold_tail()
+        );
+        for (prefix, evidence) in SIGNAL_ROLLUPS {
+            assert_eq!(signal_rollup_prefix(evidence), prefix);
+            assert!(
+                sql.contains(&format!(
+                    "SUM(CASE WHEN {} THEN 1 ELSE 0 END)",
+                    evidence.signal_filter()
+                )),
+                "{prefix}"
+            );
+            let n = format!("{prefix}_signals");
+            assert!(sql.contains(&format!("{n} = signal_rollups.{n} + excluded.{n}")));
+        }
+        let keys: std::collections::BTreeSet<_> =
+            SIGNAL_ROLLUPS.iter().map(|(_, e)| e.key()).collect();
+        assert_eq!(keys.len(), SIGNAL_ROLLUPS.len());
     }
 
     #[test]

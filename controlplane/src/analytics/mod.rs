@@ -214,22 +214,30 @@ impl Analytics {
         self
     }
 
-    /// An agent's progress toward the threshold at `now_ms`: two indexed counts.
+    /// An agent's progress toward the threshold at `now_ms`: two indexed counts of the signals
+    /// stored, plus those retention deleted (`signal_rollups`, per UTC day).
     #[tracing::instrument(skip_all, fields(nm.agent = %agent))]
     pub async fn progress(&self, agent: &str, now_ms: i64) -> Result<Progress> {
         let evidence = evidence::load(self.store.conn(), agent).await?.evidence;
         self.progress_of(agent, now_ms, evidence).await
     }
 
-    /// [`Analytics::progress`], counting the signals of `evidence`.
+    /// [`Analytics::progress`], counting the signals of `evidence`. The signals retention
+    /// deleted count from their rollup, which retention writes in the transaction that deletes
+    /// them, so each signal counts once: stored or rolled up. Their first and last times are
+    /// exact; among the last [`RATE_WINDOW_DAYS`] days, a deleted day counts whole when the
+    /// window touches it (its day is on or after the window's start's UTC day), which only
+    /// matters with signals kept less than `RATE_WINDOW_DAYS + 1` days.
     async fn progress_of(&self, agent: &str, now_ms: i64, evidence: Evidence) -> Result<Progress> {
         let db = self.store.conn();
+        let backend = db.get_database_backend();
         let filter = format!(" AND {}", evidence.signal_filter());
+        let since_ms = now_ms - RATE_WINDOW_DAYS * DAY_MS;
         // Four subqueries on the index `signals(agent, received_at_ms)`: the first and the last
         // are one seek each, the counts step through the index without evaluating anything per
         // entry (half the time of one pass computing all four).
         let mut sql = Sql::new(
-            db.get_database_backend(),
+            backend,
             "SELECT (SELECT COUNT(*) FROM signals WHERE agent = ",
         );
         sql.bind(agent.to_owned())
@@ -244,16 +252,42 @@ impl Analytics {
             .bind(agent.to_owned())
             .push(&filter)
             .push(" AND received_at_ms >= ")
-            .bind(now_ms - RATE_WINDOW_DAYS * DAY_MS)
+            .bind(since_ms)
             .push(") AS recent");
+        // The deleted ones: one range of the rollup's primary key (agent, day).
+        let c = crate::retention::signal_rollup_prefix(evidence);
+        let sum = |e: &str| match backend {
+            sea_orm::DatabaseBackend::Postgres => format!("CAST(COALESCE(SUM({e}), 0) AS BIGINT)"),
+            _ => format!("COALESCE(SUM({e}), 0)"),
+        };
+        sql.push(&format!(
+            ", {} AS rolled_total, {} AS rolled_recent, MIN({c}_first_ms) AS rolled_first, \
+             MAX({c}_last_ms) AS rolled_last FROM signal_rollups WHERE agent = ",
+            sum(&format!("{c}_signals")),
+            sum(&format!(
+                "CASE WHEN day >= {} THEN {c}_signals ELSE 0 END",
+                since_ms.div_euclid(DAY_MS)
+            )),
+        ))
+        .bind(agent.to_owned());
         let row = db
             .query_one_raw(sql.build())
             .await?
             .ok_or_else(|| Error::Unavailable("count query returned no row".to_owned()))?;
-        let total = u64::try_from(row.try_get::<i64>("", "total")?).unwrap_or(0);
-        let recent = u64::try_from(row.try_get::<i64>("", "recent")?).unwrap_or(0);
-        let first: Option<i64> = row.try_get("", "first")?;
-        let last: Option<i64> = row.try_get("", "last")?;
+        let count = |name: &str| -> Result<u64> {
+            Ok(u64::try_from(row.try_get::<i64>("", name)?).unwrap_or(0))
+        };
+        let total = count("total")? + count("rolled_total")?;
+        let recent = count("recent")? + count("rolled_recent")?;
+        let time = |name: &str| -> Result<Option<i64>> { Ok(row.try_get("", name)?) };
+        let first = [time("first")?, time("rolled_first")?]
+            .into_iter()
+            .flatten()
+            .min();
+        let last = [time("last")?, time("rolled_last")?]
+            .into_iter()
+            .flatten()
+            .max();
         Ok(progress(total, recent, first, last, now_ms))
     }
 

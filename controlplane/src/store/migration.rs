@@ -43,6 +43,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0015_secrets::Migration),
             Box::new(m0016_signals_by_time::Migration),
             Box::new(m0017_partitions::Migration),
+            Box::new(m0018_signal_rollups::Migration),
         ]
     }
 }
@@ -1394,6 +1395,54 @@ mod m0016_signals_by_time {
     }
 }
 
+/// The signals that retention deleted (`crate::retention`), per agent and UTC day, as the
+/// analytics' progress counts them (`crate::analytics::Analytics::progress`): for each of the
+/// three evidence settings, how many signals it counts and the first and the last of their
+/// times (`explicit_*`: setting `explicit`; `implicit_*`: `explicit+implicit`; `continued_*`:
+/// `explicit+implicit+continued`; a time is NULL when the setting counts none that day). The
+/// progress counts add these rows to the signals still stored. Signals without an agent are not
+/// kept (no agent's progress counts them).
+mod m0018_signal_rollups {
+    use super::*;
+
+    pub struct Migration;
+
+    impl MigrationName for Migration {
+        fn name(&self) -> &str {
+            "m0018_signal_rollups"
+        }
+    }
+
+    const UP: &str = "CREATE TABLE IF NOT EXISTS signal_rollups (\
+         agent TEXT NOT NULL, \
+         day BIGINT NOT NULL, \
+         explicit_signals BIGINT NOT NULL, \
+         explicit_first_ms BIGINT, \
+         explicit_last_ms BIGINT, \
+         implicit_signals BIGINT NOT NULL, \
+         implicit_first_ms BIGINT, \
+         implicit_last_ms BIGINT, \
+         continued_signals BIGINT NOT NULL, \
+         continued_first_ms BIGINT, \
+         continued_last_ms BIGINT, \
+         PRIMARY KEY (agent, day))";
+
+    #[async_trait::async_trait]
+    impl MigrationTrait for Migration {
+        async fn up(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            m.get_connection().execute_unprepared(UP).await?;
+            Ok(())
+        }
+
+        async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            m.get_connection()
+                .execute_unprepared("DROP TABLE IF EXISTS signal_rollups")
+                .await?;
+            Ok(())
+        }
+    }
+}
+
 /// PostgreSQL: `requests` (by `started_at_ms`) and `signals` (by `received_at_ms`) become tables
 /// partitioned by range, one partition per UTC day (`requests_p20261129`, bounds in Unix ms), plus
 /// a DEFAULT partition (`requests_default`) for any row whose day has no partition: nothing
@@ -1699,7 +1748,16 @@ mod m0017_partitions {
             // The row before any partition's day is kept in DEFAULT.
             assert_eq!(one(&db, "SELECT COUNT(*) FROM requests_default").await, 1);
 
-            Migrator::down(&db, Some(1)).await.unwrap();
+            // Down through m0017 (and the migrations after it).
+            let steps = Migrator::migrations()
+                .iter()
+                .rev()
+                .position(|m| m.name() == "m0017_partitions")
+                .unwrap()
+                + 1;
+            Migrator::down(&db, Some(u32::try_from(steps).unwrap()))
+                .await
+                .unwrap();
             assert_eq!(partitioned(&db).await, 0);
             assert_eq!(one(&db, "SELECT COUNT(*) FROM requests").await, 2);
             assert_eq!(one(&db, "SELECT COUNT(*) FROM signals").await, 1);
