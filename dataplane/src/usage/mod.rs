@@ -296,9 +296,9 @@ pub(crate) fn text(value: &[u8]) -> Option<std::borrow::Cow<'_, str>> {
     // or control characters (invalid JSON) takes the full parse. One pass without an early exit,
     // which the compiler turns into a check of many bytes at a time.
     if let [b'"', inner @ .., b'"'] = value
-        && !inner
-            .iter()
-            .fold(false, |odd, &b| odd | (b == b'\\') | (b == b'"') | (b < 0x20))
+        && !inner.iter().fold(false, |odd, &b| {
+            odd | (b == b'\\') | (b == b'"') | (b < 0x20)
+        })
     {
         return std::str::from_utf8(inner)
             .ok()
