@@ -363,12 +363,9 @@ impl UsageApi for UsageService {
         req: Request<pb::GetUsageRequest>,
     ) -> Result<Response<pb::UsageReport>, Status> {
         require_reader(&self.0.keys, &req)?;
-        let r = req.into_inner();
-        let dims = r
-            .group_by()
-            .map(convert::dimension_from_pb)
-            .collect::<Result<Vec<_>, _>>()?;
-        let filter = usage_filter(r.range.as_ref(), r.filter.unwrap_or_default());
+        let mut r = req.into_inner();
+        let filter = r.filter.take();
+        let (dims, filter) = usage_query(r.group_by(), r.range.as_ref(), filter)?;
         let report = self
             .0
             .usage
@@ -383,12 +380,9 @@ impl UsageApi for UsageService {
         req: Request<pb::GetLatencyRequest>,
     ) -> Result<Response<pb::LatencyReport>, Status> {
         require_reader(&self.0.keys, &req)?;
-        let r = req.into_inner();
-        let dims = r
-            .group_by()
-            .map(convert::dimension_from_pb)
-            .collect::<Result<Vec<_>, _>>()?;
-        let filter = usage_filter(r.range.as_ref(), r.filter.unwrap_or_default());
+        let mut r = req.into_inner();
+        let filter = r.filter.take();
+        let (dims, filter) = usage_query(r.group_by(), r.range.as_ref(), filter)?;
         let report = self
             .0
             .usage
@@ -397,6 +391,24 @@ impl UsageApi for UsageService {
             .map_err(to_status)?;
         Ok(Response::new(convert::latency_report_to_pb(report)))
     }
+}
+
+/// What a usage question (a report or latencies) asks: its groups, range and filter.
+fn usage_query(
+    group_by: impl Iterator<Item = pb::UsageDimension>,
+    range: Option<&pb::TimeRange>,
+    filter: Option<pb::UsageFilter>,
+) -> Result<
+    (
+        Vec<nm_controlplane::usage::Dimension>,
+        nm_controlplane::usage::UsageFilter,
+    ),
+    Status,
+> {
+    let dims = group_by
+        .map(convert::dimension_from_pb)
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((dims, usage_filter(range, filter.unwrap_or_default())))
 }
 
 fn usage_filter(
