@@ -40,6 +40,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::analytics::Evidence;
+use crate::analytics::evidence::SIGNAL_ROLLUPS;
 use crate::error::Result;
 use crate::partitions;
 use crate::sql::Sql;
@@ -557,40 +558,6 @@ fn fold_tail() -> String {
     )
 }
 
-/// The evidence settings whose counts `signal_rollups` keeps, with their columns' prefix
-/// (`explicit_signals`, `explicit_first_ms`, `explicit_last_ms`, ...).
-pub(crate) const SIGNAL_ROLLUPS: [(&str, Evidence); 3] = [
-    (
-        "explicit",
-        Evidence {
-            implicit: false,
-            continued: false,
-        },
-    ),
-    (
-        "implicit",
-        Evidence {
-            implicit: true,
-            continued: false,
-        },
-    ),
-    (
-        "continued",
-        Evidence {
-            implicit: true,
-            continued: true,
-        },
-    ),
-];
-
-/// The prefix of the `signal_rollups` columns that hold the signals `evidence` counts.
-pub(crate) fn signal_rollup_prefix(evidence: Evidence) -> &'static str {
-    SIGNAL_ROLLUPS
-        .iter()
-        .find(|(_, e)| e.key() == evidence.key())
-        .map_or("explicit", |(prefix, _)| prefix)
-}
-
 /// `INSERT INTO signal_rollups` of the signals of `from` (`signals`, a partition or the CTE of
 /// the deleted rows), up to its `WHERE`: per agent and UTC day, for each evidence setting, the
 /// signals its filter ([`Evidence::signal_filter`], the very condition the progress counts use)
@@ -649,6 +616,7 @@ fn signal_fold_tail() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::analytics::evidence::signal_rollup_prefix;
 
     #[test]
     fn runs_every_tenth_of_the_shortest_retention_within_bounds() {

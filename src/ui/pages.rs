@@ -1102,16 +1102,7 @@ async fn usage(c: &Call<'_>) -> Page {
         }
     );
     for row in keys.totals.iter().take(MAX_ROWS) {
-        let _ = write!(
-            h,
-            "<tr><th scope=\"row\">{}</th><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td></tr>",
-            escape(&key_value(&row.key, 0)),
-            count(row.requests),
-            count(row.input_tokens),
-            count(row.output_tokens),
-            usd(row.cost_micros),
-            count(row.errors)
-        );
+        usage_row(&mut h, row);
     }
     h.push_str("</tbody></table></section>");
     h.push_str("<section><h2>Spend by model, provider, agent and user</h2>");
@@ -1128,16 +1119,7 @@ async fn usage(c: &Call<'_>) -> Page {
             }
         );
         for row in &r.rows {
-            let _ = write!(
-                h,
-                "<tr><th scope=\"row\">{}</th><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td></tr>",
-                escape(&key_value(&row.key, 0)),
-                count(row.requests),
-                count(row.input_tokens),
-                count(row.output_tokens),
-                usd(row.cost_micros),
-                count(row.errors)
-            );
+            usage_row(&mut h, row);
         }
         h.push_str("</tbody></table>");
     }
@@ -1299,6 +1281,20 @@ fn series_max(ss: &[Series]) -> f64 {
 
 /// The budgets section: the defaults' limits, then each scope's budget with every limit's burn
 /// in the current period (or minute).
+/// One row of a usage table: its key, requests, tokens, cost and errors.
+fn usage_row(h: &mut String, row: &pb::UsageRow) {
+    let _ = write!(
+        h,
+        "<tr><th scope=\"row\">{}</th><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td></tr>",
+        escape(&key_value(&row.key, 0)),
+        count(row.requests),
+        count(row.input_tokens),
+        count(row.output_tokens),
+        usd(row.cost_micros),
+        count(row.errors)
+    );
+}
+
 fn budgets(list: &pb::ListBudgetsResponse, statuses: &[pb::BudgetStatus]) -> String {
     let mut h = String::from("<section><h2>Budgets</h2>");
     let period = |b: &pb::Budget| match b.period() {

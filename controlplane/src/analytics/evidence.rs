@@ -233,6 +233,40 @@ pub async fn save<C: ConnectionTrait>(
     Ok(())
 }
 
+/// The evidence settings whose counts `signal_rollups` keeps, with their columns' prefix
+/// (`explicit_signals`, `explicit_first_ms`, `explicit_last_ms`, ...).
+pub(crate) const SIGNAL_ROLLUPS: [(&str, Evidence); 3] = [
+    (
+        "explicit",
+        Evidence {
+            implicit: false,
+            continued: false,
+        },
+    ),
+    (
+        "implicit",
+        Evidence {
+            implicit: true,
+            continued: false,
+        },
+    ),
+    (
+        "continued",
+        Evidence {
+            implicit: true,
+            continued: true,
+        },
+    ),
+];
+
+/// The prefix of the `signal_rollups` columns that hold the signals `evidence` counts.
+pub(crate) fn signal_rollup_prefix(evidence: Evidence) -> &'static str {
+    SIGNAL_ROLLUPS
+        .iter()
+        .find(|(_, e)| e.key() == evidence.key())
+        .map_or("explicit", |(prefix, _)| prefix)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -255,7 +255,7 @@ impl Analytics {
             .bind(since_ms)
             .push(") AS recent");
         // The deleted ones: one range of the rollup's primary key (agent, day).
-        let c = crate::retention::signal_rollup_prefix(evidence);
+        let c = evidence::signal_rollup_prefix(evidence);
         let sum = |e: &str| match backend {
             sea_orm::DatabaseBackend::Postgres => format!("CAST(COALESCE(SUM({e}), 0) AS BIGINT)"),
             _ => format!("COALESCE(SUM({e}), 0)"),
