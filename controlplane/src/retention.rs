@@ -39,7 +39,6 @@ use sea_orm::{ConnectionTrait, DatabaseBackend};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::analytics::Evidence;
 use crate::analytics::evidence::SIGNAL_ROLLUPS;
 use crate::error::Result;
 use crate::partitions;
@@ -560,7 +559,7 @@ fn fold_tail() -> String {
 
 /// `INSERT INTO signal_rollups` of the signals of `from` (`signals`, a partition or the CTE of
 /// the deleted rows), up to its `WHERE`: per agent and UTC day, for each evidence setting, the
-/// signals its filter ([`Evidence::signal_filter`], the very condition the progress counts use)
+/// signals its filter ([`crate::analytics::Evidence::signal_filter`], the very condition the progress counts use)
 /// keeps, and their first and last times. [`signal_fold_tail`] follows the filter.
 fn signal_fold_head(backend: DatabaseBackend, from: &str) -> String {
     let mut columns = Vec::new();
