@@ -106,18 +106,22 @@ impl Store {
             opts.map_sqlx_sqlite_pool_opts(|pool| pool.after_release(release_if_idle));
         } else {
             opts.max_connections(16).min_connections(1);
-            if let Some(port) = postgres_tcp_port(url) {
-                // See `nodelay`: sqlx 0.9.0 leaves Nagle's algorithm on.
-                opts.map_sqlx_postgres_pool_opts(move |pool| {
-                    pool.after_connect(move |_conn, _meta| {
+            // One function: sea-orm keeps only the last one given (a second call once replaced
+            // the `TCP_NODELAY` hook, and every statement waited for a delayed acknowledgement).
+            let port = postgres_tcp_port(url);
+            opts.map_sqlx_postgres_pool_opts(move |pool| {
+                let pool = pool.after_release(release_if_idle);
+                match port {
+                    // See `nodelay`: sqlx 0.9.0 leaves Nagle's algorithm on.
+                    Some(port) => pool.after_connect(move |_conn, _meta| {
                         Box::pin(async move {
                             nodelay::set_on_sockets_to(port);
                             Ok(())
                         })
-                    })
-                });
-            }
-            opts.map_sqlx_postgres_pool_opts(|pool| pool.after_release(release_if_idle));
+                    }),
+                    None => pool,
+                }
+            });
         }
         let db = Database::connect(opts).await?;
         Migrator::up(&db, None).await?;

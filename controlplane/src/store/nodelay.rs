@@ -70,6 +70,29 @@ mod tests {
         assert!(!served.nodelay().unwrap());
     }
 
+    /// The store's own connections get it: every socket it opens to the server has Nagle's
+    /// algorithm off (each statement would otherwise wait for a delayed acknowledgement).
+    #[tokio::test]
+    async fn the_stores_postgres_connections_have_nodelay() {
+        let Some(db) = crate::scratch::ScratchPg::for_tests().await else {
+            return;
+        };
+        let opts: sea_orm::sqlx::postgres::PgConnectOptions = db.url.parse().unwrap();
+        if opts.get_host().starts_with('/') {
+            eprintln!("SKIPPED: NM_TEST_POSTGRES_URL names a Unix socket, not TCP");
+            return;
+        }
+        let store = crate::store::Store::connect(&db.url).await.unwrap();
+        let sockets = sockets_to(opts.get_port());
+        assert!(!sockets.is_empty(), "the store opened no connection");
+        assert!(
+            sockets.iter().all(|(_, on)| *on),
+            "a connection of the store has Nagle's algorithm on: {sockets:?}"
+        );
+        store.close().await.unwrap();
+        crate::scratch::drop_test_db(&db.url).await;
+    }
+
     /// The canary for this module: a connection sqlx opens by itself still has Nagle's
     /// algorithm on. The day this fails, a sqlx release sets `TCP_NODELAY` again: delete this
     /// module and its call in `Store::connect`.
