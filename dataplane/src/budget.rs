@@ -208,7 +208,9 @@ struct Entry {
     micros: u64,
     tokens: u64,
     state: EntryState,
-    scopes: SmallVec<[Counted; 4]>,
+    /// Inline up to six budgets (key, label, agent, model, env, end user): no allocation for
+    /// a request that passes all five kinds of scope.
+    scopes: SmallVec<[Counted; 6]>,
 }
 
 /// Running totals over one scope's entries, by the period each entry started in: buckets of
@@ -615,6 +617,14 @@ impl Default for Budgets {
     }
 }
 
+/// What a request may cost, and when it starts (Unix ms).
+#[derive(Debug, Clone, Copy)]
+pub struct Estimate {
+    pub micros: u64,
+    pub tokens: u64,
+    pub now_ms: i64,
+}
+
 /// An admitted request's hold on its budgets. Settle it with what the request counts; dropping
 /// it unsettled counts the reservation.
 #[derive(Debug)]
@@ -685,6 +695,21 @@ impl Budgets {
         estimate_tokens: u64,
         now_ms: i64,
     ) -> Result<Option<Reservation>, Refusal> {
+        self.admit_with(who, request_id, || Estimate {
+            micros: estimate_micros,
+            tokens: estimate_tokens,
+            now_ms,
+        })
+    }
+
+    /// [`Self::admit`], with the estimate and the clock read only once a budget is found to
+    /// apply: a request no budget applies to prices nothing and reads no clock.
+    pub fn admit_with(
+        &self,
+        who: &Who<'_>,
+        request_id: &str,
+        estimate: impl FnOnce() -> Estimate,
+    ) -> Result<Option<Reservation>, Refusal> {
         let mut guard = self.lock();
         let l = &mut *guard;
         if !l.synced {
@@ -727,6 +752,11 @@ impl Budgets {
         if applied.is_empty() {
             return Ok(None);
         }
+        let Estimate {
+            micros: estimate_micros,
+            tokens: estimate_tokens,
+            now_ms,
+        } = estimate();
         let now = l.periods(now_ms);
 
         // Every budget's limit, from the feed and the local entries; and every lease: all must

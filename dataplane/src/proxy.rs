@@ -29,7 +29,7 @@ use nm_types::access::Scope;
 
 use crate::attribution::Attribution;
 use crate::body::{GatewayBody, ObservedBody, RequestBody, UpstreamBody};
-use crate::budget::{BudgetName, Limit, Refusal, Reservation, Who};
+use crate::budget::{BudgetName, Estimate, Limit, Refusal, Reservation, Who};
 use crate::edge;
 use crate::error::ProxyError;
 use crate::event::{Ending, RequestEvent};
@@ -179,24 +179,30 @@ fn check_budget(
     body_len: usize,
     request_id: &str,
 ) -> Result<Option<Reservation>, Refusal> {
-    let input = (body_len.div_ceil(BYTES_PER_TOKEN) as u64).min(MAX_RESERVED_INPUT_TOKENS);
-    let output = max_output_tokens.unwrap_or(state.reserve_output_tokens);
-    let estimate = who
-        .model
-        .and_then(|m| {
-            state
-                .prices
-                .estimate_micros(&provider.name, m, input, output)
-        })
-        .unwrap_or(0);
-    // Tokens: the prompt's estimate plus `max_tokens`, else the configured default.
-    let tokens = input.saturating_add(max_output_tokens.unwrap_or(state.tpm_default_max_tokens));
-    let now_ms = SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-    state
-        .budgets
-        .admit(who, request_id, estimate, tokens, now_ms)
+    // Priced and timed only once a budget applies (most requests of most deployments: none).
+    state.budgets.admit_with(who, request_id, || {
+        let input = (body_len.div_ceil(BYTES_PER_TOKEN) as u64).min(MAX_RESERVED_INPUT_TOKENS);
+        let output = max_output_tokens.unwrap_or(state.reserve_output_tokens);
+        let micros = who
+            .model
+            .and_then(|m| {
+                state
+                    .prices
+                    .estimate_micros(&provider.name, m, input, output)
+            })
+            .unwrap_or(0);
+        // Tokens: the prompt's estimate plus `max_tokens`, else the configured default.
+        let tokens =
+            input.saturating_add(max_output_tokens.unwrap_or(state.tpm_default_max_tokens));
+        let now_ms = SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        Estimate {
+            micros,
+            tokens,
+            now_ms,
+        }
+    })
 }
 
 /// The limit that refused a request (the refusals metric's `reason`); None when the budgets are
