@@ -35,7 +35,14 @@ fn labels() -> Vec<String> {
         .map(|s| (*s).to_owned())
         .collect();
     l.extend(
-        ["2027-01-11", "ttfb < 1s", "other-model", "old-model", "nobody"].map(str::to_owned),
+        [
+            "2027-01-11",
+            "ttfb < 1s",
+            "other-model",
+            "old-model",
+            "nobody",
+        ]
+        .map(str::to_owned),
     );
     l
 }
@@ -140,7 +147,10 @@ async fn reference(store: &Store, label: &str) -> Option<(i64, Vec<String>)> {
 
 async fn check(url: &str) {
     let store = Store::connect(url).await.unwrap();
-    let records_store = Records::new(store.clone(), Budgets::load(store.clone(), T0).await.unwrap());
+    let records_store = Records::new(
+        store.clone(),
+        Budgets::load(store.clone(), T0).await.unwrap(),
+    );
     for (seed, traced) in [(1, 0.0), (2, 0.01), (3, 0.3), (4, 1.0)] {
         let batch = records(seed, 3_000, traced);
         for chunk in batch.chunks(500) {
@@ -156,16 +166,28 @@ async fn check(url: &str) {
                     traces.contains(got),
                     "seed {seed}, {label}: {got} is not among {traces:?}"
                 ),
-                _ => panic!("seed {seed}, {label}: reference {want:?}, walk {:?}", found.get(&label)),
+                _ => panic!(
+                    "seed {seed}, {label}: reference {want:?}, walk {:?}",
+                    found.get(&label)
+                ),
             }
             expected.insert(label, want.is_some());
         }
         // The labels no traced request of `a` in the window names get nothing.
-        for label in ["2027-01-11", "ttfb < 1s", "other-model", "old-model", "nobody"] {
+        for label in [
+            "2027-01-11",
+            "ttfb < 1s",
+            "other-model",
+            "old-model",
+            "nobody",
+        ] {
             assert!(!found.contains_key(label), "seed {seed}, {label}");
         }
         if traced > 0.0 {
-            assert!(expected["m-1"] && expected["production"], "seed {seed}: traced labels");
+            assert!(
+                expected["m-1"] && expected["production"],
+                "seed {seed}: traced labels"
+            );
         }
     }
     store.close().await.unwrap();
