@@ -8,7 +8,7 @@ use sea_orm::ConnectionTrait;
 
 use crate::analytics::evidence::{self, Evidence, Setting};
 use crate::error::{Error, Result};
-use crate::signals::{ActionCounts, SignalFilter, push_range};
+use crate::signals::{ActionCounts, SignalFilter, counts_sql};
 use crate::sql::{Sql, count};
 use crate::store::Store;
 use nm_types::signal::Rule;
@@ -131,20 +131,14 @@ impl Agents {
     }
 
     /// The agent's (or the unattributed bucket's) signals per source, rule and action:
-    /// explicit first, then implicit by rule, sources without signals left out.
+    /// explicit first, then implicit by rule, sources without signals left out. The whole UTC
+    /// days of the range are read from `signal_totals`, its ends from the stored signals.
     pub async fn source_counts(&self, f: &SignalFilter) -> Result<Vec<SourceCount>> {
         let db = self.store.conn();
-        let mut sql = Sql::new(
-            db.get_database_backend(),
-            "SELECT source, rule, action, COUNT(*) AS n FROM signals WHERE ",
-        );
-        match &f.agent {
-            Some(agent) => sql.push("agent = ").bind(agent.clone()),
-            None => sql.push("agent IS NULL"),
-        };
-        push_range(&mut sql, "received_at_ms", f.env, f.since_ms, f.until_ms);
-        sql.push(" GROUP BY source, rule, action");
-        fold_counts(db.query_all_raw(sql.build()).await?)
+        fold_counts(
+            db.query_all_raw(counts_sql(db.get_database_backend(), f).build())
+                .await?,
+        )
     }
 
     /// A session's signals per source, rule and action.
@@ -165,19 +159,41 @@ impl Agents {
     /// How the agent's explicit and implicit outcomes agree, over every unit (a session, or an
     /// answer explicit signals name) that has both: units by (explicit outcome, implicit
     /// outcome), each outcome the last signal's of its kind (an implicit `continued` only
-    /// where the unit has no other implicit signal). Read from the analytics rollup.
+    /// where the unit has no other implicit signal). Read from `agreement_totals`, which a
+    /// trigger keeps as the analytics rollup (`session_rollups`) changes (m0019).
     pub async fn agreement(&self, agent: &str) -> Result<Vec<AgreementCell>> {
+        self.agreement_with(agent, true).await
+    }
+
+    /// [`Agents::agreement`], or (`totals` false: the tests' reference) grouped from the
+    /// rollup's rows.
+    pub(crate) async fn agreement_with(
+        &self,
+        agent: &str,
+        totals: bool,
+    ) -> Result<Vec<AgreementCell>> {
         let agent = agent_name(agent)?;
         let db = self.store.conn();
-        let mut sql = Sql::new(
-            db.get_database_backend(),
-            "SELECT cls, CASE WHEN isignals > 0 THEN isig_key % 4 ELSE 3 END AS icls, \
-             COUNT(*) AS n FROM session_rollups WHERE agent = ",
-        );
-        sql.bind(agent).push(
-            " AND signals > 0 AND (isignals > 0 OR icont > 0) GROUP BY cls, \
-             CASE WHEN isignals > 0 THEN isig_key % 4 ELSE 3 END",
-        );
+        let mut sql = if totals {
+            let mut sql = Sql::new(
+                db.get_database_backend(),
+                "SELECT cls, icls, n FROM agreement_totals WHERE agent = ",
+            );
+            sql.bind(agent).push(" AND n > 0");
+            sql
+        } else {
+            let mut sql = Sql::new(
+                db.get_database_backend(),
+                "SELECT COALESCE(cls, -1) AS cls, \
+                 COALESCE(CASE WHEN isignals > 0 THEN isig_key % 4 ELSE 3 END, -1) AS icls, \
+                 COUNT(*) AS n FROM session_rollups WHERE agent = ",
+            );
+            sql.bind(agent).push(
+                " AND signals > 0 AND (isignals > 0 OR icont > 0) GROUP BY 1, 2",
+            );
+            sql
+        };
+        sql.push(" ORDER BY cls, icls");
         let name = |cls: i64| match cls {
             1 => OUTCOMES[0],
             2 => OUTCOMES[2],

@@ -6,8 +6,8 @@
 //!
 //! One write transaction replaces it in the request records, sessions, signals (their user
 //! column, and their custom labels where a label names the user as a JSON string), the
-//! analytics' session rollups, the usage rollups and the daily spend (merged into the token's
-//! rows), the audit trail and the alert events (where the user is named as a JSON string or
+//! analytics' session rollups, the usage rollups, the running usage totals and the daily spend
+//! (merged into the token's rows), the audit trail and the alert events (where the user is named as a JSON string or
 //! as `user:<id>`); the user's own budget is deleted (`budgets::forget_user`), so a user coming
 //! back under the same id starts afresh under the default budget. An audit row
 //! (`user.forget`, target the token) records the counts. A second call finds nothing and
@@ -134,7 +134,9 @@ impl Users {
         for table in ["sessions", "signals", "session_rollups"] {
             out.rows += txn.execute_raw(rename(table)).await?.rows_affected();
         }
-        out.rows += merge_usage_rollups(&txn, &user, &token).await?;
+        for table in ["usage_rollups", "usage_totals"] {
+            out.rows += merge_usage(&txn, table, &user, &token).await?;
+        }
         let (rows, budgets) = crate::budgets::forget_user(&txn, &user, &token).await?;
         out.rows += rows;
         out.budgets = budgets;
@@ -208,8 +210,8 @@ impl Users {
             tracing::warn!("forget: the WAL is still read; it is truncated at a later checkpoint");
             return;
         }
-        let tables = "requests, sessions, signals, session_rollups, usage_rollups, user_spend, \
-                      budgets, audit_events, alert_events";
+        let tables = "requests, sessions, signals, session_rollups, usage_rollups, usage_totals, \
+                      user_spend, budgets, audit_events, alert_events";
         if let Err(e) = db.execute_unprepared(&format!("VACUUM {tables}")).await {
             tracing::warn!(error = %e, "forget: VACUUM failed");
         }
@@ -241,33 +243,39 @@ fn replace(
     sql.build()
 }
 
-/// The user's usage rollups added to the token's, then deleted.
-async fn merge_usage_rollups(txn: &impl ConnectionTrait, user: &str, token: &str) -> Result<u64> {
+/// The user's rows of `table` (`usage_rollups`, or the running `usage_totals`, both keyed by
+/// day, agent, user, env, provider, model and key) added to the token's, then deleted.
+async fn merge_usage(
+    txn: &impl ConnectionTrait,
+    table: &str,
+    user: &str,
+    token: &str,
+) -> Result<u64> {
     let backend = txn.get_database_backend();
     let cols = "requests, input_tokens, output_tokens, cached_input_tokens, reasoning_tokens, \
                 cost_micros, unpriced, unmetered, errors";
     let set = cols
         .split(", ")
-        .map(|c| format!("{c} = usage_rollups.{c} + excluded.{c}"))
+        .map(|c| format!("{c} = {table}.{c} + excluded.{c}"))
         .collect::<Vec<_>>()
         .join(", ");
     let mut sql = Sql::new(
         backend,
         &format!(
-            "INSERT INTO usage_rollups (day, agent, user_id, env, provider, model, key_id, {cols}) \
+            "INSERT INTO {table} (day, agent, user_id, env, provider, model, key_id, {cols}) \
              SELECT day, agent, "
         ),
     );
     sql.bind(token.to_owned())
         .push(&format!(
-            ", env, provider, model, key_id, {cols} FROM usage_rollups WHERE user_id = "
+            ", env, provider, model, key_id, {cols} FROM {table} WHERE user_id = "
         ))
         .bind(user.to_owned())
         .push(&format!(
             " ON CONFLICT (day, agent, user_id, env, provider, model, key_id) DO UPDATE SET {set}"
         ));
     txn.execute_raw(sql.build()).await?;
-    let mut del = Sql::new(backend, "DELETE FROM usage_rollups WHERE user_id = ");
+    let mut del = Sql::new(backend, &format!("DELETE FROM {table} WHERE user_id = "));
     del.bind(user.to_owned());
     Ok(txn.execute_raw(del.build()).await?.rows_affected())
 }

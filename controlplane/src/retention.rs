@@ -13,7 +13,9 @@
 //! day, the signals each evidence setting counts, with their first and last times), which the
 //! analytics' progress counts add to the signals still stored. The rest of the agent analytics
 //! reads one row per session (`session_rollups`), written with each signal; retention never
-//! deletes those.
+//! deletes those. Nor the running totals (`signal_totals`, `usage_totals`, `latency_totals`,
+//! m0019), which triggers keep as rows are stored and which deletes leave alone: the signal
+//! counts, usage reports and latency percentiles over whole days stay what they were.
 //! The sessions table (`sessions`, one row per session for attribution) loses the sessions not
 //! seen since the records' cutoff.
 //!

@@ -32,8 +32,13 @@
 //! read, in the signal's own transaction). Otherwise a signal of a known session (a proxied
 //! request carried `NM-Session`) is stored with the session's agent, env and user. Otherwise it
 //! is stored with the `NM-Agent` hint (or none) and re-attributed by [`crate::records`] when the
-//! session's first request, or the named request, arrives. Counts are then plain indexed
-//! aggregates over `signals.agent`.
+//! session's first request, or the named request, arrives.
+//!
+//! **Counts.** A database trigger (m0019) keeps `signal_totals`, the signals per agent, UTC day,
+//! env, source, rule and action, as signals are stored and re-attributed; retention's deletes
+//! leave it alone, so the counts keep the deleted signals. A count over a range reads the
+//! range's whole days there and its ends (a range starting or ending mid-day) from the stored
+//! signals ([`split_days`]).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
@@ -214,31 +219,18 @@ impl Signals {
         stored
     }
 
-    /// Counts for one agent (or the unattributed bucket).
+    /// Counts for one agent (or the unattributed bucket): the whole UTC days of the range from
+    /// `signal_totals`, its ends from the stored signals ([`counts_sql`]).
     pub async fn agent_counts(&self, f: &SignalFilter) -> Result<AgentCounts> {
         let db = self.store.conn();
-        let mut sql = Sql::new(db.get_database_backend(), "SELECT COUNT(*) AS total");
-        for a in Action::ALL {
-            // Constant action names from our own enum: no user input enters the SQL text.
-            sql.push(&format!(
-                ", CAST(COALESCE(SUM(CASE WHEN action = '{a}' THEN 1 ELSE 0 END), 0) AS BIGINT) AS {a}"
-            ));
-        }
-        sql.push(" FROM signals WHERE ");
-        match &f.agent {
-            Some(agent) => sql.push("agent = ").bind(agent.clone()),
-            None => sql.push("agent IS NULL"),
-        };
-        push_range(&mut sql, "received_at_ms", f.env, f.since_ms, f.until_ms);
-        let row = db
-            .query_one_raw(sql.build())
-            .await?
-            .ok_or_else(|| Error::Unavailable("count query returned no row".to_owned()))?;
         let mut by_action = ActionCounts::default();
-        for (i, a) in Action::ALL.iter().enumerate() {
-            by_action.0[i] = count(&row, a.as_str())?;
+        for row in db.query_all_raw(counts_sql(db.get_database_backend(), f).build()).await? {
+            let action: String = row.try_get("", "action")?;
+            if let Some(i) = Action::ALL.iter().position(|a| a.as_str() == action) {
+                by_action.0[i] += count(&row, "n")?;
+            }
         }
-        let total = count(&row, "total")?;
+        let total = by_action.total();
         Ok(AgentCounts {
             agent: f.agent.clone(),
             total,
@@ -250,7 +242,9 @@ impl Signals {
         })
     }
 
-    /// Every agent with signals or sessions in the range, most signals first.
+    /// Every agent with signals or sessions in the range, most signals first. The signals are
+    /// counted from `signal_totals` for the range's whole days (with the signals retention
+    /// deleted), from the rows at its ends.
     pub async fn list_agents(
         &self,
         env: Option<Env>,
@@ -259,12 +253,39 @@ impl Signals {
     ) -> Result<Vec<AgentSummary>> {
         let db = self.store.conn();
         let backend = db.get_database_backend();
-        let mut sql = Sql::new(
-            backend,
-            "SELECT agent, COUNT(*) AS signals, MAX(received_at_ms) AS last FROM signals WHERE 1 = 1",
-        );
-        push_range(&mut sql, "received_at_ms", env, since_ms, until_ms);
-        sql.push(" GROUP BY agent");
+        // The counts: the whole days from `signal_totals`, the ends from the rows; then each
+        // agent's last signal, one probe of the (agent, time) index each.
+        let split = split_days(since_ms, until_ms);
+        let mut sql = Sql::new(backend, "");
+        match &split {
+            Some(split) => {
+                sql.push(
+                    "SELECT agent, CAST(SUM(n) AS BIGINT) AS signals FROM (SELECT \
+                     NULLIF(agent, '') AS agent, n FROM signal_totals WHERE 1 = 1",
+                );
+                if let Some(env) = env {
+                    sql.push(" AND env = ").bind(env.as_str());
+                }
+                push_whole_days(&mut sql, split);
+                for (i, (since, until)) in split.edges.iter().enumerate() {
+                    sql.push(
+                        " UNION ALL SELECT * FROM (SELECT agent, COUNT(*) AS n FROM signals \
+                         WHERE 1 = 1",
+                    );
+                    push_range(&mut sql, "received_at_ms", env, Some(*since), Some(*until));
+                    sql.push(&format!(" GROUP BY agent) AS e{i}"));
+                }
+                sql.push(") AS c GROUP BY agent HAVING SUM(n) > 0");
+            }
+            None => {
+                sql.push(
+                    "SELECT agent, COUNT(*) AS signals, MAX(received_at_ms) AS last FROM signals \
+                     WHERE 1 = 1",
+                );
+                push_range(&mut sql, "received_at_ms", env, since_ms, until_ms);
+                sql.push(" GROUP BY agent");
+            }
+        }
         let signal_rows = db.query_all_raw(sql.build()).await?;
 
         let mut sql = Sql::new(
@@ -286,7 +307,23 @@ impl Signals {
                     ..Default::default()
                 });
             e.signals = count(&row, "signals")?;
-            e.last_activity_ms = e.last_activity_ms.max(row.try_get("", "last")?);
+            let last: Option<i64> = match &split {
+                None => row.try_get("", "last")?,
+                Some(_) => {
+                    let mut sql = Sql::new(backend, "SELECT received_at_ms FROM signals WHERE ");
+                    match &e.agent {
+                        Some(agent) => sql.push("agent = ").bind(agent.clone()),
+                        None => sql.push("agent IS NULL"),
+                    };
+                    push_range(&mut sql, "received_at_ms", env, since_ms, until_ms);
+                    sql.push(" ORDER BY received_at_ms DESC LIMIT 1");
+                    match db.query_one_raw(sql.build()).await? {
+                        Some(row) => Some(row.try_get("", "received_at_ms")?),
+                        None => None,
+                    }
+                }
+            };
+            e.last_activity_ms = e.last_activity_ms.max(last);
         }
         for row in session_rows {
             let agent: Option<String> = row.try_get("", "agent")?;
@@ -383,6 +420,108 @@ pub(crate) fn push_range(
     if let Some(u) = until {
         sql.push(&format!(" AND {time_col} < ")).bind(u);
     }
+}
+
+const DAY_MS: i64 = 86_400_000;
+
+/// A time range as the running totals (`signal_totals`, `usage_totals`, `latency_totals`, kept
+/// per UTC day: migration m0019) answer it: the whole days inside it, read from the totals, and
+/// what is left at its ends, read from the stored rows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DaySplit {
+    /// The whole days: `day >= from_day` (`None`: from the first), `day < to_day` (`None`: to
+    /// the last).
+    pub from_day: Option<i64>,
+    pub to_day: Option<i64>,
+    /// The ends, `[since, until)` in ms, each within one day.
+    pub edges: Vec<(i64, i64)>,
+}
+
+/// `[since, until)` split into whole UTC days and its ends; `None` when the range holds no whole
+/// day (read it from the rows) or reaches before 1970 (the totals' days are `ms / 86400000`,
+/// whole days only from 1970 on).
+pub(crate) fn split_days(since: Option<i64>, until: Option<i64>) -> Option<DaySplit> {
+    if since.is_some_and(|s| s < 0) || until.is_some_and(|u| u <= 0) {
+        return None;
+    }
+    let from_day = since.map(|s| s / DAY_MS + i64::from(s % DAY_MS != 0));
+    let to_day = until.map(|u| u / DAY_MS);
+    if let (Some(from), Some(to)) = (from_day, to_day)
+        && from >= to
+    {
+        return None;
+    }
+    let mut edges = Vec::new();
+    if let (Some(s), Some(from)) = (since, from_day)
+        && s < from * DAY_MS
+    {
+        edges.push((s, from * DAY_MS));
+    }
+    if let (Some(u), Some(to)) = (until, to_day)
+        && to * DAY_MS < u
+    {
+        edges.push((to * DAY_MS, u));
+    }
+    Some(DaySplit {
+        from_day,
+        to_day,
+        edges,
+    })
+}
+
+/// `AND day >= .. AND day < ..` of a split's whole days.
+pub(crate) fn push_whole_days(sql: &mut Sql, split: &DaySplit) {
+    if let Some(from) = split.from_day {
+        sql.push(" AND day >= ").bind(from);
+    }
+    if let Some(to) = split.to_day {
+        sql.push(" AND day < ").bind(to);
+    }
+}
+
+/// The signals matching `f` per `source`, `rule` (NULL: none) and `action`, counted in `n`:
+/// the range's whole days from `signal_totals`, its ends (or all of it, when it holds no whole
+/// day) from the stored signals.
+pub(crate) fn counts_sql(backend: sea_orm::DatabaseBackend, f: &SignalFilter) -> Sql {
+    counts_sql_with(backend, f, true)
+}
+
+/// [`counts_sql`], or (`totals` false: the tests' reference) from the stored signals alone.
+pub(crate) fn counts_sql_with(
+    backend: sea_orm::DatabaseBackend,
+    f: &SignalFilter,
+    totals: bool,
+) -> Sql {
+    let raw = |sql: &mut Sql, since: Option<i64>, until: Option<i64>| {
+        sql.push("SELECT source, rule, action, COUNT(*) AS n FROM signals WHERE ");
+        match &f.agent {
+            Some(agent) => sql.push("agent = ").bind(agent.clone()),
+            None => sql.push("agent IS NULL"),
+        };
+        push_range(sql, "received_at_ms", f.env, since, until);
+        sql.push(" GROUP BY source, rule, action");
+    };
+    let mut sql = Sql::new(backend, "");
+    let Some(split) = split_days(f.since_ms, f.until_ms).filter(|_| totals) else {
+        raw(&mut sql, f.since_ms, f.until_ms);
+        return sql;
+    };
+    sql.push(
+        "SELECT source, rule, action, CAST(SUM(n) AS BIGINT) AS n FROM (\
+         SELECT source, NULLIF(rule, '') AS rule, action, n FROM signal_totals WHERE agent = ",
+    )
+    .bind(f.agent.clone().unwrap_or_default());
+    if let Some(env) = f.env {
+        sql.push(" AND env = ").bind(env.as_str());
+    }
+    push_whole_days(&mut sql, &split);
+    for (i, (since, until)) in split.edges.iter().enumerate() {
+        sql.push(" UNION ALL SELECT * FROM (");
+        raw(&mut sql, Some(*since), Some(*until));
+        sql.push(&format!(") AS e{i}"));
+    }
+    sql.push(") AS c GROUP BY source, rule, action HAVING SUM(n) > 0");
+    sql
 }
 
 /// The single writer: one transaction per group of queued signals.

@@ -2,6 +2,12 @@
 //! env, provider, model, key, day and week, computed by the database in one `GROUP BY` per
 //! report; and the latency percentiles of the same records ([`latency`]).
 //!
+//! A report that is not per session reads the whole UTC days of its range from `usage_totals`
+//! (kept by a trigger as records are stored, m0019: one row per day, agent, end user, env,
+//! provider, model and key, holding the records retention deleted too), and only the range's
+//! ends, when it starts or ends mid-day, from the stored records and the rollups of the deleted
+//! ones.
+//!
 //! Unknown stays unknown: costs are summed over the records whose cost is known, and the report
 //! counts apart the requests whose usage was reported but whose model has no price
 //! (`unpriced`), and those whose answer carried no usage at all (`unmetered`).
@@ -13,6 +19,8 @@ use crate::sql::{Sql, count};
 use crate::store::Store;
 
 pub mod latency;
+#[cfg(test)]
+mod totals_tests;
 
 /// Most rows one report returns.
 pub const MAX_ROWS: u32 = 10_000;
@@ -226,6 +234,18 @@ impl UsageReports {
         filter: &UsageFilter,
         limit: u32,
     ) -> Result<UsageReport> {
+        self.report_with(dims, filter, limit, true).await
+    }
+
+    /// [`UsageReports::report`], with the running totals or (`totals` false: the tests'
+    /// reference) from the stored records and the rollups alone.
+    pub(crate) async fn report_with(
+        &self,
+        dims: &[Dimension],
+        filter: &UsageFilter,
+        limit: u32,
+        totals: bool,
+    ) -> Result<UsageReport> {
         if dims.len() > 7 {
             return Err(Error::InvalidArgument(
                 "at most 7 group-by dimensions".to_owned(),
@@ -237,9 +257,22 @@ impl UsageReports {
         };
         // Records deleted by retention live on in `usage_rollups`, by day: added when the
         // report can be answered by day (not per session) and rollups cover its range.
+        // Not per session: the whole UTC days of the range from `usage_totals` (which hold the
+        // deleted records too), its ends from the stored records and the rollups.
         let by_session = dims.contains(&Dimension::Session) || filter.session_id.is_some();
-        if !by_session && self.rollups_in_range(filter).await? {
-            return self.report_with_rollups(dims, filter, limit).await;
+        if !by_session {
+            if let Some(split) = crate::signals::split_days(filter.since_ms, filter.until_ms)
+                && totals
+            {
+                return self
+                    .report_over(dims, limit, |sql| push_totals_union(sql, filter, &split))
+                    .await;
+            }
+            if self.rollups_in_range(filter).await? {
+                return self
+                    .report_over(dims, limit, |sql| push_union(sql, filter))
+                    .await;
+            }
         }
         let db = self.store.conn();
         let backend = db.get_database_backend();
@@ -318,12 +351,13 @@ impl UsageReports {
         Ok(db.query_one_raw(sql.build()).await?.is_some())
     }
 
-    /// [`UsageReports::report`] over the stored records and the rollups of the deleted ones.
-    async fn report_with_rollups(
+    /// [`UsageReports::report`] over the rows `union` gives (the shape of [`push_union`]): the
+    /// stored records and the rollups of the deleted ones, or the totals and the range's ends.
+    async fn report_over(
         &self,
         dims: &[Dimension],
-        filter: &UsageFilter,
         limit: u32,
+        union: impl Fn(&mut Sql),
     ) -> Result<UsageReport> {
         let db = self.store.conn();
         let backend = db.get_database_backend();
@@ -331,7 +365,7 @@ impl UsageReports {
         let mut total = UsageRow::default();
         let mut truncated = false;
         let mut sql = Sql::new(backend, "WITH u AS (");
-        push_union(&mut sql, filter);
+        union(&mut sql);
         if dims.is_empty() {
             sql.push(&format!(") SELECT {} FROM u", totals_sql(backend)));
             if let Some(row) = db.query_one_raw(sql.build()).await? {
@@ -360,7 +394,7 @@ impl UsageReports {
             )?;
         }
         let mut sql = Sql::new(backend, "WITH u AS (");
-        push_union(&mut sql, filter);
+        union(&mut sql);
         sql.push(&format!(
             ") SELECT provider, model AS m, {} AS n FROM u WHERE unpriced > 0 \
              GROUP BY 1, 2 ORDER BY n DESC LIMIT 100",
@@ -417,6 +451,43 @@ fn push_union(sql: &mut Sql, f: &UsageFilter) {
         if let Some(v) = value {
             sql.push(&format!(" AND {col} = ")).bind(v.clone());
         }
+    }
+}
+
+/// The rows of [`push_union`]'s shape for a range split into whole days and ends: the whole
+/// days from `usage_totals` (every record of those days, stored or deleted), each end's stored
+/// records and the rollups of its day (as [`push_union`] reads them).
+fn push_totals_union(sql: &mut Sql, f: &UsageFilter, split: &crate::signals::DaySplit) {
+    sql.push(
+        "SELECT NULLIF(agent, '') AS agent, CAST(NULL AS TEXT) AS session_id, \
+         NULLIF(user_id, '') AS user_id, NULLIF(env, '') AS env, provider, \
+         NULLIF(model, '') AS model, key_id, day, requests, input_tokens, output_tokens, \
+         cached_input_tokens, reasoning_tokens, cost_micros, unpriced, unmetered, errors \
+         FROM usage_totals WHERE 1 = 1",
+    );
+    crate::signals::push_whole_days(sql, split);
+    let eq = [
+        ("agent", &f.agent),
+        ("user_id", &f.user_id),
+        ("env", &f.env),
+        ("provider", &f.provider),
+        ("model", &f.model),
+    ];
+    for (col, value) in eq {
+        if let Some(v) = value {
+            sql.push(&format!(" AND {col} = ")).bind(v.clone());
+        }
+    }
+    for (since, until) in &split.edges {
+        sql.push(" UNION ALL ");
+        push_union(
+            sql,
+            &UsageFilter {
+                since_ms: Some(*since),
+                until_ms: Some(*until),
+                ..f.clone()
+            },
+        );
     }
 }
 

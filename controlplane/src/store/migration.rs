@@ -44,6 +44,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0016_signals_by_time::Migration),
             Box::new(m0017_partitions::Migration),
             Box::new(m0018_signal_rollups::Migration),
+            Box::new(m0019_totals::Migration),
         ]
     }
 }
@@ -1782,6 +1783,445 @@ mod m0017_partitions {
             );
             db.close().await.unwrap();
             pg.drop_it().await.unwrap();
+        }
+    }
+}
+
+/// Running totals kept as the rows arrive, so the reports over an agent's month read a few
+/// hundred rows instead of a million:
+/// - `signal_totals`: signals per agent, UTC day, env, source, rule and action (`''` where the
+///   row has none);
+/// - `usage_totals`: the usage of the request records per UTC day, agent, end user, env,
+///   provider, model (as answered, else as requested) and key: the shape and measures of
+///   `usage_rollups`;
+/// - `latency_totals`: per agent, UTC day, env, provider and model, each record's latency
+///   (`metric` 0) and time to first byte (1) counted in the histogram buckets of
+///   `crate::usage::latency` (decimal digits * 100 + the first two digits);
+/// - `agreement_totals`: per agent, the outcome units (`session_rollups` rows) that have both
+///   explicit and implicit outcomes, by explicit class (`cls`, -1 where NULL) and implicit one
+///   (the last implicit signal's class, 3 where `continued` is the only one): the agreement
+///   table of `crate::agents`.
+///
+/// Triggers keep them, whatever writes the rows: an inserted signal or record is added; a signal
+/// whose agent, env, time, source, rule or action changes (re-attribution) moves from its old
+/// total to its new one; a rollup row inserted, changed or deleted moves between agreement
+/// cells. Deleting signals or records (retention) leaves the totals alone: they keep the
+/// history of the deleted rows. Request records are never updated but for `users forget`, which
+/// merges the user's `usage_totals` rows into the token's itself (`crate::forget`). SQLite: row
+/// triggers. PostgreSQL: statement triggers over the transition tables (`requests` and
+/// `signals` are partitioned there; a statement's rows are added in one grouped upsert, in key
+/// order). Filled here from the stored rows, and `usage_totals` from `usage_rollups` too (the
+/// records retention already deleted).
+mod m0019_totals {
+    use super::*;
+    use sea_orm::DatabaseBackend;
+
+    pub struct Migration;
+
+    impl MigrationName for Migration {
+        fn name(&self) -> &str {
+            "m0019_totals"
+        }
+    }
+
+    const TABLES: [&str; 4] = [
+        "CREATE TABLE IF NOT EXISTS agreement_totals (\
+         agent TEXT NOT NULL, \
+         cls BIGINT NOT NULL, \
+         icls BIGINT NOT NULL, \
+         n BIGINT NOT NULL, \
+         PRIMARY KEY (agent, cls, icls))",
+        "CREATE TABLE IF NOT EXISTS signal_totals (\
+         agent TEXT NOT NULL, \
+         day BIGINT NOT NULL, \
+         env TEXT NOT NULL, \
+         source TEXT NOT NULL, \
+         rule TEXT NOT NULL, \
+         action TEXT NOT NULL, \
+         n BIGINT NOT NULL, \
+         PRIMARY KEY (agent, day, env, source, rule, action))",
+        "CREATE TABLE IF NOT EXISTS usage_totals (\
+         day BIGINT NOT NULL, \
+         agent TEXT NOT NULL, \
+         user_id TEXT NOT NULL, \
+         env TEXT NOT NULL, \
+         provider TEXT NOT NULL, \
+         model TEXT NOT NULL, \
+         key_id TEXT NOT NULL, \
+         requests BIGINT NOT NULL, \
+         input_tokens BIGINT NOT NULL, \
+         output_tokens BIGINT NOT NULL, \
+         cached_input_tokens BIGINT NOT NULL, \
+         reasoning_tokens BIGINT NOT NULL, \
+         cost_micros BIGINT NOT NULL, \
+         unpriced BIGINT NOT NULL, \
+         unmetered BIGINT NOT NULL, \
+         errors BIGINT NOT NULL, \
+         PRIMARY KEY (day, agent, user_id, env, provider, model, key_id))",
+        "CREATE TABLE IF NOT EXISTS latency_totals (\
+         agent TEXT NOT NULL, \
+         day BIGINT NOT NULL, \
+         env TEXT NOT NULL, \
+         provider TEXT NOT NULL, \
+         model TEXT NOT NULL, \
+         metric BIGINT NOT NULL, \
+         bucket BIGINT NOT NULL, \
+         n BIGINT NOT NULL, \
+         PRIMARY KEY (agent, day, env, provider, model, metric, bucket))",
+    ];
+
+    const USAGE_MEASURES: [&str; 9] = [
+        "requests",
+        "input_tokens",
+        "output_tokens",
+        "cached_input_tokens",
+        "reasoning_tokens",
+        "cost_micros",
+        "unpriced",
+        "unmetered",
+        "errors",
+    ];
+
+    /// The columns of `requests` the totals read (what a SQLite trigger copies from `NEW`).
+    const REQUEST_COLUMNS: [&str; 17] = [
+        "started_at_ms",
+        "agent",
+        "user_id",
+        "env",
+        "provider",
+        "model",
+        "answered_model",
+        "key_id",
+        "input_tokens",
+        "output_tokens",
+        "cached_input_tokens",
+        "reasoning_tokens",
+        "cost_micros",
+        "usage_status",
+        "status",
+        "latency_ms",
+        "ttfb_ms",
+    ];
+
+    const SIGNAL_COLUMNS: [&str; 6] = ["agent", "received_at_ms", "env", "source", "rule", "action"];
+
+    /// The columns of `session_rollups` the agreement reads.
+    const ROLLUP_COLUMNS: [&str; 6] = ["agent", "signals", "cls", "isignals", "isig_key", "icont"];
+
+    /// Adds the units of `rows` (rollup rows with a column `k` of +1 or -1 each) to the
+    /// agreement cells: those with explicit signals and implicit ones (or `continued` alone).
+    fn agreement_upsert(rows: &str) -> String {
+        format!(
+            "INSERT INTO agreement_totals (agent, cls, icls, n) \
+             SELECT agent, COALESCE(cls, -1), \
+             COALESCE(CASE WHEN isignals > 0 THEN isig_key % 4 ELSE 3 END, -1), \
+             CAST(SUM(k) AS BIGINT) FROM {rows} AS r \
+             WHERE signals > 0 AND (isignals > 0 OR icont > 0) \
+             GROUP BY 1, 2, 3 HAVING SUM(k) <> 0 ORDER BY 1, 2, 3 \
+             ON CONFLICT (agent, cls, icls) DO UPDATE SET n = agreement_totals.n + excluded.n"
+        )
+    }
+
+    /// `SELECT cols, k FROM from`: the rollup rows of `from` each counting `k`.
+    fn rollups_counting(from: &str, k: i64) -> String {
+        format!("SELECT {}, {k} AS k FROM {from}", ROLLUP_COLUMNS.join(", "))
+    }
+
+    /// `(SELECT NEW.a AS a, ...)`: a SQLite trigger's row as a table.
+    fn sqlite_row(cols: &[&str], which: &str) -> String {
+        let cols: Vec<String> = cols.iter().map(|c| format!("{which}.{c} AS {c}")).collect();
+        format!("(SELECT {})", cols.join(", "))
+    }
+
+    /// Adds the usage of the records of `from` (grouped, in key order) to `usage_totals`.
+    fn usage_upsert(from: &str) -> String {
+        let s = |e: &str| format!("CAST(COALESCE(SUM({e}), 0) AS BIGINT)");
+        let measures = [
+            "COUNT(*)".to_owned(),
+            s("input_tokens"),
+            s("output_tokens"),
+            s("cached_input_tokens"),
+            s("reasoning_tokens"),
+            s("cost_micros"),
+            s("CASE WHEN cost_micros IS NULL AND (input_tokens IS NOT NULL OR output_tokens \
+               IS NOT NULL) THEN 1 ELSE 0 END"),
+            s("CASE WHEN usage_status <> 'not_applicable' AND input_tokens IS NULL AND \
+               output_tokens IS NULL THEN 1 ELSE 0 END"),
+            s("CASE WHEN status >= 400 THEN 1 ELSE 0 END"),
+        ];
+        let set: Vec<String> = USAGE_MEASURES
+            .iter()
+            .map(|c| format!("{c} = usage_totals.{c} + excluded.{c}"))
+            .collect();
+        format!(
+            "INSERT INTO usage_totals (day, agent, user_id, env, provider, model, key_id, {}) \
+             SELECT started_at_ms / 86400000, COALESCE(agent, ''), COALESCE(user_id, ''), \
+             COALESCE(env, ''), provider, COALESCE(answered_model, model, ''), key_id, {} \
+             FROM {from} AS r GROUP BY 1, 2, 3, 4, 5, 6, 7 ORDER BY 1, 2, 3, 4, 5, 6, 7 \
+             ON CONFLICT (day, agent, user_id, env, provider, model, key_id) DO UPDATE SET {}",
+            USAGE_MEASURES.join(", "),
+            measures.join(", "),
+            set.join(", ")
+        )
+    }
+
+    /// The histogram bucket of a non-negative integer (as `crate::usage::latency` counts it).
+    fn bucket(v: &str) -> String {
+        format!(
+            "CAST(length(CAST({v} AS TEXT)) * 100 + CAST(substr(CAST({v} AS TEXT), 1, 2) AS \
+             INTEGER) AS BIGINT)"
+        )
+    }
+
+    /// Adds the latencies and times to first byte of the records of `from` to `latency_totals`.
+    fn latency_upsert(from: &str) -> String {
+        format!(
+            "INSERT INTO latency_totals (agent, day, env, provider, model, metric, bucket, n) \
+             SELECT agent, day, env, provider, model, m, {}, COUNT(*) FROM (SELECT \
+             COALESCE(agent, '') AS agent, started_at_ms / 86400000 AS day, \
+             COALESCE(env, '') AS env, provider, COALESCE(answered_model, model, '') AS model, \
+             CAST(mm.m AS BIGINT) AS m, CASE WHEN mm.m = 0 THEN latency_ms ELSE ttfb_ms END AS v \
+             FROM {from} AS r CROSS JOIN (SELECT 0 AS m UNION ALL SELECT 1 AS m) AS mm) AS x \
+             WHERE v IS NOT NULL GROUP BY 1, 2, 3, 4, 5, 6, 7 ORDER BY 1, 2, 3, 4, 5, 6, 7 \
+             ON CONFLICT (agent, day, env, provider, model, metric, bucket) \
+             DO UPDATE SET n = latency_totals.n + excluded.n",
+            bucket("v")
+        )
+    }
+
+    /// Adds `sign` times the signals of `from` to `signal_totals`, grouped (`rows`: the
+    /// signals, with a column `k` of +1 or -1 each).
+    fn signal_upsert(rows: &str) -> String {
+        format!(
+            "INSERT INTO signal_totals (agent, day, env, source, rule, action, n) \
+             SELECT COALESCE(agent, ''), received_at_ms / 86400000, COALESCE(env, ''), source, \
+             COALESCE(rule, ''), action, CAST(SUM(k) AS BIGINT) FROM {rows} AS r \
+             GROUP BY 1, 2, 3, 4, 5, 6 HAVING SUM(k) <> 0 ORDER BY 1, 2, 3, 4, 5, 6 \
+             ON CONFLICT (agent, day, env, source, rule, action) \
+             DO UPDATE SET n = signal_totals.n + excluded.n"
+        )
+    }
+
+    /// `SELECT cols, k FROM from`: the signals of `from` each counting `k`.
+    fn signals_counting(from: &str, k: i64) -> String {
+        format!("SELECT {}, {k} AS k FROM {from}", SIGNAL_COLUMNS.join(", "))
+    }
+
+    fn sqlite_up() -> Vec<String> {
+        let changed: Vec<String> = SIGNAL_COLUMNS
+            .iter()
+            .map(|c| format!("OLD.{c} IS NOT NEW.{c}"))
+            .collect();
+        let rollup_changed: Vec<String> = ROLLUP_COLUMNS
+            .iter()
+            .map(|c| format!("OLD.{c} IS NOT NEW.{c}"))
+            .collect();
+        vec![
+            format!(
+                "CREATE TRIGGER IF NOT EXISTS signal_totals_insert AFTER INSERT ON signals BEGIN {}; END",
+                signal_upsert(&format!(
+                    "({})",
+                    signals_counting(&sqlite_row(&SIGNAL_COLUMNS, "NEW"), 1)
+                ))
+            ),
+            format!(
+                "CREATE TRIGGER IF NOT EXISTS signal_totals_update AFTER UPDATE OF {} ON signals \
+                 WHEN {} BEGIN {}; END",
+                SIGNAL_COLUMNS.join(", "),
+                changed.join(" OR "),
+                signal_upsert(&format!(
+                    "({} UNION ALL {})",
+                    signals_counting(&sqlite_row(&SIGNAL_COLUMNS, "OLD"), -1),
+                    signals_counting(&sqlite_row(&SIGNAL_COLUMNS, "NEW"), 1)
+                ))
+            ),
+            format!(
+                "CREATE TRIGGER IF NOT EXISTS agreement_totals_insert AFTER INSERT ON \
+                 session_rollups BEGIN {}; END",
+                agreement_upsert(&format!(
+                    "({})",
+                    rollups_counting(&sqlite_row(&ROLLUP_COLUMNS, "NEW"), 1)
+                ))
+            ),
+            format!(
+                "CREATE TRIGGER IF NOT EXISTS agreement_totals_update AFTER UPDATE OF {} ON \
+                 session_rollups WHEN {} BEGIN {}; END",
+                ROLLUP_COLUMNS.join(", "),
+                rollup_changed.join(" OR "),
+                agreement_upsert(&format!(
+                    "({} UNION ALL {})",
+                    rollups_counting(&sqlite_row(&ROLLUP_COLUMNS, "OLD"), -1),
+                    rollups_counting(&sqlite_row(&ROLLUP_COLUMNS, "NEW"), 1)
+                ))
+            ),
+            format!(
+                "CREATE TRIGGER IF NOT EXISTS agreement_totals_delete AFTER DELETE ON \
+                 session_rollups BEGIN {}; END",
+                agreement_upsert(&format!(
+                    "({})",
+                    rollups_counting(&sqlite_row(&ROLLUP_COLUMNS, "OLD"), -1)
+                ))
+            ),
+            format!(
+                "CREATE TRIGGER IF NOT EXISTS request_totals_insert AFTER INSERT ON requests \
+                 BEGIN {}; {}; END",
+                usage_upsert(&sqlite_row(&REQUEST_COLUMNS, "NEW")),
+                latency_upsert(&sqlite_row(&REQUEST_COLUMNS, "NEW"))
+            ),
+        ]
+    }
+
+    fn postgres_up() -> Vec<String> {
+        vec![
+            format!(
+                "CREATE FUNCTION nm_signal_totals_insert() RETURNS trigger LANGUAGE plpgsql AS $$ \
+                 BEGIN {}; RETURN NULL; END $$",
+                signal_upsert(&format!("({})", signals_counting("new_rows", 1)))
+            ),
+            "CREATE TRIGGER signal_totals_insert AFTER INSERT ON signals \
+             REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT \
+             EXECUTE FUNCTION nm_signal_totals_insert()"
+                .to_owned(),
+            format!(
+                "CREATE FUNCTION nm_signal_totals_update() RETURNS trigger LANGUAGE plpgsql AS $$ \
+                 BEGIN {}; RETURN NULL; END $$",
+                signal_upsert(&format!(
+                    "({} UNION ALL {})",
+                    signals_counting("old_rows", -1),
+                    signals_counting("new_rows", 1)
+                ))
+            ),
+            "CREATE TRIGGER signal_totals_update AFTER UPDATE ON signals \
+             REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT \
+             EXECUTE FUNCTION nm_signal_totals_update()"
+                .to_owned(),
+            format!(
+                "CREATE FUNCTION nm_request_totals_insert() RETURNS trigger LANGUAGE plpgsql AS $$ \
+                 BEGIN {}; {}; RETURN NULL; END $$",
+                usage_upsert("new_rows"),
+                latency_upsert("new_rows")
+            ),
+            "CREATE TRIGGER request_totals_insert AFTER INSERT ON requests \
+             REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT \
+             EXECUTE FUNCTION nm_request_totals_insert()"
+                .to_owned(),
+            format!(
+                "CREATE FUNCTION nm_agreement_totals_insert() RETURNS trigger LANGUAGE plpgsql \
+                 AS $$ BEGIN {}; RETURN NULL; END $$",
+                agreement_upsert(&format!("({})", rollups_counting("new_rows", 1)))
+            ),
+            "CREATE TRIGGER agreement_totals_insert AFTER INSERT ON session_rollups \
+             REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT \
+             EXECUTE FUNCTION nm_agreement_totals_insert()"
+                .to_owned(),
+            format!(
+                "CREATE FUNCTION nm_agreement_totals_update() RETURNS trigger LANGUAGE plpgsql \
+                 AS $$ BEGIN {}; RETURN NULL; END $$",
+                agreement_upsert(&format!(
+                    "({} UNION ALL {})",
+                    rollups_counting("old_rows", -1),
+                    rollups_counting("new_rows", 1)
+                ))
+            ),
+            "CREATE TRIGGER agreement_totals_update AFTER UPDATE ON session_rollups \
+             REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT \
+             EXECUTE FUNCTION nm_agreement_totals_update()"
+                .to_owned(),
+            format!(
+                "CREATE FUNCTION nm_agreement_totals_delete() RETURNS trigger LANGUAGE plpgsql \
+                 AS $$ BEGIN {}; RETURN NULL; END $$",
+                agreement_upsert(&format!("({})", rollups_counting("old_rows", -1)))
+            ),
+            "CREATE TRIGGER agreement_totals_delete AFTER DELETE ON session_rollups \
+             REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT \
+             EXECUTE FUNCTION nm_agreement_totals_delete()"
+                .to_owned(),
+        ]
+    }
+
+    /// The totals of the rows already stored (and of the records retention deleted).
+    fn backfill() -> Vec<String> {
+        let set: Vec<String> = USAGE_MEASURES
+            .iter()
+            .map(|c| format!("{c} = usage_totals.{c} + excluded.{c}"))
+            .collect();
+        vec![
+            signal_upsert(&format!("({})", signals_counting("signals", 1))),
+            usage_upsert("requests"),
+            format!(
+                "INSERT INTO usage_totals (day, agent, user_id, env, provider, model, key_id, {0}) \
+                 SELECT day, agent, user_id, env, provider, model, key_id, {0} FROM usage_rollups \
+                 WHERE 1 = 1 \
+                 ON CONFLICT (day, agent, user_id, env, provider, model, key_id) DO UPDATE SET {1}",
+                USAGE_MEASURES.join(", "),
+                set.join(", ")
+            ),
+            latency_upsert("requests"),
+            agreement_upsert(&format!("({})", rollups_counting("session_rollups", 1))),
+        ]
+    }
+
+    #[async_trait::async_trait]
+    impl MigrationTrait for Migration {
+        async fn up(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            let db = m.get_connection();
+            for sql in TABLES {
+                db.execute_unprepared(sql).await?;
+            }
+            for sql in backfill() {
+                db.execute_unprepared(&sql).await?;
+            }
+            let triggers = match db.get_database_backend() {
+                DatabaseBackend::Postgres => postgres_up(),
+                _ => sqlite_up(),
+            };
+            for sql in triggers {
+                db.execute_unprepared(&sql).await?;
+            }
+            Ok(())
+        }
+
+        async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            let db = m.get_connection();
+            let postgres = db.get_database_backend() == DatabaseBackend::Postgres;
+            for (table, trigger) in [
+                ("signals", "signal_totals_insert"),
+                ("signals", "signal_totals_update"),
+                ("requests", "request_totals_insert"),
+                ("session_rollups", "agreement_totals_insert"),
+                ("session_rollups", "agreement_totals_update"),
+                ("session_rollups", "agreement_totals_delete"),
+            ] {
+                let sql = if postgres {
+                    format!("DROP TRIGGER IF EXISTS {trigger} ON {table}")
+                } else {
+                    format!("DROP TRIGGER IF EXISTS {trigger}")
+                };
+                db.execute_unprepared(&sql).await?;
+            }
+            if postgres {
+                for f in [
+                    "nm_signal_totals_insert",
+                    "nm_signal_totals_update",
+                    "nm_request_totals_insert",
+                    "nm_agreement_totals_insert",
+                    "nm_agreement_totals_update",
+                    "nm_agreement_totals_delete",
+                ] {
+                    db.execute_unprepared(&format!("DROP FUNCTION IF EXISTS {f}()"))
+                        .await?;
+                }
+            }
+            for t in [
+                "signal_totals",
+                "usage_totals",
+                "latency_totals",
+                "agreement_totals",
+            ] {
+                db.execute_unprepared(&format!("DROP TABLE IF EXISTS {t}"))
+                    .await?;
+            }
+            Ok(())
         }
     }
 }

@@ -10,8 +10,13 @@
 //! bucket, reported as its middle, so within 5% of the exact value. The answer is bounded by
 //! groups x buckets, whatever the number of records.
 //!
-//! Only the stored records have durations: rollups of the records deleted by retention do not,
-//! so latency history ends at the records' retention.
+//! A trigger (m0019) counts every record's two values into `latency_totals` as it is stored,
+//! per agent, UTC day, env, provider and model, in the same buckets: a report grouped by those
+//! (and week) and filtered by them reads the range's whole days there and its ends (a range
+//! that starts or ends mid-day) from the records, so the percentiles are the same as from the
+//! records alone, and they outlive the records' retention. A report by key, session or end user
+//! (or of one session or end user) reads the stored records alone: its history ends at the
+//! records' retention.
 
 use std::collections::BTreeMap;
 
@@ -95,35 +100,88 @@ pub fn percentiles(hist: &[(i64, u64)]) -> Percentiles {
     }
 }
 
+/// The histogram rows (`m`, `k0`.., `b`, `n`) of the raw records matching `filter` (the
+/// columns `agent`, `env`, `provider`, `model`, `day`, `m`, `b`, `n`, one row per bucket).
+fn push_raw_histogram(sql: &mut Sql, time: &str, filter: &UsageFilter) {
+    sql.push(&format!(
+        "SELECT agent, env, provider, model, day, m, {} AS b, COUNT(*) AS n FROM (SELECT \
+         agent, env, provider, COALESCE(answered_model, model) AS model, \
+         started_at_ms / 86400000 AS day, CAST(mm.m AS BIGINT) AS m, \
+         CASE WHEN mm.m = 0 THEN latency_ms ELSE ttfb_ms END AS v FROM requests \
+         CROSS JOIN (SELECT 0 AS m UNION ALL SELECT 1 AS m) AS mm WHERE 1 = 1",
+        bucket_sql("v")
+    ));
+    push_filter(sql, time, filter);
+    sql.push(") AS x WHERE v IS NOT NULL GROUP BY agent, env, provider, model, day, m, b");
+}
+
+/// The histograms by group from `latency_totals` for the range's whole days and from the
+/// stored records for its ends (the dimensions are among agent, env, provider, model, day and
+/// week; no session or user filter).
+fn totals_sql(
+    backend: sea_orm::DatabaseBackend,
+    dims: &[Dimension],
+    filter: &UsageFilter,
+    split: &crate::signals::DaySplit,
+) -> Sql {
+    let keys: String = dims
+        .iter()
+        .enumerate()
+        .map(|(i, d)| format!(", {} AS k{i}", d.column()))
+        .collect();
+    let group: String = (0..dims.len()).map(|i| format!(", k{i}")).collect();
+    let mut sql = Sql::new(
+        backend,
+        &format!(
+            "SELECT m{keys}, b, CAST(SUM(n) AS BIGINT) AS n FROM (SELECT NULLIF(agent, '') AS \
+             agent, NULLIF(env, '') AS env, provider, NULLIF(model, '') AS model, day, \
+             metric AS m, bucket AS b, n FROM latency_totals WHERE 1 = 1"
+        ),
+    );
+    crate::signals::push_whole_days(&mut sql, split);
+    let eq = [
+        ("agent", &filter.agent),
+        ("env", &filter.env),
+        ("provider", &filter.provider),
+        ("model", &filter.model),
+    ];
+    for (col, value) in eq {
+        if let Some(v) = value {
+            sql.push(&format!(" AND {col} = ")).bind(v.clone());
+        }
+    }
+    for (i, (since, until)) in split.edges.iter().enumerate() {
+        sql.push(" UNION ALL SELECT * FROM (");
+        push_raw_histogram(
+            &mut sql,
+            "started_at_ms",
+            &UsageFilter {
+                since_ms: Some(*since),
+                until_ms: Some(*until),
+                ..filter.clone()
+            },
+        );
+        sql.push(&format!(") AS e{i}"));
+    }
+    sql.push(&format!(") AS t GROUP BY m{group}, b ORDER BY m{group}, b"));
+    sql
+}
+
 impl UsageReports {
-    /// Latency and time-to-first-byte percentiles of the stored records matching `filter`,
-    /// grouped by `dims` (none: one row), most requests first, at most `limit` rows.
-    #[tracing::instrument(skip_all, fields(dims = ?dims, limit))]
-    pub async fn latency(
+    /// The histograms by group (`m`, `k0`.., `b`, `n`) read from the stored records alone.
+    async fn rows_sql(
         &self,
+        backend: sea_orm::DatabaseBackend,
         dims: &[Dimension],
         filter: &UsageFilter,
-        limit: u32,
-    ) -> Result<LatencyReport> {
-        if dims.len() > 7 {
-            return Err(Error::InvalidArgument(
-                "at most 7 group-by dimensions".to_owned(),
-            ));
-        }
-        let limit = match limit {
-            0 => DEFAULT_ROWS,
-            n => n.min(MAX_ROWS),
-        };
-        let db = self.store.conn();
-        let backend = db.get_database_backend();
+    ) -> Result<Sql> {
         let time = self.time_column(filter).await?;
         let keys: String = dims
             .iter()
             .enumerate()
             .map(|(i, d)| format!(", {} AS k{i}", d.expr()))
             .collect();
-        let key_names: Vec<String> = (0..dims.len()).map(|i| format!("k{i}")).collect();
-        let group: String = key_names.iter().map(|k| format!(", {k}")).collect();
+        let group: String = (0..dims.len()).map(|i| format!(", k{i}")).collect();
         // One pass over the records: each gives two values (metric 0, its latency; 1, its time
         // to first byte), counted by group and bucket. `CROSS JOIN` keeps the records the outer
         // loop on SQLite.
@@ -140,6 +198,65 @@ impl UsageReports {
         sql.push(&format!(
             ") AS x WHERE v IS NOT NULL GROUP BY m{group}, b ORDER BY m{group}, b"
         ));
+        Ok(sql)
+    }
+
+impl UsageReports {
+    /// Latency and time-to-first-byte percentiles of the stored records matching `filter`,
+    /// grouped by `dims` (none: one row), most requests first, at most `limit` rows.
+    #[tracing::instrument(skip_all, fields(dims = ?dims, limit))]
+    pub async fn latency(
+        &self,
+        dims: &[Dimension],
+        filter: &UsageFilter,
+        limit: u32,
+    ) -> Result<LatencyReport> {
+        self.latency_with(dims, filter, limit, true).await
+    }
+
+    /// [`UsageReports::latency`], with the running totals where they can answer or (`totals`
+    /// false: the tests' reference) from the stored records alone.
+    pub(crate) async fn latency_with(
+        &self,
+        dims: &[Dimension],
+        filter: &UsageFilter,
+        limit: u32,
+        totals: bool,
+    ) -> Result<LatencyReport> {
+        if dims.len() > 7 {
+            return Err(Error::InvalidArgument(
+                "at most 7 group-by dimensions".to_owned(),
+            ));
+        }
+        let limit = match limit {
+            0 => DEFAULT_ROWS,
+            n => n.min(MAX_ROWS),
+        };
+        let db = self.store.conn();
+        let backend = db.get_database_backend();
+        let totals = totals
+            && dims.iter().all(|d| {
+            matches!(
+                d,
+                Dimension::Agent
+                    | Dimension::Env
+                    | Dimension::Provider
+                    | Dimension::Model
+                    | Dimension::Day
+                    | Dimension::Week
+            )
+        }) && filter.session_id.is_none()
+            && filter.user_id.is_none();
+        let split = if totals {
+            crate::signals::split_days(filter.since_ms, filter.until_ms)
+        } else {
+            None
+        };
+        let sql = match &split {
+            Some(split) => totals_sql(backend, dims, filter, split),
+            None => self.rows_sql(backend, dims, filter).await?,
+        };
+        let key_names: Vec<String> = (0..dims.len()).map(|i| format!("k{i}")).collect();
         // Histograms by group key: (latency, ttfb), each in bucket order.
         type Hist = Vec<(i64, u64)>;
         let mut groups: BTreeMap<Vec<Option<String>>, (Hist, Hist)> = BTreeMap::new();
