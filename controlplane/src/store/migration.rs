@@ -1882,30 +1882,9 @@ mod m0019_totals {
         "errors",
     ];
 
-    /// The columns of `requests` the totals read (what a SQLite trigger copies from `NEW`).
-    const REQUEST_COLUMNS: [&str; 17] = [
-        "started_at_ms",
-        "agent",
-        "user_id",
-        "env",
-        "provider",
-        "model",
-        "answered_model",
-        "key_id",
-        "input_tokens",
-        "output_tokens",
-        "cached_input_tokens",
-        "reasoning_tokens",
-        "cost_micros",
-        "usage_status",
-        "status",
-        "latency_ms",
-        "ttfb_ms",
-    ];
-
     const SIGNAL_COLUMNS: [&str; 6] = ["agent", "received_at_ms", "env", "source", "rule", "action"];
 
-    /// The columns of `session_rollups` the agreement reads.
+    /// The columns of `session_rollups` the agreement reads (an update of another leaves it).
     const ROLLUP_COLUMNS: [&str; 6] = ["agent", "signals", "cls", "isignals", "isig_key", "icont"];
 
     /// Adds the units of `rows` (rollup rows with a column `k` of +1 or -1 each) to the
@@ -1925,12 +1904,6 @@ mod m0019_totals {
     /// `SELECT cols, k FROM from`: the rollup rows of `from` each counting `k`.
     fn rollups_counting(from: &str, k: i64) -> String {
         format!("SELECT {}, {k} AS k FROM {from}", ROLLUP_COLUMNS.join(", "))
-    }
-
-    /// `(SELECT NEW.a AS a, ...)`: a SQLite trigger's row as a table.
-    fn sqlite_row(cols: &[&str], which: &str) -> String {
-        let cols: Vec<String> = cols.iter().map(|c| format!("{which}.{c} AS {c}")).collect();
-        format!("(SELECT {})", cols.join(", "))
     }
 
     /// Adds the usage of the records of `from` (grouped, in key order) to `usage_totals`.
@@ -2007,66 +1980,116 @@ mod m0019_totals {
         format!("SELECT {}, {k} AS k FROM {from}", SIGNAL_COLUMNS.join(", "))
     }
 
+    /// SQLite: one statement per row, each a single-row upsert (a grouped `INSERT ... SELECT`
+    /// per row costs SQLite about three times as much).
     fn sqlite_up() -> Vec<String> {
-        let changed: Vec<String> = SIGNAL_COLUMNS
+        let changed = |cols: &[&str]| {
+            cols.iter()
+                .map(|c| format!("OLD.{c} IS NOT NEW.{c}"))
+                .collect::<Vec<_>>()
+                .join(" OR ")
+        };
+        // Signals: the key of the row `p` (`NEW.` or `OLD.`).
+        let signal_key = |p: &str| {
+            format!(
+                "COALESCE({p}agent, ''), {p}received_at_ms / 86400000, COALESCE({p}env, ''), \
+                 {p}source, COALESCE({p}rule, ''), {p}action"
+            )
+        };
+        let signal_add = format!(
+            "INSERT INTO signal_totals (agent, day, env, source, rule, action, n) VALUES ({}, 1) \
+             ON CONFLICT (agent, day, env, source, rule, action) \
+             DO UPDATE SET n = signal_totals.n + 1",
+            signal_key("NEW.")
+        );
+        let signal_sub = format!(
+            "UPDATE signal_totals SET n = n - 1 WHERE (agent, day, env, source, rule, action) = \
+             ({})",
+            signal_key("OLD.")
+        );
+        // Agreement: the cell of the rollup row `p`, and whether it counts.
+        let cell = |p: &str| {
+            format!(
+                "{p}agent, COALESCE({p}cls, -1), \
+                 COALESCE(CASE WHEN {p}isignals > 0 THEN {p}isig_key % 4 ELSE 3 END, -1)"
+            )
+        };
+        let counts =
+            |p: &str| format!("{p}signals > 0 AND ({p}isignals > 0 OR {p}icont > 0)");
+        let agreement_add = format!(
+            "INSERT INTO agreement_totals (agent, cls, icls, n) SELECT {}, 1 WHERE {} \
+             ON CONFLICT (agent, cls, icls) DO UPDATE SET n = agreement_totals.n + 1",
+            cell("NEW."),
+            counts("NEW.")
+        );
+        let agreement_sub = format!(
+            "UPDATE agreement_totals SET n = n - 1 WHERE (agent, cls, icls) = ({}) AND {}",
+            cell("OLD."),
+            counts("OLD.")
+        );
+        // Records: their usage, their two durations.
+        let set: Vec<String> = USAGE_MEASURES
             .iter()
-            .map(|c| format!("OLD.{c} IS NOT NEW.{c}"))
+            .map(|c| format!("{c} = usage_totals.{c} + excluded.{c}"))
             .collect();
-        let rollup_changed: Vec<String> = ROLLUP_COLUMNS
-            .iter()
-            .map(|c| format!("OLD.{c} IS NOT NEW.{c}"))
-            .collect();
+        let usage_add = format!(
+            "INSERT INTO usage_totals (day, agent, user_id, env, provider, model, key_id, {}) \
+             VALUES (NEW.started_at_ms / 86400000, COALESCE(NEW.agent, ''), \
+             COALESCE(NEW.user_id, ''), COALESCE(NEW.env, ''), NEW.provider, \
+             COALESCE(NEW.answered_model, NEW.model, ''), NEW.key_id, 1, \
+             COALESCE(NEW.input_tokens, 0), COALESCE(NEW.output_tokens, 0), \
+             COALESCE(NEW.cached_input_tokens, 0), COALESCE(NEW.reasoning_tokens, 0), \
+             COALESCE(NEW.cost_micros, 0), \
+             CASE WHEN NEW.cost_micros IS NULL AND (NEW.input_tokens IS NOT NULL OR \
+             NEW.output_tokens IS NOT NULL) THEN 1 ELSE 0 END, \
+             CASE WHEN NEW.usage_status <> 'not_applicable' AND NEW.input_tokens IS NULL AND \
+             NEW.output_tokens IS NULL THEN 1 ELSE 0 END, \
+             CASE WHEN NEW.status >= 400 THEN 1 ELSE 0 END) \
+             ON CONFLICT (day, agent, user_id, env, provider, model, key_id) DO UPDATE SET {}",
+            USAGE_MEASURES.join(", "),
+            set.join(", ")
+        );
+        let latency_add = |metric: i64, col: &str| {
+            format!(
+                "INSERT INTO latency_totals (agent, day, env, provider, model, metric, bucket, n) \
+                 SELECT COALESCE(NEW.agent, ''), NEW.started_at_ms / 86400000, \
+                 COALESCE(NEW.env, ''), NEW.provider, COALESCE(NEW.answered_model, NEW.model, ''), \
+                 {metric}, {}, 1 WHERE NEW.{col} IS NOT NULL \
+                 ON CONFLICT (agent, day, env, provider, model, metric, bucket) \
+                 DO UPDATE SET n = latency_totals.n + 1",
+                bucket(&format!("NEW.{col}"))
+            )
+        };
         vec![
             format!(
-                "CREATE TRIGGER IF NOT EXISTS signal_totals_insert AFTER INSERT ON signals BEGIN {}; END",
-                signal_upsert(&format!(
-                    "({})",
-                    signals_counting(&sqlite_row(&SIGNAL_COLUMNS, "NEW"), 1)
-                ))
+                "CREATE TRIGGER IF NOT EXISTS signal_totals_insert AFTER INSERT ON signals \
+                 BEGIN {signal_add}; END"
             ),
             format!(
                 "CREATE TRIGGER IF NOT EXISTS signal_totals_update AFTER UPDATE OF {} ON signals \
-                 WHEN {} BEGIN {}; END",
+                 WHEN {} BEGIN {signal_sub}; {signal_add}; END",
                 SIGNAL_COLUMNS.join(", "),
-                changed.join(" OR "),
-                signal_upsert(&format!(
-                    "({} UNION ALL {})",
-                    signals_counting(&sqlite_row(&SIGNAL_COLUMNS, "OLD"), -1),
-                    signals_counting(&sqlite_row(&SIGNAL_COLUMNS, "NEW"), 1)
-                ))
+                changed(&SIGNAL_COLUMNS)
             ),
             format!(
                 "CREATE TRIGGER IF NOT EXISTS agreement_totals_insert AFTER INSERT ON \
-                 session_rollups BEGIN {}; END",
-                agreement_upsert(&format!(
-                    "({})",
-                    rollups_counting(&sqlite_row(&ROLLUP_COLUMNS, "NEW"), 1)
-                ))
+                 session_rollups BEGIN {agreement_add}; END"
             ),
             format!(
                 "CREATE TRIGGER IF NOT EXISTS agreement_totals_update AFTER UPDATE OF {} ON \
-                 session_rollups WHEN {} BEGIN {}; END",
+                 session_rollups WHEN {} BEGIN {agreement_sub}; {agreement_add}; END",
                 ROLLUP_COLUMNS.join(", "),
-                rollup_changed.join(" OR "),
-                agreement_upsert(&format!(
-                    "({} UNION ALL {})",
-                    rollups_counting(&sqlite_row(&ROLLUP_COLUMNS, "OLD"), -1),
-                    rollups_counting(&sqlite_row(&ROLLUP_COLUMNS, "NEW"), 1)
-                ))
+                changed(&ROLLUP_COLUMNS)
             ),
             format!(
                 "CREATE TRIGGER IF NOT EXISTS agreement_totals_delete AFTER DELETE ON \
-                 session_rollups BEGIN {}; END",
-                agreement_upsert(&format!(
-                    "({})",
-                    rollups_counting(&sqlite_row(&ROLLUP_COLUMNS, "OLD"), -1)
-                ))
+                 session_rollups BEGIN {agreement_sub}; END"
             ),
             format!(
                 "CREATE TRIGGER IF NOT EXISTS request_totals_insert AFTER INSERT ON requests \
-                 BEGIN {}; {}; END",
-                usage_upsert(&sqlite_row(&REQUEST_COLUMNS, "NEW")),
-                latency_upsert(&sqlite_row(&REQUEST_COLUMNS, "NEW"))
+                 BEGIN {usage_add}; {}; {}; END",
+                latency_add(0, "latency_ms"),
+                latency_add(1, "ttfb_ms")
             ),
         ]
     }
