@@ -188,9 +188,8 @@ impl Agents {
                  COALESCE(CASE WHEN isignals > 0 THEN isig_key % 4 ELSE 3 END, -1) AS icls, \
                  COUNT(*) AS n FROM session_rollups WHERE agent = ",
             );
-            sql.bind(agent).push(
-                " AND signals > 0 AND (isignals > 0 OR icont > 0) GROUP BY 1, 2",
-            );
+            sql.bind(agent)
+                .push(" AND signals > 0 AND (isignals > 0 OR icont > 0) GROUP BY 1, 2");
             sql
         };
         sql.push(" ORDER BY cls, icls");

@@ -224,7 +224,10 @@ impl Signals {
     pub async fn agent_counts(&self, f: &SignalFilter) -> Result<AgentCounts> {
         let db = self.store.conn();
         let mut by_action = ActionCounts::default();
-        for row in db.query_all_raw(counts_sql(db.get_database_backend(), f).build()).await? {
+        for row in db
+            .query_all_raw(counts_sql(db.get_database_backend(), f).build())
+            .await?
+        {
             let action: String = row.try_get("", "action")?;
             if let Some(i) = Action::ALL.iter().position(|a| a.as_str() == action) {
                 by_action.0[i] += count(&row, "n")?;

@@ -728,6 +728,14 @@ mod tests {
             )
             .await
             .unwrap();
+        // The running totals counted those records when they were stored (m0019).
+        store
+            .conn()
+            .execute_unprepared(
+                "INSERT INTO usage_totals SELECT * FROM usage_rollups WHERE key_id = 'key_2'",
+            )
+            .await
+            .unwrap();
         let r = UsageReports::new(store)
             .report(
                 &[Dimension::Key, Dimension::Week],

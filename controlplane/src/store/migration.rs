@@ -1882,7 +1882,8 @@ mod m0019_totals {
         "errors",
     ];
 
-    const SIGNAL_COLUMNS: [&str; 6] = ["agent", "received_at_ms", "env", "source", "rule", "action"];
+    const SIGNAL_COLUMNS: [&str; 6] =
+        ["agent", "received_at_ms", "env", "source", "rule", "action"];
 
     /// The columns of `session_rollups` the agreement reads (an update of another leaves it).
     const ROLLUP_COLUMNS: [&str; 6] = ["agent", "signals", "cls", "isignals", "isig_key", "icont"];
@@ -1906,9 +1907,24 @@ mod m0019_totals {
         format!("SELECT {}, {k} AS k FROM {from}", ROLLUP_COLUMNS.join(", "))
     }
 
+    /// `c = table.c + excluded.c`, at most the largest BIGINT (the measures are never negative).
+    fn add_saturating(table: &str, c: &str) -> String {
+        format!(
+            "{c} = CASE WHEN {table}.{c} > 9223372036854775807 - excluded.{c} \
+             THEN 9223372036854775807 ELSE {table}.{c} + excluded.{c} END"
+        )
+    }
+
     /// Adds the usage of the records of `from` (grouped, in key order) to `usage_totals`.
-    fn usage_upsert(from: &str) -> String {
-        let s = |e: &str| format!("CAST(COALESCE(SUM({e}), 0) AS BIGINT)");
+    fn usage_upsert(backend: DatabaseBackend, from: &str) -> String {
+        // Saturating at the largest BIGINT, as the reports' sums do (SQLite's `SUM` fails on
+        // overflow: `TOTAL` adds doubles, exact below 2^53).
+        let s = |e: &str| match backend {
+            DatabaseBackend::Postgres => {
+                format!("CAST(LEAST(COALESCE(SUM({e}), 0), 9223372036854775807) AS BIGINT)")
+            }
+            _ => format!("CAST(MIN(TOTAL({e}), 9.3e18) AS INTEGER)"),
+        };
         let measures = [
             "COUNT(*)".to_owned(),
             s("input_tokens"),
@@ -1916,15 +1932,19 @@ mod m0019_totals {
             s("cached_input_tokens"),
             s("reasoning_tokens"),
             s("cost_micros"),
-            s("CASE WHEN cost_micros IS NULL AND (input_tokens IS NOT NULL OR output_tokens \
-               IS NOT NULL) THEN 1 ELSE 0 END"),
-            s("CASE WHEN usage_status <> 'not_applicable' AND input_tokens IS NULL AND \
-               output_tokens IS NULL THEN 1 ELSE 0 END"),
+            s(
+                "CASE WHEN cost_micros IS NULL AND (input_tokens IS NOT NULL OR output_tokens \
+               IS NOT NULL) THEN 1 ELSE 0 END",
+            ),
+            s(
+                "CASE WHEN usage_status <> 'not_applicable' AND input_tokens IS NULL AND \
+               output_tokens IS NULL THEN 1 ELSE 0 END",
+            ),
             s("CASE WHEN status >= 400 THEN 1 ELSE 0 END"),
         ];
         let set: Vec<String> = USAGE_MEASURES
             .iter()
-            .map(|c| format!("{c} = usage_totals.{c} + excluded.{c}"))
+            .map(|c| add_saturating("usage_totals", c))
             .collect();
         format!(
             "INSERT INTO usage_totals (day, agent, user_id, env, provider, model, key_id, {}) \
@@ -2014,8 +2034,7 @@ mod m0019_totals {
                  COALESCE(CASE WHEN {p}isignals > 0 THEN {p}isig_key % 4 ELSE 3 END, -1)"
             )
         };
-        let counts =
-            |p: &str| format!("{p}signals > 0 AND ({p}isignals > 0 OR {p}icont > 0)");
+        let counts = |p: &str| format!("{p}signals > 0 AND ({p}isignals > 0 OR {p}icont > 0)");
         let agreement_add = format!(
             "INSERT INTO agreement_totals (agent, cls, icls, n) SELECT {}, 1 WHERE {} \
              ON CONFLICT (agent, cls, icls) DO UPDATE SET n = agreement_totals.n + 1",
@@ -2030,7 +2049,7 @@ mod m0019_totals {
         // Records: their usage, their two durations.
         let set: Vec<String> = USAGE_MEASURES
             .iter()
-            .map(|c| format!("{c} = usage_totals.{c} + excluded.{c}"))
+            .map(|c| add_saturating("usage_totals", c))
             .collect();
         let usage_add = format!(
             "INSERT INTO usage_totals (day, agent, user_id, env, provider, model, key_id, {}) \
@@ -2121,7 +2140,7 @@ mod m0019_totals {
             format!(
                 "CREATE FUNCTION nm_request_totals_insert() RETURNS trigger LANGUAGE plpgsql AS $$ \
                  BEGIN {}; {}; RETURN NULL; END $$",
-                usage_upsert("new_rows"),
+                usage_upsert(DatabaseBackend::Postgres, "new_rows"),
                 latency_upsert("new_rows")
             ),
             "CREATE TRIGGER request_totals_insert AFTER INSERT ON requests \
@@ -2163,14 +2182,14 @@ mod m0019_totals {
     }
 
     /// The totals of the rows already stored (and of the records retention deleted).
-    fn backfill() -> Vec<String> {
+    fn backfill(backend: DatabaseBackend) -> Vec<String> {
         let set: Vec<String> = USAGE_MEASURES
             .iter()
-            .map(|c| format!("{c} = usage_totals.{c} + excluded.{c}"))
+            .map(|c| add_saturating("usage_totals", c))
             .collect();
         vec![
             signal_upsert(&format!("({})", signals_counting("signals", 1))),
-            usage_upsert("requests"),
+            usage_upsert(backend, "requests"),
             format!(
                 "INSERT INTO usage_totals (day, agent, user_id, env, provider, model, key_id, {0}) \
                  SELECT day, agent, user_id, env, provider, model, key_id, {0} FROM usage_rollups \
@@ -2191,7 +2210,7 @@ mod m0019_totals {
             for sql in TABLES {
                 db.execute_unprepared(sql).await?;
             }
-            for sql in backfill() {
+            for sql in backfill(db.get_database_backend()) {
                 db.execute_unprepared(&sql).await?;
             }
             let triggers = match db.get_database_backend() {

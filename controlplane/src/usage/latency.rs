@@ -201,7 +201,6 @@ impl UsageReports {
         Ok(sql)
     }
 
-impl UsageReports {
     /// Latency and time-to-first-byte percentiles of the stored records matching `filter`,
     /// grouped by `dims` (none: one row), most requests first, at most `limit` rows.
     #[tracing::instrument(skip_all, fields(dims = ?dims, limit))]
@@ -236,16 +235,17 @@ impl UsageReports {
         let backend = db.get_database_backend();
         let totals = totals
             && dims.iter().all(|d| {
-            matches!(
-                d,
-                Dimension::Agent
-                    | Dimension::Env
-                    | Dimension::Provider
-                    | Dimension::Model
-                    | Dimension::Day
-                    | Dimension::Week
-            )
-        }) && filter.session_id.is_none()
+                matches!(
+                    d,
+                    Dimension::Agent
+                        | Dimension::Env
+                        | Dimension::Provider
+                        | Dimension::Model
+                        | Dimension::Day
+                        | Dimension::Week
+                )
+            })
+            && filter.session_id.is_none()
             && filter.user_id.is_none();
         let split = if totals {
             crate::signals::split_days(filter.since_ms, filter.until_ms)

@@ -70,7 +70,9 @@ fn record(i: i64, rng: &mut Rng) -> RequestRecord {
         agent: rng.pick(&[Some("a"), Some("b"), None]).map(str::to_owned),
         session_id: format!("sess_{}", i % 60).parse().ok(),
         env: *rng.pick(&[Some(Env::Production), Some(Env::Staging), None]),
-        user_id: rng.pick(&[Some("alice"), Some("bob"), None]).map(str::to_owned),
+        user_id: rng
+            .pick(&[Some("alice"), Some("bob"), None])
+            .map(str::to_owned),
         status: *rng.pick(&[200, 200, 200, 500]),
         latency_ms: 3 + rng.next() % 30_000,
         ttfb_ms: (rng.next() % 3 != 0).then(|| 1 + rng.next() % 3_000),
@@ -95,14 +97,20 @@ fn record(i: i64, rng: &mut Rng) -> RequestRecord {
     }
 }
 
-fn signal(id: &str, at: i64, session: Option<String>, request: Option<String>, rng: &mut Rng) -> Signal {
+fn signal(
+    id: &str,
+    at: i64,
+    session: Option<String>,
+    request: Option<String>,
+    rng: &mut Rng,
+) -> Signal {
     Signal {
         id: id.to_owned(),
         received_at_ms: at,
         session_id: session.and_then(|s| s.parse().ok()),
         request_id: request.and_then(|r| r.parse().ok()),
         action: *rng.pick(&Action::ALL),
-        edit_distance: None,
+        edit_distance: Some(rng.next() % 50),
         custom_label: None,
         key_id: "key_1".into(),
         idempotency_key: None,
@@ -178,7 +186,12 @@ const USAGE_DIMS: [&[Dimension]; 5] = [
     &[Dimension::User],
     &[],
     &[Dimension::Week, Dimension::Env],
-    &[Dimension::Model, Dimension::Provider, Dimension::Env, Dimension::Week],
+    &[
+        Dimension::Model,
+        Dimension::Provider,
+        Dimension::Env,
+        Dimension::Week,
+    ],
 ];
 
 fn usage_filters() -> Vec<UsageFilter> {
@@ -211,7 +224,10 @@ fn usage_filters() -> Vec<UsageFilter> {
 /// Whether the latency report is read from the totals (else from the rows alone: by key or end
 /// user, or of one end user).
 fn latency_from_totals(f: &UsageFilter, dims: &[Dimension]) -> bool {
-    f.user_id.is_none() && !dims.iter().any(|d| matches!(d, Dimension::Key | Dimension::User))
+    f.user_id.is_none()
+        && !dims
+            .iter()
+            .any(|d| matches!(d, Dimension::Key | Dimension::User))
 }
 
 /// A report in an order that does not depend on ties.
@@ -252,12 +268,8 @@ async fn answers(store: &Store, totals: bool) -> Answers {
             out.usage.push(sorted(
                 usage.report_with(dims, &f, 10_000, totals).await.unwrap(),
             ));
-            out.latency.push(
-                usage
-                    .latency_with(dims, &f, 10_000, totals)
-                    .await
-                    .unwrap(),
-            );
+            out.latency
+                .push(usage.latency_with(dims, &f, 10_000, totals).await.unwrap());
         }
     }
     out
@@ -349,9 +361,8 @@ async fn totals_equal_rows(url: &str) {
     assert_eq!(kept.agreement, stored.agreement);
     // Ranges that begin before the cutoff mid-day lose their deleted edge; every other answer
     // is the one before retention.
-    let unchanged = |(since, _): (Option<i64>, Option<i64>)| {
-        since.is_none_or(|s| s % DAY == 0 || s >= cutoff)
-    };
+    let unchanged =
+        |(since, _): (Option<i64>, Option<i64>)| since.is_none_or(|s| s % DAY == 0 || s >= cutoff);
     for (i, f) in signal_filters().iter().enumerate() {
         if unchanged((f.since_ms, f.until_ms)) {
             assert_eq!(kept.signals[i], stored.signals[i], "{f:?}");
@@ -379,7 +390,11 @@ async fn totals_equal_rows(url: &str) {
     );
     let token = users.forget("key_admin", "alice").await.unwrap().token;
     assert_eq!(
-        one(&store, "SELECT COUNT(*) FROM usage_totals WHERE user_id = 'alice'").await,
+        one(
+            &store,
+            "SELECT COUNT(*) FROM usage_totals WHERE user_id = 'alice'"
+        )
+        .await,
         0
     );
     assert!(
