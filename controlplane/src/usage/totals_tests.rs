@@ -49,7 +49,7 @@ fn request_id(i: i64) -> String {
 
 fn record(i: i64, rng: &mut Rng) -> RequestRecord {
     let started = D0 * DAY + i * (DAYS * DAY / RECORDS) + (rng.next() % 1_000) as i64;
-    let metered = rng.next() % 5 != 0;
+    let metered = !rng.next().is_multiple_of(5);
     let inferred = if i % 3 == 1 {
         vec![Inferred {
             rule: *rng.pick(&[Rule::Reask, Rule::HistoryEdit, Rule::Continued]),
@@ -75,11 +75,14 @@ fn record(i: i64, rng: &mut Rng) -> RequestRecord {
             .map(str::to_owned),
         status: *rng.pick(&[200, 200, 200, 500]),
         latency_ms: 3 + rng.next() % 30_000,
-        ttfb_ms: (rng.next() % 3 != 0).then(|| 1 + rng.next() % 3_000),
+        ttfb_ms: (!rng.next().is_multiple_of(3)).then(|| 1 + rng.next() % 3_000),
         streamed: true,
         response_bytes: 100,
         usage: Usage {
-            model: (rng.next() % 4 == 0).then(|| "m1-answered".to_owned()),
+            model: rng
+                .next()
+                .is_multiple_of(4)
+                .then(|| "m1-answered".to_owned()),
             input_tokens: metered.then(|| rng.next() % 1_000),
             output_tokens: metered.then(|| rng.next() % 500),
             cached_input_tokens: metered.then(|| rng.next() % 100),
@@ -91,7 +94,7 @@ fn record(i: i64, rng: &mut Rng) -> RequestRecord {
         } else {
             UsageStatus::Missing
         },
-        cost_micros: (metered && rng.next() % 4 != 0).then(|| rng.next() % 10_000),
+        cost_micros: (metered && !rng.next().is_multiple_of(4)).then(|| rng.next() % 10_000),
         inferred,
         ..Default::default()
     }
