@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use nm_types::record::{RequestRecord, TraceRef};
 use sea_orm::ConnectionTrait;
 
-use super::latest_traces;
 use super::synthetic::Rng;
+use super::{latest_trace_statement, latest_traces};
 use crate::scratch::{ScratchPg, drop_test_db};
 use crate::sql::Sql;
 use crate::store::Store;
@@ -206,4 +206,40 @@ async fn one_walk_finds_each_labels_latest_trace_postgres() {
     };
     check(&pg.url).await;
     drop_test_db(&pg.url).await;
+}
+
+/// SQLite reads the walk through the partial index of traced requests (m0019), not the index of
+/// all the agent's requests: with nothing traced it has nothing to read.
+#[tokio::test]
+async fn the_walk_reads_the_index_of_traced_requests_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::connect(&format!("sqlite://{}/t.db?mode=rwc", dir.path().display()))
+        .await
+        .unwrap();
+    let db = store.conn();
+    let statement = latest_trace_statement(
+        db.get_database_backend(),
+        "a",
+        SINCE,
+        i64::MAX,
+        &["m-1".to_owned(), "openai".to_owned()],
+    );
+    let plan = db
+        .query_all_raw(sea_orm::Statement::from_sql_and_values(
+            db.get_database_backend(),
+            format!("EXPLAIN QUERY PLAN {}", statement.sql),
+            statement.values.map(|v| v.0).unwrap_or_default(),
+        ))
+        .await
+        .unwrap();
+    let detail: Vec<String> = plan
+        .iter()
+        .map(|r| r.try_get::<String>("", "detail").unwrap())
+        .collect();
+    assert!(
+        detail
+            .iter()
+            .any(|d| d.contains("INDEX idx_requests_agent_traced")),
+        "{detail:?}"
+    );
 }
