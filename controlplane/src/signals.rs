@@ -535,7 +535,9 @@ fn place<'a>(
 /// (a signal refused for naming a request of another session is not written).
 async fn write_group(store: &Store, group: &[Pending]) -> Result<(WriteTxn, Vec<Result<Stored>>)> {
     let txn = store.begin_write().await?;
-    if group.iter().any(|p| p.signal.request_id.is_some()) {
+    if group.iter().any(|p| p.signal.request_id.is_some())
+        || has_unknown_session(&txn, group).await?
+    {
         answers_lock(&txn, true).await?;
     }
     let answers = known_answers(
@@ -715,10 +717,11 @@ fn to_row(
 /// An arbitrary constant: the key of the PostgreSQL advisory lock of [`answers_lock`].
 const ANSWERS_LOCK: i64 = 0x6e6d_5f61_6e73;
 
-/// Orders a signal group that names answers and a records batch on PostgreSQL (SQLite runs one
-/// writer at a time): under READ COMMITTED, a signal group that finds no record for its request
-/// and a batch that brings that record, running at once, would each miss the other, leaving the
-/// signal waiting for ever. A group naming answers takes this lock exclusively (`exclusive`)
+/// Orders a signal group that names answers (or a session not known yet) and a records batch on
+/// PostgreSQL (SQLite runs one writer at a time): under READ COMMITTED, a signal group that
+/// finds no record for its request (or session) and a batch that brings that record, running at
+/// once, would each miss the other, leaving the signal waiting for ever. A group naming answers
+/// or an unknown session takes this lock exclusively (`exclusive`)
 /// before it reads the records; every batch takes it shared (batches never wait for each
 /// other) before anything else, and looks for the signals naming its requests under it. Both
 /// take it first, before any row lock: one lock order.
@@ -816,6 +819,30 @@ async fn judged_answers<'a>(
 /// The group's sessions that are known. On PostgreSQL their rows are share-locked in id order
 /// (byte order, like the records ingest's upsert): a session's row guards its rollups, so a
 /// signal group and a records batch touching the same session take their locks in one order.
+/// Whether a signal of the group names a session no stored request has brought yet (PostgreSQL
+/// only; SQLite runs one writer at a time). Such a signal waits for its session's first record,
+/// so it is ordered against record batches like a signal naming an answer ([`answers_lock`]):
+/// otherwise a batch bringing the session's first record at the same moment would miss it, and
+/// it would wait for the session's next record. A plain read (no row lock), so the lock is still
+/// taken before any row lock.
+async fn has_unknown_session(txn: &WriteTxn, group: &[Pending]) -> Result<bool> {
+    if txn.get_database_backend() != sea_orm::DatabaseBackend::Postgres {
+        return Ok(false);
+    }
+    let ids: HashSet<&str> = group
+        .iter()
+        .filter_map(|p| p.signal.session_id.as_ref().map(|id| id.as_str()))
+        .collect();
+    if ids.is_empty() {
+        return Ok(false);
+    }
+    let known = session::Entity::find()
+        .filter(session::Column::SessionId.is_in(ids.iter().copied()))
+        .all(txn)
+        .await?;
+    Ok(known.len() < ids.len())
+}
+
 async fn known_sessions<'a>(
     txn: &WriteTxn,
     ids: impl Iterator<Item = &'a str>,
