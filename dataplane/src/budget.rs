@@ -686,7 +686,8 @@ impl Budgets {
     }
 
     /// Admits or refuses a request that may cost up to `estimate_micros` and `estimate_tokens`.
-    /// `Ok(None)`: no budget applies to it.
+    /// `Ok(None)`: no budget applies to it. (The proxy calls [`Self::admit_with`].)
+    #[cfg(test)]
     pub fn admit(
         &self,
         who: &Who<'_>,
@@ -702,8 +703,9 @@ impl Budgets {
         })
     }
 
-    /// [`Self::admit`], with the estimate and the clock read only once a budget is found to
-    /// apply: a request no budget applies to prices nothing and reads no clock.
+    /// Admits or refuses a request that may cost up to the [`Estimate`] `estimate` gives, made
+    /// only once a budget is found to apply: a request no budget applies to prices nothing and
+    /// reads no clock. `Ok(None)`: no budget applies to it.
     pub fn admit_with(
         &self,
         who: &Who<'_>,
