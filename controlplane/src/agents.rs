@@ -7,6 +7,7 @@
 use sea_orm::ConnectionTrait;
 
 use crate::analytics::evidence::{self, Evidence, Setting};
+use crate::analytics::query::{IMPLICIT_INDEX, IMPLICIT_ROWS};
 use crate::error::{Error, Result};
 use crate::signals::{ActionCounts, SignalFilter, push_range};
 use crate::sql::{Sql, count};
@@ -171,13 +172,20 @@ impl Agents {
         let db = self.store.conn();
         let mut sql = Sql::new(
             db.get_database_backend(),
-            "SELECT cls, CASE WHEN isignals > 0 THEN isig_key % 4 ELSE 3 END AS icls, \
-             COUNT(*) AS n FROM session_rollups WHERE agent = ",
+            &format!(
+                "SELECT cls, CASE WHEN isignals > 0 THEN isig_key % 4 ELSE 3 END AS icls, \
+                 COUNT(*) AS n FROM session_rollups{} WHERE agent = ",
+                match db.get_database_backend() {
+                    sea_orm::DatabaseBackend::Sqlite => format!(" INDEXED BY {IMPLICIT_INDEX}"),
+                    _ => String::new(),
+                }
+            ),
         );
-        sql.bind(agent).push(
-            " AND signals > 0 AND (isignals > 0 OR icont > 0) GROUP BY cls, \
-             CASE WHEN isignals > 0 THEN isig_key % 4 ELSE 3 END",
-        );
+        // Only the units with implicit signals: the partial index of exactly those rows.
+        sql.bind(agent).push(&format!(
+            " AND signals > 0 AND {IMPLICIT_ROWS} GROUP BY cls, \
+             CASE WHEN isignals > 0 THEN isig_key % 4 ELSE 3 END"
+        ));
         let name = |cls: i64| match cls {
             1 => OUTCOMES[0],
             2 => OUTCOMES[2],

@@ -59,11 +59,39 @@ impl Evidence {
 
     /// What the analytics read as `session_rollups`: the table itself for explicit evidence,
     /// else a view with the effective columns (and with `indexed`, SQLite's index hint, which
-    /// a view cannot take).
+    /// the view does not take: its planner picks).
     pub(crate) fn rollup(self, indexed: &str) -> String {
         if !self.implicit {
             return format!("session_rollups{indexed}");
         }
+        self.view("", "")
+    }
+
+    /// The view of [`Evidence::rollup`] over the rows of `session_rollups` that pass `filter`
+    /// (a condition on the table's own columns), read through the index `indexed` names
+    /// (SQLite's hint, or empty). Implicit evidence only.
+    pub(crate) fn rollup_where(self, indexed: &str, filter: &str) -> String {
+        debug_assert!(self.implicit, "explicit evidence reads the table itself");
+        self.view(indexed, &format!(" WHERE {filter}"))
+    }
+
+    /// The rollup rows without any explicit signal and with implicit ones (`continued`
+    /// aside), as implicit evidence without `continued` sees them, read through `indexed`:
+    /// their effective columns are their implicit ones. Fewer columns than [`Evidence::rollup`]'s
+    /// view, so that an index of `analytics::query::implicit_beside` covers them.
+    pub(crate) fn implicit_only(indexed: &str) -> String {
+        format!(
+            "(SELECT agent, session_id, last_active_ms, first_request_ms, requests, cost, \
+             CASE WHEN ifirst_ms < first_signal_ms OR first_signal_ms IS NULL THEN ifirst_ms \
+             ELSE first_signal_ms END AS first_signal_ms, \
+             isignals AS signals, isig_key % 4 AS cls, iregens AS regens, iheavy AS heavy \
+             FROM session_rollups{indexed} WHERE {} AND signals = 0 AND isignals > 0) \
+             AS session_rollups",
+            super::query::IMPLICIT_ROWS
+        )
+    }
+
+    fn view(self, indexed: &str, filter: &str) -> String {
         let key = format!(
             "CASE WHEN signals > 0 THEN sig_key ELSE {} END",
             self.implicit_key("isig_key", "icont_key")
@@ -84,12 +112,13 @@ impl Evidence {
              (({key}) / 4 + 259200000) / 604800000 AS week, \
              CASE WHEN signals > 0 THEN regens ELSE iregens END AS regens, \
              CASE WHEN signals > 0 THEN heavy ELSE iheavy END AS heavy \
-             FROM session_rollups) AS session_rollups"
+             FROM session_rollups{indexed}{filter}) AS session_rollups"
         )
     }
 
     /// A unit of the per-unit table `s` from its rows (explicit and implicit signals and
-    /// requests in the shape of `rollup::signal_rows`), grouped by unit.
+    /// requests in the shape of `rollup::signal_rows`), grouped by unit; `esignals` is its
+    /// number of explicit signals, whatever the evidence.
     pub(crate) fn session_from_rows(self) -> String {
         let (key, regens, heavy, signals) = if self.implicit {
             let count = if self.continued {
@@ -117,7 +146,7 @@ impl Evidence {
         format!(
             "({key}) % 4 AS cls, ({key}) / 4 AS last_ms, \
              CAST({regens} AS BIGINT) AS regens, CAST({heavy} AS BIGINT) AS heavy, \
-             CAST({signals} AS BIGINT) AS signals, \
+             CAST({signals} AS BIGINT) AS signals, CAST(SUM(is_sig) AS BIGINT) AS esignals, \
              CASE WHEN MIN(model) = MAX(model) THEN MIN(model) END AS model, \
              CASE WHEN MIN(provider) = MAX(provider) THEN MIN(provider) END AS provider, \
              MAX(env) AS env, MAX(user_id) AS user_id, CAST(SUM(cost) AS BIGINT) AS cost, \

@@ -344,25 +344,11 @@ impl Analytics {
         }
         let aggregates = query::aggregates(&self.store, &agent, periods, evidence).await?;
         // Implicit signals shown beside explicit ones: the same window counted with them (one
-        // total row; the rules never read it).
+        // total row; the rules never read it), from the explicit total.
         let implicit_summary = if evidence.implicit {
             None
         } else {
-            let beside = Evidence {
-                implicit: true,
-                continued: false,
-            };
-            let rows = query::outcome_rates(
-                &self.store,
-                &agent,
-                &[],
-                window.since_ms,
-                window.until_ms,
-                1,
-                beside,
-            )
-            .await?;
-            Some(rows.into_iter().next().unwrap_or_default())
+            Some(query::implicit_beside(&self.store, &agent, window, &aggregates.total).await?)
         };
         let mut run = carried(sequences, &periods, origin_ms.unwrap_or(now_ms));
         let mut recommendations = recommend::recommend(&aggregates, &periods, &mut run);

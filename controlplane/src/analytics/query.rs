@@ -337,12 +337,24 @@ enum Scan {
 /// `s` keeps the sessions without a signal in the window too (`signals = 0`), for the cost per
 /// end user; outcome measures count only the sessions with signals.
 fn push_edge_sessions(sql: &mut Sql, ev: Evidence, agent: &str, since: i64, until: i64) {
+    push_edge_sessions_of(sql, ev, &ev.rollup(""), agent, since, until);
+}
+
+/// [`push_edge_sessions`] of the units among the rollup rows of `units` (the evidence's view
+/// of `session_rollups`, or of some of its rows).
+fn push_edge_sessions_of(
+    sql: &mut Sql,
+    ev: Evidence,
+    units: &str,
+    agent: &str,
+    since: i64,
+    until: i64,
+) {
     let request_since = since - REQUEST_LOOKBACK_MS;
     // `agent || ''` and `+ 0` keep SQLite off the agent and time indexes, so it looks the few
     // sessions up by id instead of scanning every row of the agent.
     sql.push(&format!(
-        "WITH e AS MATERIALIZED (SELECT session_id FROM {} WHERE agent = ",
-        ev.rollup("")
+        "WITH e AS MATERIALIZED (SELECT session_id FROM {units} WHERE agent = "
     ))
     .bind(agent.to_owned())
     .push(" AND last_active_ms >= ")
@@ -685,6 +697,78 @@ fn add(into: &mut OutcomeRow, m: &OutcomeRow) {
     into.regenerations += m.regenerations;
     into.cost_micros += m.cost_micros;
     into.requests += m.requests;
+}
+
+/// The partial index of the rollup rows with implicit signals (m0020), which the implicit
+/// total beside explicit evidence reads ([`implicit_beside`]), and its condition: a query
+/// reading it holds the condition as one of its `WHERE`'s terms.
+pub(crate) const IMPLICIT_INDEX: &str = "idx_session_rollups_implicit";
+pub(crate) const IMPLICIT_ROWS: &str = "(isignals > 0 OR icont > 0)";
+
+/// The total of `agent` over `window` counting implicit evidence (explicit and implicit
+/// signals, `continued` no outcome), shown beside explicit evidence, from `explicit`: the
+/// window's total with explicit evidence only ([`Aggregates::total`]).
+///
+/// An explicit signal always wins, so a unit with an explicit signal in the window has the
+/// same measures under both evidences; the implicit total is the explicit one plus the units
+/// with no explicit signal in the window and an implicit one. Only those are read: the rollup
+/// rows whole inside the window without any explicit signal, and the few units straddling an
+/// edge, both through the partial index of the rows with implicit signals, so an agent without
+/// implicit signals costs nothing here.
+pub async fn implicit_beside(
+    store: &Store,
+    agent: &str,
+    window: Window,
+    explicit: &OutcomeRow,
+) -> Result<OutcomeRow> {
+    let stmt = implicit_beside_statement(store.backend(), agent, window);
+    let mut total = OutcomeRow {
+        key: Vec::new(),
+        ..explicit.clone()
+    };
+    for row in run(store, stmt).await? {
+        add(&mut total, &measures_of(&row, Vec::new())?);
+    }
+    Ok(total)
+}
+
+/// The statement of [`implicit_beside`]: two rows, the straddling units' and the inside rows'.
+pub(crate) fn implicit_beside_statement(
+    backend: DatabaseBackend,
+    agent: &str,
+    window: Window,
+) -> Statement {
+    let Window {
+        since_ms: since,
+        until_ms: until,
+    } = window;
+    let ev = Evidence {
+        implicit: true,
+        continued: false,
+    };
+    let indexed = match backend {
+        DatabaseBackend::Sqlite => format!(" INDEXED BY {IMPLICIT_INDEX}"),
+        _ => String::new(),
+    };
+    let mut sql = Sql::new(backend, "");
+    // A unit with no implicit signal (`continued` aside) has none of these measures.
+    push_edge_sessions_of(
+        &mut sql,
+        ev,
+        &ev.rollup_where(&indexed, &format!("{IMPLICIT_ROWS} AND isignals > 0")),
+        agent,
+        since,
+        until,
+    );
+    sql.push(&format!(
+        "SELECT {} FROM s WHERE signals > 0 AND esignals = 0 UNION ALL SELECT {} FROM {} WHERE ",
+        measures("cls"),
+        rollup_measures(backend, true),
+        Evidence::implicit_only(&indexed)
+    ));
+    push_inside(&mut sql, Scan::Range, agent, since, until);
+    sql.push(" AND signals > 0");
+    sql.build()
 }
 
 /// Most rows [`outcome_rates`] returns.

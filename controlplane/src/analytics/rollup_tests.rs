@@ -16,7 +16,7 @@ use sea_orm_migration::MigratorTrait;
 use super::evidence::Evidence;
 use super::outcome::{HEAVY_EDIT_CHARS, class_case};
 use super::query::{
-    Aggregates, Dimension, Periods, REQUEST_LOOKBACK_MS, Source, aggregates_from,
+    Aggregates, Dimension, Periods, REQUEST_LOOKBACK_MS, Source, aggregates_from, implicit_beside,
     outcome_rates_from,
 };
 use super::report::Window;
@@ -410,9 +410,11 @@ fn windows() -> Vec<(i64, i64)> {
 }
 
 /// Asserts that every question the analytics ask has the same answer from the rollup as from
-/// the raw rows, for each agent and window; returns the number of sessions seen.
-async fn assert_rollup_matches_raw(store: &Store) -> u64 {
+/// the raw rows, for each agent and window; returns the number of sessions seen, and of units
+/// only implicit signals count in the implicit total beside explicit evidence.
+async fn assert_rollup_matches_raw(store: &Store) -> (u64, u64) {
     let mut sessions = 0;
+    let mut beside_sessions = 0;
     for agent in ["a", "b", "c"] {
         for ((since, until), (ev, raw)) in windows()
             .into_iter()
@@ -445,6 +447,35 @@ async fn assert_rollup_matches_raw(store: &Store) -> u64 {
                 "aggregates of {agent} over [{since}, {until}) counting {ev:?}"
             );
             sessions += got.total.sessions;
+            if ev == Evidence::EXPLICIT {
+                // The implicit total shown beside explicit evidence, from the explicit total.
+                let window = Window {
+                    since_ms: since,
+                    until_ms: until,
+                };
+                let beside = implicit_beside(store, agent, window, &got.total)
+                    .await
+                    .unwrap();
+                let want = outcome_rates_from(
+                    store,
+                    Source::Rows(raw_sessions_implicit),
+                    agent,
+                    &[],
+                    since,
+                    until,
+                    0,
+                )
+                .await
+                .unwrap()
+                .into_iter()
+                .next()
+                .unwrap_or_default();
+                assert_eq!(
+                    beside, want,
+                    "implicit total beside explicit evidence of {agent} over [{since}, {until})"
+                );
+                beside_sessions += beside.sessions - got.total.sessions;
+            }
             for dims in [
                 &[][..],
                 &[Dimension::Model],
@@ -468,7 +499,7 @@ async fn assert_rollup_matches_raw(store: &Store) -> u64 {
             }
         }
     }
-    sessions
+    (sessions, beside_sessions)
 }
 
 async fn aggregates_with(
@@ -550,7 +581,11 @@ async fn ingested_traffic_matches(url: &str, seed: u64) {
         straddling(&store).await > 0,
         "no session straddles a window edge"
     );
-    let sessions = assert_rollup_matches_raw(&store).await;
+    let (sessions, beside) = assert_rollup_matches_raw(&store).await;
+    assert!(
+        beside > 10,
+        "{beside} units counted by implicit signals alone"
+    );
     assert!(sessions > 100, "{sessions} sessions compared");
     // Answers named by signals are units of their own, with their request's model.
     let row = store
@@ -761,7 +796,7 @@ async fn backfill_matches(before_url: &str, kept_url: &str) {
     let (want, got) = (rollup_rows(&kept).await, rollup_rows(&migrated).await);
     assert!(want.len() > 100, "{} rollup rows", want.len());
     assert_eq!(got, want);
-    assert!(assert_rollup_matches_raw(&migrated).await > 100);
+    assert!(assert_rollup_matches_raw(&migrated).await.0 > 100);
     migrated.close().await.unwrap();
     kept.close().await.unwrap();
 }
@@ -810,6 +845,29 @@ async fn sqlite_groups_rollup_rows_in_index_order() {
         }
     };
     let backend = store.backend();
+    // The implicit total beside explicit evidence reads the rollup through the partial index
+    // of the rows with implicit signals only, covered for the rows inside the window.
+    let beside = plan(super::query::implicit_beside_statement(
+        backend,
+        "a",
+        Window {
+            since_ms: T0,
+            until_ms: T0 + DAY,
+        },
+    ))
+    .await;
+    let index = format!("COVERING INDEX {}", super::query::IMPLICIT_INDEX);
+    assert!(beside.iter().any(|l| l.contains(&index)), "{beside:#?}");
+    let through = beside
+        .iter()
+        .filter(|l| l.contains("session_rollups") && l.contains(super::query::IMPLICIT_INDEX))
+        .count();
+    let all_reads = beside
+        .iter()
+        .filter(|l| l.contains("session_rollups USING") || l.contains("SCAN session_rollups"))
+        .count();
+    assert_eq!(through, 2, "{beside:#?}");
+    assert_eq!(all_reads, 2, "{beside:#?}");
     let aggregates = plan(super::query::aggregates_statement(
         backend,
         Source::Rollup(Evidence::EXPLICIT),
@@ -896,7 +954,7 @@ async fn m0008_moves_an_existing_database_over(before_url: &str, kept_url: &str)
     let (want, got) = (rollup_rows(&kept).await, rollup_rows(&migrated).await);
     assert!(want.len() > 50, "{} rollup rows", want.len());
     assert_eq!(got, want);
-    assert!(assert_rollup_matches_raw(&migrated).await > 50);
+    assert!(assert_rollup_matches_raw(&migrated).await.0 > 50);
     migrated.close().await.unwrap();
     kept.close().await.unwrap();
 }

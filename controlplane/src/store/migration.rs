@@ -45,6 +45,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0017_partitions::Migration),
             Box::new(m0018_signal_rollups::Migration),
             Box::new(m0019_traced_requests::Migration),
+            Box::new(m0020_implicit_rollups::Migration),
         ]
     }
 }
@@ -1474,6 +1475,49 @@ mod m0019_traced_requests {
                     "CREATE INDEX IF NOT EXISTS {INDEX} ON requests \
                      (agent, started_at_ms, trace_id, model, provider, env) \
                      WHERE trace_id IS NOT NULL"
+                ))
+                .await?;
+            Ok(())
+        }
+
+        async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            m.get_connection()
+                .execute_unprepared(&format!("DROP INDEX IF EXISTS {INDEX}"))
+                .await?;
+            Ok(())
+        }
+    }
+}
+
+/// A partial index of the rollup rows that have implicit signals, covering what the implicit
+/// total beside explicit evidence (`analytics::query::implicit_beside`) and the agreement of
+/// explicit and implicit outcomes (`agents::Agents::agreement`) read of them: an agent whose
+/// units have no implicit signal has nothing in it and costs nothing there, at ingest or when
+/// read. The same on both databases. (SQLite uses a partial index only for a query whose
+/// `WHERE` holds the index's condition as one of its terms: the queries repeat it.)
+mod m0020_implicit_rollups {
+    use super::*;
+
+    pub struct Migration;
+
+    impl MigrationName for Migration {
+        fn name(&self) -> &str {
+            "m0020_implicit_rollups"
+        }
+    }
+
+    pub(crate) const INDEX: &str = crate::analytics::query::IMPLICIT_INDEX;
+
+    #[async_trait::async_trait]
+    impl MigrationTrait for Migration {
+        async fn up(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            m.get_connection()
+                .execute_unprepared(&format!(
+                    "CREATE INDEX IF NOT EXISTS {INDEX} ON session_rollups \
+                     (agent, last_active_ms, first_request_ms, first_signal_ms, ifirst_ms, \
+                     signals, cls, isignals, isig_key, iregens, iheavy, icont, requests, cost) \
+                     WHERE {}",
+                    crate::analytics::query::IMPLICIT_ROWS
                 ))
                 .await?;
             Ok(())
