@@ -135,17 +135,10 @@ impl Agents {
     /// explicit first, then implicit by rule, sources without signals left out.
     pub async fn source_counts(&self, f: &SignalFilter) -> Result<Vec<SourceCount>> {
         let db = self.store.conn();
-        let mut sql = Sql::new(
-            db.get_database_backend(),
-            "SELECT source, rule, action, COUNT(*) AS n FROM signals WHERE ",
-        );
-        match &f.agent {
-            Some(agent) => sql.push("agent = ").bind(agent.clone()),
-            None => sql.push("agent IS NULL"),
-        };
-        push_range(&mut sql, "received_at_ms", f.env, f.since_ms, f.until_ms);
-        sql.push(" GROUP BY source, rule, action");
-        fold_counts(db.query_all_raw(sql.build()).await?)
+        fold_counts(
+            db.query_all_raw(source_counts_statement(db.get_database_backend(), f))
+                .await?,
+        )
     }
 
     /// A session's signals per source, rule and action.
@@ -309,6 +302,31 @@ fn parse_token(t: &str) -> Result<(i64, String)> {
 }
 
 /// Rows of (source, rule, action, n) folded into one count per source and rule.
+/// The statement of [`Agents::source_counts`]. On SQLite it reads the index of the signals in
+/// the `GROUP BY`'s order (m0021, `idx_signals_agent_counts`), so the groups come as the index is
+/// read, without a sort.
+fn source_counts_statement(
+    backend: sea_orm::DatabaseBackend,
+    f: &SignalFilter,
+) -> sea_orm::Statement {
+    // Named: without statistics SQLite's planner may take the index in time order and sort.
+    let indexed = match backend {
+        sea_orm::DatabaseBackend::Sqlite => " INDEXED BY idx_signals_agent_counts",
+        _ => "",
+    };
+    let mut sql = Sql::new(
+        backend,
+        &format!("SELECT source, rule, action, COUNT(*) AS n FROM signals{indexed} WHERE "),
+    );
+    match &f.agent {
+        Some(agent) => sql.push("agent = ").bind(agent.clone()),
+        None => sql.push("agent IS NULL"),
+    };
+    push_range(&mut sql, "received_at_ms", f.env, f.since_ms, f.until_ms);
+    sql.push(" GROUP BY source, rule, action");
+    sql.build()
+}
+
 fn fold_counts(rows: Vec<sea_orm::QueryResult>) -> Result<Vec<SourceCount>> {
     let mut out: Vec<SourceCount> = Vec::new();
     for row in rows {
@@ -344,6 +362,43 @@ fn fold_counts(rows: Vec<sea_orm::QueryResult>) -> Result<Vec<SourceCount>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// SQLite counts an agent's signals by source, rule and action in the order of an index
+    /// (m0021), never sorting them, with or without a time range.
+    #[tokio::test]
+    async fn counts_by_source_read_the_index_in_order_sqlite() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::connect(&format!("sqlite://{}/t.db?mode=rwc", dir.path().display()))
+            .await
+            .unwrap();
+        let db = store.conn();
+        for (since_ms, until_ms) in [(None, None), (Some(1), Some(i64::MAX))] {
+            let f = SignalFilter {
+                agent: Some("a".to_owned()),
+                env: None,
+                since_ms,
+                until_ms,
+            };
+            let statement = source_counts_statement(db.get_database_backend(), &f);
+            let plan: Vec<String> = db
+                .query_all_raw(sea_orm::Statement::from_sql_and_values(
+                    db.get_database_backend(),
+                    format!("EXPLAIN QUERY PLAN {}", statement.sql),
+                    statement.values.map(|v| v.0).unwrap_or_default(),
+                ))
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.try_get::<String>("", "detail").unwrap())
+                .collect();
+            assert!(
+                plan.iter()
+                    .any(|d| d.contains("COVERING INDEX idx_signals_agent_counts")),
+                "{plan:?}"
+            );
+            assert!(!plan.iter().any(|d| d.contains("TEMP B-TREE")), "{plan:?}");
+        }
+    }
 
     #[test]
     fn page_tokens_round_trip_and_refuse_garbage() {

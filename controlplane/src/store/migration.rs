@@ -46,6 +46,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0018_signal_rollups::Migration),
             Box::new(m0019_traced_requests::Migration),
             Box::new(m0020_implicit_rollups::Migration),
+            Box::new(m0021_signal_counts::Migration),
         ]
     }
 }
@@ -1520,6 +1521,47 @@ mod m0020_implicit_rollups {
                     crate::analytics::query::IMPLICIT_ROWS
                 ))
                 .await?;
+            Ok(())
+        }
+
+        async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            m.get_connection()
+                .execute_unprepared(&format!("DROP INDEX IF EXISTS {INDEX}"))
+                .await?;
+            Ok(())
+        }
+    }
+}
+
+/// SQLite: an index of the signals in the order of their counts by source, rule and action
+/// (`agents::Agents::source_counts`, the web page's and `agents show`'s), covering the time:
+/// SQLite has no hash aggregate, and over `idx_signals_agent_source` (in time order within a
+/// source) its `GROUP BY` sorted every signal of the agent (0.8 s of CPU for a million; 0.09 s
+/// read in this order). PostgreSQL hashes the groups: nothing there.
+mod m0021_signal_counts {
+    use super::*;
+
+    pub struct Migration;
+
+    impl MigrationName for Migration {
+        fn name(&self) -> &str {
+            "m0021_signal_counts"
+        }
+    }
+
+    pub(crate) const INDEX: &str = "idx_signals_agent_counts";
+
+    #[async_trait::async_trait]
+    impl MigrationTrait for Migration {
+        async fn up(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            let db = m.get_connection();
+            if db.get_database_backend() == sea_orm::DatabaseBackend::Sqlite {
+                db.execute_unprepared(&format!(
+                    "CREATE INDEX IF NOT EXISTS {INDEX} ON signals \
+                     (agent, source, rule, action, received_at_ms)"
+                ))
+                .await?;
+            }
             Ok(())
         }
 
