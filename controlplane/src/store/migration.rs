@@ -47,6 +47,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0019_traced_requests::Migration),
             Box::new(m0020_implicit_rollups::Migration),
             Box::new(m0021_signal_counts::Migration),
+            Box::new(m0022_latency_totals::Migration),
         ]
     }
 }
@@ -1568,6 +1569,48 @@ mod m0021_signal_counts {
         async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
             m.get_connection()
                 .execute_unprepared(&format!("DROP INDEX IF EXISTS {INDEX}"))
+                .await?;
+            Ok(())
+        }
+    }
+}
+
+/// `latency_totals`: each stored record's latency and time to first byte counted per agent, UTC
+/// day, env, provider, model, metric (0 latency, 1 time to first byte) and histogram bucket, as
+/// the latency reports count them (`usage::latency`): kept by the ingest in the batch's
+/// transaction, so a report over weeks reads a few hundred rows. An absent agent, env or model
+/// is `''` (none can be empty). Filled here from the stored records. Retention leaves it alone
+/// (the latency history outlives the records); it names no end user.
+mod m0022_latency_totals {
+    use super::*;
+
+    pub struct Migration;
+
+    impl MigrationName for Migration {
+        fn name(&self) -> &str {
+            "m0022_latency_totals"
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl MigrationTrait for Migration {
+        async fn up(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            let db = m.get_connection();
+            db.execute_unprepared(
+                "CREATE TABLE IF NOT EXISTS latency_totals (agent TEXT NOT NULL, \
+                 day BIGINT NOT NULL, env TEXT NOT NULL, provider TEXT NOT NULL, \
+                 model TEXT NOT NULL, metric BIGINT NOT NULL, bucket BIGINT NOT NULL, \
+                 n BIGINT NOT NULL, PRIMARY KEY (agent, day, env, provider, model, metric, bucket))",
+            )
+            .await?;
+            db.execute_unprepared(&crate::usage::latency::backfill_sql())
+                .await?;
+            Ok(())
+        }
+
+        async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            m.get_connection()
+                .execute_unprepared("DROP TABLE IF EXISTS latency_totals")
                 .await?;
             Ok(())
         }

@@ -10,16 +10,152 @@
 //! bucket, reported as its middle, so within 5% of the exact value. The answer is bounded by
 //! groups x buckets, whatever the number of records.
 //!
-//! Only the stored records have durations: rollups of the records deleted by retention do not,
-//! so latency history ends at the records' retention.
+//! The ingest also counts every new record's two values into `latency_totals` (m0022), in the
+//! same buckets, per agent, UTC day, env, provider and model ([`add_totals`], in the batch's
+//! transaction). A report grouped by those (or by week) and filtered by them reads the whole
+//! days of its range there and only its ends (a range starting or ending mid-day) from the
+//! records: the same histograms, so the same percentiles, from a few hundred rows instead of
+//! every record, and they outlive the records' retention. A report by key, session or end user,
+//! or of one session or end user, reads the stored records alone: its history ends at the
+//! records' retention.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
-use sea_orm::ConnectionTrait;
+use nm_types::record::RequestRecord;
+use sea_orm::{ConnectionTrait, Statement, Value};
 
 use super::{DEFAULT_ROWS, Dimension, MAX_ROWS, UsageFilter, UsageReports, key_value, push_filter};
 use crate::error::{Error, Result};
-use crate::sql::{Sql, count};
+use crate::sql::{Sql, chunks_of, count, insert_values};
+
+const DAY_MS: i64 = 86_400_000;
+
+/// The columns of `latency_totals` (m0022): its key, then the count. An absent agent, env or
+/// model is stored as `''` (none of them can be empty) and read back as NULL.
+const TOTAL_COLUMNS: [&str; 8] = [
+    "agent", "day", "env", "provider", "model", "metric", "bucket", "n",
+];
+
+/// [`bucket_sql`] of a value in Rust, the same for every `i64`.
+pub(crate) fn bucket_of(v: i64) -> i64 {
+    let text = v.to_string();
+    let lead: i64 = text[..text.len().min(2)].parse().unwrap_or(0);
+    i64::try_from(text.len()).unwrap_or(0) * 100 + lead
+}
+
+/// Adds the latencies and times to first byte of `records` (new ones: each is counted once) to
+/// `latency_totals`, one row per key, in key order (concurrent batches lock rows in one order).
+pub(crate) async fn add_totals<C: ConnectionTrait>(
+    db: &C,
+    records: &[&RequestRecord],
+) -> Result<()> {
+    type Key<'a> = (&'a str, i64, &'a str, &'a str, &'a str, i64, i64);
+    let mut sums: HashMap<Key<'_>, i64> = HashMap::new();
+    for r in records {
+        let agent = r.agent.as_deref().unwrap_or("");
+        let env = r.env.map_or("", |e| e.as_str());
+        let model = r
+            .usage
+            .model
+            .as_deref()
+            .or(r.model.as_deref())
+            .unwrap_or("");
+        let day = r.started_at_ms / DAY_MS;
+        for (metric, v) in [(0, Some(r.latency_ms)), (1, r.ttfb_ms)] {
+            let Some(v) = v else { continue };
+            let v = i64::try_from(v).unwrap_or(i64::MAX);
+            *sums
+                .entry((agent, day, env, &r.provider, model, metric, bucket_of(v)))
+                .or_default() += 1;
+        }
+    }
+    let mut rows: Vec<(Key<'_>, i64)> = sums.into_iter().collect();
+    rows.sort_unstable();
+    let backend = db.get_database_backend();
+    for chunk in chunks_of(&rows) {
+        let mut sql = insert_values(backend, "latency_totals", &TOTAL_COLUMNS, chunk.len());
+        sql.push_str(
+            " ON CONFLICT (agent, day, env, provider, model, metric, bucket) \
+             DO UPDATE SET n = latency_totals.n + excluded.n",
+        );
+        let mut values = Vec::with_capacity(chunk.len() * TOTAL_COLUMNS.len());
+        for ((agent, day, env, provider, model, metric, bucket), n) in chunk {
+            values.extend([
+                Value::String(Some((*agent).to_owned())),
+                Value::BigInt(Some(*day)),
+                Value::String(Some((*env).to_owned())),
+                Value::String(Some((*provider).to_owned())),
+                Value::String(Some((*model).to_owned())),
+                Value::BigInt(Some(*metric)),
+                Value::BigInt(Some(*bucket)),
+                Value::BigInt(Some(*n)),
+            ]);
+        }
+        db.execute_raw(Statement::from_sql_and_values(backend, sql, values))
+            .await?;
+    }
+    Ok(())
+}
+
+/// The statement that fills `latency_totals` from the stored records (m0022 on an existing
+/// database): what [`add_totals`] would have added for each of them.
+pub(crate) fn backfill_sql() -> String {
+    format!(
+        "INSERT INTO latency_totals ({}) SELECT agent, day, env, provider, model, m, {} AS b, \
+         COUNT(*) FROM (SELECT COALESCE(agent, '') AS agent, started_at_ms / {DAY_MS} AS day, \
+         COALESCE(env, '') AS env, provider, COALESCE(answered_model, model, '') AS model, \
+         mm.m AS m, CASE WHEN mm.m = 0 THEN latency_ms ELSE ttfb_ms END AS v FROM requests \
+         CROSS JOIN (SELECT 0 AS m UNION ALL SELECT 1 AS m) AS mm) AS x WHERE v IS NOT NULL \
+         GROUP BY agent, day, env, provider, model, m, {}",
+        TOTAL_COLUMNS.join(", "),
+        bucket_sql("v"),
+        bucket_sql("v")
+    )
+}
+
+/// A time range as `latency_totals` answers it: the whole UTC days inside it, read from the
+/// totals, and what is left at its ends, read from the stored records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct DaySplit {
+    /// The whole days: `day >= from_day` (`None`: from the first), `day < to_day` (`None`: to
+    /// the last).
+    from_day: Option<i64>,
+    to_day: Option<i64>,
+    /// The ends, `[since, until)` in ms, each within one day.
+    edges: Vec<(i64, i64)>,
+}
+
+/// `[since, until)` split into whole UTC days and its ends; `None` when it holds no whole day
+/// (read it from the records) or reaches before 1970 (a day is `ms / 86400000`, truncated:
+/// whole days only from 1970 on).
+fn split_days(since: Option<i64>, until: Option<i64>) -> Option<DaySplit> {
+    if since.is_some_and(|s| s < 0) || until.is_some_and(|u| u <= 0) {
+        return None;
+    }
+    let from_day = since.map(|s| s / DAY_MS + i64::from(s % DAY_MS != 0));
+    let to_day = until.map(|u| u / DAY_MS);
+    if let (Some(from), Some(to)) = (from_day, to_day)
+        && from >= to
+    {
+        return None;
+    }
+    let mut edges = Vec::new();
+    if let (Some(s), Some(from)) = (since, from_day)
+        && s < from * DAY_MS
+    {
+        edges.push((s, from * DAY_MS));
+    }
+    if let (Some(u), Some(to)) = (until, to_day)
+        && to * DAY_MS < u
+    {
+        edges.push((to * DAY_MS, u));
+    }
+    Some(DaySplit {
+        from_day,
+        to_day,
+        edges,
+    })
+}
 
 /// Nearest-rank percentiles of one group's values, in milliseconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -95,6 +231,96 @@ pub fn percentiles(hist: &[(i64, u64)]) -> Percentiles {
     }
 }
 
+/// The histograms (`m`, `k0`.., `b`, `n`, one row per group and bucket, in that order) of the
+/// stored records matching `filter` (its range on `time`), grouped by `dims`. One pass over the
+/// records: each gives two values (metric 0, its latency; 1, its time to first byte).
+/// `CROSS JOIN` keeps the records the outer loop on SQLite.
+fn rows_sql(
+    backend: sea_orm::DatabaseBackend,
+    dims: &[Dimension],
+    filter: &UsageFilter,
+    time: &str,
+) -> Sql {
+    let mut sql = Sql::new(backend, "");
+    push_rows(&mut sql, dims, filter, time);
+    let group: String = (0..dims.len()).map(|i| format!(", k{i}")).collect();
+    sql.push(&format!(" ORDER BY m{group}, b"));
+    sql
+}
+
+/// [`rows_sql`] without its order.
+fn push_rows(sql: &mut Sql, dims: &[Dimension], filter: &UsageFilter, time: &str) {
+    let keys: String = dims
+        .iter()
+        .enumerate()
+        .map(|(i, d)| format!(", {} AS k{i}", d.expr()))
+        .collect();
+    let group: String = (0..dims.len()).map(|i| format!(", k{i}")).collect();
+    sql.push(&format!(
+        "SELECT CAST(m AS BIGINT) AS m{group}, {} AS b, COUNT(*) AS n FROM (SELECT mm.m AS m{keys}, \
+         CASE WHEN mm.m = 0 THEN latency_ms ELSE ttfb_ms END AS v FROM requests \
+         CROSS JOIN (SELECT 0 AS m UNION ALL SELECT 1 AS m) AS mm WHERE 1 = 1",
+        bucket_sql("v")
+    ));
+    push_filter(sql, time, filter);
+    sql.push(&format!(") AS x WHERE v IS NOT NULL GROUP BY m{group}, b"));
+}
+
+/// The histograms of [`rows_sql`] from `latency_totals` for the range's whole days and from the
+/// stored records for its ends (`dims` among agent, env, provider, model, day and week; no
+/// session or end-user filter).
+fn totals_sql(
+    backend: sea_orm::DatabaseBackend,
+    dims: &[Dimension],
+    filter: &UsageFilter,
+    split: &DaySplit,
+) -> Sql {
+    let keys: String = dims
+        .iter()
+        .enumerate()
+        .map(|(i, d)| format!(", {} AS k{i}", d.column()))
+        .collect();
+    let group: String = (0..dims.len()).map(|i| format!(", k{i}")).collect();
+    let mut sql = Sql::new(
+        backend,
+        &format!(
+            "SELECT m{group}, b, CAST(SUM(n) AS BIGINT) AS n FROM (SELECT metric AS m{keys}, \
+             bucket AS b, n FROM (SELECT NULLIF(agent, '') AS agent, NULLIF(env, '') AS env, \
+             provider, NULLIF(model, '') AS model, day, metric, bucket, n FROM latency_totals \
+             WHERE 1 = 1"
+        ),
+    );
+    if let Some(from) = split.from_day {
+        sql.push(" AND day >= ").bind(from);
+    }
+    if let Some(to) = split.to_day {
+        sql.push(" AND day < ").bind(to);
+    }
+    let eq = [
+        ("agent", &filter.agent),
+        ("env", &filter.env),
+        ("provider", &filter.provider),
+        ("model", &filter.model),
+    ];
+    for (col, value) in eq {
+        if let Some(v) = value {
+            sql.push(&format!(" AND {col} = ")).bind(v.clone());
+        }
+    }
+    sql.push(") AS d");
+    for (since, until) in &split.edges {
+        sql.push(" UNION ALL ");
+        let edge = UsageFilter {
+            since_ms: Some(*since),
+            until_ms: Some(*until),
+            ..filter.clone()
+        };
+        push_rows(&mut sql, dims, &edge, "started_at_ms");
+    }
+    sql.push(&format!(") AS t GROUP BY m{group}, b ORDER BY m{group}, b"));
+    sql
+}
+
 impl UsageReports {
     /// Latency and time-to-first-byte percentiles of the stored records matching `filter`,
     /// grouped by `dims` (none: one row), most requests first, at most `limit` rows.
@@ -104,6 +330,18 @@ impl UsageReports {
         dims: &[Dimension],
         filter: &UsageFilter,
         limit: u32,
+    ) -> Result<LatencyReport> {
+        self.latency_with(dims, filter, limit, true).await
+    }
+
+    /// [`UsageReports::latency`], reading `latency_totals` where they can answer, or (`totals`
+    /// false: the tests' reference) the stored records alone.
+    pub(crate) async fn latency_with(
+        &self,
+        dims: &[Dimension],
+        filter: &UsageFilter,
+        limit: u32,
+        totals: bool,
     ) -> Result<LatencyReport> {
         if dims.len() > 7 {
             return Err(Error::InvalidArgument(
@@ -116,30 +354,31 @@ impl UsageReports {
         };
         let db = self.store.conn();
         let backend = db.get_database_backend();
-        let time = self.time_column(filter).await?;
-        let keys: String = dims
-            .iter()
-            .enumerate()
-            .map(|(i, d)| format!(", {} AS k{i}", d.expr()))
-            .collect();
+        let answerable = dims.iter().all(|d| {
+            matches!(
+                d,
+                Dimension::Agent
+                    | Dimension::Env
+                    | Dimension::Provider
+                    | Dimension::Model
+                    | Dimension::Day
+                    | Dimension::Week
+            )
+        }) && filter.session_id.is_none()
+            && filter.user_id.is_none();
+        let split = if totals && answerable {
+            split_days(filter.since_ms, filter.until_ms)
+        } else {
+            None
+        };
+        let sql = match &split {
+            Some(split) => totals_sql(backend, dims, filter, split),
+            None => {
+                let time = self.time_column(filter).await?;
+                rows_sql(backend, dims, filter, time)
+            }
+        };
         let key_names: Vec<String> = (0..dims.len()).map(|i| format!("k{i}")).collect();
-        let group: String = key_names.iter().map(|k| format!(", {k}")).collect();
-        // One pass over the records: each gives two values (metric 0, its latency; 1, its time
-        // to first byte), counted by group and bucket. `CROSS JOIN` keeps the records the outer
-        // loop on SQLite.
-        let mut sql = Sql::new(
-            backend,
-            &format!(
-                "SELECT CAST(m AS BIGINT) AS m{group}, {} AS b, COUNT(*) AS n FROM (SELECT mm.m AS m{keys}, \
-                 CASE WHEN mm.m = 0 THEN latency_ms ELSE ttfb_ms END AS v FROM requests \
-                 CROSS JOIN (SELECT 0 AS m UNION ALL SELECT 1 AS m) AS mm WHERE 1 = 1",
-                bucket_sql("v")
-            ),
-        );
-        push_filter(&mut sql, time, filter);
-        sql.push(&format!(
-            ") AS x WHERE v IS NOT NULL GROUP BY m{group}, b ORDER BY m{group}, b"
-        ));
         // Histograms by group key: (latency, ttfb), each in bucket order.
         type Hist = Vec<(i64, u64)>;
         let mut groups: BTreeMap<Vec<Option<String>>, (Hist, Hist)> = BTreeMap::new();
@@ -307,6 +546,253 @@ mod tests {
         assert!(cut.truncated);
         assert_eq!(cut.rows[0].key, vec![Some("fast".to_owned())]);
         store.close().await.unwrap();
+    }
+
+    #[test]
+    fn the_rust_bucket_is_the_sql_one() {
+        for v in [
+            0_i64,
+            5,
+            9,
+            10,
+            57,
+            99,
+            100,
+            570,
+            999,
+            1_000,
+            1_250,
+            99_500,
+            i64::MAX,
+            -5,
+            -57,
+        ] {
+            let s = v.to_string();
+            let lead: i64 = s[..s.len().min(2)].parse().unwrap();
+            assert_eq!(bucket_of(v), s.len() as i64 * 100 + lead, "{v}");
+        }
+        assert_eq!(bucket_of(57), 257);
+        assert_eq!(bucket_of(570), 357);
+        assert_eq!(bucket_of(5), 105);
+    }
+
+    #[test]
+    fn ranges_split_into_whole_days_and_ends() {
+        let d = DAY_MS;
+        assert_eq!(
+            split_days(Some(3 * d + 5), Some(7 * d + 9)),
+            Some(DaySplit {
+                from_day: Some(4),
+                to_day: Some(7),
+                edges: vec![(3 * d + 5, 4 * d), (7 * d, 7 * d + 9)],
+            })
+        );
+        assert_eq!(
+            split_days(Some(3 * d), None),
+            Some(DaySplit {
+                from_day: Some(3),
+                to_day: None,
+                edges: vec![],
+            })
+        );
+        // No whole day inside, or before 1970: the records alone.
+        assert_eq!(split_days(Some(3 * d + 5), Some(4 * d + 9)), None);
+        assert_eq!(split_days(Some(-5), Some(4 * d)), None);
+    }
+
+    /// Random records over ten days (some resent, some without a first byte, agents, envs and
+    /// models absent or present) give the same latency reports from the totals as from the
+    /// records alone, for every grouping the totals answer and ranges cutting days anywhere;
+    /// a database filled before m0022 gets the same totals from its backfill; retention's
+    /// deletion of records leaves the totals' whole days as they were.
+    async fn totals_equal_rows_on(url: &str) {
+        use crate::analytics::synthetic::Rng;
+        let store = Store::connect(url).await.unwrap();
+        let records = Records::new(
+            store.clone(),
+            Budgets::load(store.clone(), 0).await.unwrap(),
+        );
+        let mut rng = Rng::new(7);
+        let t0 = 86_400_000 * 20_770;
+        let mut batches = Vec::new();
+        for b in 0..12 {
+            let mut batch = Vec::new();
+            for i in 0..150 {
+                let pick = |rng: &mut Rng, n: u64| rng.below(n);
+                let latency = match pick(&mut rng, 4) {
+                    0 => pick(&mut rng, 100),
+                    1 => pick(&mut rng, 2_000),
+                    2 => pick(&mut rng, 60_000),
+                    _ => pick(&mut rng, 1_000_000),
+                };
+                batch.push(RequestRecord {
+                    request_id: format!("r{b}-{i}"),
+                    started_at_ms: t0 + i64::try_from(pick(&mut rng, 10 * 86_400_000)).unwrap(),
+                    key_id: "key_1".into(),
+                    provider: ["openai", "anthropic"][pick(&mut rng, 2) as usize].into(),
+                    method: "POST".into(),
+                    path: "/v1/chat/completions".to_owned(),
+                    model: [None, Some("m1"), Some("m2")][pick(&mut rng, 3) as usize]
+                        .map(str::to_owned),
+                    agent: [None, Some("a"), Some("b")][pick(&mut rng, 3) as usize]
+                        .map(str::to_owned),
+                    env: [None, Some(nm_types::Env::Production)][pick(&mut rng, 2) as usize],
+                    status: 200,
+                    latency_ms: latency,
+                    ttfb_ms: (pick(&mut rng, 3) > 0).then(|| latency / 3),
+                    usage: crate::records::Usage {
+                        model: (pick(&mut rng, 4) == 0).then(|| "m1-answered".to_owned()),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                });
+            }
+            batches.push(batch);
+        }
+        for batch in &batches {
+            records.ingest(batch).await.unwrap();
+        }
+        // Resent: skipped, not counted again.
+        records.ingest(&batches[3]).await.unwrap();
+        let usage = UsageReports::new(store.clone());
+        let d = 86_400_000;
+        let ranges = [
+            (None, None),
+            (Some(t0 + 3 * d + 17), Some(t0 + 8 * d + 5)),
+            (Some(t0 + 2 * d), Some(t0 + 6 * d)),
+            (Some(t0 + d / 2), None),
+            (None, Some(t0 + 4 * d + 1)),
+        ];
+        let groupings: [&[Dimension]; 6] = [
+            &[],
+            &[Dimension::Model],
+            &[Dimension::Agent, Dimension::Env],
+            &[Dimension::Provider, Dimension::Week],
+            &[Dimension::Day],
+            &[
+                Dimension::Model,
+                Dimension::Provider,
+                Dimension::Env,
+                Dimension::Week,
+            ],
+        ];
+        let compare = |label: &'static str| {
+            let usage = usage.clone();
+            async move {
+                for (since_ms, until_ms) in ranges {
+                    for agent in [None, Some("a".to_owned())] {
+                        for dims in groupings {
+                            let f = UsageFilter {
+                                since_ms,
+                                until_ms,
+                                agent: agent.clone(),
+                                ..Default::default()
+                            };
+                            let got = usage.latency_with(dims, &f, 0, true).await.unwrap();
+                            let want = usage.latency_with(dims, &f, 0, false).await.unwrap();
+                            assert_eq!(got, want, "{label}: {dims:?} {f:?}");
+                        }
+                    }
+                }
+            }
+        };
+        compare("kept by the ingest").await;
+        let all = usage
+            .latency_with(&[], &UsageFilter::default(), 0, true)
+            .await
+            .unwrap();
+        assert_eq!(all.rows[0].requests, 12 * 150);
+        // The backfill of m0022 gives the totals the ingest kept.
+        let totals = |store: Store| async move {
+            let rows = store
+                .conn()
+                .query_all_raw(
+                    Sql::new(
+                        store.backend(),
+                        "SELECT agent, day, env, provider, model, metric, bucket, n \
+                         FROM latency_totals ORDER BY 1, 2, 3, 4, 5, 6, 7",
+                    )
+                    .build(),
+                )
+                .await
+                .unwrap();
+            rows.iter()
+                .map(|r| {
+                    (
+                        r.try_get::<String>("", "agent").unwrap(),
+                        r.try_get::<i64>("", "day").unwrap(),
+                        r.try_get::<String>("", "model").unwrap(),
+                        r.try_get::<i64>("", "metric").unwrap(),
+                        r.try_get::<i64>("", "bucket").unwrap(),
+                        r.try_get::<i64>("", "n").unwrap(),
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        let kept = totals(store.clone()).await;
+        store
+            .conn()
+            .execute_unprepared("DELETE FROM latency_totals")
+            .await
+            .unwrap();
+        store
+            .conn()
+            .execute_unprepared(&backfill_sql())
+            .await
+            .unwrap();
+        assert_eq!(totals(store.clone()).await, kept);
+        // Records deleted (as retention does): whole days still answer from the totals.
+        let before = usage
+            .latency_with(
+                &[Dimension::Day],
+                &UsageFilter {
+                    since_ms: Some(t0),
+                    until_ms: Some(t0 + 10 * d),
+                    ..Default::default()
+                },
+                0,
+                true,
+            )
+            .await
+            .unwrap();
+        store
+            .conn()
+            .execute_unprepared(&format!(
+                "DELETE FROM requests WHERE started_at_ms < {}",
+                t0 + 5 * d
+            ))
+            .await
+            .unwrap();
+        let after = usage
+            .latency_with(
+                &[Dimension::Day],
+                &UsageFilter {
+                    since_ms: Some(t0),
+                    until_ms: Some(t0 + 10 * d),
+                    ..Default::default()
+                },
+                0,
+                true,
+            )
+            .await
+            .unwrap();
+        assert_eq!(before, after);
+        store.close().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn latency_totals_equal_the_records_sqlite() {
+        let dir = tempfile::tempdir().unwrap();
+        totals_equal_rows_on(&format!("sqlite://{}/t.db?mode=rwc", dir.path().display())).await;
+    }
+
+    #[tokio::test]
+    async fn latency_totals_equal_the_records_postgres() {
+        let Some(db) = crate::scratch::ScratchPg::for_tests().await else {
+            return;
+        };
+        totals_equal_rows_on(&db.url).await;
+        crate::scratch::drop_test_db(&db.url).await;
     }
 
     #[tokio::test]
