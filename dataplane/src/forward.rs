@@ -319,24 +319,7 @@ static REQUEST: Select<Fact> = Select::keys(&[
     ("generationConfig", GENERATION_CONFIG),
 ]);
 
-/// The fields of a turn the implicit rules hash ([`crate::implicit::conversation`]).
-const TURN: &[(&str, Select<Fact>)] = &[
-    ("role", Select::capture(Fact::Turn(Part::Role))),
-    ("type", Select::capture(Fact::Turn(Part::Kind))),
-    ("content", Select::capture(Fact::Turn(Part::Content))),
-    ("parts", Select::capture(Fact::Turn(Part::Content))),
-    ("tool_calls", Select::capture(Fact::Turn(Part::Field(0)))),
-    ("tool_call_id", Select::capture(Fact::Turn(Part::Field(1)))),
-    ("name", Select::capture(Fact::Turn(Part::Field(2)))),
-    ("function_call", Select::capture(Fact::Turn(Part::Field(3)))),
-    ("call_id", Select::capture(Fact::Turn(Part::Field(4)))),
-    ("arguments", Select::capture(Fact::Turn(Part::Field(5)))),
-    ("output", Select::capture(Fact::Turn(Part::Field(6)))),
-];
-const MESSAGE: Select<Fact> = Select::keys(TURN).ended(Fact::Turn(Part::End(List::Messages)));
-const CONTENT: Select<Fact> = Select::keys(TURN).ended(Fact::Turn(Part::End(List::Contents)));
-const ITEM: Select<Fact> = Select::keys(TURN).ended(Fact::Turn(Part::End(List::Input)));
-const SYSTEM: Select<Fact> = Select::capture(Fact::Turn(Part::System));
+const SYSTEM: Select<Fact> = Select::walk(Fact::Turn(Part::System));
 /// [`REQUEST`] and the conversation: every wire format's list of turns and system prompt.
 static REQUEST_CONVERSATION: Select<Fact> = Select::keys(&[
     ("model", Select::capture(Fact::Model)),
@@ -344,12 +327,17 @@ static REQUEST_CONVERSATION: Select<Fact> = Select::keys(&[
     ("max_tokens", Select::capture(Fact::Cap(1))),
     ("max_output_tokens", Select::capture(Fact::Cap(2))),
     ("generationConfig", GENERATION_CONFIG),
-    ("messages", Select::each(&MESSAGE)),
-    ("contents", Select::each(&CONTENT)),
+    // Each list is handed over in place and read by the conversation, in the same pass
+    // ([`Conversation::read`]).
     (
-        "input",
-        Select::each_or_capture(Fact::Turn(Part::Input), &ITEM),
+        "messages",
+        Select::walk(Fact::Turn(Part::Turns(List::Messages))),
     ),
+    (
+        "contents",
+        Select::walk(Fact::Turn(Part::Turns(List::Contents))),
+    ),
+    ("input", Select::walk(Fact::Turn(Part::Turns(List::Input)))),
     ("system", SYSTEM),
     ("systemInstruction", SYSTEM),
     ("system_instruction", SYSTEM),
@@ -395,22 +383,18 @@ pub fn request_facts(body: &Bytes, native_path: &str) -> RequestFacts {
 }
 
 /// [`request_facts`], the same pass also handing the conversation's turns to `conversation`
-/// (the implicit rules), when given. The body's captures are slices of it, never copies.
+/// (the implicit rules), when given, in place: the body is never copied.
 pub fn request_facts_with(
     body: &Bytes,
     native_path: &str,
-    mut conversation: Option<&mut Conversation<'_>>,
+    conversation: Option<&mut Conversation<'_>>,
 ) -> RequestFacts {
     let mut model = None;
     let mut model_span = None;
     let mut models = 0u32;
     let mut caps = [None; CAPS];
     if body.trim_ascii_start().starts_with(b"{") {
-        let mut scanner = match conversation {
-            Some(_) => Scanner::with_limit(&REQUEST_CONVERSATION, body.len()),
-            None => Scanner::new(&REQUEST),
-        };
-        scanner.feed(body, &mut |fact, raw| match fact {
+        let mut sink = |fact, raw: &[u8]| match fact {
             Fact::Model => {
                 models += 1;
                 model = text(raw).map(std::borrow::Cow::into_owned);
@@ -421,12 +405,19 @@ pub fn request_facts_with(
                     .ok()
                     .and_then(|n| n.parse::<u64>().ok());
             }
-            Fact::Turn(part) => {
-                if let Some(c) = conversation.as_deref_mut() {
-                    c.feed(part, raw);
-                }
-            }
-        });
+            Fact::Turn(_) => {} // walked, never captured
+        };
+        match conversation {
+            Some(c) => Scanner::new(&REQUEST_CONVERSATION).feed_walking(
+                body,
+                &mut sink,
+                &mut |fact, rest| match fact {
+                    Fact::Turn(part) => Some(c.read(part, rest)),
+                    _ => None,
+                },
+            ),
+            None => Scanner::new(&REQUEST).feed(body, &mut sink),
+        }
     }
     let model_span = model_span.filter(|_| models == 1);
     let model = model.or_else(|| path_model(native_path).map(str::to_owned));

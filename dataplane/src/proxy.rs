@@ -118,15 +118,13 @@ fn answer(
     let (parts, upstream_body) = resp.into_parts();
     let framing = answer_framing(&parts.headers);
     event.record.streamed = framing == Some(Framing::Sse);
-    let meter = framing
-        .and_then(|f| meter_for(&event.provider, &parts.headers, f))
-        .map(|m| match event.implicit.and_then(|p| p.wants_text()) {
-            Some(keep) => m.with_text(crate::usage::text::AnswerText::new(
-                state.implicit.keys(),
-                keep,
-            )),
-            None => m,
-        });
+    let mut meter = framing.and_then(|f| meter_for(&event.provider, &parts.headers, f));
+    if let (Some(m), Some(keep)) = (&mut meter, event.implicit.and_then(|p| p.wants_text())) {
+        m.read_text(crate::usage::text::AnswerText::new(
+            state.implicit.keys(),
+            keep,
+        ));
+    }
     // Time spent here up to the answer's head, less the wait on the provider.
     event.overhead = Some(event.started.elapsed().saturating_sub(upstream_wait));
     let body = ObservedBody::new(upstream_body, event, meter, state.sink_handles());

@@ -32,13 +32,20 @@ pub const REQUEST_ID_RULE: &str = "request_id must be an NM-Request-Id value: a 
 
 /// The id of a proxied request (its `NM-Request-Id`): a UUIDv7 the gateway made, in canonical
 /// form (lowercase hex, hyphens at 8, 13, 18 and 23, version 7, RFC 9562 variant). Anything else
-/// is refused: a signal naming it could only name nothing.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RequestId(String);
+/// is refused: a signal naming it could only name nothing. Held inline (its 36 bytes), so making
+/// one costs no allocation: every implicit signal names one.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(RequestIdBytes);
+
+impl fmt::Debug for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("RequestId").field(&self.as_str()).finish()
+    }
+}
 
 impl RequestId {
     pub fn as_str(&self) -> &str {
-        &self.0
+        self.0.as_str()
     }
 
     /// Whether `s` is a request id in the form the gateway writes it.
@@ -60,9 +67,9 @@ impl RequestId {
     }
 }
 
-/// A [`RequestId`] kept without a heap allocation: the 36 bytes of its canonical form (the
-/// implicit rules' memory holds many).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// The 36 bytes of a [`RequestId`]'s canonical form (ASCII, in the order of the text), `Copy`:
+/// what the implicit rules' memory holds many of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RequestIdBytes([u8; 36]);
 
 impl RequestIdBytes {
@@ -78,7 +85,7 @@ impl RequestIdBytes {
     }
 
     pub fn to_id(self) -> RequestId {
-        RequestId(self.as_str().to_owned())
+        RequestId(self)
     }
 }
 
@@ -86,17 +93,13 @@ impl FromStr for RequestId {
     type Err = &'static str;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        if Self::is_valid(s) {
-            Ok(Self(s.to_owned()))
-        } else {
-            Err(REQUEST_ID_RULE)
-        }
+        RequestIdBytes::parse(s).map(Self).ok_or(REQUEST_ID_RULE)
     }
 }
 
 impl fmt::Display for RequestId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(self.as_str())
     }
 }
 

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use nm_types::signal::RequestIdBytes;
 
 use crate::metrics::Metrics;
-use crate::usage::text::TextKeys;
+use crate::usage::text::{Kept, TextKeys};
 
 /// Shards of the memory (a power of two).
 pub const SHARDS: usize = 16;
@@ -49,7 +49,7 @@ pub struct Last {
     pub chars: u64,
     pub hash: u64,
     /// Its first characters (`history_edit` on).
-    pub kept: Option<String>,
+    pub kept: Option<Kept>,
 }
 
 #[derive(Debug)]
@@ -186,7 +186,12 @@ impl Memory {
             s.asked.push_back(asked);
         }
         if let Some(last) = last {
-            s.last = Some(Arc::new(last));
+            // No request holds the previous one any more (the usual case): its allocation is
+            // reused.
+            match s.last.as_mut().and_then(Arc::get_mut) {
+                Some(slot) => *slot = last,
+                None => s.last = Some(Arc::new(last)),
+            }
         }
         s.touched = now;
         s.stamp = stamp;

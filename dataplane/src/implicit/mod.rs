@@ -275,9 +275,9 @@ impl Implicit {
             && let Some(raw) = body.get(history.content.clone())
         {
             // Read as the answer was: streamed into its digest, never copied whole.
-            let mut back = AnswerText::new(&self.keys, last.kept.is_some());
+            let mut back = AnswerText::new(&self.keys, false);
             back.push_raw(raw);
-            if let Some(inferred) = judge(rules, &last, back.finish()) {
+            if let Some(inferred) = judge(&self.keys, rules, &last, back.finish(), raw) {
                 out.push(inferred);
             }
         }
@@ -333,9 +333,11 @@ impl Implicit {
     }
 }
 
-/// The previous answer `last` came back as `back`: unchanged (`continued`), or changed by some
-/// characters (`history_edit`), as far as the rules on can tell.
-fn judge(rules: Rules, last: &Last, came: Digest) -> Option<Inferred> {
+/// The previous answer `last` came back as `came` (the digest of `raw`, a content value):
+/// unchanged (`continued`), or changed by some characters (`history_edit`), as far as the rules
+/// on can tell. Only a changed answer's first characters are read out (again, under `keys`), to
+/// be compared with those kept.
+fn judge(keys: &TextKeys, rules: Rules, last: &Last, came: Digest, raw: &[u8]) -> Option<Inferred> {
     if came.chars == last.chars && came.hash == last.hash {
         return rules.has(Rule::Continued).then(|| Inferred {
             rule: Rule::Continued,
@@ -345,12 +347,15 @@ fn judge(rules: Rules, last: &Last, came: Digest) -> Option<Inferred> {
     }
     let kept = last
         .kept
-        .as_deref()
-        .filter(|_| rules.has(Rule::HistoryEdit))?;
-    let came_kept = came.kept.as_deref().unwrap_or_default();
+        .as_ref()
+        .filter(|_| rules.has(Rule::HistoryEdit))?
+        .as_str();
+    let mut again = AnswerText::new(keys, true);
+    again.push_raw(raw);
+    let came_kept = again.finish().kept.unwrap_or_default();
     // Beyond the characters compared, only the lengths' difference is counted: a lower bound.
     let beyond = |chars: u64| chars.saturating_sub(MAX_KEPT_CHARS as u64);
-    let d = distance::levenshtein(kept, came_kept)
+    let d = distance::levenshtein(kept, came_kept.as_str())
         .saturating_add(beyond(last.chars).abs_diff(beyond(came.chars)))
         .clamp(1, nm_types::signal::MAX_EDIT_DISTANCE);
     Some(Inferred {

@@ -9,10 +9,13 @@
 //! captured raw, handed over as a slice of the frame when it lies whole within one (else copied
 //! across frames, up to [`MAX_CAPTURE`] bytes), for the caller to parse with serde.
 //!
-//! A selection may also ask to be told when an object it looked into closes (`ended`), so a
-//! caller reading an array of objects (a request's messages) knows where each one ends; and a
-//! request body, whole in one frame, may be scanned with a larger capture limit
-//! ([`Scanner::with_limit`]), its captures then being slices of the body, never copies.
+//! A document fed whole in one frame (a request body) may also have values handed over in
+//! place to a reader of their own ([`Select::walk`], [`Scanner::feed_walking`]), which says
+//! where each ends; the scan goes on from there (a request's list of turns:
+//! [`crate::implicit::conversation`]). A selection may ask to be told when an object it looked
+//! into closes (`ended`), and captures may be allowed to grow with the document
+//! ([`Scanner::with_limit`]): how the turns were read before, kept for the tests that compare
+//! the two readers.
 //!
 //! It does not validate: malformed input gives fewer captures, never an error or unbounded
 //! memory. Keys are compared as raw bytes, so a key spelled with escapes (`"\u0075sage"`) is not
@@ -37,6 +40,8 @@ pub(crate) struct Select<T: 'static> {
     items: Option<Items<T>>,
     /// Told (with an empty value) when an object looked into under this selection closes.
     done: Option<T>,
+    /// Hand the value over to the walker, tagged.
+    walk: Option<T>,
 }
 
 #[derive(Debug)]
@@ -54,6 +59,7 @@ impl<T: Copy + 'static> Select<T> {
             keys: &[],
             items: None,
             done: None,
+            walk: None,
         }
     }
 
@@ -64,6 +70,7 @@ impl<T: Copy + 'static> Select<T> {
             keys,
             items: None,
             done: None,
+            walk: None,
         }
     }
 
@@ -77,6 +84,7 @@ impl<T: Copy + 'static> Select<T> {
                 select: element,
             }),
             done: None,
+            walk: None,
         }
     }
 
@@ -90,10 +98,12 @@ impl<T: Copy + 'static> Select<T> {
                 select: element,
             }),
             done: None,
+            walk: None,
         }
     }
 
     /// Look into every element of an array; any other value (a string) is captured whole.
+    #[cfg(test)]
     pub(crate) const fn each_or_capture(tag: T, element: &'static Select<T>) -> Self {
         Self {
             capture: Some(tag),
@@ -103,10 +113,25 @@ impl<T: Copy + 'static> Select<T> {
                 select: element,
             }),
             done: None,
+            walk: None,
+        }
+    }
+
+    /// Hand the value over, tagged, to the walker given to [`Scanner::feed_walking`]: it reads
+    /// the value in place and says where it ends. Without a walker (or when it declines), the
+    /// value is crossed unread.
+    pub(crate) const fn walk(tag: T) -> Self {
+        Self {
+            capture: None,
+            keys: &[],
+            items: None,
+            done: None,
+            walk: Some(tag),
         }
     }
 
     /// The same selection, telling `tag` when an object it looked into closes.
+    #[cfg(test)]
     pub(crate) const fn ended(self, tag: T) -> Self {
         Self {
             done: Some(tag),
@@ -125,6 +150,7 @@ impl<T: Copy + 'static> Select<T> {
                 select: object,
             }),
             done: None,
+            walk: None,
         }
     }
 
@@ -216,6 +242,7 @@ impl<T: Copy + 'static> Scanner<T> {
 
     /// A scanner whose captures may hold up to `limit` bytes: for a document fed whole in one
     /// frame (a request body), whose captures are handed over in place, never copied.
+    #[cfg(test)]
     pub(crate) fn with_limit(root: &'static Select<T>, limit: usize) -> Self {
         Self {
             limit,
@@ -223,13 +250,41 @@ impl<T: Copy + 'static> Scanner<T> {
         }
     }
 
+    /// Looks for `root` instead, from the start of the next document (a scanner made before it
+    /// knew all it must read: its stack's allocation kept).
+    pub(crate) fn reselect(&mut self, root: &'static Select<T>) {
+        self.stack.clear();
+        self.mode = Mode::Value;
+        self.capture = None;
+        self.root = root;
+    }
+
+    /// Containers being looked into (for the tests comparing readers).
+    #[cfg(test)]
+    pub(crate) fn depth(&self) -> usize {
+        self.stack.len()
+    }
+
     /// Reads one frame, calling `sink` with each selected value it completes.
     pub(crate) fn feed(&mut self, frame: &[u8], sink: &mut impl FnMut(T, &[u8])) {
+        self.feed_walking(frame, sink, &mut |_, _| None);
+    }
+
+    /// [`Scanner::feed`], handing each value selected by [`Select::walk`] to `walk`, with the
+    /// rest of the frame from its first byte: `walk` returns how many bytes the value took (the
+    /// scan goes on after them), or None to have it crossed unread. For a document whole in one
+    /// frame: a value the frame cuts is the walker's to judge.
+    pub(crate) fn feed_walking(
+        &mut self,
+        frame: &[u8],
+        sink: &mut impl FnMut(T, &[u8]),
+        walk: &mut impl FnMut(T, &[u8]) -> Option<usize>,
+    ) {
         self.capture_from = 0;
         let mut i = 0;
         while i < frame.len() {
             i = match self.mode {
-                Mode::Value => self.value(frame, i, sink),
+                Mode::Value => self.value(frame, i, sink, walk),
                 Mode::Skip(skip) => self.skip(frame, i, skip, sink),
                 Mode::KeyText { escaped } => self.key_text(frame, i, escaped),
                 Mode::Key => {
@@ -267,7 +322,13 @@ impl<T: Copy + 'static> Scanner<T> {
     }
 
     /// The first byte of a value (or whitespace before it) at `frame[i]`.
-    fn value(&mut self, frame: &[u8], i: usize, sink: &mut impl FnMut(T, &[u8])) -> usize {
+    fn value(
+        &mut self,
+        frame: &[u8],
+        i: usize,
+        sink: &mut impl FnMut(T, &[u8]),
+        walk: &mut impl FnMut(T, &[u8]) -> Option<usize>,
+    ) -> usize {
         let b = frame[i];
         match b {
             // Whitespace; `,` and `:` here are malformed and dropped.
@@ -281,6 +342,11 @@ impl<T: Copy + 'static> Scanner<T> {
         }
         let select = self.selected();
         if let Some(select) = select {
+            if let Some(taken) = select.walk.and_then(|tag| walk(tag, &frame[i..])) {
+                self.end_value();
+                // At least the first byte, at most the frame.
+                return i + taken.clamp(1, frame.len() - i);
+            }
             let look_into_array = b == b'[' && select.items.is_some();
             if let Some(tag) = select.capture.filter(|_| !look_into_array) {
                 self.capture = Some(tag);

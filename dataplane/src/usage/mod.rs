@@ -83,11 +83,17 @@ impl Meter {
 
     /// The same meter, reading the answer's text into `text` as well.
     pub fn with_text(mut self, text: AnswerText) -> Self {
-        if let Decoder::Json(_) = self.decoder {
-            self.decoder = Decoder::Json(Scanner::new(self.reader.select_text()));
+        self.read_text(text);
+        self
+    }
+
+    /// Reads the answer's text into `text` as well, from the first frame on (in place: a meter
+    /// is a few hundred bytes, not moved again for this).
+    pub fn read_text(&mut self, text: AnswerText) {
+        if let Decoder::Json(scanner) = &mut self.decoder {
+            scanner.reselect(self.reader.select_text());
         }
         self.text = Some(text);
-        self
     }
 
     /// Observes one data frame, in order.
@@ -293,16 +299,27 @@ fn sum_known(parts: &[Option<u64>]) -> Option<u64> {
 /// or malformed input, is `None`.
 pub(crate) fn text(value: &[u8]) -> Option<std::borrow::Cow<'_, str>> {
     // The common case without serde: a plain string of printable characters. What has escapes
-    // or control characters (invalid JSON) takes the full parse. One pass without an early exit,
-    // which the compiler turns into a check of many bytes at a time.
-    if let [b'"', inner @ .., b'"'] = value
-        && !inner.iter().fold(false, |odd, &b| {
-            odd | (b == b'\\') | (b == b'"') | (b < 0x20)
-        })
-    {
+    // or control characters (invalid JSON) takes the full parse.
+    if let Some((inner, _)) = plain_string(value) {
         return std::str::from_utf8(inner)
             .ok()
             .map(std::borrow::Cow::Borrowed);
     }
     serde_json::from_slice::<de::Text<'_>>(value).ok()?.0
+}
+
+/// The contents of a JSON string without escapes or control characters (`"..."`, nothing after
+/// the closing quote), and whether they are all ASCII; None for any other value. One pass
+/// without an early exit, which the compiler turns into a check of many bytes at a time.
+pub(crate) fn plain_string(value: &[u8]) -> Option<(&[u8], bool)> {
+    let [b'"', inner @ .., b'"'] = value else {
+        return None;
+    };
+    let (odd, high) = inner.iter().fold((false, false), |(odd, high), &b| {
+        (
+            odd | (b == b'\\') | (b == b'"') | (b < 0x20),
+            high | (b >= 0x80),
+        )
+    });
+    (!odd).then_some((inner, !high))
 }

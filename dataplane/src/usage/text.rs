@@ -77,7 +77,7 @@ impl Hasher for TextHasher {
 /// in characters and a keyed hash of all of it.
 #[derive(Debug)]
 pub struct AnswerText {
-    kept: Option<String>,
+    kept: Option<Kept>,
     chars: u64,
     hash: TextHasher,
     /// The bytes not hashed yet: the hash takes whole blocks, so that it depends on the text
@@ -90,11 +90,32 @@ pub struct AnswerText {
 /// The bytes the text's hash takes at a time.
 const BLOCK: usize = 64;
 
+/// The first characters of a text: UTF-8, as bytes. Made only of whole characters of text read
+/// as valid, so that a plain ASCII string (most answers) is kept without being checked twice;
+/// read back as text only where it is compared ([`Kept::as_str`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Kept(Vec<u8>);
+
+impl Kept {
+    pub fn as_str(&self) -> &str {
+        // Whole characters of valid text, by construction.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
 /// What is left of an answer's text once it ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Digest {
     /// The first [`MAX_KEPT_CHARS`] characters, when kept.
-    pub kept: Option<String>,
+    pub kept: Option<Kept>,
     /// Its length in characters (Unicode scalar values).
     pub chars: u64,
     /// The keyed hash of the whole text.
@@ -106,7 +127,7 @@ impl AnswerText {
     /// length and hash (`continued`).
     pub fn new(keys: &TextKeys, keep: bool) -> Self {
         Self {
-            kept: keep.then(String::new),
+            kept: keep.then(Kept::default),
             chars: 0,
             hash: keys.build_hasher(),
             block: [0; BLOCK],
@@ -138,28 +159,37 @@ impl AnswerText {
 
     /// Appends a piece of text.
     pub fn push(&mut self, piece: &str) {
-        self.hash(piece.as_bytes());
         // ASCII (most answers) has as many characters as bytes: a check of a word at a time,
         // not a count of each character.
-        let n = if piece.is_ascii() {
+        self.push_valid(piece.as_bytes(), piece.is_ascii());
+    }
+
+    /// Appends a piece of text known to be valid UTF-8 (all ASCII when `ascii`).
+    fn push_valid(&mut self, piece: &[u8], ascii: bool) {
+        self.hash(piece);
+        let n = if ascii {
             piece.len()
         } else {
-            piece.chars().count()
+            // Characters are the bytes that do not continue one.
+            piece.iter().filter(|&&b| (b as i8) >= -0x40).count()
         } as u64;
-        if let Some(kept) = &mut self.kept {
+        if let Some(Kept(kept)) = &mut self.kept {
             let room = MAX_KEPT_CHARS.saturating_sub(self.chars as usize);
             // Fewer bytes than room means fewer characters: the piece fits whole.
             if piece.len() <= room {
-                // One allocation of the right size for a whole answer, not a string doubled
+                // One allocation of the right size for a whole answer, not a buffer doubled
                 // from empty.
                 kept.reserve(piece.len());
-                kept.push_str(piece);
+                kept.extend_from_slice(piece);
             } else if room > 0 {
+                // The first `room` characters: up to the start of the next one.
                 let end = piece
-                    .char_indices()
+                    .iter()
+                    .enumerate()
+                    .filter(|&(_, &b)| (b as i8) >= -0x40)
                     .nth(room)
                     .map_or(piece.len(), |(at, _)| at);
-                kept.push_str(&piece[..end]);
+                kept.extend_from_slice(&piece[..end]);
             }
         }
         self.chars = self.chars.saturating_add(n);
@@ -169,6 +199,13 @@ impl AnswerText {
     /// text counts (`text` of a part typed `text` or `output_text`, or untyped and not a Gemini
     /// thought), in order. `null`, other values and malformed input have none.
     pub fn push_raw(&mut self, raw: &[u8]) {
+        let raw = raw.trim_ascii_start();
+        // A plain string of printable ASCII (the common answer) is taken as it is: the one
+        // pass that looks for escapes also says it is ASCII, so it is not checked again.
+        if let Some((inner, true)) = super::plain_string(raw) {
+            self.push_valid(inner, true);
+            return;
+        }
         each_text(raw, &mut |piece| self.push(piece));
     }
 
@@ -182,6 +219,7 @@ impl AnswerText {
     }
 }
 
+/// The text pieces of a content value, in order (see [`AnswerText::push_raw`]).
 fn each_text(raw: &[u8], f: &mut impl FnMut(&str)) {
     let raw = raw.trim_ascii_start();
     match raw.first() {
@@ -268,25 +306,38 @@ mod tests {
         );
         assert!(
             chat.kept
-                .as_deref()
+                .as_ref()
                 .unwrap()
+                .as_str()
                 .starts_with("Voilà — the config")
         );
-        assert!(chat.kept.as_deref().unwrap().ends_with("Ελληνικά."));
+        assert!(chat.kept.as_ref().unwrap().as_str().ends_with("Ελληνικά."));
         let anthropic = read(
             WireFormat::Anthropic,
             Framing::Json,
             include_bytes!("fixtures/anthropic.json"),
             7,
         );
-        assert!(anthropic.kept.unwrap().starts_with("Here is the summary"));
+        assert!(
+            anthropic
+                .kept
+                .unwrap()
+                .as_str()
+                .starts_with("Here is the summary")
+        );
         let responses = read(
             WireFormat::Openai,
             Framing::Json,
             include_bytes!("fixtures/openai_responses.json"),
             5,
         );
-        assert!(responses.kept.unwrap().starts_with("Sure! Here's the plan"));
+        assert!(
+            responses
+                .kept
+                .unwrap()
+                .as_str()
+                .starts_with("Sure! Here's the plan")
+        );
         // A function call is no text.
         let gemini = read(
             WireFormat::Gemini,
@@ -323,7 +374,7 @@ mod tests {
         ] {
             let whole = read(format, Framing::Sse, bytes, bytes.len());
             assert!(whole.chars > 0, "{format:?}");
-            assert!(whole.kept.as_deref().unwrap().starts_with(start));
+            assert!(whole.kept.as_ref().unwrap().as_str().starts_with(start));
             for cut in [1, 2, 3, 17, 100] {
                 let cut_read = read(format, Framing::Sse, bytes, cut);
                 // (Each read draws keys of its own: the hashes differ.)
@@ -342,7 +393,7 @@ mod tests {
         let long = "é".repeat(MAX_KEPT_CHARS + 10);
         let d = digest(&keys, &long, true);
         assert_eq!(
-            d.kept.as_deref().map(|k| k.chars().count()),
+            d.kept.as_ref().map(|k| k.as_str().chars().count()),
             Some(MAX_KEPT_CHARS)
         );
         assert_eq!(d.chars, (MAX_KEPT_CHARS + 10) as u64);
@@ -378,6 +429,34 @@ mod tests {
             let other = digest(&keys, &format!("{text}."), true);
             proptest::prop_assert_ne!(other.hash, whole.hash);
         }
+    }
+
+    proptest::proptest! {
+        /// A content string read raw (the answer's JSON, a history turn) gives the digest of
+        /// its text, whether plain ASCII (taken as it is), other characters or escaped.
+        #[test]
+        fn a_raw_string_reads_as_its_text(
+            text in "[a-z \"\\\\\n\t\u{7f}é€😀]{0,40}",
+            repeat in 1usize..200,
+        ) {
+            let keys = TextKeys::default();
+            let text = text.repeat(repeat);
+            let raw = serde_json::to_vec(&text).unwrap();
+            for keep in [true, false] {
+                let mut read = AnswerText::new(&keys, keep);
+                read.push_raw(&raw);
+                proptest::prop_assert_eq!(read.finish(), digest(&keys, &text, keep));
+            }
+        }
+    }
+
+    #[test]
+    fn a_raw_string_that_is_not_utf8_has_no_text() {
+        let keys = TextKeys::default();
+        let mut read = AnswerText::new(&keys, true);
+        read.push_raw(b"\"caf\xe9\"");
+        read.push_raw(b"\"\xff\xfe ascii\"");
+        assert_eq!(read.finish(), digest(&keys, "", true));
     }
 
     #[test]
