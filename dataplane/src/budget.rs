@@ -405,6 +405,8 @@ struct ScopeState {
     in_force: Option<InForce>,
     /// One per limit of the budget in force.
     meters: Meters,
+    /// Their units, a bit each: what an admission takes a lease of.
+    units: u8,
     remote: Option<Remote>,
     /// Entries counted toward it.
     entries: u32,
@@ -427,6 +429,7 @@ impl ScopeState {
     fn remeter(&mut self, in_force: Option<InForce>, at: &Periods) {
         let old = std::mem::take(&mut self.meters);
         self.in_force = in_force;
+        self.units = 0;
         let Some(f) = in_force else { return };
         for unit in LeaseUnit::ALL {
             let Some(limit) = unit.limit(&f.rule) else {
@@ -438,6 +441,7 @@ impl ScopeState {
                 .iter()
                 .find(|m| m.unit == unit && m.span == span && m.period == period)
                 .and_then(|m| m.lease);
+            self.units |= bit(unit);
             self.meters.push(Meter {
                 unit,
                 span,
@@ -556,6 +560,7 @@ impl Ledger {
                     rule: None,
                     in_force: None,
                     meters: Meters::new(),
+                    units: 0,
                     remote: None,
                     entries: 0,
                     live: true,
@@ -828,6 +833,8 @@ fn settle(ledger: &Mutex<Ledger>, key: &EntryKey, micros: u64, tokens: u64) {
         return;
     }
     let (from, to) = (e.amounts(), amounts(micros, tokens));
+    // What goes back to a lease: the reservation less what the request used.
+    let back: [i64; UNITS] = std::array::from_fn(|u| signed(from[u]).saturating_sub(signed(to[u])));
     for c in &e.scopes {
         for m in &mut scopes[c.scope as usize].meters {
             let u = m.unit as usize;
@@ -841,10 +848,7 @@ fn settle(ledger: &Mutex<Ledger>, key: &EntryKey, micros: u64, tokens: u64) {
             if c.taken & bit(m.unit) != 0
                 && let Some(lease) = m.lease.as_mut()
             {
-                lease.unused = lease
-                    .unused
-                    .saturating_add(signed(from[u]))
-                    .saturating_sub(signed(to[u]));
+                lease.unused = lease.unused.saturating_add(back[u]);
             }
         }
     }
@@ -938,6 +942,7 @@ impl Budgets {
         l.clock_ms = now_ms;
         let now = l.periods(now_ms);
         let reservation = amounts(estimate_micros, estimate_tokens);
+        let (signed_reservation, asked) = (reservation.map(signed), reservation.map(|n| n.max(1)));
 
         // Every limit, from its meter, and every lease: each takes the reservation if its limit
         // is not reached; all must have had some lease left, else what was taken goes back.
@@ -948,12 +953,12 @@ impl Budgets {
             let ScopeState {
                 in_force,
                 meters,
+                units,
                 remote,
                 entries,
                 ..
             } = &mut l.scopes[id as usize];
             let Some(f) = *in_force else { continue };
-            let mut taken = 0;
             for (i, m) in meters.iter_mut().enumerate() {
                 let period = now.of(m.span);
                 if m.period != period {
@@ -973,20 +978,23 @@ impl Budgets {
                         retry_after: until(period_end(unit, &f.rule, now_ms), now_ms),
                     });
                 }
-                let n = reservation[m.unit as usize];
+                let u = m.unit as usize;
                 let lease = m.lease.get_or_insert_with(|| Lease::new(now_ms));
-                lease.last_reservation = n.max(1);
+                lease.last_reservation = asked[u];
                 lease.last_used_ms = now_ms;
                 if lease.unused <= 0 && short.is_none() {
                     short = Some((id, m.unit, f.rule));
                 }
-                lease.unused = lease.unused.saturating_sub(signed(n));
-                lease.taken = lease.taken.saturating_add(n);
-                m.local = m.local.saturating_add(n);
-                taken |= bit(m.unit);
+                lease.unused = lease.unused.saturating_sub(signed_reservation[u]);
+                lease.taken = lease.taken.saturating_add(reservation[u]);
+                m.local = m.local.saturating_add(reservation[u]);
             }
+            // Every meter took from its lease.
             *entries += 1;
-            counted.push(Counted { scope: id, taken });
+            counted.push(Counted {
+                scope: id,
+                taken: *units,
+            });
         }
         if expired || short.is_some() {
             untake_all(&mut l.scopes, &counted, &reservation);
