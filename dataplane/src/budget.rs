@@ -26,6 +26,13 @@
 //! the same way: the feed's count for the scope's latest minute plus the local entries started
 //! in this minute.
 //!
+//! Both numbers are kept per limit of the budget in force, in a meter for the limit's current
+//! period (`Meter`): made when the rules arrive, its feed number set when the spend arrives,
+//! its local number changed by each admission, settlement and retirement. Admitting a request
+//! is then a comparison and an addition per limit; a meter moves to the next period at its
+//! scope's first request there (a request's time is never taken before the last admitted
+//! one's, so nothing local counts in a new period yet).
+//!
 //! Across dataplanes, the feed arrives too late to stop a burst spread over several of them, so
 //! a request must also fit this dataplane's **lease** of every budget (see
 //! `nm_types::budget::grant` and docs/budgets.md): per scope, unit and period, what the
@@ -128,40 +135,57 @@ pub enum Refusal {
     NotLoaded,
 }
 
-/// The periods a moment falls in, computed once per request (a month needs calendar arithmetic).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Periods {
-    day: i64,
-    week: i64,
-    month: i64,
-    minute: i64,
+/// What a meter counts in: the day, week or month of a rule's period, or the minute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Span {
+    Day = 0,
+    Week = 1,
+    Month = 2,
+    Minute = 3,
 }
+
+impl Span {
+    /// The span a limit in `unit` under a rule of `period` counts in.
+    fn of(unit: LeaseUnit, period: Period) -> Span {
+        match (unit.per_minute(), period) {
+            (true, _) => Span::Minute,
+            (false, Period::Day) => Span::Day,
+            (false, Period::Week) => Span::Week,
+            (false, Period::Month) => Span::Month,
+        }
+    }
+}
+
+/// The periods a moment falls in, by [`Span`]: its day, week, month and minute numbers,
+/// computed once per request (a month needs calendar arithmetic).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Periods([i64; 4]);
 
 impl Periods {
     fn of_day(day: i64, minute: i64) -> Self {
-        Periods {
-            day,
-            week: week_of_day(day),
-            month: month_of_day(day),
-            minute,
-        }
+        Periods([day, week_of_day(day), month_of_day(day), minute])
+    }
+
+    fn of(&self, span: Span) -> i64 {
+        self.0[span as usize]
     }
 
     fn index(&self, period: Period) -> i64 {
-        match period {
-            Period::Day => self.day,
-            Period::Week => self.week,
-            Period::Month => self.month,
-        }
+        self.of(Span::of(LeaseUnit::Micros, period))
     }
 
-    /// The period a lease of `unit` under a rule of `period` counts toward.
-    fn of_unit(&self, unit: LeaseUnit, period: Period) -> i64 {
-        if unit.per_minute() {
-            self.minute
-        } else {
-            self.index(period)
-        }
+    fn month(&self) -> i64 {
+        self.of(Span::Month)
+    }
+
+    fn week(&self) -> i64 {
+        self.of(Span::Week)
+    }
+
+    fn with_minute(self, minute: i64) -> Self {
+        let mut p = self;
+        p.0[Span::Minute as usize] = minute;
+        p
     }
 }
 
@@ -190,18 +214,17 @@ impl EntryKey {
     }
 }
 
-/// One budget an entry counts toward: its scope, the units it took a lease of (a bit per
-/// unit) and the rule's period then (which, with the entry's start, names the lease periods).
+/// One budget an entry counts toward: its scope, and the units it took a lease of (a bit per
+/// unit).
 #[derive(Debug, Clone, Copy)]
 struct Counted {
     scope: u32,
     taken: u8,
-    period: Period,
 }
 
 #[derive(Debug, Clone)]
 struct Entry {
-    /// When it started (the tests check `at` against it).
+    /// When it was admitted (the tests check `at` against it).
     #[cfg(test)]
     started_ms: i64,
     at: Periods,
@@ -213,132 +236,81 @@ struct Entry {
     scopes: SmallVec<[Counted; 6]>,
 }
 
-/// Running totals over one scope's entries, by the period each entry started in: buckets of
-/// `(period index, micros, tokens, entries)` — a handful at most, since entries live until the
-/// feed catches up, a second or so.
-#[derive(Debug, Default)]
-struct Totals {
-    days: Buckets,
-    weeks: Buckets,
-    months: Buckets,
-    minutes: Buckets,
-}
-
-/// `(period index, micros, tokens, entries)`.
-type Buckets = Vec<(i64, u64, u64, u32)>;
-
-impl Totals {
-    fn buckets(&mut self, at: &Periods) -> [(&mut Buckets, i64); 4] {
-        [
-            (&mut self.days, at.day),
-            (&mut self.weeks, at.week),
-            (&mut self.months, at.month),
-            (&mut self.minutes, at.minute),
-        ]
-    }
-
-    fn add(&mut self, at: &Periods, micros: u64, tokens: u64) {
-        for (buckets, key) in self.buckets(at) {
-            match buckets.iter_mut().find(|b| b.0 == key) {
-                Some((_, sum, t, n)) => {
-                    *sum = sum.saturating_add(micros);
-                    *t = t.saturating_add(tokens);
-                    *n += 1;
-                }
-                None => buckets.push((key, micros, tokens, 1)),
-            }
-        }
-    }
-
-    fn remove(&mut self, at: &Periods, micros: u64, tokens: u64) {
-        for (buckets, key) in self.buckets(at) {
-            if let Some(i) = buckets.iter().position(|b| b.0 == key) {
-                let (_, sum, t, n) = &mut buckets[i];
-                *sum = sum.saturating_sub(micros);
-                *t = t.saturating_sub(tokens);
-                *n -= 1;
-                if *n == 0 {
-                    buckets.swap_remove(i);
-                }
-            }
-        }
-    }
-
-    /// Replaces one entry's amounts, the entry staying counted.
-    fn change(&mut self, at: &Periods, from: (u64, u64), to: (u64, u64)) {
-        for (buckets, key) in self.buckets(at) {
-            if let Some((_, sum, t, _)) = buckets.iter_mut().find(|b| b.0 == key) {
-                *sum = sum.saturating_sub(from.0).saturating_add(to.0);
-                *t = t.saturating_sub(from.1).saturating_add(to.1);
-            }
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.minutes.is_empty() && self.days.is_empty()
-    }
-
-    fn bucket(buckets: &Buckets, key: i64) -> (u64, u64, u32) {
-        buckets
-            .iter()
-            .find(|b| b.0 == key)
-            .map_or((0, 0, 0), |b| (b.1, b.2, b.3))
-    }
-
-    #[cfg(test)]
-    /// `(micros, tokens)` of the entries started in `period`'s period containing `now_ms`.
-    fn spent(&self, period: Period, now_ms: i64) -> (u64, u64) {
-        let buckets = match period {
-            Period::Day => &self.days,
-            Period::Week => &self.weeks,
-            Period::Month => &self.months,
-        };
-        let (m, t, _) = Self::bucket(buckets, period.index_of(now_ms));
-        (m, t)
-    }
-
-    /// `(entries, tokens)` started in the minute `minute`.
-    fn started_in(&self, minute: i64) -> (u32, u64) {
-        let (_, t, n) = Self::bucket(&self.minutes, minute);
-        (n, t)
-    }
-
-    /// What is counted locally in `unit` for `index`, a period of a rule of `period`.
-    fn unrecorded(&self, unit: LeaseUnit, period: Period, index: i64) -> u64 {
-        match unit {
-            LeaseUnit::Micros | LeaseUnit::Tokens => {
-                let buckets = match period {
-                    Period::Day => &self.days,
-                    Period::Week => &self.weeks,
-                    Period::Month => &self.months,
-                };
-                let (m, t, _) = Self::bucket(buckets, index);
-                if unit == LeaseUnit::Micros { m } else { t }
-            }
-            LeaseUnit::Requests => u64::from(self.started_in(index).0),
-            LeaseUnit::MinuteTokens => self.started_in(index).1,
-        }
+impl Entry {
+    /// What it counts in each unit, by `LeaseUnit as usize`.
+    fn amounts(&self) -> [u64; UNITS] {
+        amounts(self.micros, self.tokens)
     }
 }
 
-/// Per scope kind, values by borrowed `&str`: a lookup allocates nothing; a value is copied
-/// only when first inserted.
+/// Values by name: while few, a list compared in turn (a name compared costs less than one
+/// hashed: most deployments have a few agents, models, envs and keys with budgets); past that,
+/// a hash map. A lookup by borrowed `&str` allocates nothing; a name is copied only when first
+/// inserted.
 #[derive(Debug)]
-struct ByScope<T>([HashMap<String, T>; KINDS]);
+struct Names<T> {
+    few: Vec<(Box<str>, T)>,
+    many: HashMap<String, T>,
+}
+
+/// Names compared in turn at most.
+const FEW_NAMES: usize = 8;
+
+impl<T> Default for Names<T> {
+    fn default() -> Self {
+        Names {
+            few: Vec::new(),
+            many: HashMap::default(),
+        }
+    }
+}
+
+impl<T> Names<T> {
+    fn get(&self, name: &str) -> Option<&T> {
+        if self.many.is_empty() {
+            self.few.iter().find(|(n, _)| **n == *name).map(|(_, v)| v)
+        } else {
+            self.many.get(name)
+        }
+    }
+
+    fn insert(&mut self, name: &str, v: T) {
+        if let Some(slot) = self.few.iter_mut().find(|(n, _)| **n == *name) {
+            slot.1 = v;
+        } else if self.many.is_empty() && self.few.len() < FEW_NAMES {
+            self.few.push((name.into(), v));
+        } else {
+            self.many
+                .extend(self.few.drain(..).map(|(n, v)| (n.into_string(), v)));
+            self.many.insert(name.to_owned(), v);
+        }
+    }
+
+    fn remove(&mut self, name: &str) {
+        if let Some(i) = self.few.iter().position(|(n, _)| **n == *name) {
+            self.few.swap_remove(i);
+        } else {
+            self.many.remove(name);
+        }
+    }
+}
+
+/// Per scope kind, values by name.
+#[derive(Debug)]
+struct ByScope<T>([Names<T>; KINDS]);
 
 impl<T> Default for ByScope<T> {
     fn default() -> Self {
-        ByScope(std::array::from_fn(|_| HashMap::default()))
+        ByScope(std::array::from_fn(|_| Names::default()))
     }
 }
 
 impl<T> ByScope<T> {
     fn get(&self, kind: ScopeKind, value: &str) -> Option<&T> {
-        let m = &self.0[kind.index()];
-        if m.is_empty() { None } else { m.get(value) }
+        self.0[kind.index()].get(value)
     }
 
-    fn insert(&mut self, kind: ScopeKind, value: String, v: T) {
+    fn insert(&mut self, kind: ScopeKind, value: &str, v: T) {
         self.0[kind.index()].insert(value, v);
     }
 
@@ -355,17 +327,15 @@ struct Remote {
 }
 
 impl Remote {
-    /// What the feed counts in `unit` under `rule` now.
-    fn used(&self, unit: LeaseUnit, rule: &BudgetRule, now: &Periods) -> u64 {
-        let current = now.of_unit(unit, rule.period);
-        unit.recorded(rule, &self.spend, self.at.index(rule.period), current)
+    /// What the feed counts in `unit` under `rule` for `period` (a period of the unit's span).
+    fn used(&self, unit: LeaseUnit, rule: &BudgetRule, period: i64) -> u64 {
+        unit.recorded(rule, &self.spend, self.at.index(rule.period), period)
     }
 }
 
-/// This dataplane's lease of one budget in one period.
+/// This dataplane's lease of one limit in its meter's period.
 #[derive(Debug, Clone, Copy)]
-struct Slot {
-    period: i64,
+struct Lease {
     /// Lease left to admit from; below zero by at most one reservation.
     unused: i64,
     /// The latest reservation (what to ask for).
@@ -375,34 +345,71 @@ struct Slot {
     last_used_ms: i64,
 }
 
-impl Slot {
-    fn new(period: i64, reservation: u64, now_ms: i64) -> Self {
-        Slot {
-            period,
+impl Lease {
+    fn new(now_ms: i64) -> Self {
+        Lease {
             unused: 0,
-            last_reservation: reservation.max(1),
+            last_reservation: 1,
             taken: 0,
             last_used_ms: now_ms,
         }
     }
 }
 
-/// One scope's leases, per unit.
-#[derive(Debug, Default, Clone, Copy)]
-struct Leases([Option<Slot>; UNITS]);
+/// One limit of the budget in force for a scope, and what counts toward it in its current
+/// period: the feed's number (`remote`), this dataplane's entries started in the period
+/// (`local`: reservations, or what settled requests count) and this dataplane's lease. Kept
+/// when the feed arrives (the rules, the spend) and by each admission, settlement and
+/// retirement, so admitting is a comparison and an addition per limit. A meter moves to the
+/// next period at its scope's first request in it, where nothing local counts yet: a request's
+/// time is never before the last admitted one's ([`Ledger::clock_ms`]).
+#[derive(Debug, Clone, Copy)]
+struct Meter {
+    unit: LeaseUnit,
+    span: Span,
+    limit: u64,
+    period: i64,
+    remote: u64,
+    local: u64,
+    lease: Option<Lease>,
+}
 
-/// Everything the ledger knows of one scope a budget applies to: its own budget, the feed's
-/// spend, the local entries' totals and the leases. Found once per request by its name;
-/// entries then refer to it by number.
+impl Meter {
+    /// Counts `from` as `to` for an entry started at `at`, if that is in the meter's period.
+    fn change(&mut self, at: &Periods, from: &[u64; UNITS], to: &[u64; UNITS]) {
+        if at.of(self.span) == self.period {
+            let u = self.unit as usize;
+            self.local = self.local.saturating_sub(from[u]).saturating_add(to[u]);
+        }
+    }
+}
+
+type Meters = SmallVec<[Meter; UNITS]>;
+
+/// The budget in force for a scope: its own, else a default.
+#[derive(Debug, Clone, Copy)]
+struct InForce {
+    rule: BudgetRule,
+    default: bool,
+}
+
+/// Everything the ledger knows of one scope a budget applies to: its own budget, the one in
+/// force and its meters, the feed's spend and how many entries count toward it. Found once per
+/// request by its name; entries then refer to it by number.
 #[derive(Debug)]
 struct ScopeState {
     kind: ScopeKind,
     value: String,
     /// Its own budget (else a default may apply).
     rule: Option<BudgetRule>,
+    in_force: Option<InForce>,
+    /// One per limit of the budget in force.
+    meters: Meters,
+    /// Their units, a bit each: what an admission takes a lease of.
+    units: u8,
     remote: Option<Remote>,
-    totals: Totals,
-    leases: Leases,
+    /// Entries counted toward it.
+    entries: u32,
     live: bool,
 }
 
@@ -412,8 +419,39 @@ impl ScopeState {
     fn is_idle(&self) -> bool {
         self.rule.is_none()
             && self.remote.is_none()
-            && self.totals.is_empty()
-            && self.leases.0.iter().all(Option::is_none)
+            && self.entries == 0
+            && self.meters.iter().all(|m| m.lease.is_none())
+    }
+
+    /// Makes the meters of the budget in force now, at `at`: the feed's numbers for their
+    /// periods, nothing local (the caller counts the entries), the leases of the same limits
+    /// and periods kept.
+    fn remeter(&mut self, in_force: Option<InForce>, at: &Periods) {
+        let old = std::mem::take(&mut self.meters);
+        self.in_force = in_force;
+        self.units = 0;
+        let Some(f) = in_force else { return };
+        for unit in LeaseUnit::ALL {
+            let Some(limit) = unit.limit(&f.rule) else {
+                continue;
+            };
+            let span = Span::of(unit, f.rule.period);
+            let period = at.of(span);
+            let lease = old
+                .iter()
+                .find(|m| m.unit == unit && m.span == span && m.period == period)
+                .and_then(|m| m.lease);
+            self.units |= bit(unit);
+            self.meters.push(Meter {
+                unit,
+                span,
+                limit,
+                period,
+                remote: self.remote.map_or(0, |r| r.used(unit, &f.rule, period)),
+                local: 0,
+                lease,
+            });
+        }
     }
 }
 
@@ -429,8 +467,8 @@ struct Ledger {
     month: i64,
     default_user: Option<BudgetRule>,
     default_key: Option<BudgetRule>,
-    /// Scope kinds with at least one budget of their own.
-    ruled: [bool; KINDS],
+    /// Scope kinds a budget may apply to: one of their own, or a default.
+    active: [bool; KINDS],
     /// Per key id, the scopes of its labels that have a budget.
     key_labels: HashMap<String, Vec<u32>>,
     /// Scopes by kind and name, and their states (freed ones reused).
@@ -438,16 +476,14 @@ struct Ledger {
     scopes: Vec<ScopeState>,
     free: Vec<u32>,
     entries: HashMap<EntryKey, Entry>,
+    /// The entries delivered, whose spend the feed has not caught up with yet (the only ones
+    /// a feed or an acknowledgement may retire).
+    delivered: Vec<EntryKey>,
     /// The last day whose periods were computed, and them.
     today: Option<(i64, Periods)>,
-}
-
-/// One budget that applies to a request.
-#[derive(Debug, Clone, Copy)]
-struct Applied {
-    scope: u32,
-    rule: BudgetRule,
-    default: bool,
+    /// The latest time a request was admitted at: a later request's clock read before it is
+    /// taken as it, so meters only move forward.
+    clock_ms: i64,
 }
 
 impl Ledger {
@@ -456,7 +492,7 @@ impl Ledger {
         let day = day_of(now_ms);
         let minute = minute_of(now_ms);
         match self.today {
-            Some((d, p)) if d == day => Periods { minute, ..p },
+            Some((d, p)) if d == day => p.with_minute(minute),
             _ => {
                 let p = Periods::of_day(day, minute);
                 self.today = Some((day, p));
@@ -477,11 +513,37 @@ impl Ledger {
         &mut self.scopes[id as usize]
     }
 
-    /// The scope's state, made when first needed.
+    fn default_for(&self, kind: ScopeKind) -> Option<BudgetRule> {
+        match kind {
+            ScopeKind::User => self.default_user,
+            ScopeKind::Key => self.default_key,
+            _ => None,
+        }
+    }
+
+    /// The budget in force for a scope of `kind` whose own is `own`.
+    fn in_force(&self, kind: ScopeKind, own: Option<BudgetRule>) -> Option<InForce> {
+        match (own, self.default_for(kind)) {
+            (Some(rule), _) => Some(InForce {
+                rule,
+                default: false,
+            }),
+            (None, Some(rule)) => Some(InForce {
+                rule,
+                default: true,
+            }),
+            (None, None) => None,
+        }
+    }
+
+    /// The scope's state, made when first needed (with no budget of its own: a default's
+    /// meters, if one applies).
     fn slot(&mut self, kind: ScopeKind, value: &str) -> u32 {
         if let Some(id) = self.find(kind, value) {
             return id;
         }
+        let in_force = self.in_force(kind, None);
+        let at = self.periods(self.clock_ms);
         let id = match self.free.pop() {
             Some(id) => {
                 let s = self.scope_mut(id);
@@ -496,15 +558,19 @@ impl Ledger {
                     kind,
                     value: value.to_owned(),
                     rule: None,
+                    in_force: None,
+                    meters: Meters::new(),
+                    units: 0,
                     remote: None,
-                    totals: Totals::default(),
-                    leases: Leases::default(),
+                    entries: 0,
                     live: true,
                 });
                 u32::try_from(self.scopes.len() - 1).unwrap_or(u32::MAX)
             }
         };
-        self.index.insert(kind, value.to_owned(), id);
+        // No entry counts toward a new scope.
+        self.scope_mut(id).remeter(in_force, &at);
+        self.index.insert(kind, value, id);
         id
     }
 
@@ -513,63 +579,67 @@ impl Ledger {
         for (id, s) in self.scopes.iter_mut().enumerate() {
             if s.live && s.is_idle() {
                 s.live = false;
-                s.leases = Leases::default();
+                s.in_force = None;
+                s.meters.clear();
                 self.index.remove(s.kind, &s.value);
                 self.free.push(u32::try_from(id).unwrap_or(u32::MAX));
             }
         }
     }
 
-    fn default_for(&self, kind: ScopeKind) -> Option<BudgetRule> {
-        match kind {
-            ScopeKind::User => self.default_user,
-            ScopeKind::Key => self.default_key,
-            _ => None,
-        }
-    }
-
-    /// The budget in force for a scope, if one applies: its own, else a default.
-    fn applies(&mut self, kind: ScopeKind, value: &str) -> Option<Applied> {
-        let default = self.default_for(kind);
-        if !self.ruled[kind.index()] && default.is_none() {
+    /// The scope a budget applies to under this name, if any.
+    fn applies(&mut self, kind: ScopeKind, value: &str) -> Option<u32> {
+        if !self.active[kind.index()] {
             return None;
         }
-        let found = self.find(kind, value);
-        let own = found.and_then(|id| self.scope(id).rule);
-        let (rule, default) = match (own, default) {
-            (Some(rule), _) => (rule, false),
-            (None, Some(rule)) => (rule, true),
-            (None, None) => return None,
-        };
-        let scope = match found {
+        let id = match self.find(kind, value) {
             Some(id) => id,
-            None => self.slot(kind, value),
+            None if self.default_for(kind).is_some() => self.slot(kind, value),
+            None => return None,
         };
-        Some(Applied {
-            scope,
-            rule,
-            default,
-        })
+        self.scope(id).in_force.is_some().then_some(id)
     }
 
-    fn name(&self, a: &Applied) -> BudgetName {
-        let s = self.scope(a.scope);
-        BudgetName {
-            scope: Scope::new(s.kind, s.value.as_str()),
-            default: a.default,
+    /// Every scope's budget in force and meters anew (the rules changed), counting the entries.
+    fn remeter(&mut self) {
+        let at = self.periods(self.clock_ms);
+        for i in 0..self.scopes.len() {
+            let s = &self.scopes[i];
+            let in_force = if s.live {
+                self.in_force(s.kind, s.rule)
+            } else {
+                None
+            };
+            self.scopes[i].remeter(in_force, &at);
+        }
+        let Ledger {
+            entries, scopes, ..
+        } = self;
+        let none = [0; UNITS];
+        for e in entries.values() {
+            let amounts = e.amounts();
+            for c in &e.scopes {
+                for m in &mut scopes[c.scope as usize].meters {
+                    m.change(&e.at, &none, &amounts);
+                }
+            }
         }
     }
 
-    /// Takes an entry out of its scopes' totals.
+    /// Takes an entry out of its scopes' meters.
     fn uncount(scopes: &mut [ScopeState], e: &Entry) {
+        let amounts = e.amounts();
+        let none = [0; UNITS];
         for c in &e.scopes {
-            scopes[c.scope as usize]
-                .totals
-                .remove(&e.at, e.micros, e.tokens);
+            let s = &mut scopes[c.scope as usize];
+            s.entries = s.entries.saturating_sub(1);
+            for m in &mut s.meters {
+                m.change(&e.at, &amounts, &none);
+            }
         }
     }
 
-    /// Keeps the entries `keep` says to, keeping the totals right.
+    /// Keeps the entries `keep` says to, keeping the meters right (visits them all).
     fn retain(&mut self, mut keep: impl FnMut(&Entry) -> bool) {
         let Ledger {
             entries, scopes, ..
@@ -581,6 +651,52 @@ impl Ledger {
             }
             kept
         });
+    }
+
+    /// Drops the delivered entries the feed has caught up with (visits only those delivered).
+    fn retire_delivered(&mut self) {
+        let Ledger {
+            entries,
+            scopes,
+            delivered,
+            epoch,
+            seq,
+            ..
+        } = self;
+        delivered.retain(|key| match entries.get(key).map(|e| e.state) {
+            Some(EntryState::Delivered { epoch: ep, seq: s }) => {
+                if ep == *epoch && s <= *seq {
+                    if let Some(e) = entries.remove(key) {
+                        Self::uncount(scopes, &e);
+                    }
+                    false
+                } else {
+                    true
+                }
+            }
+            // Gone, or admitted anew under the same id.
+            _ => false,
+        });
+    }
+
+    /// Drops the entries of past months not delivered (their record never made it; they no
+    /// longer count toward any period): when the month changes.
+    fn retire_past_months(&mut self) {
+        // A week that began in the previous month still counts this month's first days.
+        let month = self.month;
+        let first_week = week_of_day(first_day_of_month(month));
+        self.retain(|e| match e.state {
+            EntryState::Delivered { .. } => true,
+            _ => e.at.month() >= month || e.at.week() >= first_week,
+        });
+    }
+
+    fn name(&self, id: u32) -> BudgetName {
+        let s = self.scope(id);
+        BudgetName {
+            scope: Scope::new(s.kind, s.value.as_str()),
+            default: s.in_force.is_some_and(|f| f.default),
+        }
     }
 }
 
@@ -629,7 +745,7 @@ pub struct Estimate {
 /// it unsettled counts the reservation.
 #[derive(Debug)]
 pub struct Reservation {
-    budgets: Budgets,
+    ledger: Arc<Mutex<Ledger>>,
     key: EntryKey,
     reserved: u64,
     reserved_tokens: u64,
@@ -648,36 +764,102 @@ impl Reservation {
     /// Replaces the reservation with what the request counts against its budgets.
     pub fn settle(mut self, micros: u64, tokens: u64) {
         self.settled = true;
-        self.budgets.settle(&self.key, micros, tokens);
+        settle(&self.ledger, &self.key, micros, tokens);
     }
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
         if !self.settled {
-            self.budgets
-                .settle(&self.key, self.reserved, self.reserved_tokens);
+            settle(&self.ledger, &self.key, self.reserved, self.reserved_tokens);
         }
     }
 }
 
-/// What a request reserves in a unit.
-fn amount(unit: LeaseUnit, micros: u64, tokens: u64) -> u64 {
-    match unit {
-        LeaseUnit::Micros => micros,
-        LeaseUnit::Requests => 1,
-        LeaseUnit::Tokens | LeaseUnit::MinuteTokens => tokens,
-    }
+/// What a request counts in each unit, by `LeaseUnit as usize`.
+fn amounts(micros: u64, tokens: u64) -> [u64; UNITS] {
+    let mut a = [0; UNITS];
+    a[LeaseUnit::Micros as usize] = micros;
+    a[LeaseUnit::Requests as usize] = 1;
+    a[LeaseUnit::Tokens as usize] = tokens;
+    a[LeaseUnit::MinuteTokens as usize] = tokens;
+    a
 }
 
 fn bit(unit: LeaseUnit) -> u8 {
     1 << (unit as u8)
 }
 
+fn signed(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// Gives back what an admission took from these meters (and their leases): it was refused.
+fn untake(meters: &mut [Meter], reservation: &[u64; UNITS]) {
+    for m in meters {
+        let n = reservation[m.unit as usize];
+        m.local = m.local.saturating_sub(n);
+        if let Some(lease) = m.lease.as_mut() {
+            lease.unused = lease.unused.saturating_add(signed(n));
+            lease.taken = lease.taken.saturating_sub(n);
+        }
+    }
+}
+
+/// [`untake`] for every scope an admission counted toward.
+fn untake_all(scopes: &mut [ScopeState], counted: &[Counted], reservation: &[u64; UNITS]) {
+    for c in counted {
+        let s = &mut scopes[c.scope as usize];
+        s.entries -= 1;
+        untake(&mut s.meters, reservation);
+    }
+}
+
+fn lock(ledger: &Mutex<Ledger>) -> MutexGuard<'_, Ledger> {
+    // Plain numbers: a panic elsewhere cannot leave them half-updated in a harmful way.
+    ledger.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Replaces an in-flight entry's reservation with what its request counts.
+fn settle(ledger: &Mutex<Ledger>, key: &EntryKey, micros: u64, tokens: u64) {
+    let mut guard = lock(ledger);
+    let Ledger {
+        entries, scopes, ..
+    } = &mut *guard;
+    let Some(e) = entries.get_mut(key) else {
+        return;
+    };
+    if e.state != EntryState::InFlight {
+        return;
+    }
+    let (from, to) = (e.amounts(), amounts(micros, tokens));
+    // What goes back to a lease: the reservation less what the request used.
+    let back: [i64; UNITS] = std::array::from_fn(|u| signed(from[u]).saturating_sub(signed(to[u])));
+    for c in &e.scopes {
+        for m in &mut scopes[c.scope as usize].meters {
+            let u = m.unit as usize;
+            // Requests count one each way; amounts as reserved change nothing.
+            if from[u] == to[u] || e.at.of(m.span) != m.period {
+                continue;
+            }
+            m.local = m.local.saturating_sub(from[u]).saturating_add(to[u]);
+            // What the request did not use goes back to the lease (what it used past its
+            // reservation comes out of it).
+            if c.taken & bit(m.unit) != 0
+                && let Some(lease) = m.lease.as_mut()
+            {
+                lease.unused = lease.unused.saturating_add(back[u]);
+            }
+        }
+    }
+    e.micros = micros;
+    e.tokens = tokens;
+    e.state = EntryState::Settled;
+}
+
 impl Budgets {
     fn lock(&self) -> MutexGuard<'_, Ledger> {
-        // Plain numbers: a panic elsewhere cannot leave them half-updated in a harmful way.
-        self.ledger.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.ledger)
     }
 
     /// Whether a feed has arrived since start.
@@ -722,9 +904,9 @@ impl Budgets {
                 None => Ok(None),
             };
         }
-        // The budgets that apply, found by borrowed names: one probe per kind that has a
-        // budget, none for the others.
-        let mut applied: SmallVec<[Applied; 6]> = SmallVec::new();
+        // The scopes whose budgets apply, found by borrowed names: one probe per kind that
+        // has a budget, none for the others.
+        let mut applied: SmallVec<[u32; 6]> = SmallVec::new();
         let scopes = [
             (ScopeKind::Key, Some(who.key)),
             (ScopeKind::Agent, who.agent),
@@ -733,21 +915,17 @@ impl Budgets {
             (ScopeKind::User, who.user),
         ];
         for (kind, value) in scopes {
-            if let Some(a) = value.and_then(|v| l.applies(kind, v)) {
-                applied.push(a);
+            if let Some(id) = value.and_then(|v| l.applies(kind, v)) {
+                applied.push(id);
             }
         }
         if let Some(labels) = (!l.key_labels.is_empty())
             .then(|| l.key_labels.get(who.key))
             .flatten()
         {
-            for &scope in labels {
-                if let Some(rule) = l.scope(scope).rule {
-                    applied.push(Applied {
-                        scope,
-                        rule,
-                        default: false,
-                    });
+            for &id in labels {
+                if l.scope(id).in_force.is_some() {
+                    applied.push(id);
                 }
             }
         }
@@ -759,76 +937,79 @@ impl Budgets {
             tokens: estimate_tokens,
             now_ms,
         } = estimate();
+        // Never before the last admitted request: a meter's period only moves forward.
+        let now_ms = now_ms.max(l.clock_ms);
+        l.clock_ms = now_ms;
         let now = l.periods(now_ms);
+        let reservation = amounts(estimate_micros, estimate_tokens);
+        let (signed_reservation, asked) = (reservation.map(signed), reservation.map(|n| n.max(1)));
 
-        // Every budget's limit, from the feed and the local entries; and every lease: all must
-        // have some left before any is taken from.
+        // Every limit, from its meter, and every lease: each takes the reservation if its limit
+        // is not reached; all must have had some lease left, else what was taken goes back.
         let expired = l.lease_valid_until_ms <= now_ms;
         let mut short = None;
-        for a in &applied {
-            let s = &mut l.scopes[a.scope as usize];
-            let remote = s.remote.unwrap_or_default();
-            for unit in LeaseUnit::ALL {
-                let Some(limit) = unit.limit(&a.rule) else {
-                    continue;
-                };
-                let period = now.of_unit(unit, a.rule.period);
-                let local = s.totals.unrecorded(unit, a.rule.period, period);
-                if remote.used(unit, &a.rule, &now).saturating_add(local) >= limit {
+        let mut counted: SmallVec<[Counted; 6]> = SmallVec::new();
+        for &id in &applied {
+            let ScopeState {
+                in_force,
+                meters,
+                units,
+                remote,
+                entries,
+                ..
+            } = &mut l.scopes[id as usize];
+            let Some(f) = *in_force else { continue };
+            for (i, m) in meters.iter_mut().enumerate() {
+                let period = now.of(m.span);
+                if m.period != period {
+                    // The scope's first request in a new period: nothing local counts there.
+                    m.period = period;
+                    m.local = 0;
+                    m.remote = remote.map_or(0, |r| r.used(m.unit, &f.rule, period));
+                    m.lease = None;
+                }
+                if m.remote.saturating_add(m.local) >= m.limit {
+                    let unit = m.unit;
+                    untake(&mut meters[..i], &reservation);
+                    untake_all(&mut l.scopes, &counted, &reservation);
                     return Err(Refusal::Over {
-                        budget: l.name(a),
-                        limit: Limit::of(unit, &a.rule),
-                        retry_after: until(period_end(unit, &a.rule, now_ms), now_ms),
+                        budget: l.name(id),
+                        limit: Limit::of(unit, &f.rule),
+                        retry_after: until(period_end(unit, &f.rule, now_ms), now_ms),
                     });
                 }
-                let reservation = amount(unit, estimate_micros, estimate_tokens);
-                let lease = s.leases.0[unit as usize]
-                    .get_or_insert_with(|| Slot::new(period, reservation, now_ms));
-                if lease.period != period {
-                    *lease = Slot::new(period, reservation, now_ms);
-                }
-                lease.last_reservation = reservation.max(1);
+                let u = m.unit as usize;
+                let lease = m.lease.get_or_insert_with(|| Lease::new(now_ms));
+                lease.last_reservation = asked[u];
                 lease.last_used_ms = now_ms;
                 if lease.unused <= 0 && short.is_none() {
-                    short = Some((*a, unit));
+                    short = Some((id, m.unit, f.rule));
                 }
+                lease.unused = lease.unused.saturating_sub(signed_reservation[u]);
+                lease.taken = lease.taken.saturating_add(reservation[u]);
+                m.local = m.local.saturating_add(reservation[u]);
             }
+            // Every meter took from its lease.
+            *entries += 1;
+            counted.push(Counted {
+                scope: id,
+                taken: *units,
+            });
+        }
+        if expired || short.is_some() {
+            untake_all(&mut l.scopes, &counted, &reservation);
         }
         if expired {
             return Err(Refusal::LeaseExpired);
         }
-        if let Some((a, unit)) = short {
+        if let Some((id, unit, rule)) = short {
             // Others may give theirs back when idle: worth a retry before the period ends.
-            let retry = until(period_end(unit, &a.rule, now_ms), now_ms)
+            let retry = until(period_end(unit, &rule, now_ms), now_ms)
                 .min(Duration::from_millis(2 * LEASE_IDLE_MS as u64));
             return Err(Refusal::NoLease {
-                budget: l.name(&a),
-                limit: Limit::of(unit, &a.rule),
+                budget: l.name(id),
+                limit: Limit::of(unit, &rule),
                 retry_after: retry,
-            });
-        }
-        let mut counted = SmallVec::new();
-        for a in &applied {
-            let s = l.scope_mut(a.scope);
-            let mut taken = 0;
-            for unit in LeaseUnit::ALL {
-                if unit.limit(&a.rule).is_none() {
-                    continue;
-                }
-                if let Some(slot) = s.leases.0[unit as usize].as_mut() {
-                    let n = amount(unit, estimate_micros, estimate_tokens);
-                    slot.unused = slot
-                        .unused
-                        .saturating_sub(i64::try_from(n).unwrap_or(i64::MAX));
-                    slot.taken = slot.taken.saturating_add(n);
-                    taken |= bit(unit);
-                }
-            }
-            s.totals.add(&now, estimate_micros, estimate_tokens);
-            counted.push(Counted {
-                scope: a.scope,
-                taken,
-                period: a.rule.period,
             });
         }
         let key = EntryKey::of(request_id);
@@ -845,59 +1026,12 @@ impl Budgets {
             Ledger::uncount(&mut l.scopes, &old);
         }
         Ok(Some(Reservation {
-            budgets: self.clone(),
+            ledger: self.ledger.clone(),
             key,
             reserved: estimate_micros,
             reserved_tokens: estimate_tokens,
             settled: false,
         }))
-    }
-
-    fn settle(&self, key: &EntryKey, micros: u64, tokens: u64) {
-        let mut guard = self.lock();
-        let Ledger {
-            entries, scopes, ..
-        } = &mut *guard;
-        let Some(e) = entries.get_mut(key) else {
-            return;
-        };
-        if e.state != EntryState::InFlight {
-            return;
-        }
-        for c in &e.scopes {
-            let s = &mut scopes[c.scope as usize];
-            // What the request did not use goes back to each lease (what it used past its
-            // reservation comes out of it).
-            for unit in [
-                LeaseUnit::Micros,
-                LeaseUnit::Tokens,
-                LeaseUnit::MinuteTokens,
-            ] {
-                if c.taken & bit(unit) == 0 {
-                    continue;
-                }
-                let (reserved, used) = if unit == LeaseUnit::Micros {
-                    (e.micros, micros)
-                } else {
-                    (e.tokens, tokens)
-                };
-                let period = e.at.of_unit(unit, c.period);
-                if let Some(slot) = s.leases.0[unit as usize]
-                    .as_mut()
-                    .filter(|slot| slot.period == period)
-                {
-                    slot.unused = slot
-                        .unused
-                        .saturating_add(i64::try_from(reserved).unwrap_or(i64::MAX))
-                        .saturating_sub(i64::try_from(used).unwrap_or(i64::MAX));
-                }
-            }
-            s.totals
-                .change(&e.at, (e.micros, e.tokens), (micros, tokens));
-        }
-        e.micros = micros;
-        e.tokens = tokens;
-        e.state = EntryState::Settled;
     }
 
     /// The controlplane stored these requests' records; their spend is in the feed from
@@ -908,13 +1042,19 @@ impl Budgets {
         epoch: u64,
         seq: u64,
     ) {
-        let mut l = self.lock();
+        let mut guard = self.lock();
+        let l = &mut *guard;
         for request_id in request_ids {
-            if let Some(e) = l.entries.get_mut(&EntryKey::of(request_id)) {
+            let key = EntryKey::of(request_id);
+            if let Some(e) = l.entries.get_mut(&key) {
+                let listed = matches!(e.state, EntryState::Delivered { .. });
                 e.state = EntryState::Delivered { epoch, seq };
+                if !listed {
+                    l.delivered.push(key);
+                }
             }
         }
-        retire(&mut l);
+        l.retire_delivered();
     }
 
     /// Applies one feed message.
@@ -928,12 +1068,15 @@ impl Budgets {
                 s.rule = None;
                 s.remote = None;
             }
-            l.ruled = [false; KINDS];
+            let mut ruled = [false; KINDS];
             for (scope, rule) in feed.overrides {
                 let id = l.slot(scope.kind, &scope.value);
                 l.scope_mut(id).rule = Some(rule);
-                l.ruled[scope.kind.index()] = true;
+                ruled[scope.kind.index()] = true;
             }
+            l.active = ruled;
+            l.active[ScopeKind::User.index()] |= l.default_user.is_some();
+            l.active[ScopeKind::Key.index()] |= l.default_key.is_some();
             l.key_labels.clear();
             for (label, keys) in feed.label_keys {
                 let Some(id) = l
@@ -950,7 +1093,9 @@ impl Budgets {
             // controlplane acknowledged before, whatever position it was acknowledged at.
             if feed.epoch != l.epoch {
                 l.retain(|e| !matches!(e.state, EntryState::Delivered { .. }));
+                l.delivered.clear();
             }
+            l.remeter();
         }
         let at = Periods::of_day(feed.day, 0);
         for (scope, spend) in feed.spend {
@@ -961,14 +1106,25 @@ impl Budgets {
                 .is_some_and(|id| l.scope(id).rule.is_some());
             if own || l.default_for(scope.kind).is_some() {
                 let id = l.slot(scope.kind, &scope.value);
-                l.scope_mut(id).remote = Some(Remote { spend, at });
+                let s = l.scope_mut(id);
+                let remote = Remote { spend, at };
+                s.remote = Some(remote);
+                if let Some(f) = s.in_force {
+                    for m in &mut s.meters {
+                        m.remote = remote.used(m.unit, &f.rule, m.period);
+                    }
+                }
             }
         }
+        let month_changed = feed.month != l.month;
         l.epoch = feed.epoch;
         l.seq = feed.seq;
         l.month = feed.month;
         l.synced = true;
-        retire(l);
+        if month_changed {
+            l.retire_past_months();
+        }
+        l.retire_delivered();
     }
 
     /// This dataplane's report for the next lease round: every budget's claim (admitted spend
@@ -981,32 +1137,24 @@ impl Budgets {
         // Unanswered for the time to live: the controlplane has taken back what was unused, so
         // it must not be claimed (or spent) again.
         let expired = l.lease_valid_until_ms != 0 && l.lease_valid_until_ms <= now_ms;
-        let (default_user, default_key) = (l.default_user, l.default_key);
+        let at = l.periods(now_ms);
         let mut claims = Vec::new();
         for s in l.scopes.iter_mut().filter(|s| s.live) {
-            let rule = s.rule.or(match s.kind {
-                ScopeKind::User => default_user,
-                ScopeKind::Key => default_key,
-                _ => None,
-            });
-            for unit in LeaseUnit::ALL {
-                let slot = &mut s.leases.0[unit as usize];
-                let Some(lease) = slot else { continue };
-                let current = rule
-                    .filter(|r| unit.limit(r).is_some())
-                    .map(|r| unit.period_at(&r, now_ms));
-                // The rule is gone or the period is over: the lease means nothing now.
-                let (Some(rule), true) = (rule, current == Some(lease.period)) else {
-                    *slot = None;
+            for m in &mut s.meters {
+                let Some(lease) = m.lease.as_mut() else {
                     continue;
                 };
+                // The period is over: the lease means nothing now.
+                if at.of(m.span) != m.period {
+                    m.lease = None;
+                    continue;
+                }
                 let idle = now_ms - lease.last_used_ms >= LEASE_IDLE_MS;
                 if idle || expired {
                     lease.unused = lease.unused.min(0);
                 }
-                let unrecorded = s.totals.unrecorded(unit, rule.period, lease.period);
                 let unused = u64::try_from(lease.unused).unwrap_or(0);
-                let claim = unrecorded.saturating_add(unused);
+                let claim = m.local.saturating_add(unused);
                 // Enough for two rounds at the pace of the last one, and a few requests at
                 // least.
                 let pace = std::mem::take(&mut lease.taken);
@@ -1017,14 +1165,14 @@ impl Budgets {
                     0
                 };
                 if claim == 0 && want == 0 {
-                    *slot = None;
+                    m.lease = None;
                     continue;
                 }
                 claims.push(LeaseClaim {
                     key: LeaseKey {
                         scope: Scope::new(s.kind, s.value.as_str()),
-                        unit,
-                        period: lease.period,
+                        unit: m.unit,
+                        period: m.period,
                     },
                     claim,
                     want,
@@ -1052,11 +1200,14 @@ impl Budgets {
             let Some(id) = l.find(scope.kind, &scope.value) else {
                 continue;
             };
-            let slot = l.scope_mut(id).leases.0[claim.key.unit as usize].as_mut();
-            if let Some(s) = slot.filter(|s| s.period == claim.key.period) {
-                s.unused = s
-                    .unused
-                    .saturating_add(i64::try_from(*granted).unwrap_or(i64::MAX));
+            let lease = l
+                .scope_mut(id)
+                .meters
+                .iter_mut()
+                .find(|m| m.unit == claim.key.unit && m.period == claim.key.period)
+                .and_then(|m| m.lease.as_mut());
+            if let Some(lease) = lease {
+                lease.unused = lease.unused.saturating_add(signed(*granted));
             }
         }
         l.lease_valid_until_ms =
@@ -1102,8 +1253,23 @@ impl Budgets {
             user: Some(user),
             ..Who::default()
         };
-        match self.admit(&who, request_id, estimate_micros, 0, now_ms) {
+        self.admit_granted(&who, request_id, estimate_micros, 0, now_ms)
+    }
+
+    /// [`Self::admit_leased`] for any request, tokens included.
+    #[cfg(test)]
+    fn admit_granted(
+        &self,
+        who: &Who<'_>,
+        request_id: &str,
+        estimate_micros: u64,
+        estimate_tokens: u64,
+        now_ms: i64,
+    ) -> Result<Option<Reservation>, Refusal> {
+        match self.admit(who, request_id, estimate_micros, estimate_tokens, now_ms) {
             Err(Refusal::NoLease { .. } | Refusal::LeaseExpired) => {
+                // At the time the request was taken at (never before the last admitted one).
+                let now_ms = now_ms.max(self.lock().clock_ms);
                 let req = self.lease_request("test", now_ms);
                 let granted = req.claims.iter().map(|c| c.want.max(1) * 1_000).collect();
                 let resp = LeaseResponse {
@@ -1111,7 +1277,7 @@ impl Budgets {
                     ttl_ms: 40 * 86_400_000,
                 };
                 self.apply_grants(&req, &resp, now_ms);
-                self.admit(&who, request_id, estimate_micros, 0, now_ms)
+                self.admit(who, request_id, estimate_micros, estimate_tokens, now_ms)
             }
             other => other,
         }
@@ -1148,18 +1314,6 @@ fn period_end(unit: LeaseUnit, rule: &BudgetRule, now_ms: i64) -> i64 {
     } else {
         rule.period.end_ms(now_ms)
     }
-}
-
-/// Drops delivered entries the feed has caught up with, and entries of past months (their
-/// record never made it; they no longer count toward any period).
-fn retire(l: &mut Ledger) {
-    let (epoch, seq, month) = (l.epoch, l.seq, l.month);
-    // A week that began in the previous month still counts this month's first days.
-    let first_week = week_of_day(first_day_of_month(month));
-    l.retain(|e| match e.state {
-        EntryState::Delivered { epoch: ep, seq: s } => !(ep == epoch && s <= seq),
-        _ => e.at.month >= month || e.at.week >= first_week,
-    });
 }
 
 fn until(end_ms: i64, now_ms: i64) -> Duration {
@@ -1704,17 +1858,41 @@ mod tests {
         assert!(b.admit(&who, "r4", 0, 600, NOW).is_ok());
     }
 
+    #[test]
+    fn a_clock_read_before_the_last_admission_counts_in_its_period() {
+        let b = budgets(BudgetRule {
+            limit_micros: None,
+            period: Period::Day,
+            requests_per_minute: Some(2),
+            limit_tokens: None,
+            tokens_per_minute: None,
+        });
+        let next = (minute_of(NOW) + 1) * MINUTE_MS;
+        assert!(b.admit_leased("u", "1", 0, next).is_ok());
+        // Read its clock before the first (a worker thread behind another): the next minute's.
+        assert!(b.admit_leased("u", "2", 0, next - 1).is_ok());
+        assert!(matches!(
+            b.admit_leased("u", "3", 0, NOW),
+            Err(Refusal::Over {
+                limit: Limit::Rpm(2),
+                ..
+            })
+        ));
+    }
+
     proptest::proptest! {
-        /// The running totals always equal a sum over the entries, whatever the order of
-        /// admits, settlements, deliveries and retirements, across minute and day boundaries.
+        /// Every meter counts exactly its scope's entries started in its period, whatever the
+        /// order of admits, settlements, deliveries, feeds and lease rounds, across minute and day
+        /// boundaries, with clocks read out of order.
         #[test]
-        fn totals_match_the_entries(ops in proptest::collection::vec((0u8..4, 0u64..40, 0u64..1_000, 0i64..3), 1..200)) {
+        fn meters_match_the_entries(ops in proptest::collection::vec((0u8..5, 0u64..40, 0u64..1_000, 0i64..3), 1..200)) {
+            let big = 1u64 << 60;
             let b = budgets(BudgetRule {
-                limit_micros: Some(u64::MAX),
+                limit_micros: Some(big),
                 period: Period::Day,
-                requests_per_minute: None,
-                limit_tokens: None,
-                tokens_per_minute: None,
+                requests_per_minute: Some(u32::MAX),
+                limit_tokens: Some(big),
+                tokens_per_minute: Some(big),
             });
             let mut held = Vec::new();
             let mut seq = 0;
@@ -1723,38 +1901,55 @@ mod tests {
                 let at = (day_of(NOW) + 1) * DAY_MS - MINUTE_MS + step * MINUTE_MS;
                 match op {
                     0 => {
-                        if let Ok(Some(r)) = b.admit_leased("u", &format!("r{id}"), micros, at) {
+                        if let Ok(Some(r)) = b.admit_granted(&user("u"), &format!("r{id}"), micros, micros / 3, at) {
                             held.push(r);
                         }
                     }
                     1 => {
                         if !held.is_empty() {
-                            held.swap_remove(usize::try_from(id).unwrap() % held.len()).settle(micros, 0);
+                            held.swap_remove(usize::try_from(id).unwrap() % held.len()).settle(micros, micros / 2);
                         }
                     }
                     2 => {
                         seq += 1;
                         b.delivered([format!("r{id}").as_str()], 7, seq);
                     }
+                    3 => {
+                        b.lease_request("test", at);
+                    }
                     _ => b.apply_feed(Feed { epoch: 7, seq, day: day_of(at), month: month_of_day(day_of(at)), ..Default::default() }),
                 }
                 let l = b.lock();
                 let entries: Vec<&Entry> = l.entries.values().collect();
                 for e in &entries {
-                    // The periods computed once per request (a month through the day's cache).
+                    // The periods computed once per request (a month through the day's cache),
+                    // at a time never before an earlier admission's.
                     let day = day_of(e.started_ms);
                     proptest::prop_assert_eq!(e.at, Periods::of_day(day, minute_of(e.started_ms)));
+                    proptest::prop_assert!(e.started_ms <= l.clock_ms);
                 }
-                let totals = l.find(ScopeKind::User, "u").map(|id| &l.scope(id).totals);
-                proptest::prop_assert_eq!(totals.is_none_or(Totals::is_empty), entries.is_empty());
-                if let Some(u) = totals {
-                    for t in [NOW, at, at + DAY_MS] {
-                        for period in [Period::Day, Period::Week, Period::Month] {
-                            let want: u64 = entries.iter().filter(|e| period.index_of(e.started_ms) == period.index_of(t)).map(|e| e.micros).sum();
-                            proptest::prop_assert_eq!(u.spent(period, t).0, want);
+                match l.find(ScopeKind::User, "u") {
+                    None => proptest::prop_assert!(entries.is_empty()),
+                    Some(id) => {
+                        let s = l.scope(id);
+                        proptest::prop_assert_eq!(s.entries as usize, entries.len());
+                        proptest::prop_assert_eq!(s.meters.len(), UNITS);
+                        for m in &s.meters {
+                            let want: u64 = entries
+                                .iter()
+                                .filter(|e| e.at.of(m.span) == m.period)
+                                .map(|e| e.amounts()[m.unit as usize])
+                                .sum();
+                            proptest::prop_assert_eq!(m.local, want, "{:?}", m);
+                            // No entry is counted past its meter's period.
+                            proptest::prop_assert!(entries.iter().all(|e| e.at.of(m.span) <= m.period));
                         }
-                        let want = entries.iter().filter(|e| minute_of(e.started_ms) == minute_of(t)).count();
-                        proptest::prop_assert_eq!(u.started_in(minute_of(t)).0 as usize, want);
+                    }
+                }
+                // Every delivered entry is listed for retirement.
+                for (key, e) in &l.entries {
+                    if matches!(e.state, EntryState::Delivered { .. }) {
+                        proptest::prop_assert!(l.delivered.contains(key));
                     }
                 }
             }
