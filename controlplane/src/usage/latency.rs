@@ -639,7 +639,7 @@ mod tests {
                     env: [None, Some(nm_types::Env::Production)][pick(&mut rng, 2) as usize],
                     status: 200,
                     latency_ms: latency,
-                    ttfb_ms: (pick(&mut rng, 3) > 0).then(|| latency / 3),
+                    ttfb_ms: (pick(&mut rng, 3) > 0).then_some(latency / 3),
                     usage: crate::records::Usage {
                         model: (pick(&mut rng, 4) == 0).then(|| "m1-answered".to_owned()),
                         ..Default::default()
