@@ -7,7 +7,7 @@
 use sea_orm::ConnectionTrait;
 
 use crate::analytics::evidence::{self, Evidence, Setting};
-use crate::analytics::query::{IMPLICIT_INDEX, IMPLICIT_ROWS};
+use crate::analytics::evidence::{IMPLICIT_INDEX, IMPLICIT_ROWS};
 use crate::error::{Error, Result};
 use crate::signals::{ActionCounts, SignalFilter, push_range};
 use crate::sql::{Sql, count};

@@ -87,7 +87,7 @@ impl Evidence {
              isignals AS signals, isig_key % 4 AS cls, iregens AS regens, iheavy AS heavy \
              FROM session_rollups{indexed} WHERE {} AND signals = 0 AND isignals > 0) \
              AS session_rollups",
-            super::query::IMPLICIT_ROWS
+            IMPLICIT_ROWS
         )
     }
 
@@ -154,6 +154,12 @@ impl Evidence {
         )
     }
 }
+
+/// The partial index of the rollup rows with implicit signals (m0020), which the implicit
+/// total beside explicit evidence reads (`query::implicit_beside`), and its condition: a query
+/// reading it holds the condition as one of its `WHERE`'s terms.
+pub(crate) const IMPLICIT_INDEX: &str = "idx_session_rollups_implicit";
+pub(crate) const IMPLICIT_ROWS: &str = "(isignals > 0 OR icont > 0)";
 
 /// `agent_settings.evidence` values.
 const STORED_EXPLICIT: &str = "explicit";

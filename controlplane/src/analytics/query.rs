@@ -36,7 +36,7 @@ use std::collections::BTreeMap;
 
 use sea_orm::{ConnectionTrait, DatabaseBackend, QueryResult, Statement};
 
-use super::evidence::Evidence;
+use super::evidence::{Evidence, IMPLICIT_INDEX, IMPLICIT_ROWS};
 use super::report::{OutcomeRow, Window};
 use super::rollup::{self, ttfb_band};
 use crate::error::Result;
@@ -698,12 +698,6 @@ fn add(into: &mut OutcomeRow, m: &OutcomeRow) {
     into.cost_micros += m.cost_micros;
     into.requests += m.requests;
 }
-
-/// The partial index of the rollup rows with implicit signals (m0020), which the implicit
-/// total beside explicit evidence reads ([`implicit_beside`]), and its condition: a query
-/// reading it holds the condition as one of its `WHERE`'s terms.
-pub(crate) const IMPLICIT_INDEX: &str = "idx_session_rollups_implicit";
-pub(crate) const IMPLICIT_ROWS: &str = "(isignals > 0 OR icont > 0)";
 
 /// The total of `agent` over `window` counting implicit evidence (explicit and implicit
 /// signals, `continued` no outcome), shown beside explicit evidence, from `explicit`: the

@@ -856,11 +856,11 @@ async fn sqlite_groups_rollup_rows_in_index_order() {
         },
     ))
     .await;
-    let index = format!("COVERING INDEX {}", super::query::IMPLICIT_INDEX);
+    let index = format!("COVERING INDEX {}", super::evidence::IMPLICIT_INDEX);
     assert!(beside.iter().any(|l| l.contains(&index)), "{beside:#?}");
     let through = beside
         .iter()
-        .filter(|l| l.contains("session_rollups") && l.contains(super::query::IMPLICIT_INDEX))
+        .filter(|l| l.contains("session_rollups") && l.contains(super::evidence::IMPLICIT_INDEX))
         .count();
     let all_reads = beside
         .iter()

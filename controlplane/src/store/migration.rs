@@ -1508,7 +1508,7 @@ mod m0020_implicit_rollups {
         }
     }
 
-    pub(crate) const INDEX: &str = crate::analytics::query::IMPLICIT_INDEX;
+    pub(crate) const INDEX: &str = crate::analytics::evidence::IMPLICIT_INDEX;
 
     #[async_trait::async_trait]
     impl MigrationTrait for Migration {
@@ -1519,7 +1519,7 @@ mod m0020_implicit_rollups {
                      (agent, last_active_ms, first_request_ms, first_signal_ms, ifirst_ms, \
                      signals, cls, isignals, isig_key, iregens, iheavy, icont, requests, cost) \
                      WHERE {}",
-                    crate::analytics::query::IMPLICIT_ROWS
+                    crate::analytics::evidence::IMPLICIT_ROWS
                 ))
                 .await?;
             Ok(())
