@@ -742,17 +742,13 @@ mod tests {
             .unwrap();
         assert_eq!(totals(store.clone()).await, kept);
         // Records deleted (as retention does): whole days still answer from the totals.
+        let ten_days = UsageFilter {
+            since_ms: Some(t0),
+            until_ms: Some(t0 + 10 * d),
+            ..Default::default()
+        };
         let before = usage
-            .latency_with(
-                &[Dimension::Day],
-                &UsageFilter {
-                    since_ms: Some(t0),
-                    until_ms: Some(t0 + 10 * d),
-                    ..Default::default()
-                },
-                0,
-                true,
-            )
+            .latency_with(&[Dimension::Day], &ten_days, 0, true)
             .await
             .unwrap();
         store
@@ -764,16 +760,7 @@ mod tests {
             .await
             .unwrap();
         let after = usage
-            .latency_with(
-                &[Dimension::Day],
-                &UsageFilter {
-                    since_ms: Some(t0),
-                    until_ms: Some(t0 + 10 * d),
-                    ..Default::default()
-                },
-                0,
-                true,
-            )
+            .latency_with(&[Dimension::Day], &ten_days, 0, true)
             .await
             .unwrap();
         assert_eq!(before, after);
