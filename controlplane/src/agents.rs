@@ -380,17 +380,7 @@ mod tests {
                 until_ms,
             };
             let statement = source_counts_statement(db.get_database_backend(), &f);
-            let plan: Vec<String> = db
-                .query_all_raw(sea_orm::Statement::from_sql_and_values(
-                    db.get_database_backend(),
-                    format!("EXPLAIN QUERY PLAN {}", statement.sql),
-                    statement.values.map(|v| v.0).unwrap_or_default(),
-                ))
-                .await
-                .unwrap()
-                .iter()
-                .map(|r| r.try_get::<String>("", "detail").unwrap())
-                .collect();
+            let plan = crate::sql::query_plan(db, &statement).await;
             assert!(
                 plan.iter()
                     .any(|d| d.contains("COVERING INDEX idx_signals_agent_counts")),

@@ -80,6 +80,23 @@ pub fn insert_values(backend: DatabaseBackend, table: &str, cols: &[&str], rows:
     text
 }
 
+/// SQLite's plan of `stmt` (`EXPLAIN QUERY PLAN`), one detail line per step: the tests' check
+/// that a statement reads the index it was written for.
+#[cfg(test)]
+pub async fn query_plan<C: sea_orm::ConnectionTrait>(db: &C, stmt: &Statement) -> Vec<String> {
+    let explain = Statement::from_sql_and_values(
+        db.get_database_backend(),
+        format!("EXPLAIN QUERY PLAN {}", stmt.sql),
+        stmt.values.clone().map(|v| v.0).unwrap_or_default(),
+    );
+    db.query_all_raw(explain)
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.try_get::<String>("", "detail").unwrap())
+        .collect()
+}
+
 /// A count column (`COUNT`, a `SUM` of integers) of a result row; a negative value reads as 0.
 pub fn count(row: &QueryResult, col: &str) -> Result<u64> {
     let v: i64 = row.try_get("", col)?;

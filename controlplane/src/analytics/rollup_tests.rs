@@ -828,21 +828,7 @@ async fn sqlite_groups_rollup_rows_in_index_order() {
     let store = Store::connect(&sqlite_url(&dir, "plan")).await.unwrap();
     let plan = |stmt: sea_orm::Statement| {
         let store = store.clone();
-        async move {
-            let explain = sea_orm::Statement::from_sql_and_values(
-                store.backend(),
-                format!("EXPLAIN QUERY PLAN {}", stmt.sql),
-                stmt.values.map(|v| v.0).unwrap_or_default(),
-            );
-            store
-                .conn()
-                .query_all_raw(explain)
-                .await
-                .unwrap()
-                .iter()
-                .map(|row| row.try_get::<String>("", "detail").unwrap())
-                .collect::<Vec<_>>()
-        }
+        async move { crate::sql::query_plan(store.conn(), &stmt).await }
     };
     let backend = store.backend();
     // The implicit total beside explicit evidence reads the rollup through the partial index

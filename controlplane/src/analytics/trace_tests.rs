@@ -224,18 +224,7 @@ async fn the_walk_reads_the_index_of_traced_requests_sqlite() {
         i64::MAX,
         &["m-1".to_owned(), "openai".to_owned()],
     );
-    let plan = db
-        .query_all_raw(sea_orm::Statement::from_sql_and_values(
-            db.get_database_backend(),
-            format!("EXPLAIN QUERY PLAN {}", statement.sql),
-            statement.values.map(|v| v.0).unwrap_or_default(),
-        ))
-        .await
-        .unwrap();
-    let detail: Vec<String> = plan
-        .iter()
-        .map(|r| r.try_get::<String>("", "detail").unwrap())
-        .collect();
+    let detail = crate::sql::query_plan(db, &statement).await;
     assert!(
         detail
             .iter()
