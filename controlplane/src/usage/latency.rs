@@ -21,6 +21,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use nm_types::budget::DAY_MS;
 use nm_types::record::RequestRecord;
 use sea_orm::{ConnectionTrait, Statement, Value};
 
@@ -28,19 +29,27 @@ use super::{DEFAULT_ROWS, Dimension, MAX_ROWS, UsageFilter, UsageReports, key_va
 use crate::error::{Error, Result};
 use crate::sql::{Sql, chunks_of, count, insert_values};
 
-const DAY_MS: i64 = 86_400_000;
-
 /// The columns of `latency_totals` (m0022): its key, then the count. An absent agent, env or
 /// model is stored as `''` (none of them can be empty) and read back as NULL.
 const TOTAL_COLUMNS: [&str; 8] = [
     "agent", "day", "env", "provider", "model", "metric", "bucket", "n",
 ];
 
-/// [`bucket_sql`] of a value in Rust, the same for every `i64`.
+/// [`bucket_sql`] of a value in Rust, the same for every `i64`; by arithmetic (the ingest
+/// computes two per record), by the text for the negative values no record has.
 pub(crate) fn bucket_of(v: i64) -> i64 {
-    let text = v.to_string();
-    let lead: i64 = text[..text.len().min(2)].parse().unwrap_or(0);
-    i64::try_from(text.len()).unwrap_or(0) * 100 + lead
+    if v < 0 {
+        let text = v.to_string();
+        let lead: i64 = text[..text.len().min(2)].parse().unwrap_or(0);
+        return i64::try_from(text.len()).unwrap_or(0) * 100 + lead;
+    }
+    let digits = v.checked_ilog10().map_or(1, |l| l + 1);
+    let lead = if digits <= 2 {
+        v
+    } else {
+        v / 10_i64.pow(digits - 2)
+    };
+    i64::from(digits) * 100 + lead
 }
 
 /// Adds the latencies and times to first byte of `records` (new ones: each is counted once) to
