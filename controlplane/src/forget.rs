@@ -243,14 +243,9 @@ fn replace(
 
 /// The user's usage rollups added to the token's, then deleted.
 async fn merge_usage_rollups(txn: &impl ConnectionTrait, user: &str, token: &str) -> Result<u64> {
+    use crate::usage::totals::{MEASURE_COLUMNS, add_on_conflict};
     let backend = txn.get_database_backend();
-    let cols = "requests, input_tokens, output_tokens, cached_input_tokens, reasoning_tokens, \
-                cost_micros, unpriced, unmetered, errors";
-    let set = cols
-        .split(", ")
-        .map(|c| format!("{c} = usage_rollups.{c} + excluded.{c}"))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let cols = MEASURE_COLUMNS.join(", ");
     let mut sql = Sql::new(
         backend,
         &format!(
@@ -263,9 +258,7 @@ async fn merge_usage_rollups(txn: &impl ConnectionTrait, user: &str, token: &str
             ", env, provider, model, key_id, {cols} FROM usage_rollups WHERE user_id = "
         ))
         .bind(user.to_owned())
-        .push(&format!(
-            " ON CONFLICT (day, agent, user_id, env, provider, model, key_id) DO UPDATE SET {set}"
-        ));
+        .push(&add_on_conflict());
     txn.execute_raw(sql.build()).await?;
     let mut del = Sql::new(backend, "DELETE FROM usage_rollups WHERE user_id = ");
     del.bind(user.to_owned());

@@ -11,9 +11,9 @@
 //! `SHARE UPDATE EXCLUSIVE` lock on the parent, so ingest goes on meanwhile.
 //!
 //! **Retention.** [`drop_partition`] removes a whole day at once: it locks the partition against
-//! writers (`SHARE`: readers go on), runs the caller's fold of its rows (request records go into
-//! `usage_rollups`, signals into `signal_rollups`, in the same transaction), then detaches and
-//! drops it. The detach needs
+//! writers (`SHARE`: readers go on), runs the caller's fold of its rows, if any (signals go into
+//! `signal_rollups` in the same transaction; request records need none, their usage is in the
+//! day totals since their ingest), then detaches and drops it. The detach needs
 //! the parent's `ACCESS EXCLUSIVE` lock for an instant; it waits at most [`LOCK_TIMEOUT`] for it
 //! (a long analytics query), after which the run gives up on that day and the next run tries
 //! again, so ingest never queues behind it for longer. Every transaction here takes one

@@ -3,17 +3,17 @@
 //! batches with a pause between them, so ingest, signal acknowledgement and the analytics only
 //! ever wait for one batch.
 //!
-//! **History is kept.** A batch of request records is folded into `usage_rollups` (one row per
-//! UTC day, agent, end user, env, provider, model and key) in the same transaction that deletes
-//! it: on PostgreSQL in one statement (`WITH gone AS (DELETE ... RETURNING ...) INSERT ...`), on
-//! SQLite inside the batch's `BEGIN IMMEDIATE` transaction, which no other writer can enter. So
-//! the rollups hold exactly the usage of the deleted records, a record that arrives late for an
-//! old day is folded in by the next run, and `crate::usage` adds the rollups to the stored
-//! records. A batch of signals is folded the same way into `signal_rollups` (per agent and UTC
-//! day, the signals each evidence setting counts, with their first and last times), which the
-//! analytics' progress counts add to the signals still stored. The rest of the agent analytics
-//! reads one row per session (`session_rollups`), written with each signal; retention never
-//! deletes those.
+//! **History is kept.** The usage of every record is in `usage_rollups` (one row per UTC day,
+//! agent, end user, env, provider, model and key) and its latencies in `latency_totals`, both
+//! added at ingest (`crate::usage::add_day_totals`), so deleting records loses no usage or
+//! latency history: the reports read whole days from those totals. A batch of signals is folded
+//! into `signal_rollups` (per agent and UTC day, the signals each evidence setting counts, with
+//! their first and last times) in the same transaction that deletes it: on PostgreSQL in one
+//! statement (`WITH gone AS (DELETE ... RETURNING ...) INSERT ...`), on SQLite inside the
+//! batch's `BEGIN IMMEDIATE` transaction, which no other writer can enter. So the rollups hold
+//! exactly the signals deleted, and the analytics' progress counts add them to the signals
+//! still stored. The rest of the agent analytics reads one row per session
+//! (`session_rollups`), written with each signal; retention never deletes those.
 //! The sessions table (`sessions`, one row per session for attribution) loses the sessions not
 //! seen since the records' cutoff.
 //!
@@ -25,10 +25,9 @@
 //!
 //! **PostgreSQL partitions.** There `requests` and `signals` are partitioned by UTC day
 //! ([`crate::partitions`]). A run first drops the day partitions that lie wholly before the
-//! cutoff, a day of records (signals) folded into `usage_rollups` (`signal_rollups`) in the
-//! transaction that drops it; then
+//! cutoff, a day of signals folded into `signal_rollups` in the transaction that drops it; then
 //! the batches above delete what remains before the cutoff (the day the cutoff falls in, and any
-//! old row that landed in the DEFAULT partition), folded as above. The task runs on PostgreSQL
+//! old row that landed in the DEFAULT partition), signals folded as above. The task runs on PostgreSQL
 //! even without a retention setting: each tick gives the next days their partitions.
 
 use std::sync::Arc;
@@ -303,13 +302,8 @@ impl Retainer {
                 break;
             }
             let took = Instant::now();
-            let fold = if p == partitions::REQUESTS {
-                Some(format!(
-                    "{} WHERE 1 = 1{}",
-                    fold_head(DatabaseBackend::Postgres, &name),
-                    fold_tail()
-                ))
-            } else if p == partitions::SIGNALS {
+            // Records need no fold: their usage is in the day totals since their ingest.
+            let fold = if p == partitions::SIGNALS {
                 Some(format!(
                     "{} WHERE agent IS NOT NULL{}",
                     signal_fold_head(DatabaseBackend::Postgres, &name),
@@ -355,8 +349,8 @@ impl Retainer {
         })
     }
 
-    /// Deletes one batch of request records before `cutoff`, their usage added to the rollups
-    /// in the same transaction.
+    /// Deletes one batch of request records before `cutoff` (their usage stays in the day
+    /// totals, `usage_rollups` and `latency_totals`, where the ingest added it).
     async fn records_batch(&self, cutoff: i64) -> Result<u64> {
         let txn = self.store.begin_write().await?;
         let backend = txn.get_database_backend();
@@ -366,40 +360,15 @@ impl Retainer {
         let bound = self
             .batch_bound(&txn, "requests", "started_at_ms", cutoff)
             .await?;
-        let n = if backend == DatabaseBackend::Postgres {
-            // One statement: the rows another controlplane deletes at the same time are
-            // folded by that one only.
-            let mut sql = Sql::new(
-                backend,
-                "WITH gone AS (DELETE FROM requests WHERE started_at_ms < ",
-            );
-            sql.bind(bound)
-                .push(" RETURNING *), folded AS (")
-                .push(&fold_head(backend, "gone"))
-                .push(" WHERE 1 = 1")
-                .push(&fold_tail())
-                .push(" RETURNING 1) SELECT CAST(COUNT(*) AS BIGINT) AS n FROM gone");
-            match txn.query_one_raw(sql.build()).await? {
-                Some(row) => u64::try_from(row.try_get::<i64>("", "n")?).unwrap_or(0),
-                None => 0,
-            }
-        } else {
-            // SQLite: no other writer between the fold and the delete (`BEGIN IMMEDIATE`).
-            let mut fold = Sql::new(backend, &fold_head(backend, "requests"));
-            fold.push(" WHERE started_at_ms < ")
-                .bind(bound)
-                .push(&fold_tail());
-            txn.execute_raw(fold.build()).await?;
-            let mut del = Sql::new(backend, "DELETE FROM requests WHERE started_at_ms < ");
-            del.bind(bound);
-            txn.execute_raw(del.build()).await?.rows_affected()
-        };
+        let mut del = Sql::new(backend, "DELETE FROM requests WHERE started_at_ms < ");
+        del.bind(bound);
+        let n = txn.execute_raw(del.build()).await?.rows_affected();
         txn.commit().await?;
         Ok(n)
     }
 
     /// Deletes one batch of signals before `cutoff`, their counts added to `signal_rollups` in
-    /// the same transaction (as [`Retainer::records_batch`] does with the usage).
+    /// the same transaction.
     async fn signals_batch(&self, cutoff: i64) -> Result<u64> {
         let txn = self.store.begin_write().await?;
         let backend = txn.get_database_backend();
@@ -501,60 +470,6 @@ async fn pragma(db: &impl ConnectionTrait, text: &str) -> Result<i64> {
         Some(row) => row.try_get_by_index::<i64>(0)?,
         None => 0,
     })
-}
-
-/// The usage_rollups columns the fold adds to.
-const ROLLED: [&str; 9] = [
-    "requests",
-    "input_tokens",
-    "output_tokens",
-    "cached_input_tokens",
-    "reasoning_tokens",
-    "cost_micros",
-    "unpriced",
-    "unmetered",
-    "errors",
-];
-
-/// `INSERT INTO usage_rollups` of the rows of `from` (`requests` or the CTE of the deleted
-/// rows), up to its `WHERE`; [`fold_tail`] follows the filter.
-fn fold_head(backend: DatabaseBackend, from: &str) -> String {
-    let s = |e: &str| match backend {
-        DatabaseBackend::Postgres => format!("CAST(COALESCE(SUM({e}), 0) AS BIGINT)"),
-        _ => format!("COALESCE(SUM({e}), 0)"),
-    };
-    let measures = [
-        "COUNT(*)".to_owned(),
-        s("input_tokens"),
-        s("output_tokens"),
-        s("cached_input_tokens"),
-        s("reasoning_tokens"),
-        s("cost_micros"),
-        s(crate::usage::UNPRICED),
-        s(crate::usage::UNMETERED),
-        s(crate::usage::ERRORS),
-    ];
-    format!(
-        "INSERT INTO usage_rollups (day, agent, user_id, env, provider, model, key_id, {}) \
-         SELECT started_at_ms / {DAY_MS}, COALESCE(agent, ''), COALESCE(user_id, ''), \
-         COALESCE(env, ''), provider, COALESCE(answered_model, model, ''), key_id, {} \
-         FROM {from}",
-        ROLLED.join(", "),
-        measures.join(", "),
-    )
-}
-
-/// The grouping and the addition to the rows already there.
-fn fold_tail() -> String {
-    format!(
-        " GROUP BY 1, 2, 3, 4, 5, 6, 7 \
-         ON CONFLICT (day, agent, user_id, env, provider, model, key_id) DO UPDATE SET {}",
-        ROLLED
-            .iter()
-            .map(|c| format!("{c} = usage_rollups.{c} + excluded.{c}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    )
 }
 
 /// `INSERT INTO signal_rollups` of the signals of `from` (`signals`, a partition or the CTE of
@@ -661,20 +576,5 @@ mod tests {
         let keys: std::collections::BTreeSet<_> =
             SIGNAL_ROLLUPS.iter().map(|(_, e)| e.key()).collect();
         assert_eq!(keys.len(), SIGNAL_ROLLUPS.len());
-    }
-
-    #[test]
-    fn the_fold_adds_every_measure_the_reports_sum() {
-        let sql = format!(
-            "{} WHERE 1 = 1{}",
-            fold_head(DatabaseBackend::Sqlite, "requests"),
-            fold_tail()
-        );
-        for c in ROLLED {
-            assert!(
-                sql.contains(&format!("{c} = usage_rollups.{c} + excluded.{c}")),
-                "{c}"
-            );
-        }
     }
 }

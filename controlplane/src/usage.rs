@@ -1,6 +1,10 @@
-//! Usage and cost aggregates over the `requests` table, grouped by any of agent, session, user,
+//! Usage and cost aggregates of the request records, grouped by any of agent, session, user,
 //! env, provider, model, key, day and week, computed by the database in one `GROUP BY` per
 //! report; and the latency percentiles of the same records ([`latency`]).
+//!
+//! The whole UTC days of a report's range are read from the day totals the ingest keeps
+//! (`usage_rollups`, [`totals`]), its ends (a range that starts or ends mid-day) from the stored
+//! records; a report by session, or of one session, reads the records alone.
 //!
 //! Unknown stays unknown: costs are summed over the records whose cost is known, and the report
 //! counts apart the requests whose usage was reported but whose model has no price
@@ -13,6 +17,17 @@ use crate::sql::{Sql, count};
 use crate::store::Store;
 
 pub mod latency;
+pub mod totals;
+
+/// Adds new records (each counted once) to the day totals, in the caller's transaction: their
+/// usage to `usage_rollups` ([`totals`]) and their latencies to `latency_totals` ([`latency`]).
+pub(crate) async fn add_day_totals<C: sea_orm::ConnectionTrait>(
+    db: &C,
+    records: &[&nm_types::record::RequestRecord],
+) -> Result<()> {
+    totals::add_totals(db, records).await?;
+    latency::add_totals(db, records).await
+}
 
 /// Most rows one report returns.
 pub const MAX_ROWS: u32 = 10_000;
@@ -226,6 +241,19 @@ impl UsageReports {
         filter: &UsageFilter,
         limit: u32,
     ) -> Result<UsageReport> {
+        self.report_with(dims, filter, limit, true).await
+    }
+
+    /// [`UsageReports::report`], reading the day totals (`usage_rollups`) for the whole days of
+    /// the range and the stored records for its ends, or (`totals` false: the tests' reference)
+    /// the stored records alone.
+    pub(crate) async fn report_with(
+        &self,
+        dims: &[Dimension],
+        filter: &UsageFilter,
+        limit: u32,
+        totals: bool,
+    ) -> Result<UsageReport> {
         if dims.len() > 7 {
             return Err(Error::InvalidArgument(
                 "at most 7 group-by dimensions".to_owned(),
@@ -235,11 +263,13 @@ impl UsageReports {
             0 => DEFAULT_ROWS,
             n => n.min(MAX_ROWS),
         };
-        // Records deleted by retention live on in `usage_rollups`, by day: added when the
-        // report can be answered by day (not per session) and rollups cover its range.
+        // The day totals have no session: a report by session, or of one, reads the records.
         let by_session = dims.contains(&Dimension::Session) || filter.session_id.is_some();
-        if !by_session && self.rollups_in_range(filter).await? {
-            return self.report_with_rollups(dims, filter, limit).await;
+        if totals
+            && !by_session
+            && let Some(split) = totals::split_days(filter.since_ms, filter.until_ms)
+        {
+            return self.report_from_totals(dims, filter, limit, &split).await;
         }
         let db = self.store.conn();
         let backend = db.get_database_backend();
@@ -306,24 +336,14 @@ impl UsageReports {
 }
 
 impl UsageReports {
-    /// Whether `usage_rollups` has a day in the filter's range (a probe of its primary key).
-    async fn rollups_in_range(&self, f: &UsageFilter) -> Result<bool> {
-        let db = self.store.conn();
-        let mut sql = Sql::new(
-            db.get_database_backend(),
-            "SELECT 1 AS one FROM usage_rollups WHERE 1 = 1",
-        );
-        push_days(&mut sql, f);
-        sql.push(" LIMIT 1");
-        Ok(db.query_one_raw(sql.build()).await?.is_some())
-    }
-
-    /// [`UsageReports::report`] over the stored records and the rollups of the deleted ones.
-    async fn report_with_rollups(
+    /// [`UsageReports::report`] over the day totals of the range's whole days and the stored
+    /// records of its ends.
+    async fn report_from_totals(
         &self,
         dims: &[Dimension],
         filter: &UsageFilter,
         limit: u32,
+        split: &totals::DaySplit,
     ) -> Result<UsageReport> {
         let db = self.store.conn();
         let backend = db.get_database_backend();
@@ -331,7 +351,7 @@ impl UsageReports {
         let mut total = UsageRow::default();
         let mut truncated = false;
         let mut sql = Sql::new(backend, "WITH u AS (");
-        push_union(&mut sql, filter);
+        push_union(&mut sql, filter, split);
         if dims.is_empty() {
             sql.push(&format!(") SELECT {} FROM u", totals_sql(backend)));
             if let Some(row) = db.query_one_raw(sql.build()).await? {
@@ -360,7 +380,7 @@ impl UsageReports {
             )?;
         }
         let mut sql = Sql::new(backend, "WITH u AS (");
-        push_union(&mut sql, filter);
+        push_union(&mut sql, filter, split);
         sql.push(&format!(
             ") SELECT provider, model AS m, {} AS n FROM u WHERE unpriced > 0 \
              GROUP BY 1, 2 ORDER BY n DESC LIMIT 100",
@@ -376,36 +396,23 @@ impl UsageReports {
     }
 }
 
-/// The rollup days a filter's time range touches: a day counts whole when any of it is in range.
-fn push_days(sql: &mut Sql, f: &UsageFilter) {
-    const DAY: i64 = 86_400_000;
-    if let Some(s) = f.since_ms {
-        sql.push(" AND day >= ").bind(s.div_euclid(DAY));
-    }
-    if let Some(u) = f.until_ms {
-        sql.push(" AND day < ")
-            .bind(u.div_euclid(DAY) + i64::from(u.rem_euclid(DAY) != 0));
-    }
-}
-
-/// The stored records and the rollups of the deleted ones as rows of one shape: the
-/// dimensions' columns ([`Dimension::column`]) and the measures' (those [`totals_sql`] sums).
-fn push_union(sql: &mut Sql, f: &UsageFilter) {
-    sql.push(&format!(
-        "SELECT agent, session_id, user_id, env, provider, \
-         COALESCE(answered_model, model) AS model, key_id, started_at_ms / 86400000 AS day, \
-         1 AS requests, input_tokens, output_tokens, cached_input_tokens, reasoning_tokens, \
-         cost_micros, {UNPRICED} AS unpriced, {UNMETERED} AS unmetered, {ERRORS} AS errors \
-         FROM requests WHERE 1 = 1"
-    ));
-    push_filter(sql, "started_at_ms", f);
+/// The day totals of the range's whole days and the stored records of its ends as rows of one
+/// shape: the dimensions' columns ([`Dimension::column`]) and the measures' (those
+/// [`totals_sql`] sums).
+fn push_union(sql: &mut Sql, f: &UsageFilter, split: &totals::DaySplit) {
     sql.push(
-        " UNION ALL SELECT NULLIF(agent, ''), CAST(NULL AS TEXT), NULLIF(user_id, ''), \
-         NULLIF(env, ''), provider, NULLIF(model, ''), key_id, day, requests, input_tokens, \
-         output_tokens, cached_input_tokens, reasoning_tokens, cost_micros, unpriced, \
-         unmetered, errors FROM usage_rollups WHERE 1 = 1",
+        "SELECT NULLIF(agent, '') AS agent, CAST(NULL AS TEXT) AS session_id, \
+         NULLIF(user_id, '') AS user_id, NULLIF(env, '') AS env, provider, \
+         NULLIF(model, '') AS model, key_id, day, requests, input_tokens, output_tokens, \
+         cached_input_tokens, reasoning_tokens, cost_micros, unpriced, unmetered, errors \
+         FROM usage_rollups WHERE 1 = 1",
     );
-    push_days(sql, f);
+    if let Some(from) = split.from_day {
+        sql.push(" AND day >= ").bind(from);
+    }
+    if let Some(to) = split.to_day {
+        sql.push(" AND day < ").bind(to);
+    }
     let eq = [
         ("agent", &f.agent),
         ("user_id", &f.user_id),
@@ -417,6 +424,21 @@ fn push_union(sql: &mut Sql, f: &UsageFilter) {
         if let Some(v) = value {
             sql.push(&format!(" AND {col} = ")).bind(v.clone());
         }
+    }
+    for (since, until) in &split.edges {
+        sql.push(&format!(
+            " UNION ALL SELECT agent, session_id, user_id, env, provider, \
+             COALESCE(answered_model, model) AS model, key_id, started_at_ms / 86400000 AS day, \
+             1 AS requests, input_tokens, output_tokens, cached_input_tokens, reasoning_tokens, \
+             cost_micros, {UNPRICED} AS unpriced, {UNMETERED} AS unmetered, {ERRORS} AS errors \
+             FROM requests WHERE 1 = 1"
+        ));
+        let edge = UsageFilter {
+            since_ms: Some(*since),
+            until_ms: Some(*until),
+            ..f.clone()
+        };
+        push_filter(sql, "started_at_ms", &edge);
     }
 }
 
@@ -712,8 +734,9 @@ mod tests {
             .ingest(&[rec("small", "a", "gpt-4o", Some(1), Some(1))])
             .await
             .unwrap();
+        // Into both the records (read alone) and the day totals (read for whole days).
         let huge = 4_000_000_000_000_000_000_i64;
-        for id in ["h1", "h2", "h3"] {
+        for (day, id) in [(1, "h1"), (2, "h2"), (3, "h3")] {
             store
                 .conn()
                 .execute_unprepared(&format!(
@@ -724,16 +747,28 @@ mod tests {
                 ))
                 .await
                 .unwrap();
-        }
-        let usage = UsageReports::new(store.clone());
-        for dims in [vec![], vec![Dimension::Agent]] {
-            let r = usage
-                .report(&dims, &UsageFilter::default(), 0)
+            store
+                .conn()
+                .execute_unprepared(&format!(
+                    "INSERT INTO usage_rollups (day, agent, user_id, env, provider, model, key_id, \
+                     requests, input_tokens, output_tokens, cached_input_tokens, reasoning_tokens, \
+                     cost_micros, unpriced, unmetered, errors) VALUES ({day}, '', '', '', \
+                     'openai', '', 'key_1', 1, {huge}, 0, 0, 0, {huge}, 0, 0, 0)"
+                ))
                 .await
                 .unwrap();
-            assert_eq!(r.total.requests, 4);
-            assert_eq!(r.total.cost_micros, u64::try_from(i64::MAX).unwrap());
-            assert_eq!(r.total.input_tokens, u64::try_from(i64::MAX).unwrap());
+        }
+        let usage = UsageReports::new(store.clone());
+        for totals in [true, false] {
+            for dims in [vec![], vec![Dimension::Agent]] {
+                let r = usage
+                    .report_with(&dims, &UsageFilter::default(), 0, totals)
+                    .await
+                    .unwrap();
+                assert_eq!(r.total.requests, 4);
+                assert_eq!(r.total.cost_micros, u64::try_from(i64::MAX).unwrap());
+                assert_eq!(r.total.input_tokens, u64::try_from(i64::MAX).unwrap());
+            }
         }
         store.close().await.unwrap();
     }

@@ -404,7 +404,7 @@ async fn insert_requests(store: &Store, rows: Vec<RequestRecord>) -> Result<()> 
     let txn = store.begin_write().await?;
     let refs: Vec<&RequestRecord> = rows.iter().collect();
     add_requests(&txn, &refs).await?;
-    crate::usage::latency::add_totals(&txn, &refs).await?;
+    crate::usage::add_day_totals(&txn, &refs).await?;
     for chunk in refs.chunks(4_096) {
         crate::records::write_rows(&txn, chunk).await?;
     }

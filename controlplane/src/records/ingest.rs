@@ -1,6 +1,6 @@
 //! The flow of one batch of records: checked one by one, new rows written by the database's
 //! row writer, then folded into `sessions`, the analytics rollups, the spend rollups and the
-//! latency totals (`usage::latency::add_totals`), signals that
+//! day totals of usage and latency (`usage::add_day_totals`), signals that
 //! came before their session or their request (a signal naming an answer) re-attributed, all
 //! in one transaction.
 //!
@@ -124,7 +124,7 @@ impl Records {
         }
         let spend: Vec<SpendItem> = fresh.iter().map(|r| spend_item(r)).collect();
         add_to_rollup(&txn, &spend).await?;
-        crate::usage::latency::add_totals(&txn, &fresh).await?;
+        crate::usage::add_day_totals(&txn, &fresh).await?;
         txn.commit().await?;
         (outcome.epoch, outcome.seq) = self.budgets.apply(&spend, crate::now_ms());
         Ok(outcome)

@@ -48,6 +48,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0020_implicit_rollups::Migration),
             Box::new(m0021_signal_counts::Migration),
             Box::new(m0022_latency_totals::Migration),
+            Box::new(m0023_usage_day_totals::Migration),
         ]
     }
 }
@@ -1611,6 +1612,46 @@ mod m0022_latency_totals {
         async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
             m.get_connection()
                 .execute_unprepared("DROP TABLE IF EXISTS latency_totals")
+                .await?;
+            Ok(())
+        }
+    }
+}
+
+/// `usage_rollups` becomes the usage per UTC day of every record stored, kept at ingest
+/// (`crate::usage::totals`): the records stored so far are added to it (it held only those
+/// retention had deleted), and retention no longer folds what it deletes.
+mod m0023_usage_day_totals {
+    use super::*;
+
+    pub struct Migration;
+
+    impl MigrationName for Migration {
+        fn name(&self) -> &str {
+            "m0023_usage_day_totals"
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl MigrationTrait for Migration {
+        async fn up(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            let db = m.get_connection();
+            db.execute_unprepared(&crate::usage::totals::backfill_sql(
+                db.get_database_backend(),
+                false,
+            ))
+            .await?;
+            Ok(())
+        }
+
+        async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            let db = m.get_connection();
+            db.execute_unprepared(&crate::usage::totals::backfill_sql(
+                db.get_database_backend(),
+                true,
+            ))
+            .await?;
+            db.execute_unprepared("DELETE FROM usage_rollups WHERE requests = 0")
                 .await?;
             Ok(())
         }

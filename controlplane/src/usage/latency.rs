@@ -25,6 +25,7 @@ use nm_types::budget::DAY_MS;
 use nm_types::record::RequestRecord;
 use sea_orm::{ConnectionTrait, Statement, Value};
 
+use super::totals::{DaySplit, split_days};
 use super::{DEFAULT_ROWS, Dimension, MAX_ROWS, UsageFilter, UsageReports, key_value, push_filter};
 use crate::error::{Error, Result};
 use crate::sql::{Sql, chunks_of, count, insert_values};
@@ -120,50 +121,6 @@ pub(crate) fn backfill_sql() -> String {
         bucket_sql("v"),
         bucket_sql("v")
     )
-}
-
-/// A time range as `latency_totals` answers it: the whole UTC days inside it, read from the
-/// totals, and what is left at its ends, read from the stored records.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct DaySplit {
-    /// The whole days: `day >= from_day` (`None`: from the first), `day < to_day` (`None`: to
-    /// the last).
-    from_day: Option<i64>,
-    to_day: Option<i64>,
-    /// The ends, `[since, until)` in ms, each within one day.
-    edges: Vec<(i64, i64)>,
-}
-
-/// `[since, until)` split into whole UTC days and its ends; `None` when it holds no whole day
-/// (read it from the records) or reaches before 1970 (a day is `ms / 86400000`, truncated:
-/// whole days only from 1970 on).
-fn split_days(since: Option<i64>, until: Option<i64>) -> Option<DaySplit> {
-    if since.is_some_and(|s| s < 0) || until.is_some_and(|u| u <= 0) {
-        return None;
-    }
-    let from_day = since.map(|s| s / DAY_MS + i64::from(s % DAY_MS != 0));
-    let to_day = until.map(|u| u / DAY_MS);
-    if let (Some(from), Some(to)) = (from_day, to_day)
-        && from >= to
-    {
-        return None;
-    }
-    let mut edges = Vec::new();
-    if let (Some(s), Some(from)) = (since, from_day)
-        && s < from * DAY_MS
-    {
-        edges.push((s, from * DAY_MS));
-    }
-    if let (Some(u), Some(to)) = (until, to_day)
-        && to * DAY_MS < u
-    {
-        edges.push((to * DAY_MS, u));
-    }
-    Some(DaySplit {
-        from_day,
-        to_day,
-        edges,
-    })
 }
 
 /// Nearest-rank percentiles of one group's values, in milliseconds.
@@ -583,30 +540,6 @@ mod tests {
         assert_eq!(bucket_of(57), 257);
         assert_eq!(bucket_of(570), 357);
         assert_eq!(bucket_of(5), 105);
-    }
-
-    #[test]
-    fn ranges_split_into_whole_days_and_ends() {
-        let d = DAY_MS;
-        assert_eq!(
-            split_days(Some(3 * d + 5), Some(7 * d + 9)),
-            Some(DaySplit {
-                from_day: Some(4),
-                to_day: Some(7),
-                edges: vec![(3 * d + 5, 4 * d), (7 * d, 7 * d + 9)],
-            })
-        );
-        assert_eq!(
-            split_days(Some(3 * d), None),
-            Some(DaySplit {
-                from_day: Some(3),
-                to_day: None,
-                edges: vec![],
-            })
-        );
-        // No whole day inside, or before 1970: the records alone.
-        assert_eq!(split_days(Some(3 * d + 5), Some(4 * d + 9)), None);
-        assert_eq!(split_days(Some(-5), Some(4 * d)), None);
     }
 
     /// Random records over ten days (some resent, some without a first byte, agents, envs and
