@@ -204,9 +204,9 @@ async fn retention_deletes_old_rows_and_keeps_the_reports(db: Db) {
     }
     // The ingest counted the records' usage under their real day: the day totals are made again
     // from the moved records (as m0023 makes them on a database filled before it).
-    let db = gw.database().await;
-    let backfill = nm_controlplane::usage::totals::backfill_sql(db.get_database_backend(), false);
-    let _ = db.close().await;
+    let conn = gw.database().await;
+    let backfill = nm_controlplane::usage::totals::backfill_sql(conn.get_database_backend(), false);
+    let _ = conn.close().await;
     exec(&gw, "DELETE FROM usage_rollups").await;
     exec(&gw, &backfill).await;
     let before = answers(&gw).await;

@@ -542,55 +542,19 @@ mod tests {
         assert_eq!(bucket_of(5), 105);
     }
 
-    /// Random records over ten days (some resent, some without a first byte, agents, envs and
-    /// models absent or present) give the same latency reports from the totals as from the
+    /// Random records over ten days (`totals::tests::random_batches`, one batch resent) give
+    /// the same latency reports from the totals as from the
     /// records alone, for every grouping the totals answer and ranges cutting days anywhere;
     /// a database filled before m0022 gets the same totals from its backfill; retention's
     /// deletion of records leaves the totals' whole days as they were.
     async fn totals_equal_rows_on(url: &str) {
-        use crate::analytics::synthetic::Rng;
         let store = Store::connect(url).await.unwrap();
         let records = Records::new(
             store.clone(),
             Budgets::load(store.clone(), 0).await.unwrap(),
         );
-        let mut rng = Rng::new(7);
         let t0 = 86_400_000 * 20_770;
-        let mut batches = Vec::new();
-        for b in 0..12 {
-            let mut batch = Vec::new();
-            for i in 0..150 {
-                let pick = |rng: &mut Rng, n: u64| rng.below(n);
-                let latency = match pick(&mut rng, 4) {
-                    0 => pick(&mut rng, 100),
-                    1 => pick(&mut rng, 2_000),
-                    2 => pick(&mut rng, 60_000),
-                    _ => pick(&mut rng, 1_000_000),
-                };
-                batch.push(RequestRecord {
-                    request_id: format!("r{b}-{i}"),
-                    started_at_ms: t0 + i64::try_from(pick(&mut rng, 10 * 86_400_000)).unwrap(),
-                    key_id: "key_1".into(),
-                    provider: ["openai", "anthropic"][pick(&mut rng, 2) as usize].into(),
-                    method: "POST".into(),
-                    path: "/v1/chat/completions".to_owned(),
-                    model: [None, Some("m1"), Some("m2")][pick(&mut rng, 3) as usize]
-                        .map(str::to_owned),
-                    agent: [None, Some("a"), Some("b")][pick(&mut rng, 3) as usize]
-                        .map(str::to_owned),
-                    env: [None, Some(nm_types::Env::Production)][pick(&mut rng, 2) as usize],
-                    status: 200,
-                    latency_ms: latency,
-                    ttfb_ms: (pick(&mut rng, 3) > 0).then_some(latency / 3),
-                    usage: crate::records::Usage {
-                        model: (pick(&mut rng, 4) == 0).then(|| "m1-answered".to_owned()),
-                        ..Default::default()
-                    },
-                    ..Default::default()
-                });
-            }
-            batches.push(batch);
-        }
+        let batches = super::super::totals::tests::random_batches(t0, 7);
         for batch in &batches {
             records.ingest(batch).await.unwrap();
         }

@@ -206,7 +206,7 @@ pub(super) fn split_days(since: Option<i64>, until: Option<i64>) -> Option<DaySp
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     #[test]
@@ -230,24 +230,14 @@ mod tests {
         assert_eq!(measures_of(&r), [1, 0, 0, 0, 0, 0, 0, 0, 0]);
     }
 
-    /// The report from the day totals equals the report from the records alone, for groupings
-    /// by every dimension but the session and ranges cutting days anywhere; a database filled
-    /// before m0023 gets the same totals from its backfill, and its undo takes them away;
-    /// deleting records (as retention does) leaves the whole days as they were.
-    async fn totals_equal_rows_on(url: &str) {
+    /// Twelve batches of 150 random records over the ten days from `t0`: agents, end users,
+    /// envs, models (as asked and as answered) absent or present, two keys and providers, error
+    /// statuses, usage reported, partial, missing or not applicable, priced or not, latencies
+    /// over five decades, some without a first byte. The day totals' tests ingest them.
+    pub(in crate::usage) fn random_batches(t0: i64, seed: u64) -> Vec<Vec<RequestRecord>> {
         use crate::analytics::synthetic::Rng;
         use crate::records::Usage;
-        use crate::sql::Sql;
-        use crate::store::Store;
-        use crate::usage::{Dimension, UsageFilter, UsageReport, UsageReports};
-        use crate::{Budgets, Records};
-        let store = Store::connect(url).await.unwrap();
-        let records = Records::new(
-            store.clone(),
-            Budgets::load(store.clone(), 0).await.unwrap(),
-        );
-        let mut rng = Rng::new(11);
-        let t0 = DAY_MS * 20_770;
+        let mut rng = Rng::new(seed);
         let mut batches = Vec::new();
         for b in 0..12 {
             let mut batch = Vec::new();
@@ -260,6 +250,8 @@ mod tests {
                     (None, 0) => UsageStatus::NotApplicable,
                     (None, _) => UsageStatus::Missing,
                 };
+                let latency = [100, 2_000, 60_000, 1_000_000][pick(4) as usize];
+                let latency = pick(latency);
                 batch.push(RequestRecord {
                     request_id: format!("r{b}-{i}"),
                     started_at_ms: t0 + i64::try_from(pick(10 * DAY_MS as u64)).unwrap(),
@@ -274,6 +266,8 @@ mod tests {
                     session_id: Some(format!("sess_{}", pick(40)).parse().unwrap()),
                     env: [None, Some(nm_types::Env::Production)][pick(2) as usize],
                     status: [200, 200, 429, 502][pick(4) as usize],
+                    latency_ms: latency,
+                    ttfb_ms: (pick(3) > 0).then_some(latency / 3),
                     usage: Usage {
                         model: (pick(4) == 0).then(|| "m1-answered".to_owned()),
                         input_tokens: tokens,
@@ -289,6 +283,25 @@ mod tests {
             }
             batches.push(batch);
         }
+        batches
+    }
+
+    /// The report from the day totals equals the report from the records alone, for groupings
+    /// by every dimension but the session and ranges cutting days anywhere; a database filled
+    /// before m0023 gets the same totals from its backfill, and its undo takes them away;
+    /// deleting records (as retention does) leaves the whole days as they were.
+    async fn totals_equal_rows_on(url: &str) {
+        use crate::sql::Sql;
+        use crate::store::Store;
+        use crate::usage::{Dimension, UsageFilter, UsageReport, UsageReports};
+        use crate::{Budgets, Records};
+        let store = Store::connect(url).await.unwrap();
+        let records = Records::new(
+            store.clone(),
+            Budgets::load(store.clone(), 0).await.unwrap(),
+        );
+        let t0 = DAY_MS * 20_770;
+        let batches = random_batches(t0, 11);
         for batch in &batches {
             records.ingest(batch).await.unwrap();
         }
