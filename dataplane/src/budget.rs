@@ -196,20 +196,36 @@ enum EntryState {
     Delivered { epoch: u64, seq: u64 },
 }
 
-/// A request's id as a ledger key: the UUID the gateway gives every request as 128 bits, so
-/// keeping and finding an entry copies no string (any other text is kept as it is).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// A request's id as a ledger key: the text itself, the 36 bytes of the gateway's own ids (a
+/// UUID's hyphenated form) held inline, so keeping and finding an entry parses nothing and copies
+/// no string (any other text is kept as it is).
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum EntryKey {
-    Uuid(u128),
+    Id([u8; 36]),
     Other(Box<str>),
 }
 
 impl EntryKey {
     fn of(request_id: &str) -> Self {
-        match uuid::Uuid::try_parse(request_id) {
-            // Only the hyphenated form: other spellings of the same UUID are other ids.
-            Ok(u) if request_id.len() == 36 => EntryKey::Uuid(u.as_u128()),
-            _ => EntryKey::Other(request_id.into()),
+        match <[u8; 36]>::try_from(request_id.as_bytes()) {
+            Ok(bytes) => EntryKey::Id(bytes),
+            Err(_) => EntryKey::Other(request_id.into()),
+        }
+    }
+}
+
+impl std::hash::Hash for EntryKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        match self {
+            // The last 16 characters of the gateway's ids (UUIDv7) are 62 random bits and a
+            // dash: hashed as one number, they spread the ids as well as all 36 bytes would, in
+            // one step of the hasher. Equal keys still compare every byte.
+            EntryKey::Id(bytes) => {
+                let mut tail = [0; 16];
+                tail.copy_from_slice(&bytes[20..]);
+                state.write_u128(u128::from_ne_bytes(tail));
+            }
+            EntryKey::Other(text) => text.hash(state),
         }
     }
 }
@@ -224,6 +240,8 @@ struct Counted {
 
 #[derive(Debug, Clone)]
 struct Entry {
+    /// Its request's id (what an acknowledgement names).
+    key: EntryKey,
     /// When it was admitted (the tests check `at` against it).
     #[cfg(test)]
     started_ms: i64,
@@ -240,6 +258,131 @@ impl Entry {
     /// What it counts in each unit, by `LeaseUnit as usize`.
     fn amounts(&self) -> [u64; UNITS] {
         amounts(self.micros, self.tokens)
+    }
+}
+
+/// Where an entry is: its slot, and the slot's generation when the entry was put there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct EntryRef {
+    slot: u32,
+    generation: u32,
+}
+
+/// One place for an entry.
+#[derive(Debug, Default)]
+struct Slot {
+    /// Moves on each time the slot is emptied: a reference to an entry since retired or
+    /// replaced finds another generation here, and nothing.
+    generation: u32,
+    entry: Option<Entry>,
+}
+
+/// The ledger's entries, in slots: a reservation refers to its entry by slot (its settlement
+/// finds it without a lookup), a slot emptied is reused, and an index by request id finds the
+/// entries an acknowledgement names. One entry per request id: a request admitted under the id
+/// of an entry still held replaces it.
+#[derive(Debug, Default)]
+struct Entries {
+    slots: Vec<Slot>,
+    /// Empty slots.
+    free: Vec<u32>,
+    by_key: HashMap<EntryKey, u32>,
+}
+
+impl Entries {
+    /// Puts `entry` in a slot; returns where, and the entry of the same request id it replaced.
+    fn insert(&mut self, entry: Entry) -> (EntryRef, Option<Entry>) {
+        let slot = match self.free.pop() {
+            Some(slot) => slot,
+            None => {
+                self.slots.push(Slot::default());
+                u32::try_from(self.slots.len() - 1).unwrap_or(u32::MAX)
+            }
+        };
+        let replaced = match self.by_key.entry(entry.key.clone()) {
+            std::collections::hash_map::Entry::Occupied(mut o) => {
+                let old = std::mem::replace(o.get_mut(), slot);
+                Self::empty(&mut self.slots, &mut self.free, old)
+            }
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(slot);
+                None
+            }
+        };
+        let s = &mut self.slots[slot as usize];
+        s.entry = Some(entry);
+        let at = EntryRef {
+            slot,
+            generation: s.generation,
+        };
+        (at, replaced)
+    }
+
+    /// Takes the entry out of `slot` and frees it (the index is the caller's to update).
+    fn empty(slots: &mut [Slot], free: &mut Vec<u32>, slot: u32) -> Option<Entry> {
+        let s = slots.get_mut(slot as usize)?;
+        let entry = s.entry.take()?;
+        s.generation = s.generation.wrapping_add(1);
+        free.push(slot);
+        Some(entry)
+    }
+
+    fn get(&self, at: EntryRef) -> Option<&Entry> {
+        self.slots
+            .get(at.slot as usize)
+            .filter(|s| s.generation == at.generation)
+            .and_then(|s| s.entry.as_ref())
+    }
+
+    fn get_mut(&mut self, at: EntryRef) -> Option<&mut Entry> {
+        self.slots
+            .get_mut(at.slot as usize)
+            .filter(|s| s.generation == at.generation)
+            .and_then(|s| s.entry.as_mut())
+    }
+
+    /// The entry of a request id.
+    fn find(&self, key: &EntryKey) -> Option<EntryRef> {
+        let slot = *self.by_key.get(key)?;
+        let generation = self.slots.get(slot as usize)?.generation;
+        Some(EntryRef { slot, generation })
+    }
+
+    /// Takes the entry at `at` out of the ledger.
+    fn remove(&mut self, at: EntryRef) -> Option<Entry> {
+        self.get(at)?;
+        let entry = Self::empty(&mut self.slots, &mut self.free, at.slot)?;
+        self.by_key.remove(&entry.key);
+        Some(entry)
+    }
+
+    /// Every entry, and where it is.
+    #[cfg(test)]
+    fn iter(&self) -> impl Iterator<Item = (EntryRef, &Entry)> {
+        self.slots.iter().zip(0u32..).filter_map(|(s, slot)| {
+            let at = EntryRef {
+                slot,
+                generation: s.generation,
+            };
+            s.entry.as_ref().map(|e| (at, e))
+        })
+    }
+
+    fn values(&self) -> impl Iterator<Item = &Entry> {
+        self.slots.iter().filter_map(|s| s.entry.as_ref())
+    }
+
+    /// Keeps the entries `keep` returns true for; gives the others to `removed`.
+    fn retain(&mut self, mut keep: impl FnMut(&Entry) -> bool, mut removed: impl FnMut(Entry)) {
+        for slot in 0..self.slots.len() {
+            if self.slots[slot].entry.as_ref().is_some_and(|e| !keep(e)) {
+                let slot = u32::try_from(slot).unwrap_or(u32::MAX);
+                if let Some(e) = Self::empty(&mut self.slots, &mut self.free, slot) {
+                    self.by_key.remove(&e.key);
+                    removed(e);
+                }
+            }
+        }
     }
 }
 
@@ -268,7 +411,11 @@ impl<T> Default for Names<T> {
 impl<T> Names<T> {
     fn get(&self, name: &str) -> Option<&T> {
         if self.many.is_empty() {
-            self.few.iter().find(|(n, _)| **n == *name).map(|(_, v)| v)
+            let name = name.as_bytes();
+            self.few
+                .iter()
+                .find(|(n, _)| same_name(n.as_bytes(), name))
+                .map(|(_, v)| v)
         } else {
             self.many.get(name)
         }
@@ -292,6 +439,31 @@ impl<T> Names<T> {
         } else {
             self.many.remove(name);
         }
+    }
+}
+
+/// `a == b`, a name of 4 to 16 bytes (most agents, models, envs and key ids) compared as two
+/// overlapping words, not through a call to `memcmp`: a few names are compared on every request.
+fn same_name(a: &[u8], b: &[u8]) -> bool {
+    fn word<const N: usize>(s: &[u8], at: usize) -> [u8; N] {
+        s.get(at..at + N)
+            .and_then(|w| <[u8; N]>::try_from(w).ok())
+            .unwrap_or([0; N])
+    }
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    match n {
+        4..8 => {
+            u32::from_ne_bytes(word(a, 0)) == u32::from_ne_bytes(word(b, 0))
+                && u32::from_ne_bytes(word(a, n - 4)) == u32::from_ne_bytes(word(b, n - 4))
+        }
+        8..=16 => {
+            u64::from_ne_bytes(word(a, 0)) == u64::from_ne_bytes(word(b, 0))
+                && u64::from_ne_bytes(word(a, n - 8)) == u64::from_ne_bytes(word(b, n - 8))
+        }
+        _ => a == b,
     }
 }
 
@@ -475,10 +647,10 @@ struct Ledger {
     index: ByScope<u32>,
     scopes: Vec<ScopeState>,
     free: Vec<u32>,
-    entries: HashMap<EntryKey, Entry>,
+    entries: Entries,
     /// The entries delivered, whose spend the feed has not caught up with yet (the only ones
     /// a feed or an acknowledgement may retire).
-    delivered: Vec<EntryKey>,
+    delivered: Vec<EntryRef>,
     /// The last day whose periods were computed, and them.
     today: Option<(i64, Periods)>,
     /// The latest time a request was admitted at: a later request's clock read before it is
@@ -640,17 +812,11 @@ impl Ledger {
     }
 
     /// Keeps the entries `keep` says to, keeping the meters right (visits them all).
-    fn retain(&mut self, mut keep: impl FnMut(&Entry) -> bool) {
+    fn retain(&mut self, keep: impl FnMut(&Entry) -> bool) {
         let Ledger {
             entries, scopes, ..
         } = self;
-        entries.retain(|_, e| {
-            let kept = keep(e);
-            if !kept {
-                Self::uncount(scopes, e);
-            }
-            kept
-        });
+        entries.retain(keep, |e| Self::uncount(scopes, &e));
     }
 
     /// Drops the delivered entries the feed has caught up with (visits only those delivered).
@@ -663,10 +829,10 @@ impl Ledger {
             seq,
             ..
         } = self;
-        delivered.retain(|key| match entries.get(key).map(|e| e.state) {
+        delivered.retain(|&at| match entries.get(at).map(|e| e.state) {
             Some(EntryState::Delivered { epoch: ep, seq: s }) => {
                 if ep == *epoch && s <= *seq {
-                    if let Some(e) = entries.remove(key) {
+                    if let Some(e) = entries.remove(at) {
                         Self::uncount(scopes, &e);
                     }
                     false
@@ -746,7 +912,7 @@ pub struct Estimate {
 #[derive(Debug)]
 pub struct Reservation {
     ledger: Arc<Mutex<Ledger>>,
-    key: EntryKey,
+    entry: EntryRef,
     reserved: u64,
     reserved_tokens: u64,
     settled: bool,
@@ -764,14 +930,19 @@ impl Reservation {
     /// Replaces the reservation with what the request counts against its budgets.
     pub fn settle(mut self, micros: u64, tokens: u64) {
         self.settled = true;
-        settle(&self.ledger, &self.key, micros, tokens);
+        settle(&self.ledger, self.entry, micros, tokens);
     }
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
         if !self.settled {
-            settle(&self.ledger, &self.key, self.reserved, self.reserved_tokens);
+            settle(
+                &self.ledger,
+                self.entry,
+                self.reserved,
+                self.reserved_tokens,
+            );
         }
     }
 }
@@ -821,12 +992,13 @@ fn lock(ledger: &Mutex<Ledger>) -> MutexGuard<'_, Ledger> {
 }
 
 /// Replaces an in-flight entry's reservation with what its request counts.
-fn settle(ledger: &Mutex<Ledger>, key: &EntryKey, micros: u64, tokens: u64) {
+fn settle(ledger: &Mutex<Ledger>, entry: EntryRef, micros: u64, tokens: u64) {
     let mut guard = lock(ledger);
     let Ledger {
         entries, scopes, ..
     } = &mut *guard;
-    let Some(e) = entries.get_mut(key) else {
+    // Gone when retired (or replaced under its id) before its request ended.
+    let Some(e) = entries.get_mut(entry) else {
         return;
     };
     if e.state != EntryState::InFlight {
@@ -1012,8 +1184,8 @@ impl Budgets {
                 retry_after: retry,
             });
         }
-        let key = EntryKey::of(request_id);
         let entry = Entry {
+            key: EntryKey::of(request_id),
             #[cfg(test)]
             started_ms: now_ms,
             at: now,
@@ -1022,12 +1194,13 @@ impl Budgets {
             state: EntryState::InFlight,
             scopes: counted,
         };
-        if let Some(old) = l.entries.insert(key.clone(), entry) {
+        let (entry, replaced) = l.entries.insert(entry);
+        if let Some(old) = replaced {
             Ledger::uncount(&mut l.scopes, &old);
         }
         Ok(Some(Reservation {
             ledger: self.ledger.clone(),
-            key,
+            entry,
             reserved: estimate_micros,
             reserved_tokens: estimate_tokens,
             settled: false,
@@ -1045,12 +1218,14 @@ impl Budgets {
         let mut guard = self.lock();
         let l = &mut *guard;
         for request_id in request_ids {
-            let key = EntryKey::of(request_id);
-            if let Some(e) = l.entries.get_mut(&key) {
+            let Some(at) = l.entries.find(&EntryKey::of(request_id)) else {
+                continue;
+            };
+            if let Some(e) = l.entries.get_mut(at) {
                 let listed = matches!(e.state, EntryState::Delivered { .. });
                 e.state = EntryState::Delivered { epoch, seq };
                 if !listed {
-                    l.delivered.push(key);
+                    l.delivered.push(at);
                 }
             }
         }
@@ -1880,6 +2055,65 @@ mod tests {
         ));
     }
 
+    /// A reservation refers to its own entry: once that entry is replaced under its request id,
+    /// or retired, settling or dropping the reservation changes nothing, though its slot now
+    /// holds another request's entry.
+    #[test]
+    fn a_reservation_settles_its_own_entry_only() {
+        let b = budgets(dollars(1_000_000));
+        let local = |b: &Budgets| {
+            let l = b.lock();
+            l.find(ScopeKind::User, "u")
+                .map_or(0, |id| l.scope(id).meters[0].local)
+        };
+        let first = b.admit_leased("u", "r1", 300, NOW).unwrap().unwrap();
+        let second = b.admit_leased("u", "r1", 500, NOW).unwrap().unwrap();
+        assert_eq!((b.local_entries("u"), local(&b)), (1, 500));
+        first.settle(100_000, 0);
+        assert_eq!(local(&b), 500);
+        // Still in flight when the month changes: retired, its slot free for the next request.
+        let month = month_of_day(day_of(NOW)) + 1;
+        let later = first_day_of_month(month) * DAY_MS;
+        b.apply_feed(Feed {
+            epoch: 7,
+            seq: 0,
+            day: day_of(later),
+            month,
+            ..Default::default()
+        });
+        assert_eq!(b.local_entries("u"), 0);
+        let third = b.admit_leased("u", "r3", 700, later).unwrap().unwrap();
+        assert_eq!(third.entry.slot, second.entry.slot);
+        assert_eq!(b.lock().entries.slots.len(), 2);
+        // Unsettled: it would count its reservation, were its entry still there.
+        drop(second);
+        assert_eq!((b.local_entries("u"), local(&b)), (1, 700));
+        third.settle(600, 0);
+        assert_eq!(local(&b), 600);
+    }
+
+    proptest::proptest! {
+        /// Names compared as words are equal exactly when their bytes are, whatever their
+        /// length and wherever they differ.
+        #[test]
+        fn names_compared_as_words_are_equal_as_bytes(
+            a in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..24),
+            at in 0usize..24,
+            flip in 1u8..=255,
+        ) {
+            let mut b = a.clone();
+            proptest::prop_assert!(same_name(&a, &b));
+            if !b.is_empty() {
+                let i = at % b.len();
+                b[i] ^= flip;
+                proptest::prop_assert!(!same_name(&a, &b));
+                b[i] ^= flip;
+            }
+            b.push(a.first().copied().unwrap_or(0));
+            proptest::prop_assert!(!same_name(&a, &b));
+        }
+    }
+
     proptest::proptest! {
         /// Every meter counts exactly its scope's entries started in its period, whatever the
         /// order of admits, settlements, deliveries, feeds and lease rounds, across minute and day
@@ -1921,6 +2155,11 @@ mod tests {
                 }
                 let l = b.lock();
                 let entries: Vec<&Entry> = l.entries.values().collect();
+                // One entry per request id, each found under it.
+                proptest::prop_assert_eq!(l.entries.by_key.len(), entries.len());
+                for (at, e) in l.entries.iter() {
+                    proptest::prop_assert_eq!(l.entries.find(&e.key), Some(at));
+                }
                 for e in &entries {
                     // The periods computed once per request (a month through the day's cache),
                     // at a time never before an earlier admission's.
@@ -1947,9 +2186,9 @@ mod tests {
                     }
                 }
                 // Every delivered entry is listed for retirement.
-                for (key, e) in &l.entries {
+                for (at, e) in l.entries.iter() {
                     if matches!(e.state, EntryState::Delivered { .. }) {
-                        proptest::prop_assert!(l.delivered.contains(key));
+                        proptest::prop_assert!(l.delivered.contains(&at));
                     }
                 }
             }

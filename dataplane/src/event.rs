@@ -34,7 +34,7 @@ use crate::journal::Commit;
 use crate::log::{AccessLine, AccessLog, RequestLog};
 use crate::metrics::{Metrics, Operation};
 use crate::otel::{End, Outcome, RequestTrace};
-use crate::pricing::{Cost, PriceTable};
+use crate::pricing::{Cost, Found, PriceTable};
 use crate::providers::Provider;
 use crate::records::{self, RecordSink, RequestRecord, UsageStatus};
 use crate::routes::Route;
@@ -131,6 +131,9 @@ pub struct RequestEvent {
     pub trace: Option<RequestTrace>,
     /// The end user's budget hold, settled when the request ends.
     pub reservation: Option<Reservation>,
+    /// The price the budget's reservation was estimated at: the one for the record's model at
+    /// its provider, found once a budget applied ([`Found`]). The answer's cost reuses it.
+    pub reserved_price: Option<Found>,
     /// Time spent on the gateway's side up to the answer's head (the wait on the provider left
     /// out); None until an answer's head arrived.
     pub overhead: Option<Duration>,
@@ -168,6 +171,7 @@ impl RequestEvent {
             log,
             trace,
             reservation: None,
+            reserved_price: None,
             overhead: None,
             first_byte: None,
             bytes: 0,
@@ -241,10 +245,14 @@ impl RequestEvent {
             }
         };
         let model = r.usage.model.as_deref().or(r.model.as_deref());
-        r.cost_micros = match prices.cost(&r.provider, model, &r.usage) {
-            Cost::Known { micros } => Some(micros),
-            Cost::UnknownModel | Cost::UnknownUsage => None,
+        // The reservation's price is the record's model's at the record's provider (neither
+        // changes once a budget admitted the request): the same when the answer names that
+        // model, or none. An answer naming another (a dated snapshot, say) is looked up.
+        let price = match self.reserved_price {
+            Some(found) if model == r.model.as_deref() => found,
+            _ => prices.find(&r.provider, model),
         };
+        r.cost_micros = Cost::at(price.0.as_ref(), &r.usage).micros();
     }
 
     /// The implicit rules at the answer's end: `client_disconnect` on this record, and what the
@@ -520,6 +528,54 @@ mod tests {
         assert_eq!(record.response_bytes, 0);
         let text = metrics.render();
         assert!(text.contains(r#"reason="spend""#), "{text}");
+    }
+
+    /// The price the budget's reservation was estimated at prices an answer that names the
+    /// request's model, or none; an answer naming another model is priced from the table.
+    #[test]
+    fn the_reservations_price_is_reused_for_the_same_model_only() {
+        let table = PriceTable::builtin();
+        let usage = |model: Option<&str>| nm_types::Usage {
+            input_tokens: Some(1_000_000),
+            output_tokens: Some(1_000),
+            model: model.map(str::to_owned),
+            ..Default::default()
+        };
+        let cost = |kept: Option<Found>, answered: Option<&str>| {
+            let (_budgets, mut event) = admitted(5_000);
+            event.record.status = 200;
+            event.reserved_price = kept;
+            end(event, Ending::Complete, usage(answered)).0.cost_micros
+        };
+        // What the proxy keeps is what the table holds, so reusing it changes no cost.
+        let found = table.find("openai", Some("gpt-4o-mini"));
+        assert_eq!(found.0.as_ref(), table.lookup("openai", "gpt-4o-mini"));
+        for answered in [None, Some("gpt-4o-mini")] {
+            let looked_up = table.cost("openai", Some("gpt-4o-mini"), &usage(answered));
+            assert_eq!(cost(Some(found), answered), looked_up.micros());
+            assert_eq!(cost(None, answered), looked_up.micros());
+        }
+        // A price the table does not hold shows which one priced the answer.
+        let kept = Found(Some(crate::pricing::ModelPrice {
+            input: 7_000_000,
+            output: 0,
+            cached_input: None,
+            cache_write: None,
+        }));
+        assert_eq!(cost(Some(kept), None), Some(7_000_000));
+        assert_eq!(cost(Some(kept), Some("gpt-4o-mini")), Some(7_000_000));
+        assert_eq!(
+            cost(Some(kept), Some("gpt-4o-mini-2024-07-18")),
+            table
+                .cost("openai", Some("gpt-4o-mini-2024-07-18"), &usage(None))
+                .micros()
+        );
+        // No price for the request's model: unknown, unless the answer names a priced one.
+        assert_eq!(cost(Some(Found(None)), None), None);
+        assert_eq!(
+            cost(Some(Found(None)), Some("gpt-4o")),
+            table.cost("openai", Some("gpt-4o"), &usage(None)).micros()
+        );
     }
 
     #[test]

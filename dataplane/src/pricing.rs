@@ -65,7 +65,24 @@ pub enum Cost {
     UnknownUsage,
 }
 
+/// What the table holds for one model at one provider (`None`: no price), as one lookup found
+/// it: a budgeted request's reservation is priced with it, and its answer's cost reuses it when
+/// the answer names the same model (or none), instead of looking it up again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Found(pub Option<ModelPrice>);
+
 impl Cost {
+    /// The cost of `usage` at `price`; [`Cost::UnknownModel`] without one.
+    pub fn at(price: Option<&ModelPrice>, usage: &Usage) -> Cost {
+        let Some(price) = price else {
+            return Cost::UnknownModel;
+        };
+        match price.usage_micros(usage) {
+            Some(micros) => Cost::Known { micros },
+            None => Cost::UnknownUsage,
+        }
+    }
+
     pub fn micros(self) -> Option<u64> {
         match self {
             Self::Known { micros } => Some(micros),
@@ -159,8 +176,8 @@ type Models = HashMap<String, ModelPrice, RandomState>;
 /// Prices by provider and model. Names are matched case-insensitively and kept in lower case.
 #[derive(Debug, Clone, Default)]
 pub struct PriceTable {
-    /// provider -> model -> price. Hash maps: two look-ups on every request (the budget's
-    /// estimate, the answer's cost).
+    /// provider -> model -> price. Hash maps: a look-up on every request (the answer's cost;
+    /// for a budgeted request the reservation's, whose price the cost reuses, [`Found`]).
     providers: HashMap<String, Models, RandomState>,
 }
 
@@ -236,13 +253,16 @@ impl PriceTable {
     /// missing usage: [`Cost::UnknownModel`] says which of the two an operator can fix with a
     /// price row.
     pub fn cost(&self, provider: &str, model: Option<&str>, usage: &Usage) -> Cost {
-        let Some(price) = model.and_then(|model| self.lookup(provider, model)) else {
-            return Cost::UnknownModel;
-        };
-        match price.usage_micros(usage) {
-            Some(micros) => Cost::Known { micros },
-            None => Cost::UnknownUsage,
-        }
+        Cost::at(model.and_then(|model| self.lookup(provider, model)), usage)
+    }
+
+    /// What the table holds for `model` at `provider`, to keep ([`Found`]).
+    pub fn find(&self, provider: &str, model: Option<&str>) -> Found {
+        Found(
+            model
+                .and_then(|model| self.lookup(provider, model))
+                .copied(),
+        )
     }
 
     /// A budget reservation (see [`ModelPrice::estimate_micros`]); `None` for an unknown model.

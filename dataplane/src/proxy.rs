@@ -42,6 +42,7 @@ use crate::implicit::conversation::Conversation;
 use crate::implicit::{Implicit, Pending};
 use crate::otel::{Call, RequestTrace};
 use crate::path::{check_native_path, split_prefix};
+use crate::pricing::Found;
 use crate::providers::{Provider, WireFormat};
 use crate::records;
 use crate::state::State;
@@ -168,7 +169,8 @@ const LEASE_WAIT: Duration = Duration::from_secs(1);
 
 /// The budget check of every budget that applies (key, labels, agent, model, env, end user):
 /// admits with a reservation of the request's estimated cost and tokens, or refuses with 429
-/// until the period (or minute) ends.
+/// until the period (or minute) ends. The price the estimate found goes in `price`, for the
+/// answer's cost.
 fn check_budget(
     state: &State,
     provider: &Provider,
@@ -176,19 +178,15 @@ fn check_budget(
     max_output_tokens: Option<u64>,
     body_len: usize,
     request_id: &str,
+    price: &mut Option<Found>,
 ) -> Result<Option<Reservation>, Refusal> {
     // Priced and timed only once a budget applies (most requests of most deployments: none).
     state.budgets.admit_with(who, request_id, || {
         let input = (body_len.div_ceil(BYTES_PER_TOKEN) as u64).min(MAX_RESERVED_INPUT_TOKENS);
         let output = max_output_tokens.unwrap_or(state.reserve_output_tokens);
-        let micros = who
-            .model
-            .and_then(|m| {
-                state
-                    .prices
-                    .estimate_micros(&provider.name, m, input, output)
-            })
-            .unwrap_or(0);
+        let found = state.prices.find(&provider.name, who.model);
+        *price = Some(found);
+        let micros = found.0.map_or(0, |p| p.estimate_micros(input, output));
         // Tokens: the prompt's estimate plus `max_tokens`, else the configured default.
         let tokens =
             input.saturating_add(max_output_tokens.unwrap_or(state.tpm_default_max_tokens));
@@ -309,6 +307,7 @@ async fn forward(
         provider,
         trace,
         reservation,
+        reserved_price,
         budget_refused,
         implicit,
         ..
@@ -397,7 +396,7 @@ async fn forward(
             env: record.env.map(|e| e.as_str()),
             user: record.user_id.as_deref(),
         };
-        let check = || {
+        let mut check = || {
             check_budget(
                 state,
                 provider,
@@ -405,6 +404,7 @@ async fn forward(
                 facts.max_output_tokens,
                 body.len(),
                 &record.request_id,
+                reserved_price,
             )
         };
         *reservation = match check() {
