@@ -15,6 +15,11 @@ use crate::config::{self, Flags, Mode};
 use crate::{app, telemetry};
 use clap::{Args, Parser, Subcommand};
 
+/// The target of this module's log lines: the binary's crate name, where they were written
+/// before the command line moved into the library (a filter such as `NM_LOG=nm_gateway=warn`
+/// reads the same).
+const LOG_TARGET: &str = "nm_gateway";
+
 /// Exit code for bad settings or usage (BSD `EX_USAGE`).
 const EXIT_USAGE: u8 = 64;
 
@@ -264,10 +269,12 @@ async fn run(cli: Cli) -> ExitCode {
     if admin_cmd.is_none() {
         match crate::limits::raise_nofile() {
             Ok((before, after)) if before != after => {
-                tracing::info!(?before, ?after, "open-file limit raised to the hard limit");
+                tracing::info!(target: LOG_TARGET, ?before, ?after, "open-file limit raised to the hard limit");
             }
             Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
+            Err(e) => {
+                tracing::warn!(target: LOG_TARGET, error = %e, "cannot raise the open-file limit")
+            }
         }
     }
 
@@ -316,7 +323,7 @@ async fn run(cli: Cli) -> ExitCode {
         Ok(r) => r,
         Err(e) if e.is::<UsageError>() => return usage(&e.to_string()),
         Err(e) => {
-            tracing::error!(error = format!("{e:#}"), "startup failed");
+            tracing::error!(target: LOG_TARGET, error = format!("{e:#}"), "startup failed");
             telemetry::flush();
             eprintln!("nm-gateway: {e:#}");
             return ExitCode::FAILURE;
@@ -326,11 +333,11 @@ async fn run(cli: Cli) -> ExitCode {
         show_generated_key(secret);
     }
     wait_for_signal().await;
-    tracing::info!("shutdown requested");
+    tracing::info!(target: LOG_TARGET, "shutdown requested");
     match running.stop().await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!(error = format!("{e:#}"), "stopped with an error");
+            tracing::error!(target: LOG_TARGET, error = format!("{e:#}"), "stopped with an error");
             ExitCode::FAILURE
         }
     }
