@@ -25,8 +25,9 @@ use std::pin::Pin;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use sea_orm::sea_query::{
-    Expr, ExprTrait, IndexCreateStatement, Query, TableAlterStatement, TableCreateStatement,
-    TableDropStatement,
+    Expr, ExprTrait, ForeignKeyCreateStatement, ForeignKeyDropStatement, IndexCreateStatement,
+    IndexDropStatement, Query, TableAlterStatement, TableCreateStatement, TableDropStatement,
+    TableRenameStatement,
 };
 use sea_orm::{
     ConnectionTrait, DatabaseConnection, DatabaseExecutor, DbBackend, DbErr, Schema,
@@ -91,7 +92,9 @@ pub trait MigratorTrait {
     }
 }
 
-/// What a migration's `up` and `down` are given: the connection, and the schema statements.
+/// What a migration's `up` and `down` are given: the connection, and the schema statements
+/// (sea-orm-migration's names; not its `has_table`/`has_column`/`has_index` probes, which needed
+/// sea-schema: a migration asks the catalogue itself, or uses `IF NOT EXISTS`).
 pub struct SchemaManager<'c> {
     conn: SchemaManagerConnection<'c>,
 }
@@ -122,6 +125,22 @@ impl<'c> SchemaManager<'c> {
     }
 
     pub async fn drop_table(&self, stmt: TableDropStatement) -> Result<(), DbErr> {
+        self.conn.execute(&stmt).await.map(drop)
+    }
+
+    pub async fn rename_table(&self, stmt: TableRenameStatement) -> Result<(), DbErr> {
+        self.conn.execute(&stmt).await.map(drop)
+    }
+
+    pub async fn drop_index(&self, stmt: IndexDropStatement) -> Result<(), DbErr> {
+        self.conn.execute(&stmt).await.map(drop)
+    }
+
+    pub async fn create_foreign_key(&self, stmt: ForeignKeyCreateStatement) -> Result<(), DbErr> {
+        self.conn.execute(&stmt).await.map(drop)
+    }
+
+    pub async fn drop_foreign_key(&self, stmt: ForeignKeyDropStatement) -> Result<(), DbErr> {
         self.conn.execute(&stmt).await.map(drop)
     }
 }
