@@ -10,6 +10,7 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 pub mod app;
 pub mod cli;
+pub mod command;
 pub mod config;
 pub mod demo;
 pub mod export;

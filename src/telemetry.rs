@@ -24,7 +24,6 @@ use crate::config::LogFormat;
 const QUIET: &[&str] = &[
     "sqlx=warn",
     "sea_orm=warn",
-    "sea_orm_migration=warn",
     "h2=warn",
     "hyper=warn",
     "hyper_util=warn",

@@ -19,7 +19,7 @@
 //!    and its schema in values.schema.json (configmap.yaml turns every `config.*` value into its
 //!    `NM_*` variable by itself).
 //!
-//! A flag also needs its clap argument in `src/main.rs` (a test there checks the two agree).
+//! A flag also needs its clap argument in `src/command.rs` (a test there checks the two agree).
 //!
 //! The environment comes in as a map, so tests never touch the process environment. Every
 //! problem names the setting and the fix; `main` exits 64 on any of them.

@@ -10,8 +10,8 @@
 //! The PostgreSQL variants run when `NM_TEST_POSTGRES_URL` names a server (each in a fresh
 //! `nm_test_*` database, dropped at the end); without it they print `SKIPPED` and pass.
 
+use crate::store::MigratorTrait;
 use sea_orm::{ConnectionTrait, Database, DatabaseConnection, QueryResult};
-use sea_orm_migration::MigratorTrait;
 
 use super::evidence::Evidence;
 use super::outcome::{HEAVY_EDIT_CHARS, class_case};

@@ -5,7 +5,7 @@
 //! Times are stored as integer milliseconds since the Unix epoch: range filters and day buckets
 //! are then plain integer arithmetic on both databases.
 
-use sea_orm_migration::prelude::*;
+use super::migrate::prelude::*;
 
 pub struct Migrator;
 
@@ -1893,8 +1893,8 @@ mod m0017_partitions {
 
     #[cfg(test)]
     mod tests {
+        use super::super::super::migrate::MigratorTrait;
         use sea_orm::{ConnectionTrait, Database, DatabaseConnection};
-        use sea_orm_migration::MigratorTrait;
 
         use super::super::Migrator;
         use crate::scratch::ScratchPg;

@@ -5,6 +5,8 @@
 pub mod entity;
 mod ffi;
 #[forbid(unsafe_code)]
+mod migrate;
+#[forbid(unsafe_code)]
 mod migration;
 #[forbid(unsafe_code)]
 mod nodelay;
@@ -26,11 +28,11 @@ use sea_orm::{
     ConnectOptions, ConnectionTrait, Database, DatabaseBackend, DatabaseConnection, DbErr,
     ExecResult, QueryResult, Statement,
 };
-use sea_orm_migration::MigratorTrait;
 use tracing::info;
 
 use crate::error::{Error, Result};
 
+pub use migrate::MigratorTrait;
 pub use migration::Migrator;
 pub use pg_write::PgWrite;
 use sqlite_write::KeptWriter;
