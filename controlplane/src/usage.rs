@@ -127,6 +127,20 @@ pub struct UsageReport {
     pub unpriced_models: Vec<UnpricedModel>,
 }
 
+/// A report's rows limit (0: the default; at most [`MAX_ROWS`]), once its dimensions are checked
+/// (at most 7).
+fn checked_limit(dims: &[Dimension], limit: u32) -> Result<u32> {
+    if dims.len() > 7 {
+        return Err(Error::InvalidArgument(
+            "at most 7 group-by dimensions".to_owned(),
+        ));
+    }
+    Ok(match limit {
+        0 => DEFAULT_ROWS,
+        n => n.min(MAX_ROWS),
+    })
+}
+
 /// A sum that cannot overflow: exact while it fits a 64-bit integer (far beyond any real sum,
 /// with every record's values capped by `nm_types::record`), saturating at `i64::MAX` beyond.
 /// PostgreSQL sums bigints as `numeric`, clamped before the cast; SQLite's `SUM` fails on
@@ -254,15 +268,7 @@ impl UsageReports {
         limit: u32,
         totals: bool,
     ) -> Result<UsageReport> {
-        if dims.len() > 7 {
-            return Err(Error::InvalidArgument(
-                "at most 7 group-by dimensions".to_owned(),
-            ));
-        }
-        let limit = match limit {
-            0 => DEFAULT_ROWS,
-            n => n.min(MAX_ROWS),
-        };
+        let limit = checked_limit(dims, limit)?;
         // The day totals have no session: a report by session, or of one, reads the records.
         let by_session = dims.contains(&Dimension::Session) || filter.session_id.is_some();
         if totals

@@ -25,9 +25,8 @@ use std::pin::Pin;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use sea_orm::sea_query::{
-    Expr, ExprTrait, ForeignKeyCreateStatement, ForeignKeyDropStatement, IndexCreateStatement,
-    IndexDropStatement, Query, TableAlterStatement, TableCreateStatement, TableDropStatement,
-    TableRenameStatement,
+    Expr, ExprTrait, IndexCreateStatement, Query, TableAlterStatement, TableCreateStatement,
+    TableDropStatement,
 };
 use sea_orm::{
     ConnectionTrait, DatabaseConnection, DatabaseExecutor, DbBackend, DbErr, Schema,
@@ -125,22 +124,6 @@ impl<'c> SchemaManager<'c> {
     }
 
     pub async fn drop_table(&self, stmt: TableDropStatement) -> Result<(), DbErr> {
-        self.conn.execute(&stmt).await.map(drop)
-    }
-
-    pub async fn rename_table(&self, stmt: TableRenameStatement) -> Result<(), DbErr> {
-        self.conn.execute(&stmt).await.map(drop)
-    }
-
-    pub async fn drop_index(&self, stmt: IndexDropStatement) -> Result<(), DbErr> {
-        self.conn.execute(&stmt).await.map(drop)
-    }
-
-    pub async fn create_foreign_key(&self, stmt: ForeignKeyCreateStatement) -> Result<(), DbErr> {
-        self.conn.execute(&stmt).await.map(drop)
-    }
-
-    pub async fn drop_foreign_key(&self, stmt: ForeignKeyDropStatement) -> Result<(), DbErr> {
         self.conn.execute(&stmt).await.map(drop)
     }
 }

@@ -26,8 +26,8 @@ use nm_types::record::RequestRecord;
 use sea_orm::{ConnectionTrait, Statement, Value};
 
 use super::totals::{DaySplit, split_days};
-use super::{DEFAULT_ROWS, Dimension, MAX_ROWS, UsageFilter, UsageReports, key_value, push_filter};
-use crate::error::{Error, Result};
+use super::{Dimension, UsageFilter, UsageReports, checked_limit, key_value, push_filter};
+use crate::error::Result;
 use crate::sql::{Sql, chunks_of, count, insert_values};
 
 /// The columns of `latency_totals` (m0022): its key, then the count. An absent agent, env or
@@ -309,15 +309,7 @@ impl UsageReports {
         limit: u32,
         totals: bool,
     ) -> Result<LatencyReport> {
-        if dims.len() > 7 {
-            return Err(Error::InvalidArgument(
-                "at most 7 group-by dimensions".to_owned(),
-            ));
-        }
-        let limit = match limit {
-            0 => DEFAULT_ROWS,
-            n => n.min(MAX_ROWS),
-        };
+        let limit = checked_limit(dims, limit)?;
         let db = self.store.conn();
         let backend = db.get_database_backend();
         let answerable = dims.iter().all(|d| {
