@@ -72,7 +72,7 @@ pub struct FullState {
     pub spend: Vec<(Scope, Spend)>,
 }
 
-/// The scopes whose spend changed with one batch (their new totals).
+/// The scopes under a budget whose spend changed with one batch (their new totals).
 #[derive(Debug, Clone)]
 pub struct SpendDelta {
     pub epoch: u64,
@@ -666,6 +666,9 @@ impl Budgets {
                 }
             }
         }
+        // Only the scopes a budget applies to: nothing else reads them (a dataplane keeps the
+        // spend of ruled scopes only, the alerts check ruled scopes only), and a new budget comes
+        // with a full state. Without any budget a delta is just its position.
         let delta = SpendDelta {
             epoch: st.epoch,
             seq: st.seq,
@@ -673,6 +676,7 @@ impl Budgets {
             month,
             spend: changed
                 .into_iter()
+                .filter(|u| st.rule_for(u).is_some())
                 .filter_map(|u| st.spend.get(&u).map(|s| (u, *s)))
                 .collect(),
         };
@@ -945,6 +949,55 @@ mod tests {
         Scope::user(user)
     }
 
+    /// A rule no test reaches.
+    fn any_rule() -> BudgetRule {
+        BudgetRule {
+            limit_micros: Some(1_000_000_000),
+            period: Period::Day,
+            requests_per_minute: None,
+            limit_tokens: None,
+            tokens_per_minute: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_batch_delta_names_only_scopes_under_a_budget() {
+        let (_dir, store) = store().await;
+        let now = day_from_civil(2026, 11, 22) * DAY_MS + 3_600_000;
+        let b = Budgets::load(store, now).await.unwrap();
+        let agent = |name: &str| Scope::new(ScopeKind::Agent, name);
+        let batch = |user: &str| SpendItem {
+            scopes: vec![u(user), agent("ruled"), agent("free")],
+            started_at_ms: now,
+            micros: 10,
+            tokens: 1,
+        };
+        let (_full, mut rx) = b.subscribe(now);
+        // No budget at all: the delta is only its position, yet the spend is counted.
+        let at = b.apply(&[batch("u1")], now);
+        let FeedEvent::Delta(delta) = rx.recv().await.unwrap() else {
+            panic!("expected a delta");
+        };
+        assert!(delta.spend.is_empty());
+        assert_eq!((delta.epoch, delta.seq), at);
+        assert_eq!(b.status(&agent("free"), now).unwrap().day_micros, 10);
+
+        b.set("key_test", Subject::Scope(agent("ruled")), any_rule(), 1)
+            .await
+            .unwrap();
+        b.set("key_test", Subject::DefaultUser, any_rule(), 2)
+            .await
+            .unwrap();
+        let (_full, mut rx) = b.subscribe(now);
+        b.apply(&[batch("u2")], now);
+        let FeedEvent::Delta(delta) = rx.recv().await.unwrap() else {
+            panic!("expected a delta");
+        };
+        let named: Vec<&Scope> = delta.spend.iter().map(|(s, _)| s).collect();
+        assert_eq!(named, [&u("u2"), &agent("ruled")]);
+        assert_eq!(delta.spend[1].1.day_micros, 20);
+    }
+
     #[tokio::test]
     async fn spend_counts_per_period_and_survives_a_reload() {
         let (_dir, store) = store().await;
@@ -979,6 +1032,9 @@ mod tests {
         let (_dir, store) = store().await;
         let now = day_from_civil(2026, 11, 22) * DAY_MS + 3_600_000;
         let b = Budgets::load(store, now).await.unwrap();
+        b.set("key_test", Subject::DefaultUser, any_rule(), 1)
+            .await
+            .unwrap();
         let (_full, mut rx) = b.subscribe(now);
         // A thousand records over 300 users, each user three or four times, interleaved.
         let users: Vec<String> = (0..300).map(|i| format!("user-{i}")).collect();

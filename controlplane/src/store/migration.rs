@@ -49,6 +49,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0021_signal_counts::Migration),
             Box::new(m0022_latency_totals::Migration),
             Box::new(m0023_usage_day_totals::Migration),
+            Box::new(m0024_partial_request_indexes::Migration),
         ]
     }
 }
@@ -1658,6 +1659,71 @@ mod m0023_usage_day_totals {
     }
 }
 
+/// The `requests` indexes by session and by experiment hold only the rows that have one: a
+/// request without a session or outside an experiment (most of them) then adds no entry to
+/// either B-tree when it is stored. Every query that reads them names the column with `=` or
+/// `IN`, which implies `IS NOT NULL`, so both databases still use them. Each partial index is
+/// made under a new name before the full one is dropped (SQLite runs migrations on the pool: a
+/// connection that has not seen the drop yet would refuse the same name again). On PostgreSQL
+/// the index of the partitioned table is made on every partition.
+mod m0024_partial_request_indexes {
+    use super::*;
+
+    pub struct Migration;
+
+    impl MigrationName for Migration {
+        fn name(&self) -> &str {
+            "m0024_partial_request_indexes"
+        }
+    }
+
+    /// (full index, partial index, columns, the column a row needs for an entry).
+    pub(crate) const INDEXES: [(&str, &str, &str, &str); 2] = [
+        (
+            "idx_requests_session",
+            "idx_requests_in_session",
+            "session_id",
+            "session_id",
+        ),
+        (
+            "idx_requests_experiment",
+            "idx_requests_in_experiment",
+            "experiment_id, arm",
+            "experiment_id",
+        ),
+    ];
+
+    #[async_trait::async_trait]
+    impl MigrationTrait for Migration {
+        async fn up(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            let db = m.get_connection();
+            for (full, partial, columns, needed) in INDEXES {
+                db.execute_unprepared(&format!(
+                    "CREATE INDEX IF NOT EXISTS {partial} ON requests ({columns}) \
+                     WHERE {needed} IS NOT NULL"
+                ))
+                .await?;
+                db.execute_unprepared(&format!("DROP INDEX IF EXISTS {full}"))
+                    .await?;
+            }
+            Ok(())
+        }
+
+        async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
+            let db = m.get_connection();
+            for (full, partial, columns, _) in INDEXES {
+                db.execute_unprepared(&format!(
+                    "CREATE INDEX IF NOT EXISTS {full} ON requests ({columns})"
+                ))
+                .await?;
+                db.execute_unprepared(&format!("DROP INDEX IF EXISTS {partial}"))
+                    .await?;
+            }
+            Ok(())
+        }
+    }
+}
+
 /// PostgreSQL: `requests` (by `started_at_ms`) and `signals` (by `received_at_ms`) become tables
 /// partitioned by range, one partition per UTC day (`requests_p20261129`, bounds in Unix ms), plus
 /// a DEFAULT partition (`requests_default`) for any row whose day has no partition: nothing
@@ -1997,6 +2063,42 @@ mod m0017_partitions {
             );
             db.close().await.unwrap();
             pg.drop_it().await.unwrap();
+        }
+    }
+}
+
+/// m0024: SQLite still reads the partial indexes for what they were made for.
+#[cfg(test)]
+mod partial_index_tests {
+    use sea_orm::{DatabaseBackend, Statement};
+
+    use crate::store::Store;
+
+    #[tokio::test]
+    async fn session_and_experiment_lookups_read_their_partial_indexes() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/plan.db?mode=rwc", dir.path().display());
+        let store = Store::connect(&url).await.unwrap();
+        for (sql, index) in [
+            (
+                "SELECT request_id FROM requests WHERE session_id = 'sess_a'",
+                "idx_requests_in_session",
+            ),
+            (
+                "SELECT request_id FROM requests WHERE session_id IN ('sess_a', 'sess_b')",
+                "idx_requests_in_session",
+            ),
+            (
+                "SELECT arm, COUNT(*) FROM requests WHERE experiment_id = 'exp_a' GROUP BY arm",
+                "idx_requests_in_experiment",
+            ),
+        ] {
+            let stmt = Statement::from_string(DatabaseBackend::Sqlite, sql);
+            let plan = crate::sql::query_plan(store.conn(), &stmt).await;
+            assert!(
+                plan.iter().any(|step| step.contains(index)),
+                "{sql}: {plan:?}"
+            );
         }
     }
 }
