@@ -34,11 +34,52 @@ impl tonic::service::Interceptor for PresentSecret {
     }
 }
 
-type Client = LinkClient<InterceptedService<Channel, PresentSecret>>;
+type Transport = InterceptedService<Channel, PresentSecret>;
+type Client = LinkClient<Transport>;
 
 #[derive(Debug, Clone)]
 pub struct Grpc {
     client: Client,
+    /// `IngestRequests` without the generated client: its batch goes as bytes written straight
+    /// from the records ([`link::encode_batch_into`]).
+    ingest: tonic::client::Grpc<Transport>,
+}
+
+/// `nm.link.v1.Link/IngestRequests`.
+const INGEST_PATH: &str = "/nm.link.v1.Link/IngestRequests";
+
+/// The codec of [`Grpc::ingest`]: the request is an `IngestRequestsRequest` already encoded; the
+/// answer is decoded by prost as the generated client would.
+#[derive(Debug, Clone, Copy, Default)]
+struct Encoded;
+
+impl tonic::codec::Codec for Encoded {
+    type Encode = bytes::Bytes;
+    type Decode = link_pb::IngestRequestsResponse;
+    type Encoder = Encoded;
+    type Decoder = tonic_prost::ProstDecoder<link_pb::IngestRequestsResponse>;
+
+    fn encoder(&mut self) -> Encoded {
+        Encoded
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        tonic_prost::ProstDecoder::new(tonic::codec::BufferSettings::default())
+    }
+}
+
+impl tonic::codec::Encoder for Encoded {
+    type Item = bytes::Bytes;
+    type Error = tonic::Status;
+
+    fn encode(
+        &mut self,
+        item: bytes::Bytes,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        bytes::BufMut::put_slice(dst, &item);
+        Ok(())
+    }
 }
 
 impl Grpc {
@@ -48,10 +89,14 @@ impl Grpc {
             .parse()
             .map_err(|_| anyhow::anyhow!("NM_LINK_SECRET is not a valid metadata value"))?;
         value.set_sensitive(true);
-        let client = LinkClient::with_interceptor(channel, PresentSecret(value))
+        let transport = InterceptedService::new(channel, PresentSecret(value));
+        let client = LinkClient::new(transport.clone())
             .max_encoding_message_size(MAX_LINK_MESSAGE_BYTES)
             .max_decoding_message_size(MAX_LINK_MESSAGE_BYTES);
-        Ok(Self { client })
+        let ingest = tonic::client::Grpc::new(transport)
+            .max_encoding_message_size(MAX_LINK_MESSAGE_BYTES)
+            .max_decoding_message_size(MAX_LINK_MESSAGE_BYTES);
+        Ok(Self { client, ingest })
     }
 }
 
@@ -143,13 +188,22 @@ impl Port for Grpc {
     }
 
     async fn ingest(&self, batch: &[RequestRecord]) -> Result<Ingested, LinkError> {
-        let records = batch.iter().map(link::record_to_pb).collect();
-        let mut req = tonic::Request::new(link_pb::IngestRequestsRequest { records });
+        let mut body = Vec::with_capacity(batch.len() * 512);
+        link::encode_batch_into(batch, &mut body, &mut Vec::with_capacity(512));
+        let mut req = tonic::Request::new(bytes::Bytes::from(body));
         crate::otel::link::inject(req.metadata_mut());
-        let resp = self
-            .client
-            .clone()
-            .ingest_requests(req)
+        req.extensions_mut()
+            .insert(tonic::GrpcMethod::new("nm.link.v1.Link", "IngestRequests"));
+        let mut ingest = self.ingest.clone();
+        ingest.ready().await.map_err(|e| {
+            let e: tonic::codegen::StdError = e.into();
+            link_error(tonic::Status::unknown(format!(
+                "Service was not ready: {e}"
+            )))
+        })?;
+        let path = http::uri::PathAndQuery::from_static(INGEST_PATH);
+        let resp = ingest
+            .unary(req, path, Encoded)
             .await
             .map_err(link_error)?
             .into_inner();

@@ -37,6 +37,9 @@ pub mod pb {
     include!(concat!(env!("OUT_DIR"), "/nm.link.v1.rs"));
 }
 
+mod record_wire;
+pub use record_wire::encode_batch_into;
+
 /// Why a session id from the wire was refused.
 const BAD_SESSION_ID: &str = "session_id must look like sess_<id>";
 
@@ -207,8 +210,9 @@ pub fn record_from_pb(r: pb::RequestRecord) -> Result<RequestRecord, &'static st
 
 /// A batch as the spool and the record journal store it: its `IngestRequests` message.
 pub fn encode_batch(records: &[RequestRecord]) -> Vec<u8> {
-    let records = records.iter().map(record_to_pb).collect();
-    pb::IngestRequestsRequest { records }.encode_to_vec()
+    let mut out = Vec::with_capacity(records.len() * 512);
+    record_wire::encode_batch_into(records, &mut out, &mut Vec::with_capacity(512));
+    out
 }
 
 /// A stored batch read back: each record, or the rule it breaks on reading (a file of another
@@ -669,6 +673,132 @@ mod tests {
         let got = decode_batch(&encode_batch(std::slice::from_ref(&record))).unwrap();
         assert_eq!(got, vec![Ok(record)]);
         assert!(decode_batch(b"\xff\xff").is_err());
+    }
+
+    /// Arbitrary records: every field set or not, strings of any length (empty ones too),
+    /// numbers over their whole range, times before 1970.
+    fn any_record() -> impl proptest::strategy::Strategy<Value = RequestRecord> {
+        use proptest::prelude::*;
+        use proptest::{collection::vec, option::of};
+        let text = || ".{0,40}";
+        let id = || "[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}";
+        let usage = (
+            of(text()),
+            [of(any::<u64>()), of(any::<u64>()), of(any::<u64>())],
+            [of(any::<u64>()), of(any::<u64>())],
+            of(text()),
+        )
+            .prop_map(|(model, [i, o, c], [w, r], finish)| Usage {
+                model,
+                input_tokens: i,
+                output_tokens: o,
+                cached_input_tokens: c,
+                cache_write_tokens: w,
+                reasoning_tokens: r,
+                finish_reason: finish,
+                response_id: None,
+            });
+        let inferred = (0..4usize, id(), of(any::<u64>())).prop_map(|(rule, answer, d)| Inferred {
+            rule: [
+                crate::signal::Rule::ClientDisconnect,
+                crate::signal::Rule::Reask,
+                crate::signal::Rule::HistoryEdit,
+                crate::signal::Rule::Continued,
+            ][rule],
+            answer: answer.parse().unwrap(),
+            edit_distance: d,
+        });
+        let variant = of((text(), text(), of(text()))).prop_map(|v| {
+            v.map(|(experiment, arm, requested_model)| Variant {
+                experiment: experiment.into(),
+                arm: arm.into(),
+                requested_model,
+            })
+        });
+        let head = (
+            text(),
+            any::<i64>(),
+            (text(), text(), text(), text()),
+            (
+                of(text()),
+                of(text()),
+                of("sess_[a-z0-9]{1,20}"),
+                0..4usize,
+                of(text()),
+            ),
+        );
+        let tail = (
+            (any::<u16>(), any::<u64>(), of(any::<u64>()), any::<bool>()),
+            (of(text()), any::<u64>(), usage, 0..4usize),
+            (of(any::<u64>()), of(any::<u64>())),
+            of((any::<[u8; 16]>(), any::<[u8; 8]>())),
+            (vec(inferred, 0..3), variant),
+        );
+        (head, tail).prop_map(
+            |(
+                (
+                    request_id,
+                    started_at_ms,
+                    (key, provider, method, path),
+                    (model, agent, session, env, user),
+                ),
+                (
+                    (status, latency_ms, ttfb_ms, streamed),
+                    (error_code, response_bytes, usage, usage_status),
+                    (cost_micros, budget_micros),
+                    trace,
+                    (inferred, variant),
+                ),
+            )| RequestRecord {
+                request_id,
+                started_at_ms,
+                key_id: key.into(),
+                provider: provider.into(),
+                method: method.into(),
+                path,
+                model,
+                agent,
+                session_id: session.map(|s| s.parse().unwrap()),
+                env: [
+                    None,
+                    Some(Env::Production),
+                    Some(Env::Staging),
+                    Some(Env::Development),
+                ][env],
+                user_id: user,
+                status,
+                latency_ms,
+                ttfb_ms,
+                streamed,
+                error_code: error_code.map(Into::into),
+                response_bytes,
+                usage,
+                usage_status: [
+                    UsageStatus::Reported,
+                    UsageStatus::Partial,
+                    UsageStatus::Missing,
+                    UsageStatus::NotApplicable,
+                ][usage_status],
+                cost_micros,
+                budget_micros,
+                trace: trace.map(|(trace_id, span_id)| TraceRef { trace_id, span_id }),
+                inferred,
+                variant,
+            },
+        )
+    }
+
+    proptest::proptest! {
+        /// The batch written straight from the records is, byte for byte, what prost writes for
+        /// the generated messages, so the controlplane reads it as before.
+        #[test]
+        fn a_batch_is_written_as_prost_writes_it(records in proptest::collection::vec(any_record(), 0..4)) {
+            let generated = pb::IngestRequestsRequest {
+                records: records.iter().map(record_to_pb).collect(),
+            }
+            .encode_to_vec();
+            proptest::prop_assert_eq!(encode_batch(&records), generated);
+        }
     }
 
     #[test]
