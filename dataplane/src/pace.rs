@@ -18,9 +18,10 @@
 //! closes before the last chunk; HTTP/2: the stream is reset), so the client sees the answer
 //! did not complete.
 //!
-//! Cost: nothing while a body's frames are ready when asked (the usual case for small bodies
-//! and streamed answers alike): the timer is armed only when a read returns `Pending`, and
-//! reset, not reallocated, after that.
+//! Cost: nothing while a body's frames are ready when asked. A wait (`Pending`: an upstream's
+//! answer usually has one before each of its frames) reads the clock and polls the timer, which
+//! is armed at the first wait and moved only when it fires before the deadline (about once an
+//! idle time); the reason of a timeout is written only for a body given up.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -86,7 +87,7 @@ impl Pace {
     }
 
     /// The body has nothing now: `Ready(Err)` once it has waited too long, else `Pending` (with
-    /// the timer set to wake `cx` at the deadline).
+    /// the timer set to wake `cx` at the deadline, or before it).
     pub fn poll_stalled(&mut self, cx: &mut Context<'_>) -> Poll<BodyTimeout> {
         let now = Instant::now();
         let started = *self.started.get_or_insert(now);
@@ -98,37 +99,51 @@ impl Pace {
         };
         self.idle_deadline = Some(idle_deadline);
         let mut deadline = idle_deadline;
-        let mut why = format!("no data for {}s", self.limits.idle.as_secs());
+        let mut by_rate = false;
         if let Some(credit_ms) = self
             .received
             .saturating_mul(1000)
             .checked_div(self.limits.min_rate)
         {
-            let by_rate = started + self.limits.idle + Duration::from_millis(credit_ms);
-            if by_rate <= deadline {
-                deadline = by_rate;
-                why = format!(
-                    "slower than {} bytes/s ({} bytes in {}s)",
-                    self.limits.min_rate,
-                    self.received,
-                    now.duration_since(started).as_secs()
-                );
+            let at = started + self.limits.idle + Duration::from_millis(credit_ms);
+            if at <= deadline {
+                deadline = at;
+                by_rate = true;
             }
         }
         self.waiting = true;
+        // Neither deadline ever moves earlier (a wait's starts later than the last one's; the
+        // rate's grows with the bytes received), so a timer armed for an earlier one is left to
+        // fire and moved only then: resetting it at every wait (every frame of a streamed
+        // answer) cost more than the rest of the body's pace.
         let timer = self
             .timer
             .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-        if timer.deadline() != deadline {
+        if timer.deadline() > deadline {
             timer.as_mut().reset(deadline);
         }
-        match timer.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(BodyTimeout {
-                what: self.what,
-                why,
-            }),
-            Poll::Pending => Poll::Pending,
+        loop {
+            match timer.as_mut().poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(()) if timer.deadline() < deadline => timer.as_mut().reset(deadline),
+                Poll::Ready(()) => break,
+            }
         }
+        // Only a body given up has its reason written.
+        let why = if by_rate {
+            format!(
+                "slower than {} bytes/s ({} bytes in {}s)",
+                self.limits.min_rate,
+                self.received,
+                now.duration_since(started).as_secs()
+            )
+        } else {
+            format!("no data for {}s", self.limits.idle.as_secs())
+        };
+        Poll::Ready(BodyTimeout {
+            what: self.what,
+            why,
+        })
     }
 }
 
@@ -249,6 +264,22 @@ mod tests {
         });
         let all = body.collect().await.unwrap().to_bytes();
         assert_eq!(all.len(), 10);
+        sender.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_body_that_keeps_moving_outlives_its_first_deadline() {
+        // Each gap (30 ms) is well within the idle time (100 ms), the whole body (400 ms) is
+        // not: the timer armed at the first wait fires early and is moved, never a timeout.
+        let (tx, body) = paced(100, 0);
+        let sender = tokio::spawn(async move {
+            for _ in 0..13 {
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                tx.send(Bytes::from_static(b"x")).await.unwrap();
+            }
+        });
+        let all = body.collect().await.unwrap().to_bytes();
+        assert_eq!(all.len(), 13);
         sender.await.unwrap();
     }
 
