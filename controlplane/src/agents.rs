@@ -89,204 +89,225 @@ impl Agents {
     }
 
     /// The agent's settings (the defaults when never set).
-    pub async fn settings(&self, agent: &str) -> Result<Setting> {
-        let agent = agent_name(agent)?;
-        evidence::load(self.store.conn(), &agent).await
+    pub fn settings<'a>(&'a self, agent: &'a str) -> crate::BoxFuture<'a, Result<Setting>> {
+        Box::pin(async move {
+            let agent = agent_name(agent)?;
+            evidence::load(self.store.conn(), &agent).await
+        })
     }
 
     /// Sets the agent's evidence. The analytics use it from their next computation; the
     /// intervals kept from looks that counted other signals are not carried over.
     /// Sets which evidence counts for `agent`, written to the audit trail as `actor`'s change
     /// in the same transaction.
-    pub async fn set_settings(
-        &self,
-        actor: &str,
-        agent: &str,
+    pub fn set_settings<'a>(
+        &'a self,
+        actor: &'a str,
+        agent: &'a str,
         evidence: Evidence,
-    ) -> Result<Setting> {
-        let agent = agent_name(agent)?;
-        let now_ms = crate::now_ms();
-        let txn = self.store.begin_write().await?;
-        let before = evidence::load(&txn, &agent).await?;
-        evidence::save(&txn, &agent, evidence, now_ms).await?;
-        let json = |s: &Setting| {
-            serde_json::json!({
-                "evidence": s.evidence.stored(),
-                "continued_counts": s.evidence.continued,
-            })
-        };
-        let after = Setting {
-            evidence,
-            updated_at_ms: Some(now_ms),
-        };
-        let change = crate::audit::Change {
-            actor,
-            action: "agent.settings.set",
-            target: &format!("agent:{agent}"),
-            before: before.updated_at_ms.map(|_| json(&before)),
-            after: Some(json(&after)),
-        };
-        crate::audit::record(&txn, change, now_ms).await?;
-        txn.commit().await?;
-        Ok(after)
+    ) -> crate::BoxFuture<'a, Result<Setting>> {
+        Box::pin(async move {
+            let agent = agent_name(agent)?;
+            let now_ms = crate::now_ms();
+            let txn = self.store.begin_write().await?;
+            let before = evidence::load(&txn, &agent).await?;
+            evidence::save(&txn, &agent, evidence, now_ms).await?;
+            let json = |s: &Setting| {
+                serde_json::json!({
+                    "evidence": s.evidence.stored(),
+                    "continued_counts": s.evidence.continued,
+                })
+            };
+            let after = Setting {
+                evidence,
+                updated_at_ms: Some(now_ms),
+            };
+            let change = crate::audit::Change {
+                actor,
+                action: "agent.settings.set",
+                target: &format!("agent:{agent}"),
+                before: before.updated_at_ms.map(|_| json(&before)),
+                after: Some(json(&after)),
+            };
+            crate::audit::record(&txn, change, now_ms).await?;
+            txn.commit().await?;
+            Ok(after)
+        })
     }
 
     /// The agent's (or the unattributed bucket's) signals per source, rule and action:
     /// explicit first, then implicit by rule, sources without signals left out.
-    pub async fn source_counts(&self, f: &SignalFilter) -> Result<Vec<SourceCount>> {
-        let db = self.store.conn();
-        fold_counts(
-            db.query_all_raw(source_counts_statement(db.get_database_backend(), f))
-                .await?,
-        )
+    pub fn source_counts<'a>(
+        &'a self,
+        f: &'a SignalFilter,
+    ) -> crate::BoxFuture<'a, Result<Vec<SourceCount>>> {
+        Box::pin(async move {
+            let db = self.store.conn();
+            fold_counts(
+                db.query_all_raw(source_counts_statement(db.get_database_backend(), f))
+                    .await?,
+            )
+        })
     }
 
     /// A session's signals per source, rule and action.
-    pub async fn session_source_counts(&self, session_id: &str) -> Result<Vec<SourceCount>> {
-        session_id
-            .parse::<SessionId>()
-            .map_err(|e| Error::InvalidArgument(format!("session_id: {e}")))?;
-        let db = self.store.conn();
-        let mut sql = Sql::new(
-            db.get_database_backend(),
-            "SELECT source, rule, action, COUNT(*) AS n FROM signals WHERE session_id = ",
-        );
-        sql.bind(session_id.to_owned())
-            .push(" GROUP BY source, rule, action");
-        fold_counts(db.query_all_raw(sql.build()).await?)
+    pub fn session_source_counts<'a>(
+        &'a self,
+        session_id: &'a str,
+    ) -> crate::BoxFuture<'a, Result<Vec<SourceCount>>> {
+        Box::pin(async move {
+            session_id
+                .parse::<SessionId>()
+                .map_err(|e| Error::InvalidArgument(format!("session_id: {e}")))?;
+            let db = self.store.conn();
+            let mut sql = Sql::new(
+                db.get_database_backend(),
+                "SELECT source, rule, action, COUNT(*) AS n FROM signals WHERE session_id = ",
+            );
+            sql.bind(session_id.to_owned())
+                .push(" GROUP BY source, rule, action");
+            fold_counts(db.query_all_raw(sql.build()).await?)
+        })
     }
 
     /// How the agent's explicit and implicit outcomes agree, over every unit (a session, or an
     /// answer explicit signals name) that has both: units by (explicit outcome, implicit
     /// outcome), each outcome the last signal's of its kind (an implicit `continued` only
     /// where the unit has no other implicit signal). Read from the analytics rollup.
-    pub async fn agreement(&self, agent: &str) -> Result<Vec<AgreementCell>> {
-        let agent = agent_name(agent)?;
-        let db = self.store.conn();
-        let mut sql = Sql::new(
-            db.get_database_backend(),
-            &format!(
-                "SELECT cls, CASE WHEN isignals > 0 THEN isig_key % 4 ELSE 3 END AS icls, \
+    pub fn agreement<'a>(
+        &'a self,
+        agent: &'a str,
+    ) -> crate::BoxFuture<'a, Result<Vec<AgreementCell>>> {
+        Box::pin(async move {
+            let agent = agent_name(agent)?;
+            let db = self.store.conn();
+            let mut sql = Sql::new(
+                db.get_database_backend(),
+                &format!(
+                    "SELECT cls, CASE WHEN isignals > 0 THEN isig_key % 4 ELSE 3 END AS icls, \
                  COUNT(*) AS n FROM session_rollups{} WHERE agent = ",
-                match db.get_database_backend() {
-                    sea_orm::DatabaseBackend::Sqlite => format!(" INDEXED BY {IMPLICIT_INDEX}"),
-                    _ => String::new(),
-                }
-            ),
-        );
-        // Only the units with implicit signals: the partial index of exactly those rows.
-        sql.bind(agent).push(&format!(
-            " AND signals > 0 AND {IMPLICIT_ROWS} GROUP BY cls, \
+                    match db.get_database_backend() {
+                        sea_orm::DatabaseBackend::Sqlite => format!(" INDEXED BY {IMPLICIT_INDEX}"),
+                        _ => String::new(),
+                    }
+                ),
+            );
+            // Only the units with implicit signals: the partial index of exactly those rows.
+            sql.bind(agent).push(&format!(
+                " AND signals > 0 AND {IMPLICIT_ROWS} GROUP BY cls, \
              CASE WHEN isignals > 0 THEN isig_key % 4 ELSE 3 END"
-        ));
-        let name = |cls: i64| match cls {
-            1 => OUTCOMES[0],
-            2 => OUTCOMES[2],
-            3 => OUTCOMES[3],
-            _ => OUTCOMES[1],
-        };
-        let mut cells = Vec::new();
-        for row in db.query_all_raw(sql.build()).await? {
-            let cls: Option<i64> = row.try_get("", "cls")?;
-            let icls: Option<i64> = row.try_get("", "icls")?;
-            cells.push(AgreementCell {
-                explicit: name(cls.unwrap_or(0)),
-                implicit: name(icls.unwrap_or(0)),
-                units: count(&row, "n")?,
+            ));
+            let name = |cls: i64| match cls {
+                1 => OUTCOMES[0],
+                2 => OUTCOMES[2],
+                3 => OUTCOMES[3],
+                _ => OUTCOMES[1],
+            };
+            let mut cells = Vec::new();
+            for row in db.query_all_raw(sql.build()).await? {
+                let cls: Option<i64> = row.try_get("", "cls")?;
+                let icls: Option<i64> = row.try_get("", "icls")?;
+                cells.push(AgreementCell {
+                    explicit: name(cls.unwrap_or(0)),
+                    implicit: name(icls.unwrap_or(0)),
+                    units: count(&row, "n")?,
+                });
+            }
+            cells.sort_by_key(|c| {
+                (
+                    OUTCOMES.iter().position(|o| *o == c.explicit),
+                    OUTCOMES.iter().position(|o| *o == c.implicit),
+                )
             });
-        }
-        cells.sort_by_key(|c| {
-            (
-                OUTCOMES.iter().position(|o| *o == c.explicit),
-                OUTCOMES.iter().position(|o| *o == c.implicit),
-            )
-        });
-        Ok(cells)
+            Ok(cells)
+        })
     }
 
     /// A page of the stored signals of an agent or a session, newest first (by time, then id),
     /// at most `page_size` ([`DEFAULT_PAGE`] when 0, at most [`MAX_PAGE`]), after the page
     /// `page_token` ended (empty: the first page); with `source`, of that source only.
-    pub async fn list_signals(
-        &self,
-        scope: &Scope,
-        source: Option<&str>,
+    pub fn list_signals<'a>(
+        &'a self,
+        scope: &'a Scope,
+        source: Option<&'a str>,
         page_size: u32,
-        page_token: &str,
-    ) -> Result<SignalPage> {
-        let size = match page_size {
-            0 => DEFAULT_PAGE,
-            n => n.min(MAX_PAGE),
-        };
-        let after = match page_token {
-            "" => None,
-            t => Some(parse_token(t)?),
-        };
-        if let Some(s) = source
-            && s != "explicit"
-            && s != "implicit"
-        {
-            return Err(Error::InvalidArgument(
-                "source must be explicit or implicit".to_owned(),
-            ));
-        }
-        let db = self.store.conn();
-        let mut sql = Sql::new(
-            db.get_database_backend(),
-            "SELECT id, source, rule, request_id, action, edit_distance, received_at_ms, \
-             session_id, agent, env FROM signals WHERE ",
-        );
-        match scope {
-            Scope::Agent(agent) => sql.push("agent = ").bind(agent_name(agent)?),
-            Scope::Session(session) => {
-                session
-                    .parse::<SessionId>()
-                    .map_err(|e| Error::InvalidArgument(format!("session_id: {e}")))?;
-                sql.push("session_id = ").bind(session.clone())
+        page_token: &'a str,
+    ) -> crate::BoxFuture<'a, Result<SignalPage>> {
+        Box::pin(async move {
+            let size = match page_size {
+                0 => DEFAULT_PAGE,
+                n => n.min(MAX_PAGE),
+            };
+            let after = match page_token {
+                "" => None,
+                t => Some(parse_token(t)?),
+            };
+            if let Some(s) = source
+                && s != "explicit"
+                && s != "implicit"
+            {
+                return Err(Error::InvalidArgument(
+                    "source must be explicit or implicit".to_owned(),
+                ));
             }
-        };
-        if let Some(s) = source {
-            sql.push(" AND source = ").bind(s.to_owned());
-        }
-        if let Some((at, id)) = after {
-            sql.push(" AND (received_at_ms < ")
-                .bind(at)
-                .push(" OR (received_at_ms = ")
-                .bind(at)
-                .push(" AND id < ")
-                .bind(id)
-                .push("))");
-        }
-        sql.push(" ORDER BY received_at_ms DESC, id DESC LIMIT ")
-            .bind(i64::from(size) + 1);
-        let mut signals = Vec::new();
-        for row in db.query_all_raw(sql.build()).await? {
-            let distance: Option<i64> = row.try_get("", "edit_distance")?;
-            signals.push(StoredSignal {
-                id: row.try_get("", "id")?,
-                source: row.try_get("", "source")?,
-                rule: row.try_get("", "rule")?,
-                request_id: row.try_get("", "request_id")?,
-                action: row.try_get("", "action")?,
-                edit_distance: distance.and_then(|d| u64::try_from(d).ok()),
-                received_at_ms: row.try_get("", "received_at_ms")?,
-                session_id: row.try_get("", "session_id")?,
-                agent: row.try_get("", "agent")?,
-                env: row.try_get("", "env")?,
-            });
-        }
-        let more = signals.len() > size as usize;
-        signals.truncate(size as usize);
-        let next_page_token = more
-            .then(|| {
-                signals
-                    .last()
-                    .map(|s| format!("{}:{}", s.received_at_ms, s.id))
+            let db = self.store.conn();
+            let mut sql = Sql::new(
+                db.get_database_backend(),
+                "SELECT id, source, rule, request_id, action, edit_distance, received_at_ms, \
+             session_id, agent, env FROM signals WHERE ",
+            );
+            match scope {
+                Scope::Agent(agent) => sql.push("agent = ").bind(agent_name(agent)?),
+                Scope::Session(session) => {
+                    session
+                        .parse::<SessionId>()
+                        .map_err(|e| Error::InvalidArgument(format!("session_id: {e}")))?;
+                    sql.push("session_id = ").bind(session.clone())
+                }
+            };
+            if let Some(s) = source {
+                sql.push(" AND source = ").bind(s.to_owned());
+            }
+            if let Some((at, id)) = after {
+                sql.push(" AND (received_at_ms < ")
+                    .bind(at)
+                    .push(" OR (received_at_ms = ")
+                    .bind(at)
+                    .push(" AND id < ")
+                    .bind(id)
+                    .push("))");
+            }
+            sql.push(" ORDER BY received_at_ms DESC, id DESC LIMIT ")
+                .bind(i64::from(size) + 1);
+            let mut signals = Vec::new();
+            for row in db.query_all_raw(sql.build()).await? {
+                let distance: Option<i64> = row.try_get("", "edit_distance")?;
+                signals.push(StoredSignal {
+                    id: row.try_get("", "id")?,
+                    source: row.try_get("", "source")?,
+                    rule: row.try_get("", "rule")?,
+                    request_id: row.try_get("", "request_id")?,
+                    action: row.try_get("", "action")?,
+                    edit_distance: distance.and_then(|d| u64::try_from(d).ok()),
+                    received_at_ms: row.try_get("", "received_at_ms")?,
+                    session_id: row.try_get("", "session_id")?,
+                    agent: row.try_get("", "agent")?,
+                    env: row.try_get("", "env")?,
+                });
+            }
+            let more = signals.len() > size as usize;
+            signals.truncate(size as usize);
+            let next_page_token = more
+                .then(|| {
+                    signals
+                        .last()
+                        .map(|s| format!("{}:{}", s.received_at_ms, s.id))
+                })
+                .flatten();
+            Ok(SignalPage {
+                signals,
+                next_page_token,
             })
-            .flatten();
-        Ok(SignalPage {
-            signals,
-            next_page_token,
         })
     }
 }

@@ -211,164 +211,181 @@ impl Alerts {
     }
 
     /// Registers a webhook for `kinds` (all when empty); audited as `webhook.add`.
-    pub async fn add(
-        &self,
-        actor: &str,
-        url: &str,
-        kinds: &[Kind],
+    pub fn add<'a>(
+        &'a self,
+        actor: &'a str,
+        url: &'a str,
+        kinds: &'a [Kind],
         format: Format,
-        description: &str,
-    ) -> Result<AddedWebhook> {
-        check_url(url)?;
-        if description.chars().count() > 1000 || description.chars().any(char::is_control) {
-            return Err(Error::InvalidArgument(
-                "description: at most 1000 characters, no control characters".into(),
-            ));
-        }
-        let kinds: Vec<Kind> = if kinds.is_empty() {
-            Kind::ALL.to_vec()
-        } else {
-            let mut k = kinds.to_vec();
-            k.sort_by_key(|k| k.as_str());
-            k.dedup();
-            k
-        };
-        let mut secret_bytes = [0u8; 32];
-        rand::rng().fill_bytes(&mut secret_bytes);
-        let secret = format!("whsec_{}", hex(&secret_bytes));
-        let now = now_ms();
-        let webhook = Webhook {
-            id: format!("whk_{}", uuid::Uuid::now_v7().simple()),
-            url: url.to_owned(),
-            kinds,
-            format,
-            description: description.to_owned(),
-            created_at_ms: now,
-        };
-        let txn = self.store.begin_write().await?;
-        let existing = first_count(
-            &txn,
-            Sql::new(
+        description: &'a str,
+    ) -> crate::BoxFuture<'a, Result<AddedWebhook>> {
+        Box::pin(async move {
+            check_url(url)?;
+            if description.chars().count() > 1000 || description.chars().any(char::is_control) {
+                return Err(Error::InvalidArgument(
+                    "description: at most 1000 characters, no control characters".into(),
+                ));
+            }
+            let kinds: Vec<Kind> = if kinds.is_empty() {
+                Kind::ALL.to_vec()
+            } else {
+                let mut k = kinds.to_vec();
+                k.sort_by_key(|k| k.as_str());
+                k.dedup();
+                k
+            };
+            let mut secret_bytes = [0u8; 32];
+            rand::rng().fill_bytes(&mut secret_bytes);
+            let secret = format!("whsec_{}", hex(&secret_bytes));
+            let now = now_ms();
+            let webhook = Webhook {
+                id: format!("whk_{}", uuid::Uuid::now_v7().simple()),
+                url: url.to_owned(),
+                kinds,
+                format,
+                description: description.to_owned(),
+                created_at_ms: now,
+            };
+            let txn = self.store.begin_write().await?;
+            let existing = first_count(
+                &txn,
+                Sql::new(
+                    txn.get_database_backend(),
+                    "SELECT COUNT(*) AS n FROM webhooks",
+                ),
+            )
+            .await?;
+            if existing >= MAX_WEBHOOKS {
+                return Err(Error::InvalidArgument(format!(
+                    "at most {MAX_WEBHOOKS} webhooks; remove one first"
+                )));
+            }
+            let mut sql = Sql::new(
                 txn.get_database_backend(),
-                "SELECT COUNT(*) AS n FROM webhooks",
-            ),
-        )
-        .await?;
-        if existing >= MAX_WEBHOOKS {
-            return Err(Error::InvalidArgument(format!(
-                "at most {MAX_WEBHOOKS} webhooks; remove one first"
-            )));
-        }
-        let mut sql = Sql::new(
-            txn.get_database_backend(),
-            "INSERT INTO webhooks (id, url, secret, kinds, format, description, created_at_ms) \
+                "INSERT INTO webhooks (id, url, secret, kinds, format, description, created_at_ms) \
              VALUES (",
-        );
-        sql.bind(webhook.id.as_str())
-            .push(", ")
-            .bind(url)
-            .push(", ")
-            .bind(secret.as_str())
-            .push(", ")
-            .bind(kinds_text(&webhook.kinds))
-            .push(", ")
-            .bind(format.as_str())
-            .push(", ")
-            .bind(description)
-            .push(", ")
-            .bind(now)
-            .push(")");
-        txn.execute_raw(sql.build()).await?;
-        audit::record(
-            &txn,
-            Change {
-                actor,
-                action: "webhook.add",
-                target: &webhook.id,
-                before: None,
-                after: Some(webhook_json(&webhook)),
-            },
-            now,
-        )
-        .await?;
-        txn.commit().await?;
-        info!(webhook = %webhook.id, kinds = %kinds_text(&webhook.kinds), "webhook added");
-        Ok(AddedWebhook { webhook, secret })
+            );
+            sql.bind(webhook.id.as_str())
+                .push(", ")
+                .bind(url)
+                .push(", ")
+                .bind(secret.as_str())
+                .push(", ")
+                .bind(kinds_text(&webhook.kinds))
+                .push(", ")
+                .bind(format.as_str())
+                .push(", ")
+                .bind(description)
+                .push(", ")
+                .bind(now)
+                .push(")");
+            txn.execute_raw(sql.build()).await?;
+            audit::record(
+                &txn,
+                Change {
+                    actor,
+                    action: "webhook.add",
+                    target: &webhook.id,
+                    before: None,
+                    after: Some(webhook_json(&webhook)),
+                },
+                now,
+            )
+            .await?;
+            txn.commit().await?;
+            info!(webhook = %webhook.id, kinds = %kinds_text(&webhook.kinds), "webhook added");
+            Ok(AddedWebhook { webhook, secret })
+        })
     }
 
     /// Every webhook, oldest first.
-    pub async fn list(&self) -> Result<Vec<Webhook>> {
-        let sql = Sql::new(
-            self.store.backend(),
-            "SELECT id, url, kinds, format, description, created_at_ms FROM webhooks \
+    pub fn list(&self) -> crate::BoxFuture<'_, Result<Vec<Webhook>>> {
+        Box::pin(async move {
+            let sql = Sql::new(
+                self.store.backend(),
+                "SELECT id, url, kinds, format, description, created_at_ms FROM webhooks \
              ORDER BY created_at_ms, id",
-        );
-        self.store
-            .conn()
-            .query_all_raw(sql.build())
-            .await?
-            .iter()
-            .map(webhook_of)
-            .collect()
+            );
+            self.store
+                .conn()
+                .query_all_raw(sql.build())
+                .await?
+                .iter()
+                .map(webhook_of)
+                .collect()
+        })
     }
 
     /// Removes a webhook and its pending deliveries; audited as `webhook.remove`.
-    pub async fn remove(&self, actor: &str, id: &str) -> Result<Webhook> {
-        let now = now_ms();
-        let txn = self.store.begin_write().await?;
-        let backend = txn.get_database_backend();
-        let mut find = Sql::new(
-            backend,
-            "SELECT id, url, kinds, format, description, created_at_ms FROM webhooks WHERE id = ",
-        );
-        find.bind(id);
-        let webhook = match txn.query_one_raw(find.build()).await? {
-            Some(row) => webhook_of(&row)?,
-            None => return Err(Error::NotFound(format!("no webhook with id {id:?}"))),
-        };
-        for table in ["alert_deliveries", "webhooks"] {
-            let col = if table == "webhooks" {
-                "id"
-            } else {
-                "webhook_id"
+    pub fn remove<'a>(
+        &'a self,
+        actor: &'a str,
+        id: &'a str,
+    ) -> crate::BoxFuture<'a, Result<Webhook>> {
+        Box::pin(async move {
+            let now = now_ms();
+            let txn = self.store.begin_write().await?;
+            let backend = txn.get_database_backend();
+            let mut find = Sql::new(
+                backend,
+                "SELECT id, url, kinds, format, description, created_at_ms FROM webhooks WHERE id = ",
+            );
+            find.bind(id);
+            let webhook = match txn.query_one_raw(find.build()).await? {
+                Some(row) => webhook_of(&row)?,
+                None => return Err(Error::NotFound(format!("no webhook with id {id:?}"))),
             };
-            let mut sql = Sql::new(backend, &format!("DELETE FROM {table} WHERE {col} = "));
-            sql.bind(id);
-            txn.execute_raw(sql.build()).await?;
-        }
-        audit::record(
-            &txn,
-            Change {
-                actor,
-                action: "webhook.remove",
-                target: id,
-                before: Some(webhook_json(&webhook)),
-                after: None,
-            },
-            now,
-        )
-        .await?;
-        txn.commit().await?;
-        info!(webhook = %id, "webhook removed");
-        Ok(webhook)
+            for table in ["alert_deliveries", "webhooks"] {
+                let col = if table == "webhooks" {
+                    "id"
+                } else {
+                    "webhook_id"
+                };
+                let mut sql = Sql::new(backend, &format!("DELETE FROM {table} WHERE {col} = "));
+                sql.bind(id);
+                txn.execute_raw(sql.build()).await?;
+            }
+            audit::record(
+                &txn,
+                Change {
+                    actor,
+                    action: "webhook.remove",
+                    target: id,
+                    before: Some(webhook_json(&webhook)),
+                    after: None,
+                },
+                now,
+            )
+            .await?;
+            txn.commit().await?;
+            info!(webhook = %id, "webhook removed");
+            Ok(webhook)
+        })
     }
 
     /// Stores an event for every webhook of its kind, once per `dedupe` key; returns its id, or
     /// `None` when the same event was emitted before.
-    pub async fn emit(&self, kind: Kind, dedupe: &str, data: Value) -> Result<Option<String>> {
-        self.emit_to(kind, dedupe, data, None).await
+    pub fn emit<'a>(
+        &'a self,
+        kind: Kind,
+        dedupe: &'a str,
+        data: Value,
+    ) -> crate::BoxFuture<'a, Result<Option<String>>> {
+        Box::pin(async move { self.emit_to(kind, dedupe, data, None).await })
     }
 
     /// Sends a test event to one webhook (whatever kinds it subscribed to).
-    pub async fn test(&self, webhook: &str) -> Result<String> {
-        if !self.list().await?.iter().any(|w| w.id == webhook) {
-            return Err(Error::NotFound(format!("no webhook with id {webhook:?}")));
-        }
-        let id = uuid::Uuid::now_v7().simple().to_string();
-        let data = json!({ "message": "a test event from nm-gateway" });
-        self.emit_to(Kind::Test, &format!("test:{id}"), data, Some(webhook))
-            .await?
-            .ok_or_else(|| Error::Unavailable("the test event was not stored".into()))
+    pub fn test<'a>(&'a self, webhook: &'a str) -> crate::BoxFuture<'a, Result<String>> {
+        Box::pin(async move {
+            if !self.list().await?.iter().any(|w| w.id == webhook) {
+                return Err(Error::NotFound(format!("no webhook with id {webhook:?}")));
+            }
+            let id = uuid::Uuid::now_v7().simple().to_string();
+            let data = json!({ "message": "a test event from nm-gateway" });
+            self.emit_to(Kind::Test, &format!("test:{id}"), data, Some(webhook))
+                .await?
+                .ok_or_else(|| Error::Unavailable("the test event was not stored".into()))
+        })
     }
 
     async fn emit_to(
@@ -434,78 +451,86 @@ impl Alerts {
     }
 
     /// Deliveries, newest event first: every webhook's, or one's.
-    pub async fn deliveries(&self, webhook: Option<&str>, limit: u64) -> Result<Vec<Delivery>> {
-        let mut sql = Sql::new(
-            self.store.backend(),
-            "SELECT d.event_id, d.webhook_id, e.kind, e.at_ms, d.state, d.attempts, \
+    pub fn deliveries<'a>(
+        &'a self,
+        webhook: Option<&'a str>,
+        limit: u64,
+    ) -> crate::BoxFuture<'a, Result<Vec<Delivery>>> {
+        Box::pin(async move {
+            let mut sql = Sql::new(
+                self.store.backend(),
+                "SELECT d.event_id, d.webhook_id, e.kind, e.at_ms, d.state, d.attempts, \
              d.last_status, d.last_error, d.next_at_ms, d.updated_at_ms \
              FROM alert_deliveries d JOIN alert_events e ON e.id = d.event_id",
-        );
-        if let Some(w) = webhook {
-            sql.push(" WHERE d.webhook_id = ").bind(w);
-        }
-        sql.push(" ORDER BY e.at_ms DESC, d.event_id DESC LIMIT ")
-            .bind(i64::try_from(limit.clamp(1, 1000)).unwrap_or(1000));
-        self.store
-            .conn()
-            .query_all_raw(sql.build())
-            .await?
-            .iter()
-            .map(|r| {
-                Ok(Delivery {
-                    event_id: r.try_get("", "event_id")?,
-                    webhook_id: r.try_get("", "webhook_id")?,
-                    kind: r.try_get("", "kind")?,
-                    event_at_ms: r.try_get("", "at_ms")?,
-                    state: r.try_get("", "state")?,
-                    attempts: count(r, "attempts")?,
-                    last_status: r
-                        .try_get::<Option<i64>>("", "last_status")?
-                        .and_then(|s| u16::try_from(s).ok()),
-                    last_error: r.try_get("", "last_error")?,
-                    next_at_ms: r.try_get("", "next_at_ms")?,
-                    updated_at_ms: r.try_get("", "updated_at_ms")?,
+            );
+            if let Some(w) = webhook {
+                sql.push(" WHERE d.webhook_id = ").bind(w);
+            }
+            sql.push(" ORDER BY e.at_ms DESC, d.event_id DESC LIMIT ")
+                .bind(i64::try_from(limit.clamp(1, 1000)).unwrap_or(1000));
+            self.store
+                .conn()
+                .query_all_raw(sql.build())
+                .await?
+                .iter()
+                .map(|r| {
+                    Ok(Delivery {
+                        event_id: r.try_get("", "event_id")?,
+                        webhook_id: r.try_get("", "webhook_id")?,
+                        kind: r.try_get("", "kind")?,
+                        event_at_ms: r.try_get("", "at_ms")?,
+                        state: r.try_get("", "state")?,
+                        attempts: count(r, "attempts")?,
+                        last_status: r
+                            .try_get::<Option<i64>>("", "last_status")?
+                            .and_then(|s| u16::try_from(s).ok()),
+                        last_error: r.try_get("", "last_error")?,
+                        next_at_ms: r.try_get("", "next_at_ms")?,
+                        updated_at_ms: r.try_get("", "updated_at_ms")?,
+                    })
                 })
-            })
-            .collect()
+                .collect()
+        })
     }
 
     /// Announces keys that expire within 7 days, and again within a day (one event each).
-    pub async fn check_key_expiry(&self, now: i64) -> Result<usize> {
-        let mut sql = Sql::new(
-            self.store.backend(),
-            "SELECT id, name, expires_at_ms FROM api_keys WHERE revoked_at_ms IS NULL \
+    pub fn check_key_expiry(&self, now: i64) -> crate::BoxFuture<'_, Result<usize>> {
+        Box::pin(async move {
+            let mut sql = Sql::new(
+                self.store.backend(),
+                "SELECT id, name, expires_at_ms FROM api_keys WHERE revoked_at_ms IS NULL \
              AND expires_at_ms IS NOT NULL AND expires_at_ms > ",
-        );
-        sql.bind(now)
-            .push(" AND expires_at_ms <= ")
-            .bind(now + EXPIRY_NOTICES[0].1);
-        let rows = self.store.conn().query_all_raw(sql.build()).await?;
-        let mut sent = 0;
-        for row in rows {
-            let id: String = row.try_get("", "id")?;
-            let name: String = row.try_get("", "name")?;
-            let at: i64 = row.try_get("", "expires_at_ms")?;
-            // The closest notice that applies (a key made to expire in an hour gets "1d" only).
-            let Some((notice, _)) = EXPIRY_NOTICES
-                .iter()
-                .rev()
-                .find(|(_, within)| at - now <= *within)
-            else {
-                continue;
-            };
-            let data = json!({
-                "key_id": id,
-                "key_name": name,
-                "expires_at": rfc3339(at),
-                "message": format!("key {name} ({id}) expires at {} (within {notice})", rfc3339(at)),
-            });
-            let dedupe = format!("key_expiry:{id}:{at}:{notice}");
-            if self.emit(Kind::KeyExpiry, &dedupe, data).await?.is_some() {
-                sent += 1;
+            );
+            sql.bind(now)
+                .push(" AND expires_at_ms <= ")
+                .bind(now + EXPIRY_NOTICES[0].1);
+            let rows = self.store.conn().query_all_raw(sql.build()).await?;
+            let mut sent = 0;
+            for row in rows {
+                let id: String = row.try_get("", "id")?;
+                let name: String = row.try_get("", "name")?;
+                let at: i64 = row.try_get("", "expires_at_ms")?;
+                // The closest notice that applies (a key made to expire in an hour gets "1d" only).
+                let Some((notice, _)) = EXPIRY_NOTICES
+                    .iter()
+                    .rev()
+                    .find(|(_, within)| at - now <= *within)
+                else {
+                    continue;
+                };
+                let data = json!({
+                    "key_id": id,
+                    "key_name": name,
+                    "expires_at": rfc3339(at),
+                    "message": format!("key {name} ({id}) expires at {} (within {notice})", rfc3339(at)),
+                });
+                let dedupe = format!("key_expiry:{id}:{at}:{notice}");
+                if self.emit(Kind::KeyExpiry, &dedupe, data).await?.is_some() {
+                    sent += 1;
+                }
             }
-        }
-        Ok(sent)
+            Ok(sent)
+        })
     }
 
     /// Sends due deliveries until `shutdown`, and looks for expiring keys every
@@ -550,91 +575,98 @@ impl Alerts {
     }
 
     /// One pass: claims up to [`BATCH`] due deliveries and sends them, one at a time.
-    pub async fn deliver_due(&self, sender: &dyn Sender, retry: Duration) -> Result<usize> {
-        let now = now_ms();
-        let mut sql = Sql::new(
-            self.store.backend(),
-            "SELECT d.event_id, d.webhook_id, d.attempts, d.next_at_ms, e.kind, e.at_ms, e.data, \
+    pub fn deliver_due<'a>(
+        &'a self,
+        sender: &'a dyn Sender,
+        retry: Duration,
+    ) -> crate::BoxFuture<'a, Result<usize>> {
+        Box::pin(async move {
+            let now = now_ms();
+            let mut sql = Sql::new(
+                self.store.backend(),
+                "SELECT d.event_id, d.webhook_id, d.attempts, d.next_at_ms, e.kind, e.at_ms, e.data, \
              w.url, w.secret, w.format FROM alert_deliveries d \
              JOIN alert_events e ON e.id = d.event_id JOIN webhooks w ON w.id = d.webhook_id \
              WHERE d.state = 'pending' AND d.next_at_ms <= ",
-        );
-        sql.bind(now)
-            .push(" ORDER BY d.next_at_ms LIMIT ")
-            .bind(BATCH as i64);
-        let due = self.store.conn().query_all_raw(sql.build()).await?;
-        let n = due.len();
-        for row in due {
-            let event_id: String = row.try_get("", "event_id")?;
-            let webhook_id: String = row.try_get("", "webhook_id")?;
-            let next_at: i64 = row.try_get("", "next_at_ms")?;
-            if !self.claim(&event_id, &webhook_id, next_at, now).await? {
-                continue; // another replica's
-            }
-            let attempts = count(&row, "attempts")? + 1;
-            let event_at: i64 = row.try_get("", "at_ms")?;
-            let kind: String = row.try_get("", "kind")?;
-            let data: String = row.try_get("", "data")?;
-            let url: String = row.try_get("", "url")?;
-            let secret: String = row.try_get("", "secret")?;
-            let format = Format::parse(&row.try_get::<String>("", "format")?);
-            let data: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
-            let body = body(format, &event_id, &kind, event_at, &data);
-            let t = now_ms() / 1000;
-            let post = Post {
-                url,
-                headers: vec![
-                    ("content-type", "application/json".to_owned()),
-                    ("nm-event-id", event_id.clone()),
-                    ("nm-signature", signature(&secret, t, &body)),
-                ],
-                body,
-            };
-            let sent = sender.post(post).await;
-            let after = now_ms();
-            let (state, status, error, next) = match sent {
-                Ok(s) if (200..300).contains(&s) => ("delivered", Some(s), None, None),
-                other => {
-                    let (status, error) = match other {
-                        Ok(s) => (Some(s), format!("the receiver answered {s}")),
-                        Err(e) => (None, e),
-                    };
-                    let delay = retry_delay(retry, attempts);
-                    let next = after + delay.as_millis() as i64;
-                    if next - event_at > GIVE_UP_AFTER.as_millis() as i64 {
-                        ("failed", status, Some(error), None)
-                    } else {
-                        ("pending", status, Some(error), Some(next))
-                    }
+            );
+            sql.bind(now)
+                .push(" ORDER BY d.next_at_ms LIMIT ")
+                .bind(BATCH as i64);
+            let due = self.store.conn().query_all_raw(sql.build()).await?;
+            let n = due.len();
+            for row in due {
+                let event_id: String = row.try_get("", "event_id")?;
+                let webhook_id: String = row.try_get("", "webhook_id")?;
+                let next_at: i64 = row.try_get("", "next_at_ms")?;
+                if !self.claim(&event_id, &webhook_id, next_at, now).await? {
+                    continue; // another replica's
                 }
-            };
-            if let Some(observe) = self.observer.get() {
-                observe(if state == "pending" { "retried" } else { state });
+                let attempts = count(&row, "attempts")? + 1;
+                let event_at: i64 = row.try_get("", "at_ms")?;
+                let kind: String = row.try_get("", "kind")?;
+                let data: String = row.try_get("", "data")?;
+                let url: String = row.try_get("", "url")?;
+                let secret: String = row.try_get("", "secret")?;
+                let format = Format::parse(&row.try_get::<String>("", "format")?);
+                let data: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
+                let body = body(format, &event_id, &kind, event_at, &data);
+                let t = now_ms() / 1000;
+                let post = Post {
+                    url,
+                    headers: vec![
+                        ("content-type", "application/json".to_owned()),
+                        ("nm-event-id", event_id.clone()),
+                        ("nm-signature", signature(&secret, t, &body)),
+                    ],
+                    body,
+                };
+                let sent = sender.post(post).await;
+                let after = now_ms();
+                let (state, status, error, next) = match sent {
+                    Ok(s) if (200..300).contains(&s) => ("delivered", Some(s), None, None),
+                    other => {
+                        let (status, error) = match other {
+                            Ok(s) => (Some(s), format!("the receiver answered {s}")),
+                            Err(e) => (None, e),
+                        };
+                        let delay = retry_delay(retry, attempts);
+                        let next = after + delay.as_millis() as i64;
+                        if next - event_at > GIVE_UP_AFTER.as_millis() as i64 {
+                            ("failed", status, Some(error), None)
+                        } else {
+                            ("pending", status, Some(error), Some(next))
+                        }
+                    }
+                };
+                if let Some(observe) = self.observer.get() {
+                    observe(if state == "pending" { "retried" } else { state });
+                }
+                if state == "failed" {
+                    warn!(event = %event_id, webhook = %webhook_id, attempts, error = error.as_deref().unwrap_or(""), "alert delivery failed for good");
+                }
+                let mut sql =
+                    Sql::new(self.store.backend(), "UPDATE alert_deliveries SET state = ");
+                sql.bind(state)
+                    .push(", attempts = ")
+                    .bind(attempts as i64)
+                    .push(", last_status = ")
+                    .bind(status.map(i64::from))
+                    .push(", last_error = ")
+                    .bind(error)
+                    .push(", next_at_ms = ")
+                    .bind(next)
+                    .push(", updated_at_ms = ")
+                    .bind(after)
+                    .push(" WHERE event_id = ")
+                    .bind(event_id.as_str())
+                    .push(" AND webhook_id = ")
+                    .bind(webhook_id.as_str());
+                let txn = self.store.begin_write().await?;
+                txn.execute_raw(sql.build()).await?;
+                txn.commit().await?;
             }
-            if state == "failed" {
-                warn!(event = %event_id, webhook = %webhook_id, attempts, error = error.as_deref().unwrap_or(""), "alert delivery failed for good");
-            }
-            let mut sql = Sql::new(self.store.backend(), "UPDATE alert_deliveries SET state = ");
-            sql.bind(state)
-                .push(", attempts = ")
-                .bind(attempts as i64)
-                .push(", last_status = ")
-                .bind(status.map(i64::from))
-                .push(", last_error = ")
-                .bind(error)
-                .push(", next_at_ms = ")
-                .bind(next)
-                .push(", updated_at_ms = ")
-                .bind(after)
-                .push(" WHERE event_id = ")
-                .bind(event_id.as_str())
-                .push(" AND webhook_id = ")
-                .bind(webhook_id.as_str());
-            let txn = self.store.begin_write().await?;
-            txn.execute_raw(sql.build()).await?;
-            txn.commit().await?;
-        }
-        Ok(n)
+            Ok(n)
+        })
     }
 
     /// Takes a due delivery for [`CLAIM`]: true when this worker got it.

@@ -81,41 +81,43 @@ impl Audit {
         Self { store }
     }
 
-    pub async fn list(&self, q: &AuditQuery) -> Result<AuditPage> {
-        let size = match q.page_size {
-            0 => DEFAULT_PAGE,
-            n => n.min(MAX_PAGE),
-        };
-        let mut find = audit_event::Entity::find()
-            .order_by_asc(audit_event::Column::AtMs)
-            .order_by_asc(audit_event::Column::Id);
-        if let Some(since) = q.since_ms {
-            find = find.filter(audit_event::Column::AtMs.gte(since));
-        }
-        if let Some(until) = q.until_ms {
-            find = find.filter(audit_event::Column::AtMs.lt(until));
-        }
-        if let Some(token) = q.page_token.as_deref().filter(|t| !t.is_empty()) {
-            let (at, id) = parse_token(token)?;
-            find = find.filter(
-                sea_orm::Condition::any()
-                    .add(audit_event::Column::AtMs.gt(at))
-                    .add(
-                        sea_orm::Condition::all()
-                            .add(audit_event::Column::AtMs.eq(at))
-                            .add(audit_event::Column::Id.gt(id)),
-                    ),
-            );
-        }
-        let mut events = find.limit(size + 1).all(self.store.conn()).await?;
-        let more = events.len() as u64 > size;
-        events.truncate(usize::try_from(size).unwrap_or(usize::MAX));
-        let next_page_token = more
-            .then(|| events.last().map(|e| format!("{}:{}", e.at_ms, e.id)))
-            .flatten();
-        Ok(AuditPage {
-            events,
-            next_page_token,
+    pub fn list<'a>(&'a self, q: &'a AuditQuery) -> crate::BoxFuture<'a, Result<AuditPage>> {
+        Box::pin(async move {
+            let size = match q.page_size {
+                0 => DEFAULT_PAGE,
+                n => n.min(MAX_PAGE),
+            };
+            let mut find = audit_event::Entity::find()
+                .order_by_asc(audit_event::Column::AtMs)
+                .order_by_asc(audit_event::Column::Id);
+            if let Some(since) = q.since_ms {
+                find = find.filter(audit_event::Column::AtMs.gte(since));
+            }
+            if let Some(until) = q.until_ms {
+                find = find.filter(audit_event::Column::AtMs.lt(until));
+            }
+            if let Some(token) = q.page_token.as_deref().filter(|t| !t.is_empty()) {
+                let (at, id) = parse_token(token)?;
+                find = find.filter(
+                    sea_orm::Condition::any()
+                        .add(audit_event::Column::AtMs.gt(at))
+                        .add(
+                            sea_orm::Condition::all()
+                                .add(audit_event::Column::AtMs.eq(at))
+                                .add(audit_event::Column::Id.gt(id)),
+                        ),
+                );
+            }
+            let mut events = find.limit(size + 1).all(self.store.conn()).await?;
+            let more = events.len() as u64 > size;
+            events.truncate(usize::try_from(size).unwrap_or(usize::MAX));
+            let next_page_token = more
+                .then(|| events.last().map(|e| format!("{}:{}", e.at_ms, e.id)))
+                .flatten();
+            Ok(AuditPage {
+                events,
+                next_page_token,
+            })
         })
     }
 }

@@ -205,61 +205,63 @@ pub struct Budgets {
 
 impl Budgets {
     /// Loads the rules, the current month's (and week's) spend, and the labels' keys.
-    pub async fn load(store: Store, now_ms: i64) -> Result<Self> {
-        let day = day_of(now_ms);
-        let week = week_of_day(day);
-        let month = month_of_day(day);
-        let mut rules = BTreeMap::new();
-        for row in budget::Entity::find().all(store.conn()).await? {
-            let b = from_row(row)?;
-            rules.insert(b.subject.clone(), b);
-        }
-        let mut spend: HashMap<Scope, Spend> = HashMap::new();
-        let from = first_day_of_month(month).min(first_day_of_week(week));
-        let rows = budget_spend::Entity::find()
-            .filter(budget_spend::Column::Day.gte(from))
-            .filter(budget_spend::Column::Day.lte(day))
-            .all(store.conn())
-            .await?;
-        for row in rows {
-            let Ok(kind) = row.scope_kind.parse::<ScopeKind>() else {
-                continue;
+    pub fn load(store: Store, now_ms: i64) -> crate::BoxFuture<'static, Result<Self>> {
+        Box::pin(async move {
+            let day = day_of(now_ms);
+            let week = week_of_day(day);
+            let month = month_of_day(day);
+            let mut rules = BTreeMap::new();
+            for row in budget::Entity::find().all(store.conn()).await? {
+                let b = from_row(row)?;
+                rules.insert(b.subject.clone(), b);
+            }
+            let mut spend: HashMap<Scope, Spend> = HashMap::new();
+            let from = first_day_of_month(month).min(first_day_of_week(week));
+            let rows = budget_spend::Entity::find()
+                .filter(budget_spend::Column::Day.gte(from))
+                .filter(budget_spend::Column::Day.lte(day))
+                .all(store.conn())
+                .await?;
+            for row in rows {
+                let Ok(kind) = row.scope_kind.parse::<ScopeKind>() else {
+                    continue;
+                };
+                let s = spend.entry(Scope::new(kind, row.scope_value)).or_default();
+                let micros = u64::try_from(row.cost_micros).unwrap_or(0);
+                let tokens = u64::try_from(row.tokens).unwrap_or(0);
+                if month_of_day(row.day) == month {
+                    s.month_micros = s.month_micros.saturating_add(micros);
+                    s.month_tokens = s.month_tokens.saturating_add(tokens);
+                }
+                if week_of_day(row.day) == week {
+                    s.week_micros = s.week_micros.saturating_add(micros);
+                    s.week_tokens = s.week_tokens.saturating_add(tokens);
+                }
+                if row.day == day {
+                    s.day_micros = s.day_micros.saturating_add(micros);
+                    s.day_tokens = s.day_tokens.saturating_add(tokens);
+                }
+            }
+            let (feed, _) = broadcast::channel(FEED_BUFFER);
+            let budgets = Self {
+                store,
+                state: Arc::new(Mutex::new(State {
+                    epoch: rand::random::<u64>() | 1,
+                    seq: 0,
+                    day,
+                    week,
+                    month,
+                    rules,
+                    spend,
+                    label_keys: BTreeMap::new(),
+                    key_labels: HashMap::new(),
+                    holders: HashMap::new(),
+                })),
+                feed,
             };
-            let s = spend.entry(Scope::new(kind, row.scope_value)).or_default();
-            let micros = u64::try_from(row.cost_micros).unwrap_or(0);
-            let tokens = u64::try_from(row.tokens).unwrap_or(0);
-            if month_of_day(row.day) == month {
-                s.month_micros = s.month_micros.saturating_add(micros);
-                s.month_tokens = s.month_tokens.saturating_add(tokens);
-            }
-            if week_of_day(row.day) == week {
-                s.week_micros = s.week_micros.saturating_add(micros);
-                s.week_tokens = s.week_tokens.saturating_add(tokens);
-            }
-            if row.day == day {
-                s.day_micros = s.day_micros.saturating_add(micros);
-                s.day_tokens = s.day_tokens.saturating_add(tokens);
-            }
-        }
-        let (feed, _) = broadcast::channel(FEED_BUFFER);
-        let budgets = Self {
-            store,
-            state: Arc::new(Mutex::new(State {
-                epoch: rand::random::<u64>() | 1,
-                seq: 0,
-                day,
-                week,
-                month,
-                rules,
-                spend,
-                label_keys: BTreeMap::new(),
-                key_labels: HashMap::new(),
-                holders: HashMap::new(),
-            })),
-            feed,
-        };
-        budgets.refresh_labels().await?;
-        Ok(budgets)
+            budgets.refresh_labels().await?;
+            Ok(budgets)
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -269,144 +271,154 @@ impl Budgets {
 
     /// Reads which keys hold the labels budgets name; when that changed, watchers get a full
     /// state. Called at start, when budgets change, and every few seconds (key labels change).
-    pub async fn refresh_labels(&self) -> Result<()> {
-        let wanted: HashSet<String> = self
-            .lock()
-            .rules
-            .keys()
-            .filter_map(|s| match s {
-                Subject::Scope(Scope {
-                    kind: ScopeKind::Label,
-                    value,
-                }) => Some(value.clone()),
-                _ => None,
-            })
-            .collect();
-        let mut label_keys: BTreeMap<String, Vec<String>> =
-            wanted.iter().map(|l| (l.clone(), Vec::new())).collect();
-        if !wanted.is_empty() {
-            let keys = api_key::Entity::find()
-                .filter(api_key::Column::LabelsJson.is_not_null())
-                .all(self.store.conn())
-                .await?;
-            for k in keys {
-                for (name, value) in crate::keys::parse_labels(k.labels_json.as_deref()) {
-                    let label = format!("{name}={value}");
-                    if let Some(ids) = label_keys.get_mut(&label)
-                        && !ids.contains(&k.id)
-                    {
-                        ids.push(k.id.clone());
+    pub fn refresh_labels(&self) -> crate::BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            let wanted: HashSet<String> = self
+                .lock()
+                .rules
+                .keys()
+                .filter_map(|s| match s {
+                    Subject::Scope(Scope {
+                        kind: ScopeKind::Label,
+                        value,
+                    }) => Some(value.clone()),
+                    _ => None,
+                })
+                .collect();
+            let mut label_keys: BTreeMap<String, Vec<String>> =
+                wanted.iter().map(|l| (l.clone(), Vec::new())).collect();
+            if !wanted.is_empty() {
+                let keys = api_key::Entity::find()
+                    .filter(api_key::Column::LabelsJson.is_not_null())
+                    .all(self.store.conn())
+                    .await?;
+                for k in keys {
+                    for (name, value) in crate::keys::parse_labels(k.labels_json.as_deref()) {
+                        let label = format!("{name}={value}");
+                        if let Some(ids) = label_keys.get_mut(&label)
+                            && !ids.contains(&k.id)
+                        {
+                            ids.push(k.id.clone());
+                        }
                     }
                 }
             }
-        }
-        let mut st = self.lock();
-        if st.label_keys == label_keys {
-            return Ok(());
-        }
-        let mut key_labels: HashMap<String, Vec<String>> = HashMap::new();
-        for (label, keys) in &label_keys {
-            for k in keys {
-                key_labels.entry(k.clone()).or_default().push(label.clone());
+            let mut st = self.lock();
+            if st.label_keys == label_keys {
+                return Ok(());
             }
-        }
-        st.label_keys = label_keys;
-        st.key_labels = key_labels;
-        let labels: Vec<String> = st.label_keys.keys().cloned().collect();
-        st.spend.retain(|s, _| s.kind != ScopeKind::Label);
-        for label in labels {
-            let total = st.label_spend(&label);
-            st.spend.insert(Scope::new(ScopeKind::Label, label), total);
-        }
-        drop(st);
-        let _ = self.feed.send(FeedEvent::Reset);
-        Ok(())
+            let mut key_labels: HashMap<String, Vec<String>> = HashMap::new();
+            for (label, keys) in &label_keys {
+                for k in keys {
+                    key_labels.entry(k.clone()).or_default().push(label.clone());
+                }
+            }
+            st.label_keys = label_keys;
+            st.key_labels = key_labels;
+            let labels: Vec<String> = st.label_keys.keys().cloned().collect();
+            st.spend.retain(|s, _| s.kind != ScopeKind::Label);
+            for label in labels {
+                let total = st.label_spend(&label);
+                st.spend.insert(Scope::new(ScopeKind::Label, label), total);
+            }
+            drop(st);
+            let _ = self.feed.send(FeedEvent::Reset);
+            Ok(())
+        })
     }
 
     /// Creates or replaces a budget.
-    pub async fn set(
-        &self,
-        actor: &str,
+    pub fn set<'a>(
+        &'a self,
+        actor: &'a str,
         subject: Subject,
         rule: BudgetRule,
         now_ms: i64,
-    ) -> Result<StoredBudget> {
-        rule.validate()
-            .map_err(|why| Error::InvalidArgument(why.to_owned()))?;
-        check_subject(&subject)?;
-        let stored = StoredBudget {
-            subject: subject.clone(),
-            rule,
-            updated_at_ms: now_ms,
-        };
-        let target = subject.to_stored();
-        let row = budget::ActiveModel {
-            subject: Set(target.clone()),
-            limit_micros: Set(rule.limit_micros.and_then(|l| i64::try_from(l).ok())),
-            period: Set(rule.period.as_str().to_owned()),
-            requests_per_minute: Set(rule
-                .requests_per_minute
-                .map(|r| i32::try_from(r).unwrap_or(i32::MAX))),
-            updated_at_ms: Set(now_ms),
-            limit_tokens: Set(rule.limit_tokens.and_then(|l| i64::try_from(l).ok())),
-            tokens_per_minute: Set(rule.tokens_per_minute.and_then(|l| i64::try_from(l).ok())),
-        };
-        let txn = self.store.begin_write().await?;
-        let before = budget::Entity::find_by_id(target.clone()).one(&txn).await?;
-        budget::Entity::insert(row)
-            .on_conflict(
-                OnConflict::column(budget::Column::Subject)
-                    .update_columns([
-                        budget::Column::LimitMicros,
-                        budget::Column::Period,
-                        budget::Column::RequestsPerMinute,
-                        budget::Column::UpdatedAtMs,
-                        budget::Column::LimitTokens,
-                        budget::Column::TokensPerMinute,
-                    ])
-                    .to_owned(),
-            )
-            .exec_without_returning(&txn)
-            .await?;
-        let change = crate::audit::Change {
-            actor,
-            action: "budget.set",
-            target: &format!("budget:{target}"),
-            before: before.as_ref().map(budget_audit_json),
-            after: Some(stored_audit_json(&stored)),
-        };
-        crate::audit::record(&txn, change, now_ms).await?;
-        txn.commit().await?;
-        self.lock().rules.insert(subject, stored.clone());
-        let _ = self.feed.send(FeedEvent::Reset);
-        self.refresh_labels().await?;
-        Ok(stored)
+    ) -> crate::BoxFuture<'a, Result<StoredBudget>> {
+        Box::pin(async move {
+            rule.validate()
+                .map_err(|why| Error::InvalidArgument(why.to_owned()))?;
+            check_subject(&subject)?;
+            let stored = StoredBudget {
+                subject: subject.clone(),
+                rule,
+                updated_at_ms: now_ms,
+            };
+            let target = subject.to_stored();
+            let row = budget::ActiveModel {
+                subject: Set(target.clone()),
+                limit_micros: Set(rule.limit_micros.and_then(|l| i64::try_from(l).ok())),
+                period: Set(rule.period.as_str().to_owned()),
+                requests_per_minute: Set(rule
+                    .requests_per_minute
+                    .map(|r| i32::try_from(r).unwrap_or(i32::MAX))),
+                updated_at_ms: Set(now_ms),
+                limit_tokens: Set(rule.limit_tokens.and_then(|l| i64::try_from(l).ok())),
+                tokens_per_minute: Set(rule.tokens_per_minute.and_then(|l| i64::try_from(l).ok())),
+            };
+            let txn = self.store.begin_write().await?;
+            let before = budget::Entity::find_by_id(target.clone()).one(&txn).await?;
+            budget::Entity::insert(row)
+                .on_conflict(
+                    OnConflict::column(budget::Column::Subject)
+                        .update_columns([
+                            budget::Column::LimitMicros,
+                            budget::Column::Period,
+                            budget::Column::RequestsPerMinute,
+                            budget::Column::UpdatedAtMs,
+                            budget::Column::LimitTokens,
+                            budget::Column::TokensPerMinute,
+                        ])
+                        .to_owned(),
+                )
+                .exec_without_returning(&txn)
+                .await?;
+            let change = crate::audit::Change {
+                actor,
+                action: "budget.set",
+                target: &format!("budget:{target}"),
+                before: before.as_ref().map(budget_audit_json),
+                after: Some(stored_audit_json(&stored)),
+            };
+            crate::audit::record(&txn, change, now_ms).await?;
+            txn.commit().await?;
+            self.lock().rules.insert(subject, stored.clone());
+            let _ = self.feed.send(FeedEvent::Reset);
+            self.refresh_labels().await?;
+            Ok(stored)
+        })
     }
 
     /// Removes a budget; false when there was none.
-    pub async fn delete(&self, actor: &str, subject: &Subject) -> Result<bool> {
-        check_subject(subject)?;
-        let target = subject.to_stored();
-        let txn = self.store.begin_write().await?;
-        let before = budget::Entity::find_by_id(target.clone()).one(&txn).await?;
-        let res = budget::Entity::delete_by_id(target.clone())
-            .exec(&txn)
-            .await?;
-        if let Some(before) = &before {
-            let change = crate::audit::Change {
-                actor,
-                action: "budget.delete",
-                target: &format!("budget:{target}"),
-                before: Some(budget_audit_json(before)),
-                after: None,
-            };
-            crate::audit::record(&txn, change, crate::now_ms()).await?;
-        }
-        txn.commit().await?;
-        self.lock().rules.remove(subject);
-        let _ = self.feed.send(FeedEvent::Reset);
-        self.refresh_labels().await?;
-        Ok(res.rows_affected > 0)
+    pub fn delete<'a>(
+        &'a self,
+        actor: &'a str,
+        subject: &'a Subject,
+    ) -> crate::BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            check_subject(subject)?;
+            let target = subject.to_stored();
+            let txn = self.store.begin_write().await?;
+            let before = budget::Entity::find_by_id(target.clone()).one(&txn).await?;
+            let res = budget::Entity::delete_by_id(target.clone())
+                .exec(&txn)
+                .await?;
+            if let Some(before) = &before {
+                let change = crate::audit::Change {
+                    actor,
+                    action: "budget.delete",
+                    target: &format!("budget:{target}"),
+                    before: Some(budget_audit_json(before)),
+                    after: None,
+                };
+                crate::audit::record(&txn, change, crate::now_ms()).await?;
+            }
+            txn.commit().await?;
+            self.lock().rules.remove(subject);
+            let _ = self.feed.send(FeedEvent::Reset);
+            self.refresh_labels().await?;
+            Ok(res.rows_affected > 0)
+        })
     }
 
     /// Every budget: the defaults first, then by scope.

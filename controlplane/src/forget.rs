@@ -54,11 +54,13 @@ impl Users {
     }
 
     /// The token of `user`: the same for the same user, not reversible without the secret.
-    pub async fn token(&self, user: &str) -> Result<String> {
-        let secret = self.secret().await?;
-        let mac = nm_types::hmac_sha256(secret.as_bytes(), user.as_bytes());
-        let hex: String = mac[..16].iter().map(|b| format!("{b:02x}")).collect();
-        Ok(format!("fgt_{hex}"))
+    pub fn token<'a>(&'a self, user: &'a str) -> crate::BoxFuture<'a, Result<String>> {
+        Box::pin(async move {
+            let secret = self.secret().await?;
+            let mac = nm_types::hmac_sha256(secret.as_bytes(), user.as_bytes());
+            let hex: String = mac[..16].iter().map(|b| format!("{b:02x}")).collect();
+            Ok(format!("fgt_{hex}"))
+        })
     }
 
     /// The secret, made at first use.
@@ -102,86 +104,92 @@ impl Users {
 
     /// Replaces `user` by its token everywhere (see the module's comment). `actor`: the admin
     /// key's id, for the audit row.
-    pub async fn forget(&self, actor: &str, user: &str) -> Result<Forgotten> {
-        let user =
-            nm_types::parse_user(user).map_err(|e| Error::InvalidArgument(format!("user: {e}")))?;
-        let token = self.token(&user).await?;
-        if token == user {
-            return Ok(Forgotten {
-                token,
-                ..Default::default()
-            });
-        }
-        let sqlite = self.store.backend() == DatabaseBackend::Sqlite;
-        let txn = self.store.begin_write().await?;
-        if sqlite {
-            txn.execute_unprepared("PRAGMA secure_delete = ON").await?;
-        }
-        let backend = txn.get_database_backend();
-        let mut out = Forgotten {
-            token: token.clone(),
-            ..Default::default()
-        };
-        let rename = |table: &str| {
-            let mut sql = Sql::new(backend, &format!("UPDATE {table} SET user_id = "));
-            sql.bind(token.clone())
-                .push(" WHERE user_id = ")
-                .bind(user.clone());
-            sql.build()
-        };
-        out.records = txn.execute_raw(rename("requests")).await?.rows_affected();
-        out.rows += out.records;
-        for table in ["sessions", "signals", "session_rollups"] {
-            out.rows += txn.execute_raw(rename(table)).await?.rows_affected();
-        }
-        out.rows += merge_usage_rollups(&txn, &user, &token).await?;
-        let (rows, budgets) = crate::budgets::forget_user(&txn, &user, &token).await?;
-        out.rows += rows;
-        out.budgets = budgets;
-        // Free text that may name the user: as a JSON string, or as a budget subject.
-        let quoted = |v: &str| serde_json::Value::String(v.to_owned()).to_string();
-        let names = [
-            (quoted(&user), quoted(&token)),
-            (format!("user:{user}"), format!("user:{token}")),
-        ];
-        for (table, column) in [
-            ("signals", "custom_label"),
-            ("audit_events", "target"),
-            ("audit_events", "before_json"),
-            ("audit_events", "after_json"),
-            ("alert_events", "data"),
-            ("alert_events", "dedupe"),
-        ] {
-            for (from, to) in &names {
-                out.rows += txn
-                    .execute_raw(replace(backend, table, column, from, to))
-                    .await?
-                    .rows_affected();
+    pub fn forget<'a>(
+        &'a self,
+        actor: &'a str,
+        user: &'a str,
+    ) -> crate::BoxFuture<'a, Result<Forgotten>> {
+        Box::pin(async move {
+            let user = nm_types::parse_user(user)
+                .map_err(|e| Error::InvalidArgument(format!("user: {e}")))?;
+            let token = self.token(&user).await?;
+            if token == user {
+                return Ok(Forgotten {
+                    token,
+                    ..Default::default()
+                });
             }
-        }
-        if out.rows > 0 {
-            let change = crate::audit::Change {
-                actor,
-                action: "user.forget",
-                target: &format!("user:{token}"),
-                before: None,
-                after: Some(
-                    json!({"rows": out.rows, "records": out.records, "budgets": out.budgets}),
-                ),
+            let sqlite = self.store.backend() == DatabaseBackend::Sqlite;
+            let txn = self.store.begin_write().await?;
+            if sqlite {
+                txn.execute_unprepared("PRAGMA secure_delete = ON").await?;
+            }
+            let backend = txn.get_database_backend();
+            let mut out = Forgotten {
+                token: token.clone(),
+                ..Default::default()
             };
-            crate::audit::record(&txn, change, crate::now_ms()).await?;
-        }
-        if sqlite {
-            txn.execute_unprepared("PRAGMA secure_delete = OFF").await?;
-        }
-        txn.commit().await?;
-        if out.rows == 0 {
-            return Ok(out);
-        }
-        self.budgets.forget_user_in_memory(&user);
-        self.wipe_old_versions().await;
-        tracing::info!(rows = out.rows, token = %token, "end user forgotten");
-        Ok(out)
+            let rename = |table: &str| {
+                let mut sql = Sql::new(backend, &format!("UPDATE {table} SET user_id = "));
+                sql.bind(token.clone())
+                    .push(" WHERE user_id = ")
+                    .bind(user.clone());
+                sql.build()
+            };
+            out.records = txn.execute_raw(rename("requests")).await?.rows_affected();
+            out.rows += out.records;
+            for table in ["sessions", "signals", "session_rollups"] {
+                out.rows += txn.execute_raw(rename(table)).await?.rows_affected();
+            }
+            out.rows += merge_usage_rollups(&txn, &user, &token).await?;
+            let (rows, budgets) = crate::budgets::forget_user(&txn, &user, &token).await?;
+            out.rows += rows;
+            out.budgets = budgets;
+            // Free text that may name the user: as a JSON string, or as a budget subject.
+            let quoted = |v: &str| serde_json::Value::String(v.to_owned()).to_string();
+            let names = [
+                (quoted(&user), quoted(&token)),
+                (format!("user:{user}"), format!("user:{token}")),
+            ];
+            for (table, column) in [
+                ("signals", "custom_label"),
+                ("audit_events", "target"),
+                ("audit_events", "before_json"),
+                ("audit_events", "after_json"),
+                ("alert_events", "data"),
+                ("alert_events", "dedupe"),
+            ] {
+                for (from, to) in &names {
+                    out.rows += txn
+                        .execute_raw(replace(backend, table, column, from, to))
+                        .await?
+                        .rows_affected();
+                }
+            }
+            if out.rows > 0 {
+                let change = crate::audit::Change {
+                    actor,
+                    action: "user.forget",
+                    target: &format!("user:{token}"),
+                    before: None,
+                    after: Some(
+                        json!({"rows": out.rows, "records": out.records, "budgets": out.budgets}),
+                    ),
+                };
+                crate::audit::record(&txn, change, crate::now_ms()).await?;
+            }
+            if sqlite {
+                txn.execute_unprepared("PRAGMA secure_delete = OFF").await?;
+            }
+            txn.commit().await?;
+            if out.rows == 0 {
+                return Ok(out);
+            }
+            self.budgets.forget_user_in_memory(&user);
+            self.wipe_old_versions().await;
+            tracing::info!(rows = out.rows, token = %token, "end user forgotten");
+            Ok(out)
+        })
     }
 
     /// The old versions of the changed rows: SQLite's write-ahead log checkpointed into the

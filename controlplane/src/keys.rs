@@ -147,14 +147,16 @@ pub struct Keys {
 
 impl Keys {
     /// Loads the current key set from the database.
-    pub async fn load(store: Store) -> Result<Self> {
-        let keys = Self {
-            store,
-            cache: KeyCache::new(),
-            last_used: Arc::default(),
-        };
-        keys.refresh().await?;
-        Ok(keys)
+    pub fn load(store: Store) -> crate::BoxFuture<'static, Result<Self>> {
+        Box::pin(async move {
+            let keys = Self {
+                store,
+                cache: KeyCache::new(),
+                last_used: Arc::default(),
+            };
+            keys.refresh().await?;
+            Ok(keys)
+        })
     }
 
     pub fn cache(&self) -> &KeyCache {
@@ -277,39 +279,41 @@ impl Keys {
     }
 
     /// Re-reads the unrevoked keys from the database.
-    pub async fn refresh(&self) -> Result<()> {
-        let rows = api_key::Entity::find()
-            .filter(api_key::Column::RevokedAtMs.is_null())
-            .all(self.store.conn())
-            .await?;
-        let mut keys = HashMap::with_capacity(rows.len());
-        for row in rows {
-            let Some(hash) = decode_hash(&row.hash_hex) else {
-                warn!(key.id = %row.id, "stored key hash is not 64 hex digits; key ignored");
-                continue;
-            };
-            let info = match key_info(&row) {
-                Ok(info) => info,
-                Err(e) => {
-                    warn!(key.id = %row.id, error = %e, "stored key role or scope unreadable; key ignored");
+    pub fn refresh(&self) -> crate::BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            let rows = api_key::Entity::find()
+                .filter(api_key::Column::RevokedAtMs.is_null())
+                .all(self.store.conn())
+                .await?;
+            let mut keys = HashMap::with_capacity(rows.len());
+            for row in rows {
+                let Some(hash) = decode_hash(&row.hash_hex) else {
+                    warn!(key.id = %row.id, "stored key hash is not 64 hex digits; key ignored");
                     continue;
+                };
+                let info = match key_info(&row) {
+                    Ok(info) => info,
+                    Err(e) => {
+                        warn!(key.id = %row.id, error = %e, "stored key role or scope unreadable; key ignored");
+                        continue;
+                    }
+                };
+                if let Some(previous) = row.previous_hash_hex.as_deref().and_then(decode_hash) {
+                    let until = row.previous_valid_until_ms.unwrap_or(0);
+                    let expires = Some(info.expires_at_ms.map_or(until, |e| e.min(until)));
+                    keys.insert(
+                        previous,
+                        KeyInfo {
+                            expires_at_ms: expires,
+                            ..info.clone()
+                        },
+                    );
                 }
-            };
-            if let Some(previous) = row.previous_hash_hex.as_deref().and_then(decode_hash) {
-                let until = row.previous_valid_until_ms.unwrap_or(0);
-                let expires = Some(info.expires_at_ms.map_or(until, |e| e.min(until)));
-                keys.insert(
-                    previous,
-                    KeyInfo {
-                        expires_at_ms: expires,
-                        ..info.clone()
-                    },
-                );
+                keys.insert(hash, info);
             }
-            keys.insert(hash, info);
-        }
-        self.cache.replace(keys);
-        Ok(())
+            self.cache.replace(keys);
+            Ok(())
+        })
     }
 
     /// Re-reads the key set every `period` until the task is dropped, and writes the keys'
@@ -337,13 +341,19 @@ impl Keys {
 
     /// Creates a key with a fresh random secret, by `actor` (the acting key's id).
     #[tracing::instrument(skip_all, fields(key.id = tracing::field::Empty))]
-    pub async fn create(&self, actor: &str, new: NewKey) -> Result<CreatedKey> {
-        let new = validate_new(new, crate::now_ms())?;
-        let secret = generate_secret();
-        let created = self.insert(actor, new, &secret).await?;
-        tracing::Span::current().record("key.id", created.key.id.as_str());
-        info!(key.id = %created.key.id, role = %created.key.role, "key created");
-        Ok(created)
+    pub fn create<'a>(
+        &'a self,
+        actor: &'a str,
+        new: NewKey,
+    ) -> crate::BoxFuture<'a, Result<CreatedKey>> {
+        Box::pin(async move {
+            let new = validate_new(new, crate::now_ms())?;
+            let secret = generate_secret();
+            let created = self.insert(actor, new, &secret).await?;
+            tracing::Span::current().record("key.id", created.key.id.as_str());
+            info!(key.id = %created.key.id, role = %created.key.role, "key created");
+            Ok(created)
+        })
     }
 
     async fn insert(&self, actor: &str, new: NewKey, secret: &str) -> Result<CreatedKey> {
@@ -386,19 +396,21 @@ impl Keys {
 
     /// All keys (unrevoked only unless `include_revoked`), newest first, with their last use
     /// (including what this replica noted and has not written yet).
-    pub async fn list(&self, include_revoked: bool) -> Result<Vec<api_key::Model>> {
-        let mut q = api_key::Entity::find().order_by_desc(api_key::Column::CreatedAtMs);
-        if !include_revoked {
-            q = q.filter(api_key::Column::RevokedAtMs.is_null());
-        }
-        let mut keys = q.all(self.store.conn()).await?;
-        let pending = self.pending_last_used();
-        for k in &mut keys {
-            if let Some(at) = pending.get(&k.id) {
-                k.last_used_at_ms = Some(k.last_used_at_ms.map_or(*at, |t| t.max(*at)));
+    pub fn list(&self, include_revoked: bool) -> crate::BoxFuture<'_, Result<Vec<api_key::Model>>> {
+        Box::pin(async move {
+            let mut q = api_key::Entity::find().order_by_desc(api_key::Column::CreatedAtMs);
+            if !include_revoked {
+                q = q.filter(api_key::Column::RevokedAtMs.is_null());
             }
-        }
-        Ok(keys)
+            let mut keys = q.all(self.store.conn()).await?;
+            let pending = self.pending_last_used();
+            for k in &mut keys {
+                if let Some(at) = pending.get(&k.id) {
+                    k.last_used_at_ms = Some(k.last_used_at_ms.map_or(*at, |t| t.max(*at)));
+                }
+            }
+            Ok(keys)
+        })
     }
 
     /// Reads a key in a write transaction, applies `f` to it and stores it with its audit row.
@@ -436,91 +448,112 @@ impl Keys {
 
     /// Revokes a key. Revoking twice keeps the first revocation time.
     #[tracing::instrument(skip(self, actor))]
-    pub async fn revoke(&self, actor: &str, id: &str) -> Result<api_key::Model> {
-        let updated = self
-            .change(actor, id, "key.revoke", |found, active, now| {
-                if found.revoked_at_ms.is_some() {
-                    return Ok(false);
-                }
-                active.revoked_at_ms = Set(Some(now));
-                Ok(true)
-            })
-            .await?;
-        info!(key.id = %id, "key revoked");
-        Ok(updated)
+    pub fn revoke<'a>(
+        &'a self,
+        actor: &'a str,
+        id: &'a str,
+    ) -> crate::BoxFuture<'a, Result<api_key::Model>> {
+        Box::pin(async move {
+            let updated = self
+                .change(actor, id, "key.revoke", |found, active, now| {
+                    if found.revoked_at_ms.is_some() {
+                        return Ok(false);
+                    }
+                    active.revoked_at_ms = Set(Some(now));
+                    Ok(true)
+                })
+                .await?;
+            info!(key.id = %id, "key revoked");
+            Ok(updated)
+        })
     }
 
     /// Gives a key a new secret; the one it replaces stays valid for `grace` (0: not at all).
     /// Id, role, scope, labels and history stay. A secret replaced by an earlier rotation is
     /// dropped at once (a key has at most two valid secrets).
     #[tracing::instrument(skip(self, actor))]
-    pub async fn rotate(&self, actor: &str, id: &str, grace: Duration) -> Result<CreatedKey> {
-        if grace > MAX_GRACE {
-            return Err(Error::InvalidArgument(format!(
-                "grace: at most {} days",
-                MAX_GRACE.as_secs() / 86_400
-            )));
-        }
-        let secret = generate_secret();
-        let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
-        let key = self
-            .change(actor, id, "key.rotate", |found, active, now| {
-                if found.revoked_at_ms.is_some() {
-                    return Err(Error::InvalidArgument(
-                        "a revoked key cannot be rotated".to_owned(),
-                    ));
-                }
-                let keep = grace_ms > 0;
-                active.previous_hash_hex = Set(keep.then(|| found.hash_hex.clone()));
-                active.previous_valid_until_ms = Set(keep.then(|| now.saturating_add(grace_ms)));
-                active.hash_hex = Set(encode_hash(&hash_key(&secret)));
-                active.display_prefix = Set(display_prefix(&secret));
-                active.rotated_at_ms = Set(Some(now));
-                Ok(true)
-            })
-            .await?;
-        info!(key.id = %id, grace_secs = grace.as_secs(), "key rotated");
-        Ok(CreatedKey { key, secret })
+    pub fn rotate<'a>(
+        &'a self,
+        actor: &'a str,
+        id: &'a str,
+        grace: Duration,
+    ) -> crate::BoxFuture<'a, Result<CreatedKey>> {
+        Box::pin(async move {
+            if grace > MAX_GRACE {
+                return Err(Error::InvalidArgument(format!(
+                    "grace: at most {} days",
+                    MAX_GRACE.as_secs() / 86_400
+                )));
+            }
+            let secret = generate_secret();
+            let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
+            let key = self
+                .change(actor, id, "key.rotate", |found, active, now| {
+                    if found.revoked_at_ms.is_some() {
+                        return Err(Error::InvalidArgument(
+                            "a revoked key cannot be rotated".to_owned(),
+                        ));
+                    }
+                    let keep = grace_ms > 0;
+                    active.previous_hash_hex = Set(keep.then(|| found.hash_hex.clone()));
+                    active.previous_valid_until_ms =
+                        Set(keep.then(|| now.saturating_add(grace_ms)));
+                    active.hash_hex = Set(encode_hash(&hash_key(&secret)));
+                    active.display_prefix = Set(display_prefix(&secret));
+                    active.rotated_at_ms = Set(Some(now));
+                    Ok(true)
+                })
+                .await?;
+            info!(key.id = %id, grace_secs = grace.as_secs(), "key rotated");
+            Ok(CreatedKey { key, secret })
+        })
     }
 
     /// Changes a key's role, scope, labels or expiry.
     #[tracing::instrument(skip_all, fields(key.id = %id))]
-    pub async fn update(&self, actor: &str, id: &str, c: KeyChange) -> Result<api_key::Model> {
-        let scope = c.scope.map(normalized_scope).transpose()?;
-        let labels = c.labels.map(validated_labels).transpose()?;
-        let updated = self
-            .change(actor, id, "key.update", |found, active, now| {
-                if found.revoked_at_ms.is_some() {
-                    return Err(Error::InvalidArgument(
-                        "a revoked key cannot be changed".to_owned(),
-                    ));
-                }
-                let role = match c.role {
-                    Some(r) => r,
-                    None => parse_role(&found.role)?,
-                };
-                let scope = match scope {
-                    Some(s) => s,
-                    None => parse_scope(found.scope_json.as_deref())?,
-                };
-                check_role_scope(role, &scope)?;
-                if let Some(Some(at)) = c.expires_at_ms {
-                    check_expiry(at, now)?;
-                }
-                active.role = Set(role.as_str().to_owned());
-                active.admin = Set(role == Role::Admin);
-                active.scope_json = Set(scope_json(&scope));
-                if let Some(labels) = &labels {
-                    active.labels_json = Set(labels_json(labels));
-                }
-                if let Some(expiry) = c.expires_at_ms {
-                    active.expires_at_ms = Set(expiry);
-                }
-                Ok(true)
-            })
-            .await?;
-        info!(key.id = %id, "key changed");
-        Ok(updated)
+    pub fn update<'a>(
+        &'a self,
+        actor: &'a str,
+        id: &'a str,
+        c: KeyChange,
+    ) -> crate::BoxFuture<'a, Result<api_key::Model>> {
+        Box::pin(async move {
+            let scope = c.scope.map(normalized_scope).transpose()?;
+            let labels = c.labels.map(validated_labels).transpose()?;
+            let updated = self
+                .change(actor, id, "key.update", |found, active, now| {
+                    if found.revoked_at_ms.is_some() {
+                        return Err(Error::InvalidArgument(
+                            "a revoked key cannot be changed".to_owned(),
+                        ));
+                    }
+                    let role = match c.role {
+                        Some(r) => r,
+                        None => parse_role(&found.role)?,
+                    };
+                    let scope = match scope {
+                        Some(s) => s,
+                        None => parse_scope(found.scope_json.as_deref())?,
+                    };
+                    check_role_scope(role, &scope)?;
+                    if let Some(Some(at)) = c.expires_at_ms {
+                        check_expiry(at, now)?;
+                    }
+                    active.role = Set(role.as_str().to_owned());
+                    active.admin = Set(role == Role::Admin);
+                    active.scope_json = Set(scope_json(&scope));
+                    if let Some(labels) = &labels {
+                        active.labels_json = Set(labels_json(labels));
+                    }
+                    if let Some(expiry) = c.expires_at_ms {
+                        active.expires_at_ms = Set(expiry);
+                    }
+                    Ok(true)
+                })
+                .await?;
+            info!(key.id = %id, "key changed");
+            Ok(updated)
+        })
     }
 
     /// Makes sure an admin key exists at start.
@@ -528,54 +561,59 @@ impl Keys {
     /// With `bootstrap` set, that secret is an admin key (created if missing; a bootstrap key that
     /// an admin revoked stays revoked). Without it, a database with no keys at all gets one
     /// generated admin key, returned here so the caller can print it once.
-    pub async fn ensure_admin(&self, bootstrap: Option<&str>) -> Result<Option<CreatedKey>> {
-        let admin = |name: &str| NewKey {
-            name: name.to_owned(),
-            role: Role::Admin,
-            ..NewKey::default()
-        };
-        if let Some(secret) = bootstrap {
-            if secret.len() < MIN_BOOTSTRAP_KEY_LEN
-                || secret.chars().any(|c| c.is_control() || c.is_whitespace())
-            {
-                return Err(Error::Config(format!(
-                    "NM_BOOTSTRAP_KEY must be at least {MIN_BOOTSTRAP_KEY_LEN} characters without spaces"
-                )));
+    pub fn ensure_admin<'a>(
+        &'a self,
+        bootstrap: Option<&'a str>,
+    ) -> crate::BoxFuture<'a, Result<Option<CreatedKey>>> {
+        Box::pin(async move {
+            let admin = |name: &str| NewKey {
+                name: name.to_owned(),
+                role: Role::Admin,
+                ..NewKey::default()
+            };
+            if let Some(secret) = bootstrap {
+                if secret.len() < MIN_BOOTSTRAP_KEY_LEN
+                    || secret.chars().any(|c| c.is_control() || c.is_whitespace())
+                {
+                    return Err(Error::Config(format!(
+                        "NM_BOOTSTRAP_KEY must be at least {MIN_BOOTSTRAP_KEY_LEN} characters without spaces"
+                    )));
+                }
+                let existing = api_key::Entity::find()
+                    .filter(api_key::Column::HashHex.eq(encode_hash(&hash_key(secret))))
+                    .one(self.store.conn())
+                    .await?;
+                match existing {
+                    Some(k) if k.revoked_at_ms.is_some() => {
+                        warn!(key.id = %k.id, "NM_BOOTSTRAP_KEY names a revoked key; it stays revoked");
+                    }
+                    Some(k) if k.role != Role::Admin.as_str() => {
+                        warn!(key.id = %k.id, "NM_BOOTSTRAP_KEY names an existing non-admin key; left as it is");
+                    }
+                    Some(_) => {}
+                    None => {
+                        let created = self
+                            .insert(SYSTEM_ACTOR, admin(BOOTSTRAP_KEY_NAME), secret)
+                            .await?;
+                        info!(key.id = %created.key.id, "bootstrap admin key created from NM_BOOTSTRAP_KEY");
+                    }
+                }
+                return Ok(None);
             }
-            let existing = api_key::Entity::find()
-                .filter(api_key::Column::HashHex.eq(encode_hash(&hash_key(secret))))
-                .one(self.store.conn())
+            let any = api_key::Entity::find().one(self.store.conn()).await?;
+            if any.is_some() {
+                return Ok(None);
+            }
+            let created = self
+                .insert(
+                    SYSTEM_ACTOR,
+                    admin(GENERATED_ADMIN_KEY_NAME),
+                    &generate_secret(),
+                )
                 .await?;
-            match existing {
-                Some(k) if k.revoked_at_ms.is_some() => {
-                    warn!(key.id = %k.id, "NM_BOOTSTRAP_KEY names a revoked key; it stays revoked");
-                }
-                Some(k) if k.role != Role::Admin.as_str() => {
-                    warn!(key.id = %k.id, "NM_BOOTSTRAP_KEY names an existing non-admin key; left as it is");
-                }
-                Some(_) => {}
-                None => {
-                    let created = self
-                        .insert(SYSTEM_ACTOR, admin(BOOTSTRAP_KEY_NAME), secret)
-                        .await?;
-                    info!(key.id = %created.key.id, "bootstrap admin key created from NM_BOOTSTRAP_KEY");
-                }
-            }
-            return Ok(None);
-        }
-        let any = api_key::Entity::find().one(self.store.conn()).await?;
-        if any.is_some() {
-            return Ok(None);
-        }
-        let created = self
-            .insert(
-                SYSTEM_ACTOR,
-                admin(GENERATED_ADMIN_KEY_NAME),
-                &generate_secret(),
-            )
-            .await?;
-        info!(key.id = %created.key.id, "fresh database: generated the first admin key");
-        Ok(Some(created))
+            info!(key.id = %created.key.id, "fresh database: generated the first admin key");
+            Ok(Some(created))
+        })
     }
 }
 

@@ -69,6 +69,13 @@ pub use records::{IngestOutcome, Records, RequestRecord, Usage, UsageStatus};
 pub use signals::{Signals, Stored};
 pub use store::Store;
 
+/// What the public operations the root crate awaits return (admin calls, reports, start-up; never
+/// a request's path): a boxed future. An `async fn`'s state machine is compiled in every crate
+/// that polls it, so the root crate compiled these bodies, and the sea-orm and sqlx code under
+/// them, a second time; behind a `dyn Future` they are compiled once, here (bench/HISTORY.md,
+/// "Session 26").
+pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
 /// Wall-clock time as Unix milliseconds, the unit every stored time uses.
 pub fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()

@@ -215,155 +215,170 @@ impl Signals {
     }
 
     /// Counts for one agent (or the unattributed bucket).
-    pub async fn agent_counts(&self, f: &SignalFilter) -> Result<AgentCounts> {
-        let db = self.store.conn();
-        let mut sql = Sql::new(db.get_database_backend(), "SELECT COUNT(*) AS total");
-        for a in Action::ALL {
-            // Constant action names from our own enum: no user input enters the SQL text.
-            sql.push(&format!(
+    pub fn agent_counts<'a>(
+        &'a self,
+        f: &'a SignalFilter,
+    ) -> crate::BoxFuture<'a, Result<AgentCounts>> {
+        Box::pin(async move {
+            let db = self.store.conn();
+            let mut sql = Sql::new(db.get_database_backend(), "SELECT COUNT(*) AS total");
+            for a in Action::ALL {
+                // Constant action names from our own enum: no user input enters the SQL text.
+                sql.push(&format!(
                 ", CAST(COALESCE(SUM(CASE WHEN action = '{a}' THEN 1 ELSE 0 END), 0) AS BIGINT) AS {a}"
             ));
-        }
-        sql.push(" FROM signals WHERE ");
-        match &f.agent {
-            Some(agent) => sql.push("agent = ").bind(agent.clone()),
-            None => sql.push("agent IS NULL"),
-        };
-        push_range(&mut sql, "received_at_ms", f.env, f.since_ms, f.until_ms);
-        let row = db
-            .query_one_raw(sql.build())
-            .await?
-            .ok_or_else(|| Error::Unavailable("count query returned no row".to_owned()))?;
-        let mut by_action = ActionCounts::default();
-        for (i, a) in Action::ALL.iter().enumerate() {
-            by_action.0[i] = count(&row, a.as_str())?;
-        }
-        let total = count(&row, "total")?;
-        Ok(AgentCounts {
-            agent: f.agent.clone(),
-            total,
-            by_action,
-            threshold: RECOMMENDATION_THRESHOLD,
-            remaining: RECOMMENDATION_THRESHOLD.saturating_sub(total),
-            unlocked: total >= RECOMMENDATION_THRESHOLD,
-            progress: (total as f64 / RECOMMENDATION_THRESHOLD as f64).min(1.0),
+            }
+            sql.push(" FROM signals WHERE ");
+            match &f.agent {
+                Some(agent) => sql.push("agent = ").bind(agent.clone()),
+                None => sql.push("agent IS NULL"),
+            };
+            push_range(&mut sql, "received_at_ms", f.env, f.since_ms, f.until_ms);
+            let row = db
+                .query_one_raw(sql.build())
+                .await?
+                .ok_or_else(|| Error::Unavailable("count query returned no row".to_owned()))?;
+            let mut by_action = ActionCounts::default();
+            for (i, a) in Action::ALL.iter().enumerate() {
+                by_action.0[i] = count(&row, a.as_str())?;
+            }
+            let total = count(&row, "total")?;
+            Ok(AgentCounts {
+                agent: f.agent.clone(),
+                total,
+                by_action,
+                threshold: RECOMMENDATION_THRESHOLD,
+                remaining: RECOMMENDATION_THRESHOLD.saturating_sub(total),
+                unlocked: total >= RECOMMENDATION_THRESHOLD,
+                progress: (total as f64 / RECOMMENDATION_THRESHOLD as f64).min(1.0),
+            })
         })
     }
 
     /// Every agent with signals or sessions in the range, most signals first.
-    pub async fn list_agents(
+    pub fn list_agents(
         &self,
         env: Option<Env>,
         since_ms: Option<i64>,
         until_ms: Option<i64>,
-    ) -> Result<Vec<AgentSummary>> {
-        let db = self.store.conn();
-        let backend = db.get_database_backend();
-        let mut sql = Sql::new(
-            backend,
-            "SELECT agent, COUNT(*) AS signals, MAX(received_at_ms) AS last FROM signals WHERE 1 = 1",
-        );
-        push_range(&mut sql, "received_at_ms", env, since_ms, until_ms);
-        sql.push(" GROUP BY agent");
-        let signal_rows = db.query_all_raw(sql.build()).await?;
+    ) -> crate::BoxFuture<'_, Result<Vec<AgentSummary>>> {
+        Box::pin(async move {
+            let db = self.store.conn();
+            let backend = db.get_database_backend();
+            let mut sql = Sql::new(
+                backend,
+                "SELECT agent, COUNT(*) AS signals, MAX(received_at_ms) AS last FROM signals WHERE 1 = 1",
+            );
+            push_range(&mut sql, "received_at_ms", env, since_ms, until_ms);
+            sql.push(" GROUP BY agent");
+            let signal_rows = db.query_all_raw(sql.build()).await?;
 
-        let mut sql = Sql::new(
-            backend,
-            "SELECT agent, COUNT(*) AS sessions, CAST(COALESCE(SUM(request_count), 0) AS BIGINT) AS requests, MAX(last_seen_ms) AS last \
+            let mut sql = Sql::new(
+                backend,
+                "SELECT agent, COUNT(*) AS sessions, CAST(COALESCE(SUM(request_count), 0) AS BIGINT) AS requests, MAX(last_seen_ms) AS last \
              FROM sessions WHERE 1 = 1",
-        );
-        push_range(&mut sql, "last_seen_ms", env, since_ms, until_ms);
-        sql.push(" GROUP BY agent");
-        let session_rows = db.query_all_raw(sql.build()).await?;
+            );
+            push_range(&mut sql, "last_seen_ms", env, since_ms, until_ms);
+            sql.push(" GROUP BY agent");
+            let session_rows = db.query_all_raw(sql.build()).await?;
 
-        let mut by_agent: HashMap<Option<String>, AgentSummary> = HashMap::new();
-        for row in signal_rows {
-            let agent: Option<String> = row.try_get("", "agent")?;
-            let e = by_agent
-                .entry(agent.clone())
-                .or_insert_with(|| AgentSummary {
-                    agent,
-                    ..Default::default()
-                });
-            e.signals = count(&row, "signals")?;
-            e.last_activity_ms = e.last_activity_ms.max(row.try_get("", "last")?);
-        }
-        for row in session_rows {
-            let agent: Option<String> = row.try_get("", "agent")?;
-            let e = by_agent
-                .entry(agent.clone())
-                .or_insert_with(|| AgentSummary {
-                    agent,
-                    ..Default::default()
-                });
-            e.sessions = count(&row, "sessions")?;
-            e.requests = count(&row, "requests")?;
-            e.last_activity_ms = e.last_activity_ms.max(row.try_get("", "last")?);
-        }
-        let mut out: Vec<_> = by_agent.into_values().collect();
-        out.sort_by(|a, b| {
-            b.signals
-                .cmp(&a.signals)
-                .then_with(|| a.agent.cmp(&b.agent))
-        });
-        Ok(out)
+            let mut by_agent: HashMap<Option<String>, AgentSummary> = HashMap::new();
+            for row in signal_rows {
+                let agent: Option<String> = row.try_get("", "agent")?;
+                let e = by_agent
+                    .entry(agent.clone())
+                    .or_insert_with(|| AgentSummary {
+                        agent,
+                        ..Default::default()
+                    });
+                e.signals = count(&row, "signals")?;
+                e.last_activity_ms = e.last_activity_ms.max(row.try_get("", "last")?);
+            }
+            for row in session_rows {
+                let agent: Option<String> = row.try_get("", "agent")?;
+                let e = by_agent
+                    .entry(agent.clone())
+                    .or_insert_with(|| AgentSummary {
+                        agent,
+                        ..Default::default()
+                    });
+                e.sessions = count(&row, "sessions")?;
+                e.requests = count(&row, "requests")?;
+                e.last_activity_ms = e.last_activity_ms.max(row.try_get("", "last")?);
+            }
+            let mut out: Vec<_> = by_agent.into_values().collect();
+            out.sort_by(|a, b| {
+                b.signals
+                    .cmp(&a.signals)
+                    .then_with(|| a.agent.cmp(&b.agent))
+            });
+            Ok(out)
+        })
     }
 
     /// A session's record and its signals per action.
-    pub async fn session(&self, session_id: &str) -> Result<SessionDetail> {
-        session_id
-            .parse::<SessionId>()
-            .map_err(|e| Error::InvalidArgument(format!("session_id: {e}")))?;
-        let db = self.store.conn();
-        let session = session::Entity::find_by_id(session_id.to_owned())
-            .one(db)
-            .await?;
-        let mut sql = Sql::new(
-            db.get_database_backend(),
-            "SELECT action, COUNT(*) AS n FROM signals WHERE session_id = ",
-        );
-        sql.bind(session_id.to_owned()).push(" GROUP BY action");
-        let mut signals = ActionCounts::default();
-        for row in db.query_all_raw(sql.build()).await? {
-            let action: String = row.try_get("", "action")?;
-            if let Some(i) = Action::ALL.iter().position(|a| a.as_str() == action) {
-                signals.0[i] = count(&row, "n")?;
+    pub fn session<'a>(
+        &'a self,
+        session_id: &'a str,
+    ) -> crate::BoxFuture<'a, Result<SessionDetail>> {
+        Box::pin(async move {
+            session_id
+                .parse::<SessionId>()
+                .map_err(|e| Error::InvalidArgument(format!("session_id: {e}")))?;
+            let db = self.store.conn();
+            let session = session::Entity::find_by_id(session_id.to_owned())
+                .one(db)
+                .await?;
+            let mut sql = Sql::new(
+                db.get_database_backend(),
+                "SELECT action, COUNT(*) AS n FROM signals WHERE session_id = ",
+            );
+            sql.bind(session_id.to_owned()).push(" GROUP BY action");
+            let mut signals = ActionCounts::default();
+            for row in db.query_all_raw(sql.build()).await? {
+                let action: String = row.try_get("", "action")?;
+                if let Some(i) = Action::ALL.iter().position(|a| a.as_str() == action) {
+                    signals.0[i] = count(&row, "n")?;
+                }
             }
-        }
-        if session.is_none() && signals.total() == 0 {
-            return Err(Error::NotFound(format!("no session {session_id:?}")));
-        }
-        Ok(SessionDetail {
-            session,
-            session_id: session_id.to_owned(),
-            signals,
+            if session.is_none() && signals.total() == 0 {
+                return Err(Error::NotFound(format!("no session {session_id:?}")));
+            }
+            Ok(SessionDetail {
+                session,
+                session_id: session_id.to_owned(),
+                signals,
+            })
         })
     }
 
     /// The exported spans of `session_id`'s latest traced requests, newest first, at most
     /// `limit` (what a signal's span links to).
-    pub async fn session_spans(
-        &self,
-        session_id: &str,
+    pub fn session_spans<'a>(
+        &'a self,
+        session_id: &'a str,
         limit: u32,
-    ) -> Result<Vec<nm_types::record::TraceRef>> {
-        let db = self.store.conn();
-        let mut sql = Sql::new(
-            db.get_database_backend(),
-            "SELECT trace_id, span_id FROM requests WHERE trace_id IS NOT NULL AND session_id = ",
-        );
-        sql.bind(session_id.to_owned())
-            .push(" ORDER BY started_at_ms DESC LIMIT ")
-            .bind(i64::from(limit));
-        let mut spans = Vec::new();
-        for row in db.query_all_raw(sql.build()).await? {
-            let trace: String = row.try_get("", "trace_id")?;
-            let span: Option<String> = row.try_get("", "span_id")?;
-            if let Some(t) = span.and_then(|s| nm_types::record::TraceRef::from_hex(&trace, &s)) {
-                spans.push(t);
+    ) -> crate::BoxFuture<'a, Result<Vec<nm_types::record::TraceRef>>> {
+        Box::pin(async move {
+            let db = self.store.conn();
+            let mut sql = Sql::new(
+                db.get_database_backend(),
+                "SELECT trace_id, span_id FROM requests WHERE trace_id IS NOT NULL AND session_id = ",
+            );
+            sql.bind(session_id.to_owned())
+                .push(" ORDER BY started_at_ms DESC LIMIT ")
+                .bind(i64::from(limit));
+            let mut spans = Vec::new();
+            for row in db.query_all_raw(sql.build()).await? {
+                let trace: String = row.try_get("", "trace_id")?;
+                let span: Option<String> = row.try_get("", "span_id")?;
+                if let Some(t) = span.and_then(|s| nm_types::record::TraceRef::from_hex(&trace, &s))
+                {
+                    spans.push(t);
+                }
             }
-        }
-        Ok(spans)
+            Ok(spans)
+        })
     }
 }
 

@@ -249,13 +249,13 @@ impl UsageReports {
 
     /// Usage grouped by `dims` (none: one total row), largest cost first, at most `limit` rows.
     #[tracing::instrument(skip_all, fields(dims = ?dims, limit))]
-    pub async fn report(
-        &self,
-        dims: &[Dimension],
-        filter: &UsageFilter,
+    pub fn report<'a>(
+        &'a self,
+        dims: &'a [Dimension],
+        filter: &'a UsageFilter,
         limit: u32,
-    ) -> Result<UsageReport> {
-        self.report_with(dims, filter, limit, true).await
+    ) -> crate::BoxFuture<'a, Result<UsageReport>> {
+        Box::pin(async move { self.report_with(dims, filter, limit, true).await })
     }
 
     /// [`UsageReports::report`], reading the day totals (`usage_rollups`) for the whole days of

@@ -62,125 +62,127 @@ fn keys(ev: Evidence) -> String {
 }
 
 /// Each arm's counts, in the order of `arms` (arms with no data get zeros).
-pub async fn arm_counts(
-    store: &Store,
-    experiment: &str,
-    arms: &[String],
+pub fn arm_counts<'a>(
+    store: &'a Store,
+    experiment: &'a str,
+    arms: &'a [String],
     unit: Unit,
     ev: Evidence,
     th: Thresholds,
-) -> Result<Vec<ArmCounts>> {
-    let backend = store.backend();
-    let mut out: Vec<ArmCounts> = arms
-        .iter()
-        .map(|name| ArmCounts {
-            name: name.clone(),
-            ..ArmCounts::default()
-        })
-        .collect();
-    let slot = |out: &mut Vec<ArmCounts>, row: &QueryResult| -> Result<Option<usize>> {
-        let arm: Option<String> = row.try_get("", "arm")?;
-        Ok(arm.and_then(|a| out.iter().position(|c| c.name == a)))
-    };
+) -> crate::BoxFuture<'a, Result<Vec<ArmCounts>>> {
+    Box::pin(async move {
+        let backend = store.backend();
+        let mut out: Vec<ArmCounts> = arms
+            .iter()
+            .map(|name| ArmCounts {
+                name: name.clone(),
+                ..ArmCounts::default()
+            })
+            .collect();
+        let slot = |out: &mut Vec<ArmCounts>, row: &QueryResult| -> Result<Option<usize>> {
+            let arm: Option<String> = row.try_get("", "arm")?;
+            Ok(arm.and_then(|a| out.iter().position(|c| c.name == a)))
+        };
 
-    // Sessions: their requests, cost and signals (the session unit's outcome).
-    let latency = i64::try_from(th.latency_ms.unwrap_or(u64::MAX)).unwrap_or(i64::MAX);
-    let cost = i64::try_from(th.cost_micros.unwrap_or(u64::MAX)).unwrap_or(i64::MAX);
-    let mut sql = Sql::new(
-        backend,
-        &format!(
-            "WITH sess AS (SELECT session_id, MIN(arm) AS arm, COUNT(*) AS requests, \
+        // Sessions: their requests, cost and signals (the session unit's outcome).
+        let latency = i64::try_from(th.latency_ms.unwrap_or(u64::MAX)).unwrap_or(i64::MAX);
+        let cost = i64::try_from(th.cost_micros.unwrap_or(u64::MAX)).unwrap_or(i64::MAX);
+        let mut sql = Sql::new(
+            backend,
+            &format!(
+                "WITH sess AS (SELECT session_id, MIN(arm) AS arm, COUNT(*) AS requests, \
              SUM(CASE WHEN {FAILED} THEN 1 ELSE 0 END) AS errors, \
              SUM(CASE WHEN latency_ms > "
-        ),
-    );
-    sql.bind(latency).push(
-        " THEN 1 ELSE 0 END) AS slow, CAST(SUM(cost_micros) AS BIGINT) AS cost \
+            ),
+        );
+        sql.bind(latency).push(
+            " THEN 1 ELSE 0 END) AS slow, CAST(SUM(cost_micros) AS BIGINT) AS cost \
          FROM requests WHERE experiment_id = ",
-    );
-    sql.bind(experiment).push(&format!(
-        " AND session_id IS NOT NULL GROUP BY session_id), \
+        );
+        sql.bind(experiment).push(&format!(
+            " AND session_id IS NOT NULL GROUP BY session_id), \
          sig AS (SELECT session_id, {} FROM signals \
          WHERE session_id IN (SELECT session_id FROM sess) GROUP BY session_id) \
          SELECT sess.arm AS arm, COUNT(*) AS sessions, {} AS requests, {} AS errors, \
          {} AS slow, {} AS cost, SUM(CASE WHEN sess.cost > ",
-        keys(ev),
-        total("sess.requests"),
-        total("sess.errors"),
-        total("sess.slow"),
-        total("sess.cost"),
-    ));
-    sql.bind(cost).push(&format!(
-        " THEN 1 ELSE 0 END) AS costly, {} AS signals, \
+            keys(ev),
+            total("sess.requests"),
+            total("sess.errors"),
+            total("sess.slow"),
+            total("sess.cost"),
+        ));
+        sql.bind(cost).push(&format!(
+            " THEN 1 ELSE 0 END) AS costly, {} AS signals, \
          SUM(CASE WHEN COALESCE(sig.ekey, sig.ikey) IS NOT NULL THEN 1 ELSE 0 END) AS judged, \
          SUM(CASE WHEN COALESCE(sig.ekey, sig.ikey) % 4 = 1 THEN 1 ELSE 0 END) AS successes, \
          SUM(CASE WHEN COALESCE(sig.ekey, sig.ikey) % 4 = 2 THEN 1 ELSE 0 END) AS abandoned \
          FROM sess LEFT JOIN sig ON sig.session_id = sess.session_id GROUP BY sess.arm",
-        total("sig.n")
-    ));
-    for row in run(store, sql.build()).await? {
-        let Some(i) = slot(&mut out, &row)? else {
-            continue;
-        };
-        let a = &mut out[i];
-        a.sessions = count(&row, "sessions")?;
-        a.requests = count(&row, "requests")?;
-        a.errors = count(&row, "errors")?;
-        a.slow = count(&row, "slow")?;
-        a.cost_micros = count(&row, "cost")?;
-        a.costly = count(&row, "costly")?;
-        a.signals = count(&row, "signals")?;
-        a.abandoned = count(&row, "abandoned")?;
-        if unit == Unit::Session {
-            a.judged = count(&row, "judged")?;
-            a.successes = count(&row, "successes")?;
+            total("sig.n")
+        ));
+        for row in run(store, sql.build()).await? {
+            let Some(i) = slot(&mut out, &row)? else {
+                continue;
+            };
+            let a = &mut out[i];
+            a.sessions = count(&row, "sessions")?;
+            a.requests = count(&row, "requests")?;
+            a.errors = count(&row, "errors")?;
+            a.slow = count(&row, "slow")?;
+            a.cost_micros = count(&row, "cost")?;
+            a.costly = count(&row, "costly")?;
+            a.signals = count(&row, "signals")?;
+            a.abandoned = count(&row, "abandoned")?;
+            if unit == Unit::Session {
+                a.judged = count(&row, "judged")?;
+                a.successes = count(&row, "successes")?;
+            }
         }
-    }
 
-    // Answers named by signals: the request unit's outcome.
-    if unit == Unit::Request {
-        let mut sql = Sql::new(
-            backend,
-            &format!(
-                "WITH sig AS (SELECT request_id, {} FROM signals WHERE request_id IN \
+        // Answers named by signals: the request unit's outcome.
+        if unit == Unit::Request {
+            let mut sql = Sql::new(
+                backend,
+                &format!(
+                    "WITH sig AS (SELECT request_id, {} FROM signals WHERE request_id IN \
                  (SELECT request_id FROM requests WHERE experiment_id = ",
-                keys(ev)
-            ),
-        );
-        sql.bind(experiment).push(
-            ") GROUP BY request_id) \
+                    keys(ev)
+                ),
+            );
+            sql.bind(experiment).push(
+                ") GROUP BY request_id) \
              SELECT r.arm AS arm, \
              SUM(CASE WHEN COALESCE(sig.ekey, sig.ikey) IS NOT NULL THEN 1 ELSE 0 END) AS judged, \
              SUM(CASE WHEN COALESCE(sig.ekey, sig.ikey) % 4 = 1 THEN 1 ELSE 0 END) AS successes \
              FROM sig JOIN requests r ON r.request_id = sig.request_id GROUP BY r.arm",
-        );
-        for row in run(store, sql.build()).await? {
-            if let Some(i) = slot(&mut out, &row)? {
-                out[i].judged = count(&row, "judged")?;
-                out[i].successes = count(&row, "successes")?;
+            );
+            for row in run(store, sql.build()).await? {
+                if let Some(i) = slot(&mut out, &row)? {
+                    out[i].judged = count(&row, "judged")?;
+                    out[i].successes = count(&row, "successes")?;
+                }
             }
         }
-    }
 
-    // Each arm's p95 latency: the value at rank ⌈0.95·n⌉.
-    for a in &mut out {
-        if a.requests == 0 {
-            continue;
+        // Each arm's p95 latency: the value at rank ⌈0.95·n⌉.
+        for a in &mut out {
+            if a.requests == 0 {
+                continue;
+            }
+            let mut sql = Sql::new(
+                backend,
+                "SELECT latency_ms FROM requests WHERE experiment_id = ",
+            );
+            sql.bind(experiment)
+                .push(" AND arm = ")
+                .bind(a.name.as_str());
+            sql.push(" ORDER BY latency_ms LIMIT 1 OFFSET ")
+                .bind(rank_95(a.requests));
+            if let Some(row) = run(store, sql.build()).await?.first() {
+                a.p95_latency_ms = Some(count(row, "latency_ms")?);
+            }
         }
-        let mut sql = Sql::new(
-            backend,
-            "SELECT latency_ms FROM requests WHERE experiment_id = ",
-        );
-        sql.bind(experiment)
-            .push(" AND arm = ")
-            .bind(a.name.as_str());
-        sql.push(" ORDER BY latency_ms LIMIT 1 OFFSET ")
-            .bind(rank_95(a.requests));
-        if let Some(row) = run(store, sql.build()).await?.first() {
-            a.p95_latency_ms = Some(count(row, "latency_ms")?);
-        }
-    }
-    Ok(out)
+        Ok(out)
+    })
 }
 
 /// `SUM(col)` as a 64-bit integer, 0 over no rows (PostgreSQL sums `BIGINT`s as `NUMERIC`).
@@ -195,47 +197,54 @@ fn rank_95(n: u64) -> i64 {
 
 /// The thresholds from the agent's week before `before_ms` (its env's, when `env` is set): its
 /// requests' p95 latency and its sessions' median cost, each `None` without enough history.
-pub async fn history_thresholds(
-    store: &Store,
-    agent: &str,
-    env: Option<&str>,
+pub fn history_thresholds<'a>(
+    store: &'a Store,
+    agent: &'a str,
+    env: Option<&'a str>,
     before_ms: i64,
-) -> Result<Thresholds> {
-    let filter = |sql: &mut Sql| {
-        sql.push(" FROM requests WHERE agent = ").bind(agent);
-        if let Some(env) = env {
-            sql.push(" AND env = ").bind(env);
-        }
-        sql.push(" AND started_at_ms >= ")
-            .bind(before_ms - WEEK_MS)
-            .push(" AND started_at_ms < ")
-            .bind(before_ms);
-    };
-    let backend = store.backend();
-    let mut latency = Sql::new(backend, "SELECT latency_ms AS v");
-    filter(&mut latency);
-    let mut cost = Sql::new(backend, "SELECT CAST(SUM(cost_micros) AS BIGINT) AS v");
-    filter(&mut cost);
-    cost.push(" AND session_id IS NOT NULL GROUP BY session_id");
-    thresholds(store, latency, cost).await
+) -> crate::BoxFuture<'a, Result<Thresholds>> {
+    Box::pin(async move {
+        let filter = |sql: &mut Sql| {
+            sql.push(" FROM requests WHERE agent = ").bind(agent);
+            if let Some(env) = env {
+                sql.push(" AND env = ").bind(env);
+            }
+            sql.push(" AND started_at_ms >= ")
+                .bind(before_ms - WEEK_MS)
+                .push(" AND started_at_ms < ")
+                .bind(before_ms);
+        };
+        let backend = store.backend();
+        let mut latency = Sql::new(backend, "SELECT latency_ms AS v");
+        filter(&mut latency);
+        let mut cost = Sql::new(backend, "SELECT CAST(SUM(cost_micros) AS BIGINT) AS v");
+        filter(&mut cost);
+        cost.push(" AND session_id IS NOT NULL GROUP BY session_id");
+        thresholds(store, latency, cost).await
+    })
 }
 
 /// The thresholds from the experiment's own units, all arms pooled, once it has enough of them
 /// (each `None` before).
-pub async fn pooled_thresholds(store: &Store, experiment: &str) -> Result<Thresholds> {
-    let backend = store.backend();
-    let mut latency = Sql::new(
-        backend,
-        "SELECT latency_ms AS v FROM requests WHERE experiment_id = ",
-    );
-    latency.bind(experiment);
-    let mut cost = Sql::new(
-        backend,
-        "SELECT CAST(SUM(cost_micros) AS BIGINT) AS v FROM requests WHERE experiment_id = ",
-    );
-    cost.bind(experiment)
-        .push(" AND session_id IS NOT NULL GROUP BY session_id");
-    thresholds(store, latency, cost).await
+pub fn pooled_thresholds<'a>(
+    store: &'a Store,
+    experiment: &'a str,
+) -> crate::BoxFuture<'a, Result<Thresholds>> {
+    Box::pin(async move {
+        let backend = store.backend();
+        let mut latency = Sql::new(
+            backend,
+            "SELECT latency_ms AS v FROM requests WHERE experiment_id = ",
+        );
+        latency.bind(experiment);
+        let mut cost = Sql::new(
+            backend,
+            "SELECT CAST(SUM(cost_micros) AS BIGINT) AS v FROM requests WHERE experiment_id = ",
+        );
+        cost.bind(experiment)
+            .push(" AND session_id IS NOT NULL GROUP BY session_id");
+        thresholds(store, latency, cost).await
+    })
 }
 
 /// The p95 of the values `latency` selects and the median of those `cost` selects (as `v`),

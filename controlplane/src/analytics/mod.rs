@@ -217,9 +217,15 @@ impl Analytics {
     /// An agent's progress toward the threshold at `now_ms`: two indexed counts of the signals
     /// stored, plus those retention deleted (`signal_rollups`, per UTC day).
     #[tracing::instrument(skip_all, fields(nm.agent = %agent))]
-    pub async fn progress(&self, agent: &str, now_ms: i64) -> Result<Progress> {
-        let evidence = evidence::load(self.store.conn(), agent).await?.evidence;
-        self.progress_of(agent, now_ms, evidence).await
+    pub fn progress<'a>(
+        &'a self,
+        agent: &'a str,
+        now_ms: i64,
+    ) -> crate::BoxFuture<'a, Result<Progress>> {
+        Box::pin(async move {
+            let evidence = evidence::load(self.store.conn(), agent).await?.evidence;
+            self.progress_of(agent, now_ms, evidence).await
+        })
     }
 
     /// [`Analytics::progress`], counting the signals of `evidence`. The signals retention
@@ -293,11 +299,17 @@ impl Analytics {
 
     /// Computes an agent's analytics at `now_ms` as a first look would (no interval carried
     /// from an earlier look; not stored).
-    pub async fn compute(&self, agent: &str, now_ms: i64) -> Result<AgentAnalytics> {
-        Ok(self
-            .compute_from(agent, now_ms, Earlier::default())
-            .await?
-            .report)
+    pub fn compute<'a>(
+        &'a self,
+        agent: &'a str,
+        now_ms: i64,
+    ) -> crate::BoxFuture<'a, Result<AgentAnalytics>> {
+        Box::pin(async move {
+            Ok(self
+                .compute_from(agent, now_ms, Earlier::default())
+                .await?
+                .report)
+        })
     }
 
     /// Computes an agent's analytics at `now_ms`, meeting each comparison's interval with
@@ -376,39 +388,45 @@ impl Analytics {
 
     /// Computes an agent's analytics now and stores them (an agent without any signal, say a
     /// mistyped name, is answered but not stored).
-    pub async fn recompute(&self, agent: &str) -> Result<AgentAnalytics> {
-        self.recompute_at(agent, crate::now_ms()).await
+    pub fn recompute<'a>(&'a self, agent: &'a str) -> crate::BoxFuture<'a, Result<AgentAnalytics>> {
+        Box::pin(async move { self.recompute_at(agent, crate::now_ms()).await })
     }
 
     /// [`Analytics::recompute`] at `now_ms`: the stored answer's intervals that still apply
     /// are met with this look's, and the new ones stored with the answer.
-    pub async fn recompute_at(&self, agent: &str, now_ms: i64) -> Result<AgentAnalytics> {
-        let agent = nm_types::parse_agent(agent)
-            .map_err(|e| Error::InvalidArgument(format!("agent: {e}")))?;
-        let stored_before = self.stored_with_sequences(&agent).await?;
-        let before: Option<Look> = stored_before.as_ref().map(|s| {
-            let r = &s.report;
-            let recs = r
-                .recommendations
-                .iter()
-                .map(|x| (x.kind, x.subject.clone()))
-                .collect();
-            (r.computed_at_ms, recs)
-        });
-        let earlier = stored_before
-            .map(|s| Earlier {
-                sequences: s.sequences,
-                origin_ms: s.origin_ms,
-                evidence: s.report.evidence,
-                parked: s.parked,
-            })
-            .unwrap_or_default();
-        let stored = self.compute_from(&agent, now_ms, earlier).await?;
-        if stored.report.progress.signals > 0 {
-            self.save_stored(&stored).await?;
-            self.announce(&agent, before, &stored.report).await;
-        }
-        Ok(stored.report)
+    pub fn recompute_at<'a>(
+        &'a self,
+        agent: &'a str,
+        now_ms: i64,
+    ) -> crate::BoxFuture<'a, Result<AgentAnalytics>> {
+        Box::pin(async move {
+            let agent = nm_types::parse_agent(agent)
+                .map_err(|e| Error::InvalidArgument(format!("agent: {e}")))?;
+            let stored_before = self.stored_with_sequences(&agent).await?;
+            let before: Option<Look> = stored_before.as_ref().map(|s| {
+                let r = &s.report;
+                let recs = r
+                    .recommendations
+                    .iter()
+                    .map(|x| (x.kind, x.subject.clone()))
+                    .collect();
+                (r.computed_at_ms, recs)
+            });
+            let earlier = stored_before
+                .map(|s| Earlier {
+                    sequences: s.sequences,
+                    origin_ms: s.origin_ms,
+                    evidence: s.report.evidence,
+                    parked: s.parked,
+                })
+                .unwrap_or_default();
+            let stored = self.compute_from(&agent, now_ms, earlier).await?;
+            if stored.report.progress.signals > 0 {
+                self.save_stored(&stored).await?;
+                self.announce(&agent, before, &stored.report).await;
+            }
+            Ok(stored.report)
+        })
     }
 
     /// Sends an alert for each recommendation of `now` the look before (`before`: its time and
@@ -447,40 +465,47 @@ impl Analytics {
 
     /// Recomputes and stores every agent that has signals; returns how many.
     #[tracing::instrument(skip_all, fields(agents = tracing::field::Empty))]
-    pub async fn recompute_all(&self) -> Result<Vec<AgentAnalytics>> {
-        let agents = self.agents().await?;
-        tracing::Span::current().record("agents", agents.len());
-        let mut out = Vec::with_capacity(agents.len());
-        for agent in agents {
-            match self.recompute(&agent).await {
-                Ok(r) => out.push(r),
-                // An agent name that no longer parses (stored before a rule change) is skipped.
-                Err(Error::InvalidArgument(e)) => {
-                    warn!(nm.agent = %agent, error = %e, "agent skipped")
+    pub fn recompute_all(&self) -> crate::BoxFuture<'_, Result<Vec<AgentAnalytics>>> {
+        Box::pin(async move {
+            let agents = self.agents().await?;
+            tracing::Span::current().record("agents", agents.len());
+            let mut out = Vec::with_capacity(agents.len());
+            for agent in agents {
+                match self.recompute(&agent).await {
+                    Ok(r) => out.push(r),
+                    // An agent name that no longer parses (stored before a rule change) is skipped.
+                    Err(Error::InvalidArgument(e)) => {
+                        warn!(nm.agent = %agent, error = %e, "agent skipped")
+                    }
+                    Err(e) => return Err(e),
                 }
-                Err(e) => return Err(e),
             }
-        }
-        Ok(out)
+            Ok(out)
+        })
     }
 
     /// Agents with at least one signal.
-    pub async fn agents(&self) -> Result<Vec<String>> {
-        let db = self.store.conn();
-        let sql = Sql::new(
-            db.get_database_backend(),
-            "SELECT DISTINCT agent FROM signals WHERE agent IS NOT NULL ORDER BY agent",
-        );
-        db.query_all_raw(sql.build())
-            .await?
-            .iter()
-            .map(|row| Ok(row.try_get::<String>("", "agent")?))
-            .collect()
+    pub fn agents(&self) -> crate::BoxFuture<'_, Result<Vec<String>>> {
+        Box::pin(async move {
+            let db = self.store.conn();
+            let sql = Sql::new(
+                db.get_database_backend(),
+                "SELECT DISTINCT agent FROM signals WHERE agent IS NOT NULL ORDER BY agent",
+            );
+            db.query_all_raw(sql.build())
+                .await?
+                .iter()
+                .map(|row| Ok(row.try_get::<String>("", "agent")?))
+                .collect()
+        })
     }
 
     /// The stored analytics of an agent, if any.
-    pub async fn stored(&self, agent: &str) -> Result<Option<AgentAnalytics>> {
-        Ok(self.stored_with_sequences(agent).await?.map(|s| s.report))
+    pub fn stored<'a>(
+        &'a self,
+        agent: &'a str,
+    ) -> crate::BoxFuture<'a, Result<Option<AgentAnalytics>>> {
+        Box::pin(async move { Ok(self.stored_with_sequences(agent).await?.map(|s| s.report)) })
     }
 
     /// The stored answer with the intervals kept for the next look.
@@ -503,25 +528,29 @@ impl Analytics {
 
     /// The agent's analytics: the stored answer when it is ready; otherwise computed now (and
     /// stored).
-    pub async fn get(&self, agent: &str) -> Result<AgentAnalytics> {
-        let agent = nm_types::parse_agent(agent)
-            .map_err(|e| Error::InvalidArgument(format!("agent: {e}")))?;
-        match self.stored(&agent).await? {
-            Some(r) if r.status == Status::Ready => Ok(r),
-            _ => self.recompute(&agent).await,
-        }
+    pub fn get<'a>(&'a self, agent: &'a str) -> crate::BoxFuture<'a, Result<AgentAnalytics>> {
+        Box::pin(async move {
+            let agent = nm_types::parse_agent(agent)
+                .map_err(|e| Error::InvalidArgument(format!("agent: {e}")))?;
+            match self.stored(&agent).await? {
+                Some(r) if r.status == Status::Ready => Ok(r),
+                _ => self.recompute(&agent).await,
+            }
+        })
     }
 
     /// Stores a computed answer, replacing the previous one (and the intervals it kept: the
     /// next look starts its intersections afresh).
-    pub async fn save(&self, r: &AgentAnalytics) -> Result<()> {
-        self.save_stored(&Stored {
-            report: r.clone(),
-            sequences: BTreeMap::new(),
-            origin_ms: r.progress.first_signal_ms,
-            parked: BTreeMap::new(),
+    pub fn save<'a>(&'a self, r: &'a AgentAnalytics) -> crate::BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            self.save_stored(&Stored {
+                report: r.clone(),
+                sequences: BTreeMap::new(),
+                origin_ms: r.progress.first_signal_ms,
+                parked: BTreeMap::new(),
+            })
+            .await
         })
-        .await
     }
 
     /// Stores a computed answer with its intervals, replacing the previous one.
@@ -552,38 +581,41 @@ impl Analytics {
 
     /// Session outcomes of `agent` over `[since_ms, until_ms)` (default: the analytics window
     /// ending now), grouped by `dims`.
-    pub async fn outcome_rates(
-        &self,
-        agent: &str,
-        dims: &[Dimension],
+    pub fn outcome_rates<'a>(
+        &'a self,
+        agent: &'a str,
+        dims: &'a [Dimension],
         since_ms: Option<i64>,
         until_ms: Option<i64>,
         limit: u32,
-    ) -> Result<(Window, Vec<OutcomeRow>)> {
-        let agent = nm_types::parse_agent(agent)
-            .map_err(|e| Error::InvalidArgument(format!("agent: {e}")))?;
-        if dims.len() > 5 {
-            return Err(Error::InvalidArgument(
-                "at most 5 group-by dimensions".to_owned(),
-            ));
-        }
-        let until = until_ms.unwrap_or_else(crate::now_ms);
-        let since = since_ms.unwrap_or(until - WINDOW_DAYS * DAY_MS);
-        if since >= until {
-            return Err(Error::InvalidArgument(
-                "range: since must be before until".to_owned(),
-            ));
-        }
-        let evidence = evidence::load(self.store.conn(), &agent).await?.evidence;
-        let rows =
-            query::outcome_rates(&self.store, &agent, dims, since, until, limit, evidence).await?;
-        Ok((
-            Window {
-                since_ms: since,
-                until_ms: until,
-            },
-            rows,
-        ))
+    ) -> crate::BoxFuture<'a, Result<(Window, Vec<OutcomeRow>)>> {
+        Box::pin(async move {
+            let agent = nm_types::parse_agent(agent)
+                .map_err(|e| Error::InvalidArgument(format!("agent: {e}")))?;
+            if dims.len() > 5 {
+                return Err(Error::InvalidArgument(
+                    "at most 5 group-by dimensions".to_owned(),
+                ));
+            }
+            let until = until_ms.unwrap_or_else(crate::now_ms);
+            let since = since_ms.unwrap_or(until - WINDOW_DAYS * DAY_MS);
+            if since >= until {
+                return Err(Error::InvalidArgument(
+                    "range: since must be before until".to_owned(),
+                ));
+            }
+            let evidence = evidence::load(self.store.conn(), &agent).await?.evidence;
+            let rows =
+                query::outcome_rates(&self.store, &agent, dims, since, until, limit, evidence)
+                    .await?;
+            Ok((
+                Window {
+                    since_ms: since,
+                    until_ms: until,
+                },
+                rows,
+            ))
+        })
     }
 
     /// Recomputes every agent now and then every `interval`, until `shutdown` turns true.

@@ -481,13 +481,13 @@ pub struct Periods {
 
 /// Runs the one recommendation statement for `agent` over `periods`.
 #[tracing::instrument(skip_all, fields(nm.agent = %agent))]
-pub async fn aggregates(
-    store: &Store,
-    agent: &str,
+pub fn aggregates<'a>(
+    store: &'a Store,
+    agent: &'a str,
     periods: Periods,
     ev: Evidence,
-) -> Result<Aggregates> {
-    aggregates_from(store, Source::Rollup(ev), agent, periods).await
+) -> crate::BoxFuture<'a, Result<Aggregates>> {
+    Box::pin(async move { aggregates_from(store, Source::Rollup(ev), agent, periods).await })
 }
 
 /// [`aggregates`] over the per-session table of `source`.
@@ -709,21 +709,23 @@ fn add(into: &mut OutcomeRow, m: &OutcomeRow) {
 /// rows whole inside the window without any explicit signal, and the few units straddling an
 /// edge, both through the partial index of the rows with implicit signals, so an agent without
 /// implicit signals costs nothing here.
-pub async fn implicit_beside(
-    store: &Store,
-    agent: &str,
+pub fn implicit_beside<'a>(
+    store: &'a Store,
+    agent: &'a str,
     window: Window,
-    explicit: &OutcomeRow,
-) -> Result<OutcomeRow> {
-    let stmt = implicit_beside_statement(store.backend(), agent, window);
-    let mut total = OutcomeRow {
-        key: Vec::new(),
-        ..explicit.clone()
-    };
-    for row in run(store, stmt).await? {
-        add(&mut total, &measures_of(&row, Vec::new())?);
-    }
-    Ok(total)
+    explicit: &'a OutcomeRow,
+) -> crate::BoxFuture<'a, Result<OutcomeRow>> {
+    Box::pin(async move {
+        let stmt = implicit_beside_statement(store.backend(), agent, window);
+        let mut total = OutcomeRow {
+            key: Vec::new(),
+            ..explicit.clone()
+        };
+        for row in run(store, stmt).await? {
+            add(&mut total, &measures_of(&row, Vec::new())?);
+        }
+        Ok(total)
+    })
 }
 
 /// The statement of [`implicit_beside`]: two rows, the straddling units' and the inside rows'.
@@ -771,16 +773,18 @@ pub const MAX_RATE_ROWS: u32 = 10_000;
 /// Session outcomes of `agent` over `[since, until)`, grouped by `dims` (none: one total row),
 /// most sessions first, at most `limit` rows (0: [`MAX_RATE_ROWS`]).
 #[tracing::instrument(skip_all, fields(nm.agent = %agent, dims = ?dims))]
-pub async fn outcome_rates(
-    store: &Store,
-    agent: &str,
-    dims: &[Dimension],
+pub fn outcome_rates<'a>(
+    store: &'a Store,
+    agent: &'a str,
+    dims: &'a [Dimension],
     since: i64,
     until: i64,
     limit: u32,
     ev: Evidence,
-) -> Result<Vec<OutcomeRow>> {
-    outcome_rates_from(store, Source::Rollup(ev), agent, dims, since, until, limit).await
+) -> crate::BoxFuture<'a, Result<Vec<OutcomeRow>>> {
+    Box::pin(async move {
+        outcome_rates_from(store, Source::Rollup(ev), agent, dims, since, until, limit).await
+    })
 }
 
 /// [`outcome_rates`] over the per-session table of `source`.

@@ -343,61 +343,63 @@ pub enum Path {
 /// Writes the traffic of every spec (each from its own stream of `seed`) into `store`, in
 /// batches of about `batch` requests, through [`Records::ingest`]; signals are inserted
 /// attributed, as the signal writer stores them once the session is known.
-pub async fn generate(
-    store: &Store,
-    specs: &[AgentSpec],
+pub fn generate<'a>(
+    store: &'a Store,
+    specs: &'a [AgentSpec],
     seed: u64,
     now_ms: i64,
     batch: usize,
-) -> Result<Written> {
-    generate_with(store, specs, seed, now_ms, batch, Path::Ingest).await
+) -> crate::BoxFuture<'a, Result<Written>> {
+    Box::pin(async move { generate_with(store, specs, seed, now_ms, batch, Path::Ingest).await })
 }
 
 /// [`generate`], writing requests the way `path` says.
 #[tracing::instrument(skip_all, fields(agents = specs.len(), seed, ?path))]
-pub async fn generate_with(
-    store: &Store,
-    specs: &[AgentSpec],
+pub fn generate_with<'a>(
+    store: &'a Store,
+    specs: &'a [AgentSpec],
     seed: u64,
     now_ms: i64,
     batch: usize,
     path: Path,
-) -> Result<Written> {
-    let budgets = Budgets::load(store.clone(), now_ms).await?;
-    let records = Records::new(store.clone(), budgets);
-    let mut written = Written::default();
-    for (n, spec) in specs.iter().enumerate() {
-        let tag = format!("{seed:x}x{n}x");
-        let mut g = Generator::new(
-            spec,
-            seed.wrapping_mul(1_000_003).wrapping_add(n as u64),
-            &tag,
-            now_ms,
-        );
-        loop {
-            let mut requests = Vec::new();
-            let mut signals = Vec::new();
-            while requests.len() < batch.max(1) {
-                let Some(s) = g.session() else { break };
-                written.sessions += 1;
-                requests.extend(s.requests);
-                signals.extend(s.signals);
-            }
-            if requests.is_empty() {
-                break;
-            }
-            written.requests += requests.len() as u64;
-            written.signals += signals.len() as u64;
-            match path {
-                Path::Ingest => {
-                    records.ingest(&requests).await?;
+) -> crate::BoxFuture<'a, Result<Written>> {
+    Box::pin(async move {
+        let budgets = Budgets::load(store.clone(), now_ms).await?;
+        let records = Records::new(store.clone(), budgets);
+        let mut written = Written::default();
+        for (n, spec) in specs.iter().enumerate() {
+            let tag = format!("{seed:x}x{n}x");
+            let mut g = Generator::new(
+                spec,
+                seed.wrapping_mul(1_000_003).wrapping_add(n as u64),
+                &tag,
+                now_ms,
+            );
+            loop {
+                let mut requests = Vec::new();
+                let mut signals = Vec::new();
+                while requests.len() < batch.max(1) {
+                    let Some(s) = g.session() else { break };
+                    written.sessions += 1;
+                    requests.extend(s.requests);
+                    signals.extend(s.signals);
                 }
-                Path::Direct => insert_requests(store, requests).await?,
+                if requests.is_empty() {
+                    break;
+                }
+                written.requests += requests.len() as u64;
+                written.signals += signals.len() as u64;
+                match path {
+                    Path::Ingest => {
+                        records.ingest(&requests).await?;
+                    }
+                    Path::Direct => insert_requests(store, requests).await?,
+                }
+                insert_signals(store, signals).await?;
             }
-            insert_signals(store, signals).await?;
         }
-    }
-    Ok(written)
+        Ok(written)
+    })
 }
 
 async fn insert_requests(store: &Store, rows: Vec<RequestRecord>) -> Result<()> {

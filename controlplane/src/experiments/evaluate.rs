@@ -46,55 +46,67 @@ impl Evidence {
 
 impl Experiments {
     /// Counts and evaluates `e` at `now_ms` (nothing stored, nothing acted on).
-    pub async fn evidence(&self, e: &Experiment, now_ms: i64) -> Result<Evidence> {
-        let setting = evidence::load(self.store.conn(), &e.agent).await?;
-        let thresholds = self.thresholds(e).await?;
-        let names: Vec<String> = e.arms.iter().map(|a| a.name.clone()).collect();
-        let counts = arm_counts(
-            &self.store,
-            &e.id,
-            &names,
-            e.unit,
-            setting.evidence,
-            thresholds,
-        )
-        .await?;
-        let active: Vec<usize> = (0..e.arms.len())
-            .filter(|&i| !e.arms[i].rolled_back)
-            .collect();
-        let judged: Vec<ArmCounts> = active.iter().map(|&i| counts[i].clone()).collect();
-        let plan = Plan {
-            unit: e.unit,
-            guardrails: e.guardrails.clone(),
-            max_sessions: e.max_sessions.unwrap_or(0),
-            max_days: e.max_days.unwrap_or(0),
-            started_at_ms: e.created_at_ms,
-        };
-        Ok(Evidence {
-            evaluation: evaluate(&plan, &judged, now_ms),
-            counts,
-            active,
+    pub fn evidence<'a>(
+        &'a self,
+        e: &'a Experiment,
+        now_ms: i64,
+    ) -> crate::BoxFuture<'a, Result<Evidence>> {
+        Box::pin(async move {
+            let setting = evidence::load(self.store.conn(), &e.agent).await?;
+            let thresholds = self.thresholds(e).await?;
+            let names: Vec<String> = e.arms.iter().map(|a| a.name.clone()).collect();
+            let counts = arm_counts(
+                &self.store,
+                &e.id,
+                &names,
+                e.unit,
+                setting.evidence,
+                thresholds,
+            )
+            .await?;
+            let active: Vec<usize> = (0..e.arms.len())
+                .filter(|&i| !e.arms[i].rolled_back)
+                .collect();
+            let judged: Vec<ArmCounts> = active.iter().map(|&i| counts[i].clone()).collect();
+            let plan = Plan {
+                unit: e.unit,
+                guardrails: e.guardrails.clone(),
+                max_sessions: e.max_sessions.unwrap_or(0),
+                max_days: e.max_days.unwrap_or(0),
+                started_at_ms: e.created_at_ms,
+            };
+            Ok(Evidence {
+                evaluation: evaluate(&plan, &judged, now_ms),
+                counts,
+                active,
+            })
         })
     }
 
     /// Evaluates every running experiment at `now_ms` and acts on what the evidence says;
     /// returns how many changed state. One experiment's failure is logged and the others go on.
-    pub async fn evaluate_all(&self, alerts: Option<&Alerts>, now_ms: i64) -> Result<usize> {
-        let running = self
-            .list(&ListFilter {
-                state: State::Running.as_str().to_owned(),
-                ..ListFilter::default()
-            })
-            .await?;
-        let mut changed = 0;
-        for e in running {
-            match self.evaluate_one(&e, alerts, now_ms).await {
-                Ok(true) => changed += 1,
-                Ok(false) => {}
-                Err(err) => warn!(experiment = %e.id, error = %err, "experiment not evaluated"),
+    pub fn evaluate_all<'a>(
+        &'a self,
+        alerts: Option<&'a Alerts>,
+        now_ms: i64,
+    ) -> crate::BoxFuture<'a, Result<usize>> {
+        Box::pin(async move {
+            let running = self
+                .list(&ListFilter {
+                    state: State::Running.as_str().to_owned(),
+                    ..ListFilter::default()
+                })
+                .await?;
+            let mut changed = 0;
+            for e in running {
+                match self.evaluate_one(&e, alerts, now_ms).await {
+                    Ok(true) => changed += 1,
+                    Ok(false) => {}
+                    Err(err) => warn!(experiment = %e.id, error = %err, "experiment not evaluated"),
+                }
             }
-        }
-        Ok(changed)
+            Ok(changed)
+        })
     }
 
     async fn evaluate_one(

@@ -217,13 +217,15 @@ pub struct Experiments {
 
 impl Experiments {
     /// Reads the live set from the database.
-    pub async fn load(store: Store) -> Result<Self> {
-        let experiments = Self {
-            store,
-            live: Arc::new(watch::Sender::new(Arc::new(LiveSet::default()))),
-        };
-        experiments.refresh().await?;
-        Ok(experiments)
+    pub fn load(store: Store) -> crate::BoxFuture<'static, Result<Self>> {
+        Box::pin(async move {
+            let experiments = Self {
+                store,
+                live: Arc::new(watch::Sender::new(Arc::new(LiveSet::default()))),
+            };
+            experiments.refresh().await?;
+            Ok(experiments)
+        })
     }
 
     /// The live set now and on every change.
@@ -236,50 +238,54 @@ impl Experiments {
     }
 
     /// Re-reads the live set: running experiments, and promoted ones.
-    pub async fn refresh(&self) -> Result<()> {
-        let rows = experiment::Entity::find()
-            .filter(
-                Condition::any()
-                    .add(experiment::Column::State.eq(State::Running.as_str()))
-                    .add(
-                        Condition::all()
-                            .add(experiment::Column::State.eq(State::Decided.as_str()))
-                            .add(experiment::Column::Promoted.eq(true)),
-                    ),
-            )
-            .all(self.store.conn())
-            .await?;
-        let mut live = Vec::with_capacity(rows.len());
-        for e in self.with_arms(self.store.conn(), rows).await? {
-            let e = match e {
-                Ok(e) => e,
-                Err(why) => {
-                    warn!(error = %why, "stored experiment unreadable; left out of the live set");
-                    continue;
-                }
-            };
-            match e.live() {
-                Some(l) => match l.check() {
-                    Ok(()) => live.push(l),
+    pub fn refresh(&self) -> crate::BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            let rows = experiment::Entity::find()
+                .filter(
+                    Condition::any()
+                        .add(experiment::Column::State.eq(State::Running.as_str()))
+                        .add(
+                            Condition::all()
+                                .add(experiment::Column::State.eq(State::Decided.as_str()))
+                                .add(experiment::Column::Promoted.eq(true)),
+                        ),
+                )
+                .all(self.store.conn())
+                .await?;
+            let mut live = Vec::with_capacity(rows.len());
+            for e in self.with_arms(self.store.conn(), rows).await? {
+                let e = match e {
+                    Ok(e) => e,
                     Err(why) => {
-                        warn!(experiment.id = %e.id, why, "stored experiment breaks a rule of live experiments; left out");
+                        warn!(error = %why, "stored experiment unreadable; left out of the live set");
+                        continue;
                     }
-                },
-                None => warn!(experiment.id = %e.id, "live experiment without an arm; left out"),
+                };
+                match e.live() {
+                    Some(l) => match l.check() {
+                        Ok(()) => live.push(l),
+                        Err(why) => {
+                            warn!(experiment.id = %e.id, why, "stored experiment breaks a rule of live experiments; left out");
+                        }
+                    },
+                    None => {
+                        warn!(experiment.id = %e.id, "live experiment without an arm; left out")
+                    }
+                }
             }
-        }
-        live.sort_by(|a, b| a.id.cmp(&b.id));
-        self.live.send_if_modified(|set| {
-            if set.experiments == live {
-                return false;
-            }
-            *set = Arc::new(LiveSet {
-                version: set.version + 1,
-                experiments: live,
+            live.sort_by(|a, b| a.id.cmp(&b.id));
+            self.live.send_if_modified(|set| {
+                if set.experiments == live {
+                    return false;
+                }
+                *set = Arc::new(LiveSet {
+                    version: set.version + 1,
+                    experiments: live,
+                });
+                true
             });
-            true
-        });
-        Ok(())
+            Ok(())
+        })
     }
 
     /// Re-reads the live set every `period` until `shutdown`.
@@ -307,49 +313,56 @@ impl Experiments {
     // === reads ===
 
     /// Experiments, newest first.
-    pub async fn list(&self, filter: &ListFilter) -> Result<Vec<Experiment>> {
-        let mut q = experiment::Entity::find()
-            .order_by_desc(experiment::Column::CreatedAtMs)
-            .order_by_desc(experiment::Column::Id);
-        let agent = filter.agent.trim();
-        if !agent.is_empty() {
-            q = q.filter(experiment::Column::Agent.eq(agent));
-        }
-        let state = filter.state.trim();
-        if !state.is_empty() {
-            let state: State = state.parse()?;
-            q = q.filter(experiment::Column::State.eq(state.as_str()));
-        }
-        let rows = q.all(self.store.conn()).await?;
-        self.with_arms(self.store.conn(), rows)
-            .await?
-            .into_iter()
-            .collect()
+    pub fn list<'a>(
+        &'a self,
+        filter: &'a ListFilter,
+    ) -> crate::BoxFuture<'a, Result<Vec<Experiment>>> {
+        Box::pin(async move {
+            let mut q = experiment::Entity::find()
+                .order_by_desc(experiment::Column::CreatedAtMs)
+                .order_by_desc(experiment::Column::Id);
+            let agent = filter.agent.trim();
+            if !agent.is_empty() {
+                q = q.filter(experiment::Column::Agent.eq(agent));
+            }
+            let state = filter.state.trim();
+            if !state.is_empty() {
+                let state: State = state.parse()?;
+                q = q.filter(experiment::Column::State.eq(state.as_str()));
+            }
+            let rows = q.all(self.store.conn()).await?;
+            self.with_arms(self.store.conn(), rows)
+                .await?
+                .into_iter()
+                .collect()
+        })
     }
 
-    pub async fn get(&self, id: &str) -> Result<Experiment> {
-        read(self.store.conn(), id).await
+    pub fn get<'a>(&'a self, id: &'a str) -> crate::BoxFuture<'a, Result<Experiment>> {
+        Box::pin(async move { read(self.store.conn(), id).await })
     }
 
     /// The history, oldest first.
-    pub async fn history(&self, id: &str) -> Result<Vec<Event>> {
-        self.get(id).await?;
-        let rows = experiment_event::Entity::find()
-            .filter(experiment_event::Column::ExperimentId.eq(id))
-            .order_by_asc(experiment_event::Column::AtMs)
-            .order_by_asc(experiment_event::Column::Id)
-            .all(self.store.conn())
-            .await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| Event {
-                at_ms: r.at_ms,
-                kind: r.kind,
-                arm: r.arm,
-                actor: r.actor,
-                detail: r.detail,
-            })
-            .collect())
+    pub fn history<'a>(&'a self, id: &'a str) -> crate::BoxFuture<'a, Result<Vec<Event>>> {
+        Box::pin(async move {
+            self.get(id).await?;
+            let rows = experiment_event::Entity::find()
+                .filter(experiment_event::Column::ExperimentId.eq(id))
+                .order_by_asc(experiment_event::Column::AtMs)
+                .order_by_asc(experiment_event::Column::Id)
+                .all(self.store.conn())
+                .await?;
+            Ok(rows
+                .into_iter()
+                .map(|r| Event {
+                    at_ms: r.at_ms,
+                    kind: r.kind,
+                    arm: r.arm,
+                    actor: r.actor,
+                    detail: r.detail,
+                })
+                .collect())
+        })
     }
 
     /// Each row with its arms (one query for all), or why it could not be read.
@@ -432,164 +445,205 @@ impl Experiments {
     /// Creates an experiment (running at once), by `actor`, with arms checked against
     /// `catalogue`.
     #[tracing::instrument(skip_all, fields(experiment.id = tracing::field::Empty))]
-    pub async fn create(
-        &self,
-        actor: &str,
+    pub fn create<'a>(
+        &'a self,
+        actor: &'a str,
         new: NewExperiment,
-        catalogue: &Catalogue,
-    ) -> Result<Experiment> {
-        let c = check(new, catalogue)?;
-        let now = crate::now_ms();
-        let exp = Experiment {
-            id: format!("exp_{}", hex(&rand::random::<[u8; 6]>())),
-            agent: c.agent,
-            env: c.env,
-            state: State::Running,
-            salt: Salt::new(rand::random()),
-            unit: c.unit,
-            guardrails: c.guardrails,
-            max_sessions: c.max_sessions.and_then(|n| u64::try_from(n).ok()),
-            max_days: c.max_days.and_then(|n| u32::try_from(n).ok()),
-            auto_promote: c.auto_promote,
-            auto_rollback: c.auto_rollback,
-            description: c.description,
-            winner: None,
-            promoted: false,
-            reason: "created".to_owned(),
-            created_at_ms: now,
-            updated_at_ms: now,
-            arms: c
-                .arms
-                .into_iter()
-                .map(|a| ExperimentArm {
-                    name: a.name,
-                    provider: a.provider,
-                    model: a.model,
-                    weight: a.weight,
-                    rolled_back: false,
-                })
-                .collect(),
-        };
-        let txn = self.store.begin_write().await?;
-        self.claim(&txn, &exp.agent, exp.env, &exp.id).await?;
-        experiment::ActiveModel {
-            id: Set(exp.id.clone()),
-            agent: Set(exp.agent.clone()),
-            env: Set(exp.env.map(|e| e.as_str().to_owned())),
-            state: Set(exp.state.as_str().to_owned()),
-            salt: Set(exp.salt.to_string()),
-            unit: Set(exp.unit.as_str().to_owned()),
-            guardrails: Set(guardrails_text(&exp.guardrails)),
-            max_sessions: Set(c.max_sessions),
-            max_days: Set(c.max_days),
-            auto_promote: Set(exp.auto_promote),
-            auto_rollback: Set(exp.auto_rollback),
-            description: Set(exp.description.clone()),
-            winner: Set(None),
-            promoted: Set(false),
-            reason: Set(exp.reason.clone()),
-            created_at_ms: Set(now),
-            updated_at_ms: Set(now),
-        }
-        .insert(&txn)
-        .await?;
-        for (position, arm) in exp.arms.iter().enumerate() {
-            experiment_arm::ActiveModel {
-                experiment_id: Set(exp.id.clone()),
-                position: Set(i32::try_from(position).unwrap_or(i32::MAX)),
-                name: Set(arm.name.clone()),
-                provider: Set(arm.provider.clone()),
-                model: Set(arm.model.clone()),
-                weight: Set(i64::from(arm.weight)),
-                rolled_back: Set(false),
+        catalogue: &'a Catalogue,
+    ) -> crate::BoxFuture<'a, Result<Experiment>> {
+        Box::pin(async move {
+            let c = check(new, catalogue)?;
+            let now = crate::now_ms();
+            let exp = Experiment {
+                id: format!("exp_{}", hex(&rand::random::<[u8; 6]>())),
+                agent: c.agent,
+                env: c.env,
+                state: State::Running,
+                salt: Salt::new(rand::random()),
+                unit: c.unit,
+                guardrails: c.guardrails,
+                max_sessions: c.max_sessions.and_then(|n| u64::try_from(n).ok()),
+                max_days: c.max_days.and_then(|n| u32::try_from(n).ok()),
+                auto_promote: c.auto_promote,
+                auto_rollback: c.auto_rollback,
+                description: c.description,
+                winner: None,
+                promoted: false,
+                reason: "created".to_owned(),
+                created_at_ms: now,
+                updated_at_ms: now,
+                arms: c
+                    .arms
+                    .into_iter()
+                    .map(|a| ExperimentArm {
+                        name: a.name,
+                        provider: a.provider,
+                        model: a.model,
+                        weight: a.weight,
+                        rolled_back: false,
+                    })
+                    .collect(),
+            };
+            let txn = self.store.begin_write().await?;
+            self.claim(&txn, &exp.agent, exp.env, &exp.id).await?;
+            experiment::ActiveModel {
+                id: Set(exp.id.clone()),
+                agent: Set(exp.agent.clone()),
+                env: Set(exp.env.map(|e| e.as_str().to_owned())),
+                state: Set(exp.state.as_str().to_owned()),
+                salt: Set(exp.salt.to_string()),
+                unit: Set(exp.unit.as_str().to_owned()),
+                guardrails: Set(guardrails_text(&exp.guardrails)),
+                max_sessions: Set(c.max_sessions),
+                max_days: Set(c.max_days),
+                auto_promote: Set(exp.auto_promote),
+                auto_rollback: Set(exp.auto_rollback),
+                description: Set(exp.description.clone()),
+                winner: Set(None),
+                promoted: Set(false),
+                reason: Set(exp.reason.clone()),
+                created_at_ms: Set(now),
+                updated_at_ms: Set(now),
             }
             .insert(&txn)
             .await?;
-        }
-        let detail = exp
-            .arms
-            .iter()
-            .map(|a| format!("{}={}:{}:{}", a.name, a.provider, a.model, a.weight))
-            .collect::<Vec<_>>()
-            .join(" ");
-        write_event(&txn, &exp.id, now, "created", None, actor, &detail).await?;
-        let change = Change {
-            actor,
-            action: "experiment.create",
-            target: &exp.id,
-            before: None,
-            after: Some(audit_json(&exp)),
-        };
-        audit::record(&txn, change, now).await?;
-        txn.commit().await?;
-        tracing::Span::current().record("experiment.id", exp.id.as_str());
-        info!(
-            experiment.id = %exp.id,
-            nm.agent = %exp.agent,
-            env = exp.env.map_or("every", Env::as_str),
-            arms = exp.arms.len(),
-            by = actor,
-            "experiment created"
-        );
-        self.refreshed().await;
-        Ok(exp)
+            for (position, arm) in exp.arms.iter().enumerate() {
+                experiment_arm::ActiveModel {
+                    experiment_id: Set(exp.id.clone()),
+                    position: Set(i32::try_from(position).unwrap_or(i32::MAX)),
+                    name: Set(arm.name.clone()),
+                    provider: Set(arm.provider.clone()),
+                    model: Set(arm.model.clone()),
+                    weight: Set(i64::from(arm.weight)),
+                    rolled_back: Set(false),
+                }
+                .insert(&txn)
+                .await?;
+            }
+            let detail = exp
+                .arms
+                .iter()
+                .map(|a| format!("{}={}:{}:{}", a.name, a.provider, a.model, a.weight))
+                .collect::<Vec<_>>()
+                .join(" ");
+            write_event(&txn, &exp.id, now, "created", None, actor, &detail).await?;
+            let change = Change {
+                actor,
+                action: "experiment.create",
+                target: &exp.id,
+                before: None,
+                after: Some(audit_json(&exp)),
+            };
+            audit::record(&txn, change, now).await?;
+            txn.commit().await?;
+            tracing::Span::current().record("experiment.id", exp.id.as_str());
+            info!(
+                experiment.id = %exp.id,
+                nm.agent = %exp.agent,
+                env = exp.env.map_or("every", Env::as_str),
+                arms = exp.arms.len(),
+                by = actor,
+                "experiment created"
+            );
+            self.refreshed().await;
+            Ok(exp)
+        })
     }
 
     /// running -> paused.
-    pub async fn pause(&self, actor: &str, id: &str, reason: &str) -> Result<Experiment> {
-        self.apply(actor, id, Action::Pause, None, reason).await
+    pub fn pause<'a>(
+        &'a self,
+        actor: &'a str,
+        id: &'a str,
+        reason: &'a str,
+    ) -> crate::BoxFuture<'a, Result<Experiment>> {
+        Box::pin(async move { self.apply(actor, id, Action::Pause, None, reason).await })
     }
 
     /// paused -> running.
-    pub async fn resume(&self, actor: &str, id: &str, reason: &str) -> Result<Experiment> {
-        self.apply(actor, id, Action::Resume, None, reason).await
+    pub fn resume<'a>(
+        &'a self,
+        actor: &'a str,
+        id: &'a str,
+        reason: &'a str,
+    ) -> crate::BoxFuture<'a, Result<Experiment>> {
+        Box::pin(async move { self.apply(actor, id, Action::Resume, None, reason).await })
     }
 
     /// Any state but stopped -> stopped.
-    pub async fn stop(&self, actor: &str, id: &str, reason: &str) -> Result<Experiment> {
-        self.apply(actor, id, Action::Stop, None, reason).await
+    pub fn stop<'a>(
+        &'a self,
+        actor: &'a str,
+        id: &'a str,
+        reason: &'a str,
+    ) -> crate::BoxFuture<'a, Result<Experiment>> {
+        Box::pin(async move { self.apply(actor, id, Action::Stop, None, reason).await })
     }
 
     /// Every session to `arm` (empty: the decided winner; none: `FailedPrecondition`).
-    pub async fn promote(
-        &self,
-        actor: &str,
-        id: &str,
-        arm: &str,
-        reason: &str,
-    ) -> Result<Experiment> {
-        let arm = Some(arm.trim()).filter(|a| !a.is_empty());
-        self.apply(actor, id, Action::Promote, arm, reason).await
+    pub fn promote<'a>(
+        &'a self,
+        actor: &'a str,
+        id: &'a str,
+        arm: &'a str,
+        reason: &'a str,
+    ) -> crate::BoxFuture<'a, Result<Experiment>> {
+        Box::pin(async move {
+            let arm = Some(arm.trim()).filter(|a| !a.is_empty());
+            self.apply(actor, id, Action::Promote, arm, reason).await
+        })
     }
 
     /// Takes `arm` out (never the last active one).
-    pub async fn rollback(
-        &self,
-        actor: &str,
-        id: &str,
-        arm: &str,
-        reason: &str,
-    ) -> Result<Experiment> {
-        self.apply(actor, id, Action::Rollback, Some(arm.trim()), reason)
-            .await
+    pub fn rollback<'a>(
+        &'a self,
+        actor: &'a str,
+        id: &'a str,
+        arm: &'a str,
+        reason: &'a str,
+    ) -> crate::BoxFuture<'a, Result<Experiment>> {
+        Box::pin(async move {
+            self.apply(actor, id, Action::Rollback, Some(arm.trim()), reason)
+                .await
+        })
     }
 
     /// The evaluation chose `winner` (as `system`); `detail` is the evidence in words.
-    pub async fn decide(&self, id: &str, winner: &str, detail: &str) -> Result<Experiment> {
-        self.apply(SYSTEM_ACTOR, id, Action::Decide, Some(winner), detail)
-            .await
+    pub fn decide<'a>(
+        &'a self,
+        id: &'a str,
+        winner: &'a str,
+        detail: &'a str,
+    ) -> crate::BoxFuture<'a, Result<Experiment>> {
+        Box::pin(async move {
+            self.apply(SYSTEM_ACTOR, id, Action::Decide, Some(winner), detail)
+                .await
+        })
     }
 
     /// A guardrail found `arm` worse (as `system`); `detail` names the guardrail and evidence.
-    pub async fn harm(&self, id: &str, arm: &str, detail: &str) -> Result<Experiment> {
-        self.apply(SYSTEM_ACTOR, id, Action::Harm, Some(arm), detail)
-            .await
+    pub fn harm<'a>(
+        &'a self,
+        id: &'a str,
+        arm: &'a str,
+        detail: &'a str,
+    ) -> crate::BoxFuture<'a, Result<Experiment>> {
+        Box::pin(async move {
+            self.apply(SYSTEM_ACTOR, id, Action::Harm, Some(arm), detail)
+                .await
+        })
     }
 
     /// The limit came without a decision (as `system`); `detail` says what was ruled out.
-    pub async fn inconclusive(&self, id: &str, detail: &str) -> Result<Experiment> {
-        self.apply(SYSTEM_ACTOR, id, Action::Inconclusive, None, detail)
-            .await
+    pub fn inconclusive<'a>(
+        &'a self,
+        id: &'a str,
+        detail: &'a str,
+    ) -> crate::BoxFuture<'a, Result<Experiment>> {
+        Box::pin(async move {
+            self.apply(SYSTEM_ACTOR, id, Action::Inconclusive, None, detail)
+                .await
+        })
     }
 
     /// One change: the row locked (PostgreSQL) and read in the write transaction, the rule

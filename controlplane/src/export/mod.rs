@@ -155,70 +155,72 @@ fn day_bounds_ms(day: NaiveDate) -> Result<(i64, i64)> {
 
 /// Writes one day of `kind` into `dir` (`dir/records/2026-11-28.parquet`), replacing the file
 /// that was there. Returns once the file is complete and in place.
-pub async fn export_day(
-    store: &Store,
+pub fn export_day<'a>(
+    store: &'a Store,
     kind: Kind,
     format: Format,
-    dir: &Path,
+    dir: &'a Path,
     day: NaiveDate,
-) -> Result<DayExport> {
-    let relative = relative_name(kind, format, day);
-    let path = dir.join(&relative);
-    let parent = path
-        .parent()
-        .ok_or_else(|| Error::InvalidArgument("export destination has no folder".into()))?
-        .to_path_buf();
-    let partial = parent.join(format!(
-        ".{}.{}.partial",
-        day.format("%Y-%m-%d"),
-        format.extension()
-    ));
-    let (start, end) = day_bounds_ms(day)?;
+) -> crate::BoxFuture<'a, Result<DayExport>> {
+    Box::pin(async move {
+        let relative = relative_name(kind, format, day);
+        let path = dir.join(&relative);
+        let parent = path
+            .parent()
+            .ok_or_else(|| Error::InvalidArgument("export destination has no folder".into()))?
+            .to_path_buf();
+        let partial = parent.join(format!(
+            ".{}.{}.partial",
+            day.format("%Y-%m-%d"),
+            format.extension()
+        ));
+        let (start, end) = day_bounds_ms(day)?;
 
-    let open_partial = partial.clone();
-    let mut writer = blocking(move || {
-        std::fs::create_dir_all(&parent)?;
-        DayWriter::create(&open_partial, kind, format)
-    })
-    .await?;
-
-    let mut rows = 0u64;
-    let mut cursor: Option<(i64, String)> = None;
-    loop {
-        let page = match kind {
-            Kind::Records => records_page(store, start, end, cursor.as_ref()).await?,
-            Kind::Signals => signals_page(store, start, end, cursor.as_ref()).await?,
-        };
-        let Some((at, id)) = page.last_key.clone() else {
-            break;
-        };
-        let full = page.rows.len() as u64 == PAGE_ROWS;
-        rows += page.rows.len() as u64;
-        cursor = Some((at, id));
-        writer = blocking(move || {
-            writer.write(page.rows)?;
-            Ok(writer)
+        let open_partial = partial.clone();
+        let mut writer = blocking(move || {
+            std::fs::create_dir_all(&parent)?;
+            DayWriter::create(&open_partial, kind, format)
         })
         .await?;
-        if !full {
-            break;
-        }
-    }
 
-    let (from, to) = (partial, path.clone());
-    let bytes = blocking(move || {
-        writer.finish()?;
-        let bytes = std::fs::metadata(&from)?.len();
-        std::fs::rename(&from, &to)?;
-        Ok(bytes)
-    })
-    .await?;
-    Ok(DayExport {
-        day,
-        relative,
-        path,
-        rows,
-        bytes,
+        let mut rows = 0u64;
+        let mut cursor: Option<(i64, String)> = None;
+        loop {
+            let page = match kind {
+                Kind::Records => records_page(store, start, end, cursor.as_ref()).await?,
+                Kind::Signals => signals_page(store, start, end, cursor.as_ref()).await?,
+            };
+            let Some((at, id)) = page.last_key.clone() else {
+                break;
+            };
+            let full = page.rows.len() as u64 == PAGE_ROWS;
+            rows += page.rows.len() as u64;
+            cursor = Some((at, id));
+            writer = blocking(move || {
+                writer.write(page.rows)?;
+                Ok(writer)
+            })
+            .await?;
+            if !full {
+                break;
+            }
+        }
+
+        let (from, to) = (partial, path.clone());
+        let bytes = blocking(move || {
+            writer.finish()?;
+            let bytes = std::fs::metadata(&from)?.len();
+            std::fs::rename(&from, &to)?;
+            Ok(bytes)
+        })
+        .await?;
+        Ok(DayExport {
+            day,
+            relative,
+            path,
+            rows,
+            bytes,
+        })
     })
 }
 

@@ -68,70 +68,72 @@ impl Store {
     /// with `synchronous=FULL`: a committed transaction survives a crash of the process or of
     /// the machine.
     #[tracing::instrument(skip_all, fields(db.system = tracing::field::Empty))]
-    pub async fn connect(url: &str) -> Result<Self> {
-        let backend = if url.starts_with("sqlite:") {
-            prepare_sqlite_dir(url)?;
-            "sqlite"
-        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            "postgresql"
-        } else {
-            return Err(Error::Config(format!(
-                "database URL must start with sqlite:// or postgres://, got {:?}",
-                redact_url(url)
-            )));
-        };
-        tracing::Span::current().record("db.system", backend);
+    pub fn connect<'a>(url: &'a str) -> crate::BoxFuture<'a, Result<Self>> {
+        Box::pin(async move {
+            let backend = if url.starts_with("sqlite:") {
+                prepare_sqlite_dir(url)?;
+                "sqlite"
+            } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+                "postgresql"
+            } else {
+                return Err(Error::Config(format!(
+                    "database URL must start with sqlite:// or postgres://, got {:?}",
+                    redact_url(url)
+                )));
+            };
+            tracing::Span::current().record("db.system", backend);
 
-        let mut opts = ConnectOptions::new(url.to_owned());
-        opts.sqlx_logging(false)
-            .connect_timeout(Duration::from_secs(10))
-            .acquire_timeout(Duration::from_secs(10));
-        if backend == "sqlite" {
-            // SQLite serialises writers; a few connections serve concurrent readers.
-            opts.max_connections(8).min_connections(1);
-            // Incremental: pages freed by retention go back to the file system
-            // (`crate::retention`). Only for a new file: on an existing one the pragma is a write
-            // (a read-only database could not even be opened), and takes effect only after a
-            // VACUUM, which retention runs.
-            let fresh = sqlite_file_is_new(url);
-            opts.map_sqlx_sqlite_opts(move |o| {
-                let o = if fresh {
-                    o.auto_vacuum(SqliteAutoVacuum::Incremental)
-                } else {
-                    o
-                };
-                o.journal_mode(SqliteJournalMode::Wal)
-                    .synchronous(SqliteSynchronous::Full)
-                    .busy_timeout(Duration::from_secs(10))
-                    .foreign_keys(true)
-            });
-            opts.map_sqlx_sqlite_pool_opts(|pool| pool.after_release(release_if_idle));
-        } else {
-            opts.max_connections(16).min_connections(1);
-            // One function: sea-orm keeps only the last one given (a second call once replaced
-            // the `TCP_NODELAY` hook, and every statement waited for a delayed acknowledgement).
-            let port = postgres_tcp_port(url);
-            opts.map_sqlx_postgres_pool_opts(move |pool| {
-                let pool = pool.after_release(release_if_idle);
-                match port {
-                    // See `nodelay`: sqlx 0.9.0 leaves Nagle's algorithm on.
-                    Some(port) => pool.after_connect(move |_conn, _meta| {
-                        Box::pin(async move {
-                            nodelay::set_on_sockets_to(port);
-                            Ok(())
-                        })
-                    }),
-                    None => pool,
-                }
-            });
-        }
-        let db = Database::connect(opts).await?;
-        Migrator::up(&db, None).await?;
-        info!(db.system = backend, url = %redact_url(url), "database ready");
-        Ok(Self {
-            db,
-            writability: Writability::new(),
-            kept_writer: Arc::default(),
+            let mut opts = ConnectOptions::new(url.to_owned());
+            opts.sqlx_logging(false)
+                .connect_timeout(Duration::from_secs(10))
+                .acquire_timeout(Duration::from_secs(10));
+            if backend == "sqlite" {
+                // SQLite serialises writers; a few connections serve concurrent readers.
+                opts.max_connections(8).min_connections(1);
+                // Incremental: pages freed by retention go back to the file system
+                // (`crate::retention`). Only for a new file: on an existing one the pragma is a write
+                // (a read-only database could not even be opened), and takes effect only after a
+                // VACUUM, which retention runs.
+                let fresh = sqlite_file_is_new(url);
+                opts.map_sqlx_sqlite_opts(move |o| {
+                    let o = if fresh {
+                        o.auto_vacuum(SqliteAutoVacuum::Incremental)
+                    } else {
+                        o
+                    };
+                    o.journal_mode(SqliteJournalMode::Wal)
+                        .synchronous(SqliteSynchronous::Full)
+                        .busy_timeout(Duration::from_secs(10))
+                        .foreign_keys(true)
+                });
+                opts.map_sqlx_sqlite_pool_opts(|pool| pool.after_release(release_if_idle));
+            } else {
+                opts.max_connections(16).min_connections(1);
+                // One function: sea-orm keeps only the last one given (a second call once replaced
+                // the `TCP_NODELAY` hook, and every statement waited for a delayed acknowledgement).
+                let port = postgres_tcp_port(url);
+                opts.map_sqlx_postgres_pool_opts(move |pool| {
+                    let pool = pool.after_release(release_if_idle);
+                    match port {
+                        // See `nodelay`: sqlx 0.9.0 leaves Nagle's algorithm on.
+                        Some(port) => pool.after_connect(move |_conn, _meta| {
+                            Box::pin(async move {
+                                nodelay::set_on_sockets_to(port);
+                                Ok(())
+                            })
+                        }),
+                        None => pool,
+                    }
+                });
+            }
+            let db = Database::connect(opts).await?;
+            Migrator::up(&db, None).await?;
+            info!(db.system = backend, url = %redact_url(url), "database ready");
+            Ok(Self {
+                db,
+                writability: Writability::new(),
+                kept_writer: Arc::default(),
+            })
         })
     }
 
@@ -142,16 +144,18 @@ impl Store {
 
     /// The write probe: a one-row upsert in a write transaction of its own. Its outcome (like
     /// every write transaction's) updates [`Store::writability`].
-    pub async fn probe_write(&self) -> Result<()> {
-        let txn = self.begin_write().await?;
-        let mut sql = crate::sql::Sql::new(
-            self.backend(),
-            "INSERT INTO write_probe (id, written_at_ms) VALUES (1, ",
-        );
-        sql.bind(crate::now_ms())
-            .push(") ON CONFLICT (id) DO UPDATE SET written_at_ms = excluded.written_at_ms");
-        txn.execute_raw(sql.build()).await?;
-        txn.commit().await
+    pub fn probe_write(&self) -> crate::BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            let txn = self.begin_write().await?;
+            let mut sql = crate::sql::Sql::new(
+                self.backend(),
+                "INSERT INTO write_probe (id, written_at_ms) VALUES (1, ",
+            );
+            sql.bind(crate::now_ms())
+                .push(") ON CONFLICT (id) DO UPDATE SET written_at_ms = excluded.written_at_ms");
+            txn.execute_raw(sql.build()).await?;
+            txn.commit().await
+        })
     }
 
     pub fn conn(&self) -> &DatabaseConnection {
@@ -190,35 +194,43 @@ impl Store {
 
     /// SQLite: switches the file to incremental vacuum with one `VACUUM`, both on one connection
     /// (the pragma is a connection's until the `VACUUM` writes it into the file).
-    pub async fn vacuum_to_incremental(&self) -> Result<()> {
-        let pool = self.db.get_sqlite_connection_pool();
-        let mut conn = pool.acquire().await.map_err(sqlx_bridge::exec_err)?;
-        for sql in ["PRAGMA auto_vacuum = INCREMENTAL", "VACUUM"] {
-            sea_orm::sqlx::query(sql)
-                .execute(&mut *conn)
-                .await
-                .map_err(sqlx_bridge::exec_err)?;
-        }
-        Ok(())
+    pub fn vacuum_to_incremental(&self) -> crate::BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            let pool = self.db.get_sqlite_connection_pool();
+            let mut conn = pool.acquire().await.map_err(sqlx_bridge::exec_err)?;
+            for sql in ["PRAGMA auto_vacuum = INCREMENTAL", "VACUUM"] {
+                sea_orm::sqlx::query(sql)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(sqlx_bridge::exec_err)?;
+            }
+            Ok(())
+        })
     }
 
     /// True when the database answers a trivial query.
-    pub async fn ping(&self) -> Result<()> {
-        self.db.ping().await?;
-        Ok(())
+    pub fn ping(&self) -> crate::BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            self.db.ping().await?;
+            Ok(())
+        })
     }
 
     /// True when every migration this binary knows has been applied.
-    pub async fn migrations_current(&self) -> Result<bool> {
-        let pending = Migrator::get_pending_migrations(&self.db).await?;
-        Ok(pending.is_empty())
+    pub fn migrations_current(&self) -> crate::BoxFuture<'_, Result<bool>> {
+        Box::pin(async move {
+            let pending = Migrator::get_pending_migrations(&self.db).await?;
+            Ok(pending.is_empty())
+        })
     }
 
-    pub async fn close(self) -> Result<()> {
-        // The pool's `close` waits for every connection taken from it.
-        self.kept_writer.close();
-        self.db.close().await?;
-        Ok(())
+    pub fn close(self) -> crate::BoxFuture<'static, Result<()>> {
+        Box::pin(async move {
+            // The pool's `close` waits for every connection taken from it.
+            self.kept_writer.close();
+            self.db.close().await?;
+            Ok(())
+        })
     }
 }
 

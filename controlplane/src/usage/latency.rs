@@ -291,13 +291,13 @@ impl UsageReports {
     /// Latency and time-to-first-byte percentiles of the stored records matching `filter`,
     /// grouped by `dims` (none: one row), most requests first, at most `limit` rows.
     #[tracing::instrument(skip_all, fields(dims = ?dims, limit))]
-    pub async fn latency(
-        &self,
-        dims: &[Dimension],
-        filter: &UsageFilter,
+    pub fn latency<'a>(
+        &'a self,
+        dims: &'a [Dimension],
+        filter: &'a UsageFilter,
         limit: u32,
-    ) -> Result<LatencyReport> {
-        self.latency_with(dims, filter, limit, true).await
+    ) -> crate::BoxFuture<'a, Result<LatencyReport>> {
+        Box::pin(async move { self.latency_with(dims, filter, limit, true).await })
     }
 
     /// [`UsageReports::latency`], reading `latency_totals` where they can answer, or (`totals`
