@@ -119,6 +119,7 @@ impl Pace {
         let timer = self
             .timer
             .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        // Should a change ever make a deadline move earlier, the timer follows it at once.
         if timer.deadline() > deadline {
             timer.as_mut().reset(deadline);
         }

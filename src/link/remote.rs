@@ -41,7 +41,7 @@ type Client = LinkClient<Transport>;
 pub struct Grpc {
     client: Client,
     /// `IngestRequests` without the generated client: its batch goes as bytes written straight
-    /// from the records ([`link::encode_batch_into`]).
+    /// from the records ([`link::encode_batch`]).
     ingest: tonic::client::Grpc<Transport>,
 }
 
@@ -188,9 +188,7 @@ impl Port for Grpc {
     }
 
     async fn ingest(&self, batch: &[RequestRecord]) -> Result<Ingested, LinkError> {
-        let mut body = Vec::with_capacity(batch.len() * 512);
-        link::encode_batch_into(batch, &mut body, &mut Vec::with_capacity(512));
-        let mut req = tonic::Request::new(bytes::Bytes::from(body));
+        let mut req = tonic::Request::new(bytes::Bytes::from(link::encode_batch(batch)));
         crate::otel::link::inject(req.metadata_mut());
         req.extensions_mut()
             .insert(tonic::GrpcMethod::new("nm.link.v1.Link", "IngestRequests"));

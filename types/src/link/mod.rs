@@ -38,7 +38,6 @@ pub mod pb {
 }
 
 mod record_wire;
-pub use record_wire::encode_batch_into;
 
 /// Why a session id from the wire was refused.
 const BAD_SESSION_ID: &str = "session_id must look like sess_<id>";
@@ -208,7 +207,8 @@ pub fn record_from_pb(r: pb::RequestRecord) -> Result<RequestRecord, &'static st
     })
 }
 
-/// A batch as the spool and the record journal store it: its `IngestRequests` message.
+/// A batch as the spool and the record journal store it and the ingest call sends it: its
+/// `IngestRequests` message, written straight from the records ([`record_wire`]).
 pub fn encode_batch(records: &[RequestRecord]) -> Vec<u8> {
     let mut out = Vec::with_capacity(records.len() * 512);
     record_wire::encode_batch_into(records, &mut out, &mut Vec::with_capacity(512));

@@ -15,7 +15,11 @@ const RECORDS: u32 = 1;
 
 /// Appends the batch message of `records` to `out`; `scratch` holds one record's fields at a
 /// time (reused, so a batch allocates nothing once both have grown).
-pub fn encode_batch_into(records: &[RequestRecord], out: &mut Vec<u8>, scratch: &mut Vec<u8>) {
+pub(super) fn encode_batch_into(
+    records: &[RequestRecord],
+    out: &mut Vec<u8>,
+    scratch: &mut Vec<u8>,
+) {
     for r in records {
         scratch.clear();
         record_fields(r, scratch);
