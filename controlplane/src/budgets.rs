@@ -627,6 +627,8 @@ impl Budgets {
         let mut changed: Vec<Scope> = Vec::new();
         let mut seen: HashSet<Scope> = HashSet::new();
         let st = &mut *st;
+        // Without any budget no scope is sent (below): nothing to track.
+        let ruled = !st.rules.is_empty();
         for item in items {
             let item_day = day_of(item.started_at_ms);
             let item_month = month_of_day(item_day);
@@ -637,17 +639,22 @@ impl Budgets {
             if item_month != month && item_week != week && item_minute < now_minute - 1 {
                 continue;
             }
-            let labels = item
-                .scopes
-                .iter()
-                .filter(|s| s.kind == ScopeKind::Key)
-                .filter_map(|s| st.key_labels.get(&s.value))
-                .flatten()
-                .map(|l| Scope::new(ScopeKind::Label, l.as_str()));
-            let scopes: Vec<Scope> = item.scopes.iter().cloned().chain(labels).collect();
-            for scope in scopes {
+            // The labels of the item's key, when a budget names any (rarely: no allocation
+            // without them).
+            let labels: Vec<Scope> = if st.key_labels.is_empty() {
+                Vec::new()
+            } else {
+                item.scopes
+                    .iter()
+                    .filter(|s| s.kind == ScopeKind::Key)
+                    .filter_map(|s| st.key_labels.get(&s.value))
+                    .flatten()
+                    .map(|l| Scope::new(ScopeKind::Label, l.as_str()))
+                    .collect()
+            };
+            for scope in item.scopes.iter().chain(&labels) {
                 // Most items name a scope already counted: look up before cloning it.
-                let s = match st.spend.get_mut(&scope) {
+                let s = match st.spend.get_mut(scope) {
                     Some(s) => s,
                     None => st.spend.entry(scope.clone()).or_default(),
                 };
@@ -672,9 +679,9 @@ impl Budgets {
                     s.minute_requests = s.minute_requests.saturating_add(1);
                     s.minute_tokens = s.minute_tokens.saturating_add(item.tokens);
                 }
-                if !seen.contains(&scope) {
+                if ruled && !seen.contains(scope) {
                     seen.insert(scope.clone());
-                    changed.push(scope);
+                    changed.push(scope.clone());
                 }
             }
         }

@@ -168,9 +168,13 @@ pub fn parse_user(s: &str) -> Result<String, ParseError> {
 }
 
 fn printable(s: &str, max: usize) -> Option<String> {
-    let trimmed = s.trim();
-    let ok = !trimmed.is_empty() && trimmed.len() <= max && !trimmed.chars().any(char::is_control);
-    ok.then(|| trimmed.to_owned())
+    printable_ok(s, max).then(|| s.trim().to_owned())
+}
+
+/// Whether `s`, trimmed, is 1 to `max` bytes without control characters: what [`parse_agent`]
+/// and [`parse_user`] accept, judged without making the owned copy they return.
+pub(crate) fn printable_ok(s: &str, max: usize) -> bool {
+    text_ok(s.trim(), max)
 }
 
 // === service keys ===
@@ -273,6 +277,27 @@ pub fn secrets_equal(a: &str, b: &str) -> bool {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    proptest! {
+        /// The byte-wise fast path judges every text as `char::is_control` does: ASCII, the
+        /// C1 controls (U+0080 to U+009F, two bytes in UTF-8) and their neighbours.
+        #[test]
+        fn has_control_is_char_is_control(
+            s in proptest::collection::vec(prop::sample::select(vec![
+                'a', ' ', '~', '\u{0}', '\u{1f}', '\u{7f}', '\u{80}', '\u{9f}', '\u{a0}',
+                'é', '\u{2028}', '😀',
+            ]), 0..12).prop_map(|c| c.into_iter().collect::<String>()),
+            any_text in ".{0,16}",
+        ) {
+            prop_assert_eq!(has_control(&s), s.chars().any(char::is_control), "{:?}", s);
+            prop_assert_eq!(
+                has_control(&any_text),
+                any_text.chars().any(char::is_control),
+                "{:?}",
+                any_text
+            );
+        }
+    }
 
     #[test]
     fn session_ids() {
@@ -401,5 +426,16 @@ pub const MAX_MODEL_LEN: usize = 256;
 
 /// Text of 1 to `max` bytes without control characters: the rule of most names a record holds.
 pub(crate) fn text_ok(s: &str, max: usize) -> bool {
-    !s.is_empty() && s.len() <= max && !s.chars().any(char::is_control)
+    !s.is_empty() && s.len() <= max && !has_control(s)
+}
+
+/// Whether `s` holds a control character (`char::is_control`: U+0000 to U+001F, U+007F to
+/// U+009F). ASCII text, nearly every name, is judged in one pass over its bytes without an early
+/// exit, which the compiler turns into a check of many bytes at a time; only text with other
+/// characters is decoded char by char.
+pub(crate) fn has_control(s: &str) -> bool {
+    let (control, high) = s.bytes().fold((false, false), |(control, high), b| {
+        (control | (b < 0x20) | (b == 0x7f), high | (b >= 0x80))
+    });
+    control || (high && s.chars().any(char::is_control))
 }

@@ -18,7 +18,10 @@ use std::sync::Arc;
 
 use crate::experiment::Variant;
 use crate::signal::{MAX_EDIT_DISTANCE, RequestId, Rule};
-use crate::{Env, SessionId, Usage, UsageStatus, parse_agent, parse_user, text_ok};
+use crate::{
+    Env, MAX_AGENT_LEN, MAX_USER_LEN, SessionId, Usage, UsageStatus, has_control, printable_ok,
+    text_ok,
+};
 
 /// Longest request id (a UUIDv7 is 36).
 pub const MAX_REQUEST_ID_LEN: usize = 64;
@@ -215,7 +218,7 @@ impl RequestRecord {
         {
             return Err("method must be an HTTP method of at most 16 characters");
         }
-        if r.path.len() > MAX_PATH_LEN || r.path.chars().any(char::is_control) {
+        if r.path.len() > MAX_PATH_LEN || has_control(&r.path) {
             return Err("path must be at most 2048 bytes, without control characters");
         }
         for model in [&r.model, &r.usage.model].into_iter().flatten() {
@@ -231,11 +234,18 @@ impl RequestRecord {
         {
             return Err("error_code and finish_reason must be 1 to 64 printable characters");
         }
-        if let Some(a) = &r.agent {
-            parse_agent(a).map_err(|_| "agent must be 1 to 128 printable characters")?;
+        // What `parse_agent` and `parse_user` accept, without their owned copies.
+        if r.agent
+            .as_deref()
+            .is_some_and(|a| !printable_ok(a, MAX_AGENT_LEN))
+        {
+            return Err("agent must be 1 to 128 printable characters");
         }
-        if let Some(u) = &r.user_id {
-            parse_user(u).map_err(|_| "user_id must be 1 to 256 printable characters")?;
+        if r.user_id
+            .as_deref()
+            .is_some_and(|u| !printable_ok(u, MAX_USER_LEN))
+        {
+            return Err("user_id must be 1 to 256 printable characters");
         }
         if r.status > 999 {
             return Err("status must be at most 999");
