@@ -76,7 +76,9 @@ pub(crate) async fn add_totals<C: ConnectionTrait>(
     records: &[&RequestRecord],
 ) -> Result<()> {
     type Key<'a> = (i64, &'a str, &'a str, &'a str, &'a str, &'a str, &'a str);
-    let mut sums: HashMap<Key<'_>, Measures> = HashMap::new();
+    // Sized for a row per record (a batch's records mostly name different end users): grown
+    // from empty, the map rehashed several times per batch.
+    let mut sums: HashMap<Key<'_>, Measures> = HashMap::with_capacity(records.len());
     for r in records {
         let model = r
             .usage
