@@ -414,7 +414,7 @@ async fn dataplane(
     let addr = listener.local_addr()?;
     info!(%addr, "dataplane HTTP listening on {addr}");
     let task = tokio::spawn(async move {
-        let drained = dp.serve(listener, signalled(stop)).await;
+        let drained = dp.serve(listener, Box::pin(signalled(stop))).await;
         link.stop().await;
         // The shipper is done: the journal applies its last settlements, the ledger says the
         // run ended cleanly.

@@ -1,6 +1,3 @@
-//! Two generated pieces: `nm_types::Action`, and with the `link` feature the link's protobuf
-//! messages ([`link_messages`]).
-//!
 //! Generates `nm_types::Action` from `signal-actions.json`, the one declaration of the signal
 //! actions: the enum, `ALL`, `NAMES`, `as_str` and `requires_edit_distance`. The proto and both
 //! client libraries are checked against the same file by tests (see its `$comment`).
@@ -27,23 +24,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let decls = parse(&text).map_err(|e| format!("types/{SOURCE}: {e}"))?;
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("action.rs");
     std::fs::write(out, generate(&decls))?;
-    link_messages()
-}
-
-/// With the `link` feature: compiles `proto/nm/link/v1/link.proto` into prost messages (no
-/// services: the root's build adds the tonic client and server over these types), without a
-/// system `protoc` (`protox` parses the file in pure Rust).
-fn link_messages() -> Result<(), Box<dyn std::error::Error>> {
-    #[cfg(feature = "link")]
-    {
-        let proto = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../proto");
-        println!("cargo:rerun-if-changed={}", proto.join("nm/link").display());
-        let fds = protox::compile([proto.join("nm/link/v1/link.proto")], [&proto])?;
-        tonic_prost_build::configure()
-            .build_server(false)
-            .build_client(false)
-            .compile_fds(fds)?;
-    }
     Ok(())
 }
 

@@ -44,6 +44,7 @@ pub mod usage;
 pub mod workers;
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -198,8 +199,13 @@ impl Dataplane {
         &self.state.budgets
     }
 
-    /// Serves on `listener` until `shutdown` completes, then drains.
-    pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()>) -> Drained {
-        server::serve(listener, self.state, shutdown, self.grace).await
+    /// Serves on `listener` until `shutdown` completes, then drains. The future is built and
+    /// boxed here, once ([`server::serve`]), so the crate awaiting it does not compile the proxy.
+    pub fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: server::Shutdown,
+    ) -> Pin<Box<dyn Future<Output = Drained> + Send>> {
+        server::serve(listener, self.state, shutdown, self.grace)
     }
 }

@@ -8,6 +8,7 @@
 //! left) are logged at most once a second.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,10 +33,28 @@ pub enum Drained {
     GraceExpired,
 }
 
-pub async fn serve(
+/// A future that completes when the server is to stop accepting (boxed once, at start-up).
+pub type Shutdown = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Serves on `listener` until `shutdown` completes, then drains.
+///
+/// Not generic, and the future is boxed here, once at start-up: the accept loop and the whole
+/// per-connection proxy (hyper's server and client, h2) are compiled in this crate, not again
+/// in the crate that awaits it (an `async fn`'s state machine is compiled where it is polled).
+/// Nothing per request or per connection is boxed for it (bench/HISTORY.md, "Session 27").
+pub fn serve(
     listener: TcpListener,
     state: Arc<State>,
-    shutdown: impl Future<Output = ()>,
+    shutdown: Shutdown,
+    grace: Duration,
+) -> Pin<Box<dyn Future<Output = Drained> + Send>> {
+    Box::pin(accept_loop(listener, state, shutdown, grace))
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    state: Arc<State>,
+    mut shutdown: Shutdown,
     grace: Duration,
 ) -> Drained {
     let limits = state.conn_limits;
@@ -54,7 +73,6 @@ pub async fn serve(
         header_timeout_secs = limits.header_timeout.as_secs(),
         "accepting connections"
     );
-    tokio::pin!(shutdown);
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -168,7 +186,7 @@ pub async fn serve(
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             },
-            () = &mut shutdown => break,
+            () = shutdown.as_mut() => break,
         }
     }
     drop(listener);

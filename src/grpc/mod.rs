@@ -8,9 +8,13 @@
 
 pub mod alerts;
 pub mod analytics;
+#[cfg(test)]
+mod codegen;
 pub mod convert;
 pub mod experiments;
 pub mod link_server;
+#[cfg(test)]
+mod proto_fingerprint;
 pub mod server;
 pub mod status;
 pub mod users;
@@ -24,13 +28,14 @@ use tonic::{Request, Status};
 
 use crate::config::ClientTls;
 
-/// Code generated from `proto/nm/v1/*.proto` by build.rs: the public admin API.
+/// Code generated from `proto/nm/v1/*.proto` (committed, `generated/`; the test `codegen` keeps
+/// it current): the public admin API.
 pub mod pb {
     #![allow(
         clippy::allow_attributes_without_reason,
         reason = "tonic-generated code"
     )]
-    tonic::include_proto!("nm.v1");
+    include!("generated/nm.v1.rs");
 }
 
 /// The internal link `proto/nm/link/v1/link.proto`: its messages (nm-types' `link` module,
@@ -41,11 +46,11 @@ pub mod link_pb {
         reason = "tonic-generated code"
     )]
     pub use nm_types::link::pb::*;
-    tonic::include_proto!("nm.link.v1");
+    include!("generated/nm.link.v1.rs");
 }
 
-/// Encoded file descriptor set of proto/, for server reflection.
-pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("nm_descriptor");
+/// Encoded file descriptor set of proto/, for server reflection (committed beside the code).
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!("generated/nm_descriptor.bin");
 
 /// Metadata key carrying a service key on admin calls.
 pub const NM_KEY_METADATA: &str = "nm-key";

@@ -1,5 +1,5 @@
 //! The link's wire format, once: the `nm.link.v1` protobuf messages (generated from
-//! `proto/nm/link/v1/link.proto` by this crate's build script, [`pb`]) and the one mapping
+//! `proto/nm/link/v1/link.proto`, committed in `generated/`, [`pb`]) and the one mapping
 //! between them and the types both halves speak: records, signals, key snapshots, the budget
 //! feed. Both adapters use it (the root's gRPC client and server), and so do the dataplane's
 //! spool and journal, which store a batch of records as its `IngestRequests` message
@@ -28,13 +28,14 @@ use crate::signal::{RequestId, Signal};
 use crate::{Action, Env, KeyVerifiers, SessionId, Usage, UsageStatus, VerifiedKey};
 
 /// Code generated from `proto/nm/link/v1/link.proto`: the messages only (the root adds the
-/// tonic service code over them).
+/// tonic service code over them). Committed (`generated/`): the root's test `grpc::codegen`
+/// regenerates it and fails if it differs.
 pub mod pb {
     #![allow(
         clippy::allow_attributes_without_reason,
         reason = "prost-generated code"
     )]
-    include!(concat!(env!("OUT_DIR"), "/nm.link.v1.rs"));
+    include!("generated/nm.link.v1.rs");
 }
 
 mod record_wire;
