@@ -168,11 +168,12 @@ pub fn parse_user(s: &str) -> Result<String, ParseError> {
 }
 
 fn printable(s: &str, max: usize) -> Option<String> {
-    printable_ok(s, max).then(|| s.trim().to_owned())
+    let trimmed = s.trim();
+    text_ok(trimmed, max).then(|| trimmed.to_owned())
 }
 
 /// Whether `s`, trimmed, is 1 to `max` bytes without control characters: what [`parse_agent`]
-/// and [`parse_user`] accept, judged without making the owned copy they return.
+/// and [`parse_user`] accept ([`printable`]'s rule), judged without the owned copy they return.
 pub(crate) fn printable_ok(s: &str, max: usize) -> bool {
     text_ok(s.trim(), max)
 }
