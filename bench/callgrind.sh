@@ -12,9 +12,11 @@
 #
 # GATEWAY_BIN=PATH measures another nm-gateway binary (an older build, say); BIN_DIR=DIR takes
 # both binaries from DIR. Settings such as NM_LOG or NM_HOT_PATH_OFF pass through to the gateway.
-# KEEP=FILE keeps the callgrind profile (for callgrind_annotate). STREAM=1 asks for the streamed
-# answer (20 SSE content chunks + finish + usage + [DONE]) instead of the JSON one. TRACED=1
-# exports every request's spans (sampler always_on) to nm-bench's OTLP collector. SESSIONS=N
+# KEEP=FILE keeps the callgrind profile (for callgrind_annotate; with THREADS=1, one per thread,
+# FILE.1-01 and on). THREADS=1 profiles each thread apart and prints each one's instructions per
+# request (the workers, the record shipper, the span export, the log writer). STREAM=1 asks for
+# the streamed answer (20 SSE content chunks + finish + usage + [DONE]) instead of the JSON one.
+# TRACED=1 exports every request's spans (sampler always_on) to nm-bench's OTLP collector. SESSIONS=N
 # sends each request in one of N sessions (`NM-Session`), alternating per session between the
 # question and the question with the mock's answer brought back, so the implicit rules fire on
 # every request (a `reask`, then a `continued`); NM_IMPLICIT_RULES=off measures the same load
@@ -45,6 +47,8 @@ key=nmk_5d8a1f3c7e9b2d4f6a8c0e1b3d5f7a9c2e4b6d8f0a1c3e57
 for tool in valgrind callgrind_control callgrind_annotate wrk; do
   command -v "$tool" >/dev/null || { echo "callgrind.sh: $tool not found" >&2; exit 1; }
 done
+# THREADS=1: a profile per thread, and each thread's share printed.
+threads=$([ "${THREADS:-0}" = 1 ] && echo --separate-threads=yes || true)
 dir=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; pkill -P $$ -x sleep 2>/dev/null || true; rm -rf "$dir"; }
@@ -97,7 +101,7 @@ gateway)
   NM_HTTP_ADDR=127.0.0.1:0 NM_GRPC_ADDR=127.0.0.1:0 \
     NM_DATABASE_URL="sqlite://$dir/gw.db?mode=rwc" NM_SPOOL_DIR="$dir/spool" \
     NM_BOOTSTRAP_KEY=$key NM_UPSTREAM_OPENAI=http://$mock \
-    valgrind --tool=callgrind --callgrind-out-file="$dir/cg.out" "$gateway" serve \
+    valgrind --tool=callgrind $threads --callgrind-out-file="$dir/cg.out" "$gateway" serve \
     >"$dir/target.log" 2>&1 &
   pids+=($!)
   http=$(listening "$dir/target.log" "dataplane HTTP")
@@ -115,7 +119,7 @@ dataplane)
   grpc=$(listening "$dir/controlplane.log" "controlplane gRPC")
   NM_HTTP_ADDR=127.0.0.1:0 NM_CONTROLPLANE_URL=http://$grpc NM_LINK_SECRET=$secret \
     NM_SPOOL_DIR="$dir/spool" NM_UPSTREAM_OPENAI=http://$mock \
-    valgrind --tool=callgrind --callgrind-out-file="$dir/cg.out" "$gateway" dataplane \
+    valgrind --tool=callgrind $threads --callgrind-out-file="$dir/cg.out" "$gateway" dataplane \
     >"$dir/target.log" 2>&1 &
   pids+=($!)
   http=$(listening "$dir/target.log" "dataplane HTTP")
@@ -125,7 +129,7 @@ dataplane)
   url=http://$http/openai/v1/chat/completions
   ;;
 forwarder)
-  sleep infinity | valgrind --tool=callgrind --callgrind-out-file="$dir/cg.out" \
+  sleep infinity | valgrind --tool=callgrind $threads --callgrind-out-file="$dir/cg.out" \
     "$bin/nm-bench" forwarder --upstream "$mock" --port-file "$dir/fwd.port" >"$dir/target.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 120); do [ -f "$dir/fwd.port" ] && break; sleep 0.5; done
@@ -194,11 +198,35 @@ requests=$(echo "$out" | awk '/requests in/ {print $1}')
 # On a busy machine the dump can finish after callgrind_control returns.
 for _ in $(seq 120); do ls "$dir"/cg.out.* >/dev/null 2>&1 && break; sleep 0.5; done
 sleep 1
-dump=$(ls "$dir"/cg.out.* | head -n1)
-total=$(callgrind_annotate "$dump" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
-if [ -n "${KEEP:-}" ]; then cp "$dump" "$KEEP"; echo "callgrind.sh: profile kept in $KEEP ($requests requests)"; fi
+dumps=$(ls "$dir"/cg.out.*)
+dump=$(echo "$dumps" | head -n1)
+# A profile's instructions (0 for a thread that ran none in the measure: its total reads ".").
+instructions() {
+  callgrind_annotate "$1" 2>/dev/null \
+    | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); n = ($1 ~ /^[0-9]+$/) ? $1 : 0} END {print n + 0}'
+}
+total=0
+for d in $dumps; do total=$((total + $(instructions "$d"))); done
+if [ -n "${KEEP:-}" ]; then
+  if [ "$(echo "$dumps" | wc -l)" = 1 ]; then cp "$dump" "$KEEP"
+  else for d in $dumps; do cp "$d" "$KEEP.${d##*.}"; done; fi
+  echo "callgrind.sh: profile kept in $KEEP ($requests requests)"
+fi
 echo "$target: $requests requests, $((total / requests)) instructions per request (user space)"
-# The runtime's frames (threads, tokio's scheduler) enclose everything: left out.
-callgrind_annotate --inclusive=yes "$dump" 2>/dev/null | sed -n '/file:function/,$p' | sed -n '3,$p' \
+if [ -n "$threads" ]; then
+  echo "per thread (instructions per request, the thread's costliest function of ours or its libraries):"
+  for d in $dumps; do
+    n=$(instructions "$d")
+    [ "$((n / requests))" -ge 10 ] || continue
+    top=$(callgrind_annotate --inclusive=yes "$d" 2>/dev/null | sed -n '/file:function/,$p' | sed -n '3,$p' \
+      | grep -Ev 'clone\.S|pthread_create|libc-start|std::sys::|thread_start|FnOnce|tokio::runtime::|^$' \
+      | head -n 1 | sed -E 's/^ *[0-9,]+ +\([^)]*\) +//; s/^[^ ]*\.(rs|c|h|S)://; s/ \[[^]]*\]$//' \
+      | cut -c1-100) || true
+    printf '%9d/req  thread %s  %s\n' "$((n / requests))" "${d##*-}" "$top"
+  done
+fi
+# The runtime's frames (threads, tokio's scheduler) enclose everything: left out. (One profile
+# only: with THREADS=1, the per-thread lines above stand for it.)
+[ -n "$threads" ] || callgrind_annotate --inclusive=yes "$dump" 2>/dev/null | sed -n '/file:function/,$p' | sed -n '3,$p' \
   | grep -Ev 'clone\.S|pthread_create|std::sys::|thread_start|FnOnce|tokio::runtime::' | head -n 30 \
   | awk -v n="$requests" '{c=$1; gsub(",", "", c); $1=""; $2=""; printf "%9d/req %s\n", c/n, substr($0, 1, 150)}' || true   # head closes the pipe early
