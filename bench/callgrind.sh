@@ -203,7 +203,7 @@ dump=$(echo "$dumps" | head -n1)
 # A profile's instructions (0 for a thread that ran none in the measure: its total reads ".").
 instructions() {
   callgrind_annotate "$1" 2>/dev/null \
-    | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); n = ($1 ~ /^[0-9]+$/) ? $1 : 0} END {print n + 0}'
+    | awk 'BEGIN {n = "0"} /PROGRAM TOTALS/ {gsub(",", "", $1); if ($1 ~ /^[0-9]+$/) n = $1} END {print n}'
 }
 total=0
 for d in $dumps; do total=$((total + $(instructions "$d"))); done
