@@ -18,7 +18,7 @@
 //! unit, period): see docs/budgets.md for the bound they give across dataplanes.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 
 use nm_types::budget::{
     BudgetRule, LeaseKey, LeaseRequest, LeaseResponse, LeaseUnit, MINUTE_MS, Period, Scope,
@@ -26,12 +26,16 @@ use nm_types::budget::{
     minute_of, month_of_day, week_of_day,
 };
 use sea_orm::sea_query::{Expr, OnConflict};
-use sea_orm::{ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter};
+use sea_orm::{
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseBackend, EntityTrait, QueryFilter,
+};
 use tokio::sync::broadcast;
 
 use crate::error::{Error, Result};
-use crate::store::Store;
+use crate::records::Cell;
+use crate::sql::{SqliteStatements, insert_values};
 use crate::store::entity::{api_key, budget, budget_spend, user_spend};
+use crate::store::{Store, WriteTxn};
 
 /// Deltas a slow watcher may fall behind before it is sent a full state instead.
 const FEED_BUFFER: usize = 1024;
@@ -707,7 +711,7 @@ impl Budgets {
 
 /// Adds a batch's spend to the daily rollup per scope, inside the batch's transaction. Labels
 /// are not stored: a label's spend is its keys'.
-pub(crate) async fn add_to_rollup<C: ConnectionTrait>(db: &C, items: &[SpendItem]) -> Result<()> {
+pub(crate) async fn add_to_rollup(txn: &WriteTxn, items: &[SpendItem]) -> Result<()> {
     // One row per (scope, day): PostgreSQL refuses an upsert that names a row twice. Sorted, so
     // concurrent batches lock rows in one order.
     let mut sums: BTreeMap<(&str, &str, i64), (i64, i64, i64)> = BTreeMap::new();
@@ -728,6 +732,23 @@ pub(crate) async fn add_to_rollup<C: ConnectionTrait>(db: &C, items: &[SpendItem
         }
     }
     if sums.is_empty() {
+        return Ok(());
+    }
+    if let WriteTxn::Sqlite(t) = txn {
+        // Bound from the scopes themselves, through statements prepared once.
+        let mut values = Vec::with_capacity(sums.len() * SPEND_COLUMNS.len());
+        for ((kind, value, day), (micros, tokens, requests)) in &sums {
+            values.extend([
+                Cell::Text(Some(kind)),
+                Cell::Text(Some(value)),
+                Cell::Int(Some(*day)),
+                Cell::Int(Some(*micros)),
+                Cell::Int(Some(*tokens)),
+                Cell::Int(Some(*requests)),
+            ]);
+        }
+        t.with_rusqlite(|conn| SPEND_SQLITE.run(conn, &values))
+            .await?;
         return Ok(());
     }
     let rows = sums
@@ -762,10 +783,39 @@ pub(crate) async fn add_to_rollup<C: ConnectionTrait>(db: &C, items: &[SpendItem
     .to_owned();
     budget_spend::Entity::insert_many(rows)
         .on_conflict(on_conflict)
-        .exec_without_returning(db)
+        .exec_without_returning(txn)
         .await?;
     Ok(())
 }
+
+/// The columns of `budget_spend` [`add_to_rollup`] writes.
+const SPEND_COLUMNS: [&str; 6] = [
+    "scope_kind",
+    "scope_value",
+    "day",
+    "cost_micros",
+    "tokens",
+    "requests",
+];
+
+/// [`add_to_rollup`]'s upserts on SQLite: the statement the query builder makes on PostgreSQL.
+static SPEND_SQLITE: LazyLock<SqliteStatements> = LazyLock::new(|| {
+    SqliteStatements::new(SPEND_COLUMNS.len(), |rows| {
+        let mut sql = insert_values(
+            DatabaseBackend::Sqlite,
+            "budget_spend",
+            &SPEND_COLUMNS,
+            rows,
+        );
+        sql.push_str(
+            " ON CONFLICT (scope_kind, scope_value, day) DO UPDATE SET \
+             cost_micros = budget_spend.cost_micros + excluded.cost_micros, \
+             tokens = budget_spend.tokens + excluded.tokens, \
+             requests = budget_spend.requests + excluded.requests",
+        );
+        sql
+    })
+});
 
 /// Moves the state to the periods of `now_ms`; true when they changed.
 fn roll(st: &mut State, now_ms: i64) -> bool {

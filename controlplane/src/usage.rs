@@ -21,12 +21,12 @@ pub mod totals;
 
 /// Adds new records (each counted once) to the day totals, in the caller's transaction: their
 /// usage to `usage_rollups` ([`totals`]) and their latencies to `latency_totals` ([`latency`]).
-pub(crate) async fn add_day_totals<C: sea_orm::ConnectionTrait>(
-    db: &C,
+pub(crate) async fn add_day_totals(
+    txn: &crate::store::WriteTxn,
     records: &[&nm_types::record::RequestRecord],
 ) -> Result<()> {
-    totals::add_totals(db, records).await?;
-    latency::add_totals(db, records).await
+    totals::add_totals(txn, records).await?;
+    latency::add_totals(txn, records).await
 }
 
 /// Most rows one report returns.

@@ -16,6 +16,8 @@ mod sqlite;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use row::Cell;
+
 use std::collections::HashSet;
 use std::future::Future;
 

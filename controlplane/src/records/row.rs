@@ -46,9 +46,10 @@ pub(super) const COLUMNS: [&str; 31] = [
 ];
 
 /// One value of a `requests` row, borrowed from its record: bound by rusqlite on SQLite, gathered
-/// into one array per column for sqlx on PostgreSQL.
+/// into one array per column for sqlx on PostgreSQL. The day totals bind theirs with it too
+/// (`crate::sql::SqliteStatements`).
 #[derive(Debug, Clone, Copy)]
-pub(super) enum Cell<'a> {
+pub(crate) enum Cell<'a> {
     Text(Option<&'a str>),
     Int(Option<i64>),
     Int32(i32),
@@ -60,7 +61,7 @@ pub(super) enum Cell<'a> {
 /// An id of up to 16 bytes spelled in lower-case hex (the W3C and OTLP/JSON spelling, as
 /// [`nm_types::record::TraceRef::trace_hex`]), held inline.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Hex {
+pub(crate) struct Hex {
     digits: [u8; 32],
     len: usize,
 }

@@ -6,37 +6,27 @@ use sea_orm::DatabaseBackend;
 use super::row::{COLUMNS, insert_sql, row_cells};
 use super::{Fresh, RequestRecord, RowWriter};
 use crate::error::Result;
-use crate::sql::chunks_by;
+use crate::sql::{SQLITE_ROW_COUNTS, SqliteStatements, chunks_by};
 use crate::store::SqliteWrite;
 
-/// The row counts of SQLite's INSERTs, largest first. Each row of a statement costs SQLite one
-/// pass of the insert loop, but each statement adds its own start and end (cursors opened on
-/// the table and its five indexes, the statement's halt) and, through rusqlite, a step and a
-/// reset: about a tenth of a one-row INSERT. Statements of 8 rows, not 32: SQLite copies each
-/// bound text, and binding a 32-row statement's texts cost more than its fewer statements saved
-/// (callgrind, `serve`: 120–122k instructions per request with 8 and 1, 124–126k with 32, 8
-/// and 1, alternating runs).
-const ROW_COUNTS: [usize; 2] = [8, 1];
-
-/// The INSERTs without `RETURNING`, one per row count of [`ROW_COUNTS`].
+/// The INSERTs without `RETURNING`, one per row count of [`SQLITE_ROW_COUNTS`].
 #[derive(Debug)]
 pub(super) struct SqliteRows {
-    by_rows: [(usize, String); ROW_COUNTS.len()],
+    statements: SqliteStatements,
 }
 
 impl SqliteRows {
     pub(super) fn new(backend: DatabaseBackend) -> Self {
         Self {
-            by_rows: ROW_COUNTS.map(|rows| (rows, insert_sql(backend, rows, false))),
+            statements: SqliteStatements::new(COLUMNS.len(), |rows| {
+                insert_sql(backend, rows, false)
+            }),
         }
     }
 
-    /// The statement inserting `rows` rows (one of [`ROW_COUNTS`]).
+    /// The statement inserting `rows` rows (one of [`SQLITE_ROW_COUNTS`]).
     fn sql(&self, rows: usize) -> &str {
-        self.by_rows
-            .iter()
-            .find(|(n, _)| *n == rows)
-            .map_or("", |(_, sql)| sql)
+        self.statements.sql(rows)
     }
 }
 
@@ -72,7 +62,7 @@ fn insert_rows(
     // rebound chunk after chunk. (Back in the cache its bindings are cleared, which frees the
     // copies SQLite made of the bound text; rebinding reuses them.)
     let mut current: Option<(usize, rusqlite::CachedStatement<'_>)> = None;
-    for chunk in chunks_by(records, &ROW_COUNTS) {
+    for chunk in chunks_by(records, &SQLITE_ROW_COUNTS) {
         if current
             .as_ref()
             .is_none_or(|(rows, _)| *rows != chunk.len())

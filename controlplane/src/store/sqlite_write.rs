@@ -7,9 +7,11 @@
 //! sqlx's arguments on the async runtime, and then bound and cleared one by one on sqlx's SQLite
 //! thread: thousands of parameters per statement, each costing more than SQLite spent storing
 //! it. A [`SqliteWrite`] runs the batch's transaction on one pooled sqlx connection instead. Its
-//! other statements (sessions, rollups, spend) go through sea-orm's [`ConnectionTrait`] as before,
-//! and [`SqliteWrite::with_rusqlite`] hands the same connection, inside the same transaction, to
-//! rusqlite, which binds a prepared single-row statement straight from the records.
+//! other statements (sessions, analytics rollups) go through sea-orm's [`ConnectionTrait`] as
+//! before, and [`SqliteWrite::with_rusqlite`] hands the same connection, inside the same
+//! transaction, to rusqlite, which binds prepared multi-row statements straight from the records:
+//! the request rows, and the upserts of the day totals and the budget spend, whose rows come one
+//! or more per record too (`crate::sql::SqliteStatements`).
 //!
 //! **Statements kept.** Preparing that 28-column `INSERT` costs SQLite far more than storing a
 //! row, so it is prepared once per connection, not once per batch: a committed transaction's

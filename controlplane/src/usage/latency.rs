@@ -23,12 +23,16 @@ use std::collections::{BTreeMap, HashMap};
 
 use nm_types::budget::DAY_MS;
 use nm_types::record::RequestRecord;
-use sea_orm::{ConnectionTrait, Statement, Value};
+use std::sync::LazyLock;
+
+use sea_orm::{ConnectionTrait, DatabaseBackend, Statement, Value};
 
 use super::totals::{DaySplit, split_days};
 use super::{Dimension, UsageFilter, UsageReports, checked_limit, key_value, push_filter};
 use crate::error::Result;
-use crate::sql::{Sql, chunks_of, count, insert_values};
+use crate::records::Cell;
+use crate::sql::{Sql, SqliteStatements, chunks_of, count, insert_values};
+use crate::store::WriteTxn;
 
 /// The columns of `latency_totals` (m0022): its key, then the count. An absent agent, env or
 /// model is stored as `''` (none of them can be empty) and read back as NULL.
@@ -55,10 +59,7 @@ pub(crate) fn bucket_of(v: i64) -> i64 {
 
 /// Adds the latencies and times to first byte of `records` (new ones: each is counted once) to
 /// `latency_totals`, one row per key, in key order (concurrent batches lock rows in one order).
-pub(crate) async fn add_totals<C: ConnectionTrait>(
-    db: &C,
-    records: &[&RequestRecord],
-) -> Result<()> {
+pub(crate) async fn add_totals(txn: &WriteTxn, records: &[&RequestRecord]) -> Result<()> {
     type Key<'a> = (&'a str, i64, &'a str, &'a str, &'a str, i64, i64);
     let mut sums: HashMap<Key<'_>, i64> = HashMap::new();
     for r in records {
@@ -81,13 +82,28 @@ pub(crate) async fn add_totals<C: ConnectionTrait>(
     }
     let mut rows: Vec<(Key<'_>, i64)> = sums.into_iter().collect();
     rows.sort_unstable();
-    let backend = db.get_database_backend();
+    if let WriteTxn::Sqlite(t) = txn {
+        // Bound from the records themselves, through statements prepared once.
+        let mut values = Vec::with_capacity(rows.len() * TOTAL_COLUMNS.len());
+        for ((agent, day, env, provider, model, metric, bucket), n) in &rows {
+            values.extend([
+                Cell::Text(Some(agent)),
+                Cell::Int(Some(*day)),
+                Cell::Text(Some(env)),
+                Cell::Text(Some(provider)),
+                Cell::Text(Some(model)),
+                Cell::Int(Some(*metric)),
+                Cell::Int(Some(*bucket)),
+                Cell::Int(Some(*n)),
+            ]);
+        }
+        t.with_rusqlite(|conn| SQLITE.run(conn, &values)).await?;
+        return Ok(());
+    }
+    let backend = txn.get_database_backend();
     for chunk in chunks_of(&rows) {
         let mut sql = insert_values(backend, "latency_totals", &TOTAL_COLUMNS, chunk.len());
-        sql.push_str(
-            " ON CONFLICT (agent, day, env, provider, model, metric, bucket) \
-             DO UPDATE SET n = latency_totals.n + excluded.n",
-        );
+        sql.push_str(ADD_ON_CONFLICT);
         let mut values = Vec::with_capacity(chunk.len() * TOTAL_COLUMNS.len());
         for ((agent, day, env, provider, model, metric, bucket), n) in chunk {
             values.extend([
@@ -101,11 +117,29 @@ pub(crate) async fn add_totals<C: ConnectionTrait>(
                 Value::BigInt(Some(*n)),
             ]);
         }
-        db.execute_raw(Statement::from_sql_and_values(backend, sql, values))
+        txn.execute_raw(Statement::from_sql_and_values(backend, sql, values))
             .await?;
     }
     Ok(())
 }
+
+/// The `ON CONFLICT` clause that adds a row's count to the one already there.
+const ADD_ON_CONFLICT: &str = " ON CONFLICT (agent, day, env, provider, model, metric, bucket) \
+                               DO UPDATE SET n = latency_totals.n + excluded.n";
+
+/// [`add_totals`]'s upserts on SQLite.
+static SQLITE: LazyLock<SqliteStatements> = LazyLock::new(|| {
+    SqliteStatements::new(TOTAL_COLUMNS.len(), |rows| {
+        let mut sql = insert_values(
+            DatabaseBackend::Sqlite,
+            "latency_totals",
+            &TOTAL_COLUMNS,
+            rows,
+        );
+        sql.push_str(ADD_ON_CONFLICT);
+        sql
+    })
+});
 
 /// The statement that fills `latency_totals` from the stored records (m0022 on an existing
 /// database): what [`add_totals`] would have added for each of them.

@@ -6,6 +6,7 @@
 //! starts or ends mid-day) from the records ([`super::UsageReports::report`]).
 
 use std::collections::HashMap;
+use std::sync::LazyLock;
 
 use nm_types::UsageStatus;
 use nm_types::budget::DAY_MS;
@@ -14,7 +15,9 @@ use sea_orm::{ConnectionTrait, DatabaseBackend, Statement, Value};
 
 use super::{ERRORS, UNMETERED, UNPRICED};
 use crate::error::Result;
-use crate::sql::{chunks_of, insert_values};
+use crate::records::Cell;
+use crate::sql::{SqliteStatements, chunks_of, insert_values};
+use crate::store::WriteTxn;
 
 /// The key columns of `usage_rollups` (m0014). An absent agent, end user, env or model is stored
 /// as `''` (none of them can be empty) and read back as NULL.
@@ -71,10 +74,7 @@ pub(crate) fn add_on_conflict() -> String {
 
 /// Adds the usage of `records` (new ones: each is counted once) to `usage_rollups`, one row per
 /// key, in key order (concurrent batches lock rows in one order).
-pub(crate) async fn add_totals<C: ConnectionTrait>(
-    db: &C,
-    records: &[&RequestRecord],
-) -> Result<()> {
+pub(crate) async fn add_totals(txn: &WriteTxn, records: &[&RequestRecord]) -> Result<()> {
     type Key<'a> = (i64, &'a str, &'a str, &'a str, &'a str, &'a str, &'a str);
     // Sized for a row per record (a batch's records mostly name different end users): grown
     // from empty, the map rehashed several times per batch.
@@ -102,17 +102,23 @@ pub(crate) async fn add_totals<C: ConnectionTrait>(
     }
     let mut rows: Vec<(Key<'_>, Measures)> = sums.into_iter().collect();
     rows.sort_unstable();
-    let backend = db.get_database_backend();
-    let columns: Vec<&str> = KEY_COLUMNS
-        .iter()
-        .chain(&MEASURE_COLUMNS)
-        .copied()
-        .collect();
+    if let WriteTxn::Sqlite(t) = txn {
+        // Bound from the records themselves, through statements prepared once.
+        let mut values = Vec::with_capacity(rows.len() * WIDTH);
+        for ((day, agent, user, env, provider, model, key), measures) in &rows {
+            values.push(Cell::Int(Some(*day)));
+            values.extend([agent, user, env, provider, model, key].map(|t| Cell::Text(Some(t))));
+            values.extend(measures.iter().map(|m| Cell::Int(Some(*m))));
+        }
+        t.with_rusqlite(|conn| SQLITE.run(conn, &values)).await?;
+        return Ok(());
+    }
+    let backend = txn.get_database_backend();
     let conflict = add_on_conflict();
     for chunk in chunks_of(&rows) {
-        let mut sql = insert_values(backend, "usage_rollups", &columns, chunk.len());
+        let mut sql = insert_values(backend, "usage_rollups", &columns(), chunk.len());
         sql.push_str(&conflict);
-        let mut values = Vec::with_capacity(chunk.len() * columns.len());
+        let mut values = Vec::with_capacity(chunk.len() * WIDTH);
         for ((day, agent, user, env, provider, model, key), measures) in chunk {
             values.push(Value::BigInt(Some(*day)));
             for text in [agent, user, env, provider, model, key] {
@@ -120,11 +126,32 @@ pub(crate) async fn add_totals<C: ConnectionTrait>(
             }
             values.extend(measures.iter().map(|m| Value::BigInt(Some(*m))));
         }
-        db.execute_raw(Statement::from_sql_and_values(backend, sql, values))
+        txn.execute_raw(Statement::from_sql_and_values(backend, sql, values))
             .await?;
     }
     Ok(())
 }
+
+/// Values in a row of `usage_rollups`.
+const WIDTH: usize = KEY_COLUMNS.len() + MEASURE_COLUMNS.len();
+
+/// The columns of `usage_rollups` [`add_totals`] writes: its key, then its measures.
+fn columns() -> Vec<&'static str> {
+    KEY_COLUMNS
+        .iter()
+        .chain(&MEASURE_COLUMNS)
+        .copied()
+        .collect()
+}
+
+/// [`add_totals`]'s upserts on SQLite.
+static SQLITE: LazyLock<SqliteStatements> = LazyLock::new(|| {
+    SqliteStatements::new(WIDTH, |rows| {
+        let mut sql = insert_values(DatabaseBackend::Sqlite, "usage_rollups", &columns(), rows);
+        sql.push_str(&add_on_conflict());
+        sql
+    })
+});
 
 /// The statement that adds the stored records to `usage_rollups` (m0023 on an existing
 /// database, whose rollups held only the records retention had deleted): what [`add_totals`]
