@@ -940,11 +940,19 @@ async fn a_dataplane_killed_under_load(durability: &str) {
     let load: Vec<_> = (0..8)
         .map(|_| tokio::spawn(load_until_killed(dp.http, answered.clone())))
         .collect();
-    let count_answered = || answered.lock().map(|a| a.len()).unwrap_or(0);
-    eventually(Duration::from_secs(60), "400 answers under load", || {
-        let n = count_answered();
-        async move { (n >= 400).then_some(()) }
-    })
+    // Killed once the records of 800 answers are stored: what is lost is then the last
+    // moments' records (those the shipper had not sent yet), however fast this machine answers.
+    // (Killed at 400 answers, a fast machine had sent only half of them by then.)
+    let answered_now = || answered.lock().map(|a| a.clone()).unwrap_or_default();
+    eventually(
+        Duration::from_secs(60),
+        "800 answered records stored under load",
+        || {
+            let ids = answered_now();
+            let gw = &gw;
+            async move { (ids.len() >= 800 && stored_of(gw, &ids).await >= 800).then_some(()) }
+        },
+    )
     .await;
     dp.kill9();
     for task in load {
