@@ -26,14 +26,12 @@ use nm_types::budget::{
     minute_of, month_of_day, week_of_day,
 };
 use sea_orm::sea_query::{Expr, OnConflict};
-use sea_orm::{
-    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseBackend, EntityTrait, QueryFilter,
-};
+use sea_orm::{ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter};
 use tokio::sync::broadcast;
 
 use crate::error::{Error, Result};
 use crate::records::Cell;
-use crate::sql::{SqliteStatements, insert_values};
+use crate::sql::SqliteStatements;
 use crate::store::entity::{api_key, budget, budget_spend, user_spend};
 use crate::store::{Store, WriteTxn};
 
@@ -800,21 +798,14 @@ const SPEND_COLUMNS: [&str; 6] = [
 
 /// [`add_to_rollup`]'s upserts on SQLite: the statement the query builder makes on PostgreSQL.
 static SPEND_SQLITE: LazyLock<SqliteStatements> = LazyLock::new(|| {
-    SqliteStatements::new(SPEND_COLUMNS.len(), |rows| {
-        let mut sql = insert_values(
-            DatabaseBackend::Sqlite,
-            "budget_spend",
-            &SPEND_COLUMNS,
-            rows,
-        );
-        sql.push_str(
-            " ON CONFLICT (scope_kind, scope_value, day) DO UPDATE SET \
-             cost_micros = budget_spend.cost_micros + excluded.cost_micros, \
-             tokens = budget_spend.tokens + excluded.tokens, \
-             requests = budget_spend.requests + excluded.requests",
-        );
-        sql
-    })
+    SqliteStatements::insert(
+        "budget_spend",
+        &SPEND_COLUMNS,
+        " ON CONFLICT (scope_kind, scope_value, day) DO UPDATE SET \
+         cost_micros = budget_spend.cost_micros + excluded.cost_micros, \
+         tokens = budget_spend.tokens + excluded.tokens, \
+         requests = budget_spend.requests + excluded.requests",
+    )
 });
 
 /// Moves the state to the periods of `now_ms`; true when they changed.

@@ -155,8 +155,17 @@ impl SqliteStatements {
         }
     }
 
+    /// `INSERT INTO table (cols…) VALUES` and its rows, then `tail` (an `ON CONFLICT` clause).
+    pub fn insert(table: &str, cols: &[&str], tail: &str) -> Self {
+        Self::new(cols.len(), |rows| {
+            let mut sql = insert_values(DatabaseBackend::Sqlite, table, cols, rows);
+            sql.push_str(tail);
+            sql
+        })
+    }
+
     /// The statement of `rows` rows (one of [`SQLITE_ROW_COUNTS`]).
-    pub fn sql(&self, rows: usize) -> &str {
+    fn sql(&self, rows: usize) -> &str {
         self.by_rows
             .iter()
             .find(|(n, _)| *n == rows)
@@ -174,7 +183,8 @@ impl SqliteStatements {
         let rows: Vec<&[V]> = values.chunks_exact(self.width.max(1)).collect();
         let mut changed = 0;
         // The chunks come largest first: each statement is taken from the cache once and
-        // rebound chunk after chunk.
+        // rebound chunk after chunk. (Back in the cache its bindings are cleared, which frees
+        // the copies SQLite made of the bound text; rebinding reuses them.)
         let mut current: Option<(usize, rusqlite::CachedStatement<'_>)> = None;
         for chunk in chunks_by(&rows, &SQLITE_ROW_COUNTS) {
             if current

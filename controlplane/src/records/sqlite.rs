@@ -3,13 +3,13 @@
 
 use sea_orm::DatabaseBackend;
 
-use super::row::{COLUMNS, insert_sql, row_cells};
+use super::row::{COLUMNS, Cell, insert_sql, row_cells};
 use super::{Fresh, RequestRecord, RowWriter};
 use crate::error::Result;
-use crate::sql::{SQLITE_ROW_COUNTS, SqliteStatements, chunks_by};
+use crate::sql::SqliteStatements;
 use crate::store::SqliteWrite;
 
-/// The INSERTs without `RETURNING`, one per row count of [`SQLITE_ROW_COUNTS`].
+/// The INSERTs without `RETURNING`, one per row count of [`crate::sql::SQLITE_ROW_COUNTS`].
 #[derive(Debug)]
 pub(super) struct SqliteRows {
     statements: SqliteStatements,
@@ -22,11 +22,6 @@ impl SqliteRows {
                 insert_sql(backend, rows, false)
             }),
         }
-    }
-
-    /// The statement inserting `rows` rows (one of [`SQLITE_ROW_COUNTS`]).
-    fn sql(&self, rows: usize) -> &str {
-        self.statements.sql(rows)
     }
 }
 
@@ -57,43 +52,17 @@ fn insert_rows(
     records: &[&RequestRecord],
 ) -> rusqlite::Result<Fresh> {
     conn.prepare_cached("SAVEPOINT request_rows")?.execute([])?;
-    let mut inserted = 0;
-    // The chunks come largest first: each statement is taken from the cache once per batch and
-    // rebound chunk after chunk. (Back in the cache its bindings are cleared, which frees the
-    // copies SQLite made of the bound text; rebinding reuses them.)
-    let mut current: Option<(usize, rusqlite::CachedStatement<'_>)> = None;
-    for chunk in chunks_by(records, &SQLITE_ROW_COUNTS) {
-        if current
-            .as_ref()
-            .is_none_or(|(rows, _)| *rows != chunk.len())
-        {
-            current = Some((chunk.len(), conn.prepare_cached(sql.sql(chunk.len()))?));
-        }
-        let Some((_, stmt)) = current.as_mut() else {
-            continue;
-        };
-        for (r, record) in chunk.iter().enumerate() {
-            for (i, cell) in row_cells(record).iter().enumerate() {
-                stmt.raw_bind_parameter(r * COLUMNS.len() + i + 1, cell)?;
-            }
-        }
-        inserted += stmt.raw_execute()?;
-    }
-    drop(current);
-    if inserted == records.len() {
+    let cells: Vec<Cell<'_>> = records.iter().flat_map(|r| row_cells(r)).collect();
+    if sql.statements.run(conn, &cells)? == records.len() {
         conn.prepare_cached("RELEASE request_rows")?.execute([])?;
         return Ok(Fresh::All);
     }
     conn.prepare_cached("ROLLBACK TO request_rows")?
         .execute([])?;
     conn.prepare_cached("RELEASE request_rows")?.execute([])?;
-    let mut stmt = conn.prepare_cached(sql.sql(1))?;
     let mut ids = std::collections::HashSet::with_capacity(records.len());
-    for r in records {
-        for (i, cell) in row_cells(r).iter().enumerate() {
-            stmt.raw_bind_parameter(i + 1, cell)?;
-        }
-        if stmt.raw_execute()? == 1 {
+    for (r, row) in records.iter().zip(cells.chunks_exact(COLUMNS.len())) {
+        if sql.statements.run(conn, row)? == 1 {
             ids.insert(r.request_id.clone());
         }
     }

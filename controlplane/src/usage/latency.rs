@@ -25,7 +25,7 @@ use nm_types::budget::DAY_MS;
 use nm_types::record::RequestRecord;
 use std::sync::LazyLock;
 
-use sea_orm::{ConnectionTrait, DatabaseBackend, Statement, Value};
+use sea_orm::{ConnectionTrait, Statement, Value};
 
 use super::totals::{DaySplit, split_days};
 use super::{Dimension, UsageFilter, UsageReports, checked_limit, key_value, push_filter};
@@ -128,18 +128,8 @@ const ADD_ON_CONFLICT: &str = " ON CONFLICT (agent, day, env, provider, model, m
                                DO UPDATE SET n = latency_totals.n + excluded.n";
 
 /// [`add_totals`]'s upserts on SQLite.
-static SQLITE: LazyLock<SqliteStatements> = LazyLock::new(|| {
-    SqliteStatements::new(TOTAL_COLUMNS.len(), |rows| {
-        let mut sql = insert_values(
-            DatabaseBackend::Sqlite,
-            "latency_totals",
-            &TOTAL_COLUMNS,
-            rows,
-        );
-        sql.push_str(ADD_ON_CONFLICT);
-        sql
-    })
-});
+static SQLITE: LazyLock<SqliteStatements> =
+    LazyLock::new(|| SqliteStatements::insert("latency_totals", &TOTAL_COLUMNS, ADD_ON_CONFLICT));
 
 /// The statement that fills `latency_totals` from the stored records (m0022 on an existing
 /// database): what [`add_totals`] would have added for each of them.

@@ -145,13 +145,8 @@ fn columns() -> Vec<&'static str> {
 }
 
 /// [`add_totals`]'s upserts on SQLite.
-static SQLITE: LazyLock<SqliteStatements> = LazyLock::new(|| {
-    SqliteStatements::new(WIDTH, |rows| {
-        let mut sql = insert_values(DatabaseBackend::Sqlite, "usage_rollups", &columns(), rows);
-        sql.push_str(&add_on_conflict());
-        sql
-    })
-});
+static SQLITE: LazyLock<SqliteStatements> =
+    LazyLock::new(|| SqliteStatements::insert("usage_rollups", &columns(), &add_on_conflict()));
 
 /// The statement that adds the stored records to `usage_rollups` (m0023 on an existing
 /// database, whose rollups held only the records retention had deleted): what [`add_totals`]
