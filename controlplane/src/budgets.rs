@@ -25,13 +25,13 @@ use nm_types::budget::{
     ScopeKind, Subject, check_scope_value, day_of, first_day_of_month, first_day_of_week, grant,
     minute_of, month_of_day, week_of_day,
 };
-use sea_orm::sea_query::{Expr, OnConflict};
+use sea_orm::sea_query::OnConflict;
 use sea_orm::{ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter};
 use tokio::sync::broadcast;
 
 use crate::error::{Error, Result};
 use crate::records::Cell;
-use crate::sql::SqliteStatements;
+use crate::sql::Upsert;
 use crate::store::entity::{api_key, budget, budget_spend, user_spend};
 use crate::store::{Store, WriteTxn};
 
@@ -732,58 +732,18 @@ pub(crate) async fn add_to_rollup(txn: &WriteTxn, items: &[SpendItem]) -> Result
     if sums.is_empty() {
         return Ok(());
     }
-    if let WriteTxn::Sqlite(t) = txn {
-        // Bound from the scopes themselves, through statements prepared once.
-        let mut values = Vec::with_capacity(sums.len() * SPEND_COLUMNS.len());
-        for ((kind, value, day), (micros, tokens, requests)) in &sums {
-            values.extend([
-                Cell::Text(Some(kind)),
-                Cell::Text(Some(value)),
-                Cell::Int(Some(*day)),
-                Cell::Int(Some(*micros)),
-                Cell::Int(Some(*tokens)),
-                Cell::Int(Some(*requests)),
-            ]);
-        }
-        t.with_rusqlite(|conn| SPEND_SQLITE.run(conn, &values))
-            .await?;
-        return Ok(());
+    let mut values = Vec::with_capacity(sums.len() * SPEND_COLUMNS.len());
+    for ((kind, value, day), (micros, tokens, requests)) in &sums {
+        values.extend([
+            Cell::Text(Some(kind)),
+            Cell::Text(Some(value)),
+            Cell::Int(Some(*day)),
+            Cell::Int(Some(*micros)),
+            Cell::Int(Some(*tokens)),
+            Cell::Int(Some(*requests)),
+        ]);
     }
-    let rows = sums
-        .into_iter()
-        .map(
-            |((kind, value, day), (micros, tokens, requests))| budget_spend::ActiveModel {
-                scope_kind: Set(kind.to_owned()),
-                scope_value: Set(value.to_owned()),
-                day: Set(day),
-                cost_micros: Set(micros),
-                tokens: Set(tokens),
-                requests: Set(requests),
-            },
-        );
-    let on_conflict = OnConflict::columns([
-        budget_spend::Column::ScopeKind,
-        budget_spend::Column::ScopeValue,
-        budget_spend::Column::Day,
-    ])
-    .value(
-        budget_spend::Column::CostMicros,
-        Expr::cust(r#""budget_spend"."cost_micros" + "excluded"."cost_micros""#),
-    )
-    .value(
-        budget_spend::Column::Tokens,
-        Expr::cust(r#""budget_spend"."tokens" + "excluded"."tokens""#),
-    )
-    .value(
-        budget_spend::Column::Requests,
-        Expr::cust(r#""budget_spend"."requests" + "excluded"."requests""#),
-    )
-    .to_owned();
-    budget_spend::Entity::insert_many(rows)
-        .on_conflict(on_conflict)
-        .exec_without_returning(txn)
-        .await?;
-    Ok(())
+    SPEND_UPSERT.run(txn, &values).await
 }
 
 /// The columns of `budget_spend` [`add_to_rollup`] writes.
@@ -796,15 +756,16 @@ const SPEND_COLUMNS: [&str; 6] = [
     "requests",
 ];
 
-/// [`add_to_rollup`]'s upserts on SQLite: the statement the query builder makes on PostgreSQL.
-static SPEND_SQLITE: LazyLock<SqliteStatements> = LazyLock::new(|| {
-    SqliteStatements::insert(
+/// [`add_to_rollup`]'s upsert: a batch's spend added to the day's.
+static SPEND_UPSERT: LazyLock<Upsert> = LazyLock::new(|| {
+    Upsert::new(
         "budget_spend",
         &SPEND_COLUMNS,
         " ON CONFLICT (scope_kind, scope_value, day) DO UPDATE SET \
          cost_micros = budget_spend.cost_micros + excluded.cost_micros, \
          tokens = budget_spend.tokens + excluded.tokens, \
-         requests = budget_spend.requests + excluded.requests",
+         requests = budget_spend.requests + excluded.requests"
+            .to_owned(),
     )
 });
 

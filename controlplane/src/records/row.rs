@@ -5,7 +5,7 @@
 use nm_types::{Env, SessionId};
 use rusqlite::ToSql;
 use rusqlite::types::{ToSqlOutput, ValueRef};
-use sea_orm::DatabaseBackend;
+use sea_orm::{DatabaseBackend, Value};
 
 use super::RequestRecord;
 use crate::sql::insert_values;
@@ -147,6 +147,19 @@ impl ToSql for Cell<'_> {
             Cell::Bool(b) => ValueRef::Integer((*b).into()),
             Cell::Hex(Some(h)) => ValueRef::Text(h.as_bytes()),
         }))
+    }
+}
+
+impl Cell<'_> {
+    /// The value as sea-orm binds it (an owned copy).
+    pub(crate) fn to_value(self) -> Value {
+        match self {
+            Cell::Text(t) => Value::String(t.map(str::to_owned)),
+            Cell::Int(n) => Value::BigInt(n),
+            Cell::Int32(n) => Value::Int(Some(n)),
+            Cell::Bool(b) => Value::Bool(Some(b)),
+            Cell::Hex(h) => Value::String(h.map(|h| h.as_str().to_owned())),
+        }
     }
 }
 

@@ -11,7 +11,7 @@
 //! before, and [`SqliteWrite::with_rusqlite`] hands the same connection, inside the same
 //! transaction, to rusqlite, which binds prepared multi-row statements straight from the records:
 //! the request rows, and the upserts of the day totals and the budget spend, whose rows come one
-//! or more per record too (`crate::sql::SqliteStatements`).
+//! or more per record too (`crate::sql::Upsert`, `crate::sql::SqliteStatements`).
 //!
 //! **Statements kept.** Preparing that 28-column `INSERT` costs SQLite far more than storing a
 //! row, so it is prepared once per connection, not once per batch: a committed transaction's

@@ -25,13 +25,13 @@ use nm_types::budget::DAY_MS;
 use nm_types::record::RequestRecord;
 use std::sync::LazyLock;
 
-use sea_orm::{ConnectionTrait, Statement, Value};
+use sea_orm::ConnectionTrait;
 
 use super::totals::{DaySplit, split_days};
 use super::{Dimension, UsageFilter, UsageReports, checked_limit, key_value, push_filter};
 use crate::error::Result;
 use crate::records::Cell;
-use crate::sql::{Sql, SqliteStatements, chunks_of, count, insert_values};
+use crate::sql::{Sql, Upsert, count};
 use crate::store::WriteTxn;
 
 /// The columns of `latency_totals` (m0022): its key, then the count. An absent agent, env or
@@ -82,54 +82,32 @@ pub(crate) async fn add_totals(txn: &WriteTxn, records: &[&RequestRecord]) -> Re
     }
     let mut rows: Vec<(Key<'_>, i64)> = sums.into_iter().collect();
     rows.sort_unstable();
-    if let WriteTxn::Sqlite(t) = txn {
-        // Bound from the records themselves, through statements prepared once.
-        let mut values = Vec::with_capacity(rows.len() * TOTAL_COLUMNS.len());
-        for ((agent, day, env, provider, model, metric, bucket), n) in &rows {
-            values.extend([
-                Cell::Text(Some(agent)),
-                Cell::Int(Some(*day)),
-                Cell::Text(Some(env)),
-                Cell::Text(Some(provider)),
-                Cell::Text(Some(model)),
-                Cell::Int(Some(*metric)),
-                Cell::Int(Some(*bucket)),
-                Cell::Int(Some(*n)),
-            ]);
-        }
-        t.with_rusqlite(|conn| SQLITE.run(conn, &values)).await?;
-        return Ok(());
+    let mut values = Vec::with_capacity(rows.len() * TOTAL_COLUMNS.len());
+    for ((agent, day, env, provider, model, metric, bucket), n) in &rows {
+        values.extend([
+            Cell::Text(Some(agent)),
+            Cell::Int(Some(*day)),
+            Cell::Text(Some(env)),
+            Cell::Text(Some(provider)),
+            Cell::Text(Some(model)),
+            Cell::Int(Some(*metric)),
+            Cell::Int(Some(*bucket)),
+            Cell::Int(Some(*n)),
+        ]);
     }
-    let backend = txn.get_database_backend();
-    for chunk in chunks_of(&rows) {
-        let mut sql = insert_values(backend, "latency_totals", &TOTAL_COLUMNS, chunk.len());
-        sql.push_str(ADD_ON_CONFLICT);
-        let mut values = Vec::with_capacity(chunk.len() * TOTAL_COLUMNS.len());
-        for ((agent, day, env, provider, model, metric, bucket), n) in chunk {
-            values.extend([
-                Value::String(Some((*agent).to_owned())),
-                Value::BigInt(Some(*day)),
-                Value::String(Some((*env).to_owned())),
-                Value::String(Some((*provider).to_owned())),
-                Value::String(Some((*model).to_owned())),
-                Value::BigInt(Some(*metric)),
-                Value::BigInt(Some(*bucket)),
-                Value::BigInt(Some(*n)),
-            ]);
-        }
-        txn.execute_raw(Statement::from_sql_and_values(backend, sql, values))
-            .await?;
-    }
-    Ok(())
+    UPSERT.run(txn, &values).await
 }
 
-/// The `ON CONFLICT` clause that adds a row's count to the one already there.
-const ADD_ON_CONFLICT: &str = " ON CONFLICT (agent, day, env, provider, model, metric, bucket) \
-                               DO UPDATE SET n = latency_totals.n + excluded.n";
-
-/// [`add_totals`]'s upserts on SQLite.
-static SQLITE: LazyLock<SqliteStatements> =
-    LazyLock::new(|| SqliteStatements::insert("latency_totals", &TOTAL_COLUMNS, ADD_ON_CONFLICT));
+/// [`add_totals`]'s upsert: a row's count added to the one already there.
+static UPSERT: LazyLock<Upsert> = LazyLock::new(|| {
+    Upsert::new(
+        "latency_totals",
+        &TOTAL_COLUMNS,
+        " ON CONFLICT (agent, day, env, provider, model, metric, bucket) \
+         DO UPDATE SET n = latency_totals.n + excluded.n"
+            .to_owned(),
+    )
+});
 
 /// The statement that fills `latency_totals` from the stored records (m0022 on an existing
 /// database): what [`add_totals`] would have added for each of them.

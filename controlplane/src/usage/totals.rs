@@ -11,12 +11,12 @@ use std::sync::LazyLock;
 use nm_types::UsageStatus;
 use nm_types::budget::DAY_MS;
 use nm_types::record::RequestRecord;
-use sea_orm::{ConnectionTrait, DatabaseBackend, Statement, Value};
+use sea_orm::DatabaseBackend;
 
 use super::{ERRORS, UNMETERED, UNPRICED};
 use crate::error::Result;
 use crate::records::Cell;
-use crate::sql::{SqliteStatements, chunks_of, insert_values};
+use crate::sql::Upsert;
 use crate::store::WriteTxn;
 
 /// The key columns of `usage_rollups` (m0014). An absent agent, end user, env or model is stored
@@ -102,51 +102,33 @@ pub(crate) async fn add_totals(txn: &WriteTxn, records: &[&RequestRecord]) -> Re
     }
     let mut rows: Vec<(Key<'_>, Measures)> = sums.into_iter().collect();
     rows.sort_unstable();
-    if let WriteTxn::Sqlite(t) = txn {
-        // Bound from the records themselves, through statements prepared once.
-        let mut values = Vec::with_capacity(rows.len() * WIDTH);
-        for ((day, agent, user, env, provider, model, key), measures) in &rows {
-            values.push(Cell::Int(Some(*day)));
-            values.extend([agent, user, env, provider, model, key].map(|t| Cell::Text(Some(t))));
-            values.extend(measures.iter().map(|m| Cell::Int(Some(*m))));
-        }
-        t.with_rusqlite(|conn| SQLITE.run(conn, &values)).await?;
-        return Ok(());
+    let mut values = Vec::with_capacity(rows.len() * COLUMNS.len());
+    for ((day, agent, user, env, provider, model, key), measures) in &rows {
+        values.push(Cell::Int(Some(*day)));
+        values.extend([agent, user, env, provider, model, key].map(|t| Cell::Text(Some(t))));
+        values.extend(measures.iter().map(|m| Cell::Int(Some(*m))));
     }
-    let backend = txn.get_database_backend();
-    let conflict = add_on_conflict();
-    for chunk in chunks_of(&rows) {
-        let mut sql = insert_values(backend, "usage_rollups", &columns(), chunk.len());
-        sql.push_str(&conflict);
-        let mut values = Vec::with_capacity(chunk.len() * WIDTH);
-        for ((day, agent, user, env, provider, model, key), measures) in chunk {
-            values.push(Value::BigInt(Some(*day)));
-            for text in [agent, user, env, provider, model, key] {
-                values.push(Value::String(Some((*text).to_owned())));
-            }
-            values.extend(measures.iter().map(|m| Value::BigInt(Some(*m))));
-        }
-        txn.execute_raw(Statement::from_sql_and_values(backend, sql, values))
-            .await?;
-    }
-    Ok(())
+    UPSERT.run(txn, &values).await
 }
-
-/// Values in a row of `usage_rollups`.
-const WIDTH: usize = KEY_COLUMNS.len() + MEASURE_COLUMNS.len();
 
 /// The columns of `usage_rollups` [`add_totals`] writes: its key, then its measures.
-fn columns() -> Vec<&'static str> {
-    KEY_COLUMNS
-        .iter()
-        .chain(&MEASURE_COLUMNS)
-        .copied()
-        .collect()
-}
+const COLUMNS: [&str; KEY_COLUMNS.len() + MEASURE_COLUMNS.len()] = {
+    let mut columns = [""; KEY_COLUMNS.len() + MEASURE_COLUMNS.len()];
+    let mut i = 0;
+    while i < columns.len() {
+        columns[i] = if i < KEY_COLUMNS.len() {
+            KEY_COLUMNS[i]
+        } else {
+            MEASURE_COLUMNS[i - KEY_COLUMNS.len()]
+        };
+        i += 1;
+    }
+    columns
+};
 
-/// [`add_totals`]'s upserts on SQLite.
-static SQLITE: LazyLock<SqliteStatements> =
-    LazyLock::new(|| SqliteStatements::insert("usage_rollups", &columns(), &add_on_conflict()));
+/// [`add_totals`]'s upsert.
+static UPSERT: LazyLock<Upsert> =
+    LazyLock::new(|| Upsert::new("usage_rollups", &COLUMNS, add_on_conflict()));
 
 /// The statement that adds the stored records to `usage_rollups` (m0023 on an existing
 /// database, whose rollups held only the records retention had deleted): what [`add_totals`]
@@ -231,6 +213,8 @@ pub(super) fn split_days(since: Option<i64>, until: Option<i64>) -> Option<DaySp
 
 #[cfg(test)]
 pub(super) mod tests {
+    use sea_orm::ConnectionTrait;
+
     use super::*;
 
     #[test]
