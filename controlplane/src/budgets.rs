@@ -30,9 +30,9 @@ use sea_orm::{ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, Query
 use tokio::sync::broadcast;
 
 use crate::error::{Error, Result};
-use crate::records::Cell;
-use crate::sql::Upsert;
+use crate::sql::Cell;
 use crate::store::entity::{api_key, budget, budget_spend, user_spend};
+use crate::store::upsert::Upsert;
 use crate::store::{Store, WriteTxn};
 
 /// Deltas a slow watcher may fall behind before it is sent a full state instead.

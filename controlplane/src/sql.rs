@@ -1,12 +1,14 @@
 //! A small builder for hand-written aggregate SQL that runs on SQLite and PostgreSQL alike:
 //! it numbers placeholders the way each backend wants (`?` or `$n`). Used where an aggregate reads
-//! more clearly as SQL than through the query builder.
+//! more clearly as SQL than through the query builder. And what the row writers share: a row's
+//! borrowed values ([`Cell`]), multi-row `VALUES` lists in a few fixed shapes ([`chunks_of`]),
+//! and SQLite's statements through rusqlite ([`SqliteStatements`]).
 
-use sea_orm::{ConnectionTrait, DatabaseBackend, QueryResult, Statement, Value};
+use rusqlite::ToSql;
+use rusqlite::types::{ToSqlOutput, ValueRef};
+use sea_orm::{DatabaseBackend, QueryResult, Statement, Value};
 
 use crate::error::Result;
-use crate::records::Cell;
-use crate::store::WriteTxn;
 
 #[derive(Debug)]
 pub struct Sql {
@@ -124,6 +126,78 @@ mod tests {
     }
 }
 
+/// One value of a row, borrowed from what it describes: bound by rusqlite on SQLite
+/// ([`SqliteStatements`]); for sqlx on PostgreSQL gathered into one array per column (the request
+/// rows) or copied into a sea-orm [`Value`] (`store::upsert`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Cell<'a> {
+    Text(Option<&'a str>),
+    Int(Option<i64>),
+    Int32(i32),
+    Bool(bool),
+    /// A span's trace id or span id, spelled in hex here (no allocation per row).
+    Hex(Option<Hex>),
+}
+
+/// An id of up to 16 bytes spelled in lower-case hex (the W3C and OTLP/JSON spelling, as
+/// [`nm_types::record::TraceRef::trace_hex`]), held inline.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Hex {
+    digits: [u8; 32],
+    len: usize,
+}
+
+impl Hex {
+    /// `bytes` in hex; only the first 16 bytes are spelled (trace ids are 16, span ids 8).
+    pub(crate) fn of(bytes: &[u8]) -> Self {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut digits = [0; 32];
+        for (pair, b) in digits.chunks_exact_mut(2).zip(bytes) {
+            pair[0] = DIGITS[usize::from(b >> 4)];
+            pair[1] = DIGITS[usize::from(b & 0xf)];
+        }
+        Self {
+            digits,
+            len: 2 * bytes.len().min(16),
+        }
+    }
+
+    /// The digits: ASCII, hence UTF-8.
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.digits[..self.len]
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        std::str::from_utf8(self.as_bytes()).unwrap_or_default()
+    }
+}
+
+impl ToSql for Cell<'_> {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(ToSqlOutput::Borrowed(match self {
+            Cell::Text(Some(s)) => ValueRef::Text(s.as_bytes()),
+            Cell::Text(None) | Cell::Int(None) | Cell::Hex(None) => ValueRef::Null,
+            Cell::Int(Some(n)) => ValueRef::Integer(*n),
+            Cell::Int32(n) => ValueRef::Integer((*n).into()),
+            Cell::Bool(b) => ValueRef::Integer((*b).into()),
+            Cell::Hex(Some(h)) => ValueRef::Text(h.as_bytes()),
+        }))
+    }
+}
+
+impl Cell<'_> {
+    /// The value as sea-orm binds it (an owned copy).
+    pub(crate) fn to_value(self) -> Value {
+        match self {
+            Cell::Text(t) => Value::String(t.map(str::to_owned)),
+            Cell::Int(n) => Value::BigInt(n),
+            Cell::Int32(n) => Value::Int(Some(n)),
+            Cell::Bool(b) => Value::Bool(Some(b)),
+            Cell::Hex(h) => Value::String(h.map(|h| h.as_str().to_owned())),
+        }
+    }
+}
+
 /// The row counts of SQLite's multi-row statements through rusqlite ([`SqliteStatements`]),
 /// largest first. Each row of a statement costs SQLite one pass of the insert loop, but each
 /// statement adds its own start and end (cursors opened on the table and its indexes, the
@@ -207,53 +281,6 @@ impl SqliteStatements {
     }
 }
 
-/// A multi-row upsert of rows of borrowed values ([`Cell`]) into one table, on either database:
-/// the day totals' and the budget spend's, whose rows come one or more per record. On SQLite
-/// through rusqlite ([`SqliteStatements`]); on PostgreSQL through sea-orm, in statements of the
-/// fixed row counts of [`chunks_of`], each value an owned [`Value`].
-#[derive(Debug)]
-pub struct Upsert {
-    table: &'static str,
-    cols: &'static [&'static str],
-    /// The `ON CONFLICT` clause.
-    tail: String,
-    sqlite: SqliteStatements,
-}
-
-impl Upsert {
-    pub fn new(table: &'static str, cols: &'static [&'static str], tail: String) -> Self {
-        Self {
-            sqlite: SqliteStatements::insert(table, cols, &tail),
-            table,
-            cols,
-            tail,
-        }
-    }
-
-    /// Writes `values`, whole rows of the table's columns in order, in `txn`. The rows go in the
-    /// order given (sorted by the callers: concurrent batches lock rows in one order).
-    pub async fn run(&self, txn: &WriteTxn, values: &[Cell<'_>]) -> Result<()> {
-        if let WriteTxn::Sqlite(t) = txn {
-            t.with_rusqlite(|conn| self.sqlite.run(conn, values))
-                .await?;
-            return Ok(());
-        }
-        let backend = txn.get_database_backend();
-        let rows: Vec<&[Cell<'_>]> = values.chunks_exact(self.cols.len()).collect();
-        for chunk in chunks_of(&rows) {
-            let mut sql = insert_values(backend, self.table, self.cols, chunk.len());
-            sql.push_str(&self.tail);
-            let values = chunk
-                .iter()
-                .flat_map(|row| row.iter())
-                .map(|c| c.to_value());
-            txn.execute_raw(Statement::from_sql_and_values(backend, sql, values))
-                .await?;
-        }
-        Ok(())
-    }
-}
-
 /// The row counts [`insert_chunks`] draws from, largest first.
 pub const INSERT_CHUNK_SIZES: [usize; 5] = [256, 64, 16, 4, 1];
 
@@ -325,8 +352,7 @@ mod chunk_tests {
 mod sqlite_statement_tests {
     use sea_orm::DatabaseBackend;
 
-    use super::{SqliteStatements, insert_values};
-    use crate::records::Cell;
+    use super::{Cell, SqliteStatements, insert_values};
 
     /// Every row goes in, in order, whatever the count: statements of 8 rows, then of 1; an
     /// upsert adds to the rows already there.

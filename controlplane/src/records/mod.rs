@@ -16,8 +16,6 @@ mod sqlite;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use row::Cell;
-
 use std::collections::HashSet;
 use std::future::Future;
 

@@ -13,9 +13,10 @@ use std::sync::Arc;
 
 use sea_orm::sqlx::{self, Row};
 
-use super::row::{COLUMNS, Cell, Hex, row_cells};
+use super::row::{COLUMNS, row_cells};
 use super::{Fresh, RequestRecord, RowWriter};
 use crate::error::{Error, Result};
+use crate::sql::{Cell, Hex};
 use crate::store::PgWrite;
 use crate::store::sqlx_bridge::exec_err;
 

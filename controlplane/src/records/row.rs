@@ -3,12 +3,10 @@
 //! a row.
 
 use nm_types::{Env, SessionId};
-use rusqlite::ToSql;
-use rusqlite::types::{ToSqlOutput, ValueRef};
-use sea_orm::{DatabaseBackend, Value};
+use sea_orm::DatabaseBackend;
 
 use super::RequestRecord;
-use crate::sql::insert_values;
+use crate::sql::{Cell, Hex, insert_values};
 
 /// `requests` columns, in the order of [`row_cells`].
 pub(super) const COLUMNS: [&str; 31] = [
@@ -44,52 +42,6 @@ pub(super) const COLUMNS: [&str; 31] = [
     "arm",
     "requested_model",
 ];
-
-/// One value of a `requests` row, borrowed from its record: bound by rusqlite on SQLite, gathered
-/// into one array per column for sqlx on PostgreSQL. The day totals bind theirs with it too
-/// (`crate::sql::SqliteStatements`).
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Cell<'a> {
-    Text(Option<&'a str>),
-    Int(Option<i64>),
-    Int32(i32),
-    Bool(bool),
-    /// A span's trace id or span id, spelled in hex here (no allocation per row).
-    Hex(Option<Hex>),
-}
-
-/// An id of up to 16 bytes spelled in lower-case hex (the W3C and OTLP/JSON spelling, as
-/// [`nm_types::record::TraceRef::trace_hex`]), held inline.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Hex {
-    digits: [u8; 32],
-    len: usize,
-}
-
-impl Hex {
-    /// `bytes` in hex; only the first 16 bytes are spelled (trace ids are 16, span ids 8).
-    pub(super) fn of(bytes: &[u8]) -> Self {
-        const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        let mut digits = [0; 32];
-        for (pair, b) in digits.chunks_exact_mut(2).zip(bytes) {
-            pair[0] = DIGITS[usize::from(b >> 4)];
-            pair[1] = DIGITS[usize::from(b & 0xf)];
-        }
-        Self {
-            digits,
-            len: 2 * bytes.len().min(16),
-        }
-    }
-
-    /// The digits: ASCII, hence UTF-8.
-    pub(super) fn as_bytes(&self) -> &[u8] {
-        &self.digits[..self.len]
-    }
-
-    pub(super) fn as_str(&self) -> &str {
-        std::str::from_utf8(self.as_bytes()).unwrap_or_default()
-    }
-}
 
 /// One record's values in [`COLUMNS`] order.
 pub(super) fn row_cells(r: &RequestRecord) -> [Cell<'_>; COLUMNS.len()] {
@@ -135,32 +87,6 @@ pub(super) fn row_cells(r: &RequestRecord) -> [Cell<'_>; COLUMNS.len()] {
                 .and_then(|v| v.requested_model.as_deref()),
         ),
     ]
-}
-
-impl ToSql for Cell<'_> {
-    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
-        Ok(ToSqlOutput::Borrowed(match self {
-            Cell::Text(Some(s)) => ValueRef::Text(s.as_bytes()),
-            Cell::Text(None) | Cell::Int(None) | Cell::Hex(None) => ValueRef::Null,
-            Cell::Int(Some(n)) => ValueRef::Integer(*n),
-            Cell::Int32(n) => ValueRef::Integer((*n).into()),
-            Cell::Bool(b) => ValueRef::Integer((*b).into()),
-            Cell::Hex(Some(h)) => ValueRef::Text(h.as_bytes()),
-        }))
-    }
-}
-
-impl Cell<'_> {
-    /// The value as sea-orm binds it (an owned copy).
-    pub(crate) fn to_value(self) -> Value {
-        match self {
-            Cell::Text(t) => Value::String(t.map(str::to_owned)),
-            Cell::Int(n) => Value::BigInt(n),
-            Cell::Int32(n) => Value::Int(Some(n)),
-            Cell::Bool(b) => Value::Bool(Some(b)),
-            Cell::Hex(h) => Value::String(h.map(|h| h.as_str().to_owned())),
-        }
-    }
 }
 
 /// The INSERT of `rows` records as one multi-row `VALUES` list of bound parameters. Resent

@@ -3,10 +3,10 @@
 
 use sea_orm::DatabaseBackend;
 
-use super::row::{COLUMNS, Cell, insert_sql, row_cells};
+use super::row::{COLUMNS, insert_sql, row_cells};
 use super::{Fresh, RequestRecord, RowWriter};
 use crate::error::Result;
-use crate::sql::SqliteStatements;
+use crate::sql::{Cell, SqliteStatements};
 use crate::store::SqliteWrite;
 
 /// The INSERTs without `RETURNING`, one per row count of [`crate::sql::SQLITE_ROW_COUNTS`].

@@ -16,6 +16,7 @@ pub(crate) mod pg_write;
 mod sqlite_write;
 #[forbid(unsafe_code)]
 pub(crate) mod sqlx_bridge;
+pub(crate) mod upsert;
 #[forbid(unsafe_code)]
 pub mod writable;
 

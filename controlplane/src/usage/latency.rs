@@ -30,9 +30,10 @@ use sea_orm::ConnectionTrait;
 use super::totals::{DaySplit, split_days};
 use super::{Dimension, UsageFilter, UsageReports, checked_limit, key_value, push_filter};
 use crate::error::Result;
-use crate::records::Cell;
-use crate::sql::{Sql, Upsert, count};
+use crate::sql::Cell;
+use crate::sql::{Sql, count};
 use crate::store::WriteTxn;
+use crate::store::upsert::Upsert;
 
 /// The columns of `latency_totals` (m0022): its key, then the count. An absent agent, env or
 /// model is stored as `''` (none of them can be empty) and read back as NULL.

@@ -15,9 +15,9 @@ use sea_orm::DatabaseBackend;
 
 use super::{ERRORS, UNMETERED, UNPRICED};
 use crate::error::Result;
-use crate::records::Cell;
-use crate::sql::Upsert;
+use crate::sql::Cell;
 use crate::store::WriteTxn;
+use crate::store::upsert::Upsert;
 
 /// The key columns of `usage_rollups` (m0014). An absent agent, end user, env or model is stored
 /// as `''` (none of them can be empty) and read back as NULL.
