@@ -294,3 +294,61 @@ fn a_wrong_guess_of_a_batchs_size_still_gives_the_exporters_bytes() {
         assert_eq!(out, the_exporters_bytes(&batch, &resource, &scope));
     }
 }
+
+/// prost's bytes of opentelemetry-proto's `KeyValue` for `kv`, as a span's attribute.
+fn prost_attribute(kv: &KeyValue) -> Vec<u8> {
+    let pb = opentelemetry_proto::transform::common::tonic::Attributes::from([kv.clone()])
+        .0
+        .remove(0);
+    let mut out = Vec::new();
+    prost::encoding::message::encode(nm_dataplane::otel::proto::SPAN_ATTRIBUTE, &pb, &mut out);
+    out
+}
+
+fn our_attribute(kv: &KeyValue) -> Vec<u8> {
+    let mut out = vec![0xee];
+    nm_dataplane::otel::proto::attribute(&mut out, nm_dataplane::otel::proto::SPAN_ATTRIBUTE, kv);
+    out.split_off(1)
+}
+
+/// A string of `n` bytes, of one- and two-byte characters.
+fn text(n: usize) -> String {
+    let mut s = "é".repeat(n / 2);
+    if n % 2 == 1 {
+        s.push('x');
+    }
+    s
+}
+
+/// Every length where a varint grows, for the key and for a text value.
+#[test]
+fn an_attribute_encodes_to_prosts_bytes_at_every_length_class() {
+    let lengths = [0, 1, 2, 100, 108, 109, 110, 111, 112, 113, 126, 127, 128, 129, 16_370, 16_371];
+    let lengths = lengths.into_iter().chain(16_372..16_390).chain([20_000, 2_097_200]);
+    for n in lengths {
+        for key in [String::new(), "gen_ai.request.model".to_owned(), text(130)] {
+            let kv = KeyValue::new(key.clone(), text(n));
+            assert_eq!(our_attribute(&kv), prost_attribute(&kv), "key {} text {n}", key.len());
+        }
+    }
+}
+
+proptest::proptest! {
+    #[test]
+    fn any_scalar_attribute_encodes_to_prosts_bytes(
+        key in ".{0,40}",
+        s in ".{0,300}",
+        i in proptest::num::i64::ANY,
+        f in proptest::num::f64::ANY,
+        b in proptest::bool::ANY,
+    ) {
+        for kv in [
+            KeyValue::new(key.clone(), s),
+            KeyValue::new(key.clone(), i),
+            KeyValue::new(key.clone(), f),
+            KeyValue::new(key, b),
+        ] {
+            proptest::prop_assert_eq!(our_attribute(&kv), prost_attribute(&kv));
+        }
+    }
+}
