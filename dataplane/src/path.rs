@@ -36,7 +36,9 @@ pub const MAX_DECODE_LEVELS: usize = 4;
 /// `/<prefix>/<rest>` -> (`prefix`, `/<rest>`). `None` when the path has no prefix segment.
 pub fn split_prefix(path: &str) -> Option<(&str, &str)> {
     let rest = path.strip_prefix('/')?;
-    let (prefix, native) = match rest.find('/') {
+    // A byte loop: the prefix is a short name, shorter than `find`'s set-up (three calls per
+    // request).
+    let (prefix, native) = match rest.bytes().position(|b| b == b'/') {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
     };

@@ -55,85 +55,50 @@ pub fn key_value(out: &mut Vec<u8>, field: u32, key: &str, value: &Value) {
 
 /// A `KeyValue` message with a scalar value as field `field` (below 16, as every field here):
 /// its lengths are known up front, so it is written in one pass after one `reserve`, no length
-/// patched (it is on every traced request's path, two dozen times). The bytes around the key
-/// and the text are put together in two small arrays, each appended whole (a fixed-size copy)
-/// and cut back to what it holds, so an attribute is four appends, not a dozen.
+/// patched (it is on every traced request's path, two dozen times).
 pub fn scalar_key_value(out: &mut Vec<u8>, field: u32, key: &str, value: Scalar<'_>) {
-    // After the key: KeyValue.value's tag and length, then the AnyValue's member: its tag byte,
-    // then its length (a string, whose text follows) or its number.
-    let mut tail = [0u8; TAIL];
-    tail[0] = (2 << 3) | LEN as u8;
-    // The member is written from index 3 (room for the AnyValue's length, at most 2 bytes for
-    // the lengths a tail can precede: a longer text takes the general path below), then moved
-    // up behind the length once that is known.
-    let (member_end, text): (usize, &[u8]) = match value {
+    // The AnyValue's member: its tag byte, then its length (a string, whose text follows) or
+    // its number.
+    let mut member = [0u8; 11];
+    let (member_len, text): (usize, &[u8]) = match value {
         Scalar::Str(s) => {
-            tail[3] = (1 << 3) | LEN as u8;
-            (put_varint(&mut tail, 4, s.len() as u64), s.as_bytes())
+            member[0] = (1 << 3) | LEN as u8;
+            (put_varint(&mut member, 1, s.len() as u64), s.as_bytes())
         }
         Scalar::Bool(b) => {
-            tail[3] = (2 << 3) | VARINT as u8;
-            (put_varint(&mut tail, 4, u64::from(b)), b"")
+            member[0] = (2 << 3) | VARINT as u8;
+            (put_varint(&mut member, 1, u64::from(b)), b"")
         }
         Scalar::I64(i) => {
-            tail[3] = (3 << 3) | VARINT as u8;
-            (put_varint(&mut tail, 4, i as u64), b"")
+            member[0] = (3 << 3) | VARINT as u8;
+            (put_varint(&mut member, 1, i as u64), b"")
         }
         Scalar::F64(f) => {
-            tail[3] = (4 << 3) | FIXED64 as u8;
-            tail[4..12].copy_from_slice(&f.to_bits().to_le_bytes());
-            (12, b"")
+            member[0] = (4 << 3) | FIXED64 as u8;
+            member[1..9].copy_from_slice(&f.to_bits().to_le_bytes());
+            (9, b"")
         }
     };
-    let member_len = member_end - 3;
     let any = (member_len + text.len()) as u64;
-    let any_len = varint_len(any);
-    if any_len > 2 {
-        // A text of 16 KiB or more: rare, written field by field.
-        return nested(out, field, |out| {
-            string(out, 1, key);
-            nested(out, 2, |out| {
-                out.extend_from_slice(&tail[3..member_end]);
-                out.extend_from_slice(text);
-            });
-        });
-    }
-    put_varint(&mut tail, 1, any);
-    tail.copy_within(3..member_end, 1 + any_len);
-    let tail_len = 1 + any_len + member_len;
     let key_field = if key.is_empty() {
         0
     } else {
         1 + varint_len(key.len() as u64) + key.len()
     };
     // KeyValue.key, then KeyValue.value (always present).
-    let kv = (key_field + tail_len + text.len()) as u64;
-    // Before the key: the field's tag and length, KeyValue.key's tag and length.
-    let mut head = [0u8; HEAD];
-    head[0] = ((field << 3) | LEN) as u8;
-    let mut head_len = put_varint(&mut head, 1, kv);
+    let kv = (key_field + 1 + varint_len(any)) as u64 + any;
+    out.reserve(1 + varint_len(kv) + kv as usize);
+    out.push(((field << 3) | LEN) as u8);
+    varint(out, kv);
     if !key.is_empty() {
-        head[head_len] = (1 << 3) | LEN as u8;
-        head_len = put_varint(&mut head, head_len + 1, key.len() as u64);
+        out.push((1 << 3) | LEN as u8);
+        varint(out, key.len() as u64);
+        out.extend_from_slice(key.as_bytes());
     }
-    out.reserve(HEAD + key.len() + TAIL + text.len());
-    append_cut(out, &head, head_len);
-    out.extend_from_slice(key.as_bytes());
-    append_cut(out, &tail, tail_len);
+    out.push((2 << 3) | LEN as u8);
+    varint(out, any);
+    out.extend_from_slice(&member[..member_len]);
     out.extend_from_slice(text);
-}
-
-/// [`scalar_key_value`]'s bytes before the key: two tags and two varints of at most 10 bytes.
-const HEAD: usize = 24;
-/// Its bytes after the key: a tag, a length of at most 2 bytes, a member of at most 11.
-const TAIL: usize = 16;
-
-/// Appends the first `len` bytes of `bytes` by appending all of them (a copy of a size known
-/// when compiling) and cutting back.
-fn append_cut<const N: usize>(out: &mut Vec<u8>, bytes: &[u8; N], len: usize) {
-    let keep = out.len() + len;
-    out.extend_from_slice(bytes);
-    out.truncate(keep);
 }
 
 /// Writes `v` as a varint into `buf` at `at`; returns where it ends.
