@@ -21,29 +21,56 @@ struct MiMalloc;
 /// The alignment every block `mi_malloc` returns has.
 const WORD: usize = std::mem::size_of::<usize>();
 
+/// `plain` for a layout aligned to a word or less, else `aligned` with the layout's alignment.
+///
+/// # Safety
+/// As the [`GlobalAlloc`] method that calls it.
+#[allow(unsafe_code, reason = "calls into mimalloc")]
+#[inline(always)]
+unsafe fn by_alignment(
+    layout: Layout,
+    size: usize,
+    plain: impl FnOnce(usize) -> *mut c_void,
+    aligned: impl FnOnce(usize, usize) -> *mut c_void,
+) -> *mut u8 {
+    let p = if layout.align() <= WORD {
+        plain(size)
+    } else {
+        aligned(size, layout.align())
+    };
+    p.cast()
+}
+
 // SAFETY (all four): the pointers passed back were returned by the same family of mimalloc
 // calls (`mi_free` and `mi_realloc` take blocks of the aligned calls too), and a layout of
 // alignment above a word goes to the aligned calls, which honour any power of two.
-#[allow(unsafe_code, reason = "a global allocator is foreign calls by definition")]
+#[allow(
+    unsafe_code,
+    reason = "a global allocator is foreign calls by definition"
+)]
 unsafe impl GlobalAlloc for MiMalloc {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = if layout.align() <= WORD {
-            unsafe { mi::mi_malloc(layout.size()) }
-        } else {
-            unsafe { mi::mi_malloc_aligned(layout.size(), layout.align()) }
-        };
-        p.cast()
+        unsafe {
+            by_alignment(
+                layout,
+                layout.size(),
+                |s| mi::mi_malloc(s),
+                |s, a| mi::mi_malloc_aligned(s, a),
+            )
+        }
     }
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let p = if layout.align() <= WORD {
-            unsafe { mi::mi_zalloc(layout.size()) }
-        } else {
-            unsafe { mi::mi_zalloc_aligned(layout.size(), layout.align()) }
-        };
-        p.cast()
+        unsafe {
+            by_alignment(
+                layout,
+                layout.size(),
+                |s| mi::mi_zalloc(s),
+                |s, a| mi::mi_zalloc_aligned(s, a),
+            )
+        }
     }
 
     #[inline]
@@ -53,12 +80,15 @@ unsafe impl GlobalAlloc for MiMalloc {
 
     #[inline]
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let p = if layout.align() <= WORD {
-            unsafe { mi::mi_realloc(ptr.cast(), new_size) }
-        } else {
-            unsafe { mi::mi_realloc_aligned(ptr.cast(), new_size, layout.align()) }
-        };
-        p.cast()
+        let ptr = ptr.cast::<c_void>();
+        unsafe {
+            by_alignment(
+                layout,
+                new_size,
+                |s| mi::mi_realloc(ptr, s),
+                |s, a| mi::mi_realloc_aligned(ptr, s, a),
+            )
+        }
     }
 }
 
@@ -113,7 +143,11 @@ mod tests {
                         std::ptr::write_bytes(p, 0xa5, size);
                         let grown = GLOBAL.realloc(p, layout, size * 3);
                         assert_eq!(grown as usize % align, 0, "grown {size}, align {align}");
-                        assert!(std::slice::from_raw_parts(grown, size).iter().all(|b| *b == 0xa5));
+                        assert!(
+                            std::slice::from_raw_parts(grown, size)
+                                .iter()
+                                .all(|b| *b == 0xa5)
+                        );
                         let bigger = Layout::from_size_align(size * 3, align).expect("valid");
                         let shrunk = GLOBAL.realloc(grown, bigger, size.div_ceil(2));
                         assert_eq!(shrunk as usize % align, 0, "shrunk {size}, align {align}");

@@ -323,12 +323,22 @@ fn text(n: usize) -> String {
 /// Every length where a varint grows, for the key and for a text value.
 #[test]
 fn an_attribute_encodes_to_prosts_bytes_at_every_length_class() {
-    let lengths = [0, 1, 2, 100, 108, 109, 110, 111, 112, 113, 126, 127, 128, 129, 16_370, 16_371];
-    let lengths = lengths.into_iter().chain(16_372..16_390).chain([20_000, 2_097_200]);
+    let lengths = [
+        0, 1, 2, 100, 108, 109, 110, 111, 112, 113, 126, 127, 128, 129, 16_370, 16_371,
+    ];
+    let lengths = lengths
+        .into_iter()
+        .chain(16_372..16_390)
+        .chain([20_000, 2_097_200]);
     for n in lengths {
         for key in [String::new(), "gen_ai.request.model".to_owned(), text(130)] {
             let kv = KeyValue::new(key.clone(), text(n));
-            assert_eq!(our_attribute(&kv), prost_attribute(&kv), "key {} text {n}", key.len());
+            assert_eq!(
+                our_attribute(&kv),
+                prost_attribute(&kv),
+                "key {} text {n}",
+                key.len()
+            );
         }
     }
 }
